@@ -1,0 +1,71 @@
+//! The loop checkpoint: the row saved after every turn.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::RunId;
+use crate::message::{Usage, VerificationReport};
+
+/// Where a run stood when its checkpoint was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointPhase {
+    /// Write-ahead record of a turn: the model may have been called after it.
+    /// Values are as of the turn's start.
+    TurnInFlight,
+    /// The model's answer for the turn is recorded (its usage included); its
+    /// tool calls may have run after it.
+    ToolsInFlight,
+    /// The turn is complete; the next turn may start.
+    Ready,
+    /// The turn's answer was committed to the transcript.
+    Completed,
+}
+
+impl CheckpointPhase {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CheckpointPhase::TurnInFlight => "turn_in_flight",
+            CheckpointPhase::ToolsInFlight => "tools_in_flight",
+            CheckpointPhase::Ready => "ready",
+            CheckpointPhase::Completed => "completed",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "turn_in_flight" => CheckpointPhase::TurnInFlight,
+            "tools_in_flight" => CheckpointPhase::ToolsInFlight,
+            "ready" => CheckpointPhase::Ready,
+            "completed" => CheckpointPhase::Completed,
+            _ => return None,
+        })
+    }
+
+    /// Whether work may have happened after this checkpoint that it does not
+    /// record.
+    pub fn is_in_flight(self) -> bool {
+        matches!(
+            self,
+            CheckpointPhase::TurnInFlight | CheckpointPhase::ToolsInFlight
+        )
+    }
+}
+
+/// The state of a run after (or, in flight, at the start of) one turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopCheckpoint {
+    pub run_id: RunId,
+    /// Turn number, counted across resumes (turn 0 is the admission).
+    pub turn: u32,
+    pub phase: CheckpointPhase,
+    /// Cumulative usage of the request, across resumed runs.
+    pub usage: Usage,
+    /// Cumulative number of tool calls answered.
+    pub tool_calls_count: u64,
+    pub verification_reports: Vec<VerificationReport>,
+    /// How many messages the request has produced so far (the user input
+    /// included): its position in the pending transcript.
+    pub message_count: u64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}

@@ -1,0 +1,216 @@
+//! Plain records the store reads and writes.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::message::{Message, Usage, VerificationReport};
+
+/// SHA-256 of a request's input: what a request id is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InputHash(pub [u8; 32]);
+
+impl InputHash {
+    /// The hash of an input text.
+    pub fn of(input: &str) -> Self {
+        Self(Sha256::digest(input.as_bytes()).into())
+    }
+}
+
+/// A conversation's header row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conversation {
+    pub id: ConversationId,
+    pub namespace: Namespace,
+    /// Number of committed requests.
+    pub version: u64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// A conversation's admission: idle, or held by one active request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub conversation_id: ConversationId,
+    pub revision: Revision,
+    pub active: Option<ActiveAdmission>,
+}
+
+/// The request holding an admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveAdmission {
+    pub request_id: RequestId,
+    pub input_sha256: InputHash,
+    /// The run that owns the admission now.
+    pub run_id: RunId,
+    pub agent_fingerprint: String,
+    /// The latest persisted usage of the request.
+    pub usage: Usage,
+}
+
+/// What an owner proves on every write: the admission is still at the
+/// revision it claimed, for its run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub conversation_id: ConversationId,
+    pub request_id: RequestId,
+    pub run_id: RunId,
+    pub revision: Revision,
+}
+
+/// A claim of an idle admission by a new request.
+#[derive(Clone, Debug)]
+pub struct NewRequest {
+    pub conversation_id: ConversationId,
+    pub request_id: RequestId,
+    pub input_sha256: InputHash,
+    /// The user message, stored as the request's first message.
+    pub input: Message,
+    pub expected_revision: Revision,
+    pub run_id: RunId,
+    pub agent_fingerprint: String,
+}
+
+/// The result of [`Store::claim`](super::Store::claim).
+#[derive(Clone, Debug)]
+pub enum ClaimOutcome {
+    /// The admission is ours.
+    Admitted(Fence),
+    /// The request id is already known; nothing was written.
+    Existing(RequestRecord),
+}
+
+/// A claim of an active admission by a run that continues another.
+#[derive(Clone, Copy, Debug)]
+pub struct RecoveryClaim {
+    pub conversation_id: ConversationId,
+    pub request_id: RequestId,
+    pub expected_revision: Revision,
+    /// The run being continued: it must be the admission's current run.
+    pub from_run: RunId,
+    pub new_run: RunId,
+}
+
+/// Lifecycle of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestStatus {
+    Active,
+    Completed,
+    Abandoned,
+}
+
+impl RequestStatus {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "active" => Self::Active,
+            "completed" => Self::Completed,
+            "abandoned" => Self::Abandoned,
+            _ => return None,
+        })
+    }
+}
+
+/// A request row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestRecord {
+    pub request_id: RequestId,
+    pub conversation_id: ConversationId,
+    pub input_sha256: InputHash,
+    pub status: RequestStatus,
+    /// Set once completed.
+    pub outcome: Option<StoredOutcome>,
+    pub created_at: i64,
+    pub completed_at: Option<i64>,
+}
+
+/// What a commit stored for replay. The request's messages are not repeated
+/// here: they are the transcript entries `first_seq..end_seq`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredOutcome {
+    pub run_id: RunId,
+    pub final_text: String,
+    pub usage: Usage,
+    pub turns: u32,
+    pub tool_calls: u64,
+    pub verification_reports: Vec<VerificationReport>,
+    pub conversation_version: u64,
+    pub first_seq: u64,
+    pub end_seq: u64,
+}
+
+/// Lifecycle of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Owns the admission (or did, until its process died).
+    Running,
+    Completed,
+    /// Stopped with an error; resumable.
+    Failed,
+    /// Continued by a newer run.
+    Superseded,
+    Abandoned,
+}
+
+impl RunStatus {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "superseded" => Self::Superseded,
+            "abandoned" => Self::Abandoned,
+            _ => return None,
+        })
+    }
+}
+
+/// A run row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunRecord {
+    pub run_id: RunId,
+    pub request_id: RequestId,
+    pub resumed_from: Option<RunId>,
+    pub status: RunStatus,
+    pub error: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+}
+
+/// One committed message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TranscriptEntry {
+    pub seq: u64,
+    pub request_id: RequestId,
+    pub message: Message,
+}
+
+/// The result of a tool call as journaled and shown to the model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// Journal state of one tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalStatus {
+    Requested,
+    Completed,
+    Failed,
+}
+
+/// One row of the tool-call journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub turn: u32,
+    pub call_id: String,
+    /// The run that journaled the call.
+    pub run_id: RunId,
+    pub name: String,
+    pub arguments: String,
+    pub status: JournalStatus,
+    /// Set once completed or failed.
+    pub result: Option<ToolResult>,
+}

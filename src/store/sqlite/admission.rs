@@ -1,0 +1,448 @@
+//! Conversations and ownership changes: claim, recovery claim, abandon.
+//! Each ownership change is one compare-and-swap on `admissions.revision`.
+
+use sqlx::{Sqlite, Transaction};
+
+use super::codec::{db, now_ms, to_i64, Row};
+use super::SqliteStore;
+use crate::checkpoint::CheckpointPhase;
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::message::Usage;
+use crate::store::{
+    ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
+};
+use crate::Error;
+
+impl SqliteStore {
+    pub(super) async fn ensure_conversation_impl(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        let mut tx = self.begin_write().await?;
+        let uuid = id.as_uuid();
+        let ns = namespace.as_str();
+        let now = now_ms();
+        sqlx::query!(
+            "INSERT INTO conversations (id, namespace, version, created_at) VALUES (?1, ?2, 0, ?3)
+             ON CONFLICT (id) DO NOTHING",
+            uuid,
+            ns,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("create conversation"))?;
+        sqlx::query!(
+            "INSERT INTO admissions (conversation_id, revision, updated_at) VALUES (?1, 0, ?2)
+             ON CONFLICT (conversation_id) DO NOTHING",
+            uuid,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("create admission"))?;
+        let conversation = load_conversation(&mut tx, namespace, id).await?;
+        tx.commit().await.map_err(db("commit conversation"))?;
+        Ok(conversation)
+    }
+
+    pub(super) async fn conversation_impl(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        load_conversation(&mut conn, namespace, id).await
+    }
+
+    pub(super) async fn admission_impl(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Admission, Error> {
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        load_admission(&mut conn, conversation_id).await
+    }
+
+    pub(super) async fn claim_impl(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+        let mut tx = self.begin_write().await?;
+        if let Some(existing) = super::reads::load_request(&mut tx, claim.request_id).await? {
+            return Ok(ClaimOutcome::Existing(existing));
+        }
+        let conversation = claim.conversation_id.as_uuid();
+        let request = claim.request_id.as_uuid();
+        let run = claim.run_id.as_uuid();
+        let hash = claim.input_sha256.0.to_vec();
+        let expected = to_i64(claim.expected_revision.0);
+        let now = now_ms();
+        let claimed = sqlx::query_scalar!(
+            r#"UPDATE admissions
+               SET active_request_id = ?1, input_sha256 = ?2, run_id = ?3, agent_fingerprint = ?4,
+                   input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+                   revision = revision + 1, updated_at = ?5
+               WHERE conversation_id = ?6 AND revision = ?7 AND active_request_id IS NULL
+               RETURNING revision AS "revision!: i64""#,
+            request,
+            hash,
+            run,
+            claim.agent_fingerprint,
+            now,
+            conversation,
+            expected
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("claim admission"))?;
+        let Some(revision) = claimed else {
+            return Err(diagnose(
+                &mut tx,
+                claim.conversation_id,
+                claim.request_id,
+                claim.expected_revision,
+            )
+            .await);
+        };
+        sqlx::query!(
+            "INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at)
+             VALUES (?1, ?2, ?3, 'active', ?4)",
+            request,
+            conversation,
+            hash,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("insert request"))?;
+        sqlx::query!(
+            "INSERT INTO runs (run_id, request_id, status, started_at) VALUES (?1, ?2, 'running', ?3)",
+            run,
+            request,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("insert run"))?;
+        let input = super::codec::to_json(&claim.input)?;
+        sqlx::query!(
+            "INSERT INTO run_messages (request_id, seq, run_id, turn, message) VALUES (?1, 0, ?2, 0, ?3)",
+            request,
+            run,
+            input
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("insert input message"))?;
+        let phase = CheckpointPhase::Ready.as_str();
+        sqlx::query!(
+            "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+                 cache_read_tokens, cache_write_tokens, tool_calls_count, verification_reports,
+                 message_count, created_at)
+             VALUES (?1, 0, ?2, 0, 0, 0, 0, 0, '[]', 1, ?3)",
+            run,
+            phase,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("insert turn-0 checkpoint"))?;
+        tx.commit().await.map_err(db("commit claim"))?;
+        Ok(ClaimOutcome::Admitted(Fence {
+            conversation_id: claim.conversation_id,
+            request_id: claim.request_id,
+            run_id: claim.run_id,
+            revision: Revision(
+                Row {
+                    table: "admissions",
+                    key: &claim.conversation_id,
+                }
+                .u64("revision", revision)?,
+            ),
+        }))
+    }
+
+    pub(super) async fn claim_recovery_impl(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
+        let mut tx = self.begin_write().await?;
+        let conversation = claim.conversation_id.as_uuid();
+        let request = claim.request_id.as_uuid();
+        let from_run = claim.from_run.as_uuid();
+        let new_run = claim.new_run.as_uuid();
+        let expected = to_i64(claim.expected_revision.0);
+        let now = now_ms();
+        let claimed = sqlx::query_scalar!(
+            r#"UPDATE admissions SET run_id = ?1, revision = revision + 1, updated_at = ?2
+               WHERE conversation_id = ?3 AND revision = ?4 AND active_request_id = ?5 AND run_id = ?6
+               RETURNING revision AS "revision!: i64""#,
+            new_run,
+            now,
+            conversation,
+            expected,
+            request,
+            from_run
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("claim recovery"))?;
+        let Some(revision) = claimed else {
+            return Err(diagnose(
+                &mut tx,
+                claim.conversation_id,
+                claim.request_id,
+                claim.expected_revision,
+            )
+            .await);
+        };
+        sqlx::query!(
+            "UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, ?1)
+             WHERE run_id = ?2 AND status IN ('running', 'failed')",
+            now,
+            from_run
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("supersede run"))?;
+        sqlx::query!(
+            "INSERT INTO runs (run_id, request_id, resumed_from, status, started_at)
+             VALUES (?1, ?2, ?3, 'running', ?4)",
+            new_run,
+            request,
+            from_run,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("insert resumed run"))?;
+        // The new run starts from a copy of the latest checkpoint of the run it
+        // continues: one small row, no messages copied.
+        let seeded = sqlx::query!(
+            "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+                 cache_read_tokens, cache_write_tokens, tool_calls_count, verification_reports,
+                 message_count, created_at)
+             SELECT ?1, turn, phase, input_tokens, output_tokens, cache_read_tokens,
+                 cache_write_tokens, tool_calls_count, verification_reports, message_count, ?2
+             FROM loop_checkpoints WHERE run_id = ?3 ORDER BY turn DESC LIMIT 1",
+            new_run,
+            now,
+            from_run
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("seed resumed checkpoint"))?;
+        if seeded.rows_affected() == 0 {
+            return Err(Error::NoCheckpoint {
+                run_id: claim.from_run,
+            });
+        }
+        tx.commit().await.map_err(db("commit recovery claim"))?;
+        Ok(Fence {
+            conversation_id: claim.conversation_id,
+            request_id: claim.request_id,
+            run_id: claim.new_run,
+            revision: Revision(
+                Row {
+                    table: "admissions",
+                    key: &claim.conversation_id,
+                }
+                .u64("revision", revision)?,
+            ),
+        })
+    }
+
+    pub(super) async fn abandon_impl(
+        &self,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        expected_revision: Revision,
+    ) -> Result<Revision, Error> {
+        let mut tx = self.begin_write().await?;
+        let conversation = conversation_id.as_uuid();
+        let request = request_id.as_uuid();
+        let expected = to_i64(expected_revision.0);
+        let now = now_ms();
+        let released = sqlx::query_scalar!(
+            r#"UPDATE admissions
+               SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
+                   input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+                   revision = revision + 1, updated_at = ?1
+               WHERE conversation_id = ?2 AND revision = ?3 AND active_request_id = ?4
+               RETURNING revision AS "revision!: i64""#,
+            now,
+            conversation,
+            expected,
+            request
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("abandon admission"))?;
+        let Some(revision) = released else {
+            return Err(diagnose(&mut tx, conversation_id, request_id, expected_revision).await);
+        };
+        sqlx::query!(
+            "UPDATE requests SET status = 'abandoned', completed_at = ?1 WHERE request_id = ?2",
+            now,
+            request
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("abandon request"))?;
+        sqlx::query!(
+            "UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, ?1)
+             WHERE request_id = ?2 AND status IN ('running', 'failed')",
+            now,
+            request
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("abandon runs"))?;
+        tx.commit().await.map_err(db("commit abandon"))?;
+        Ok(Revision(
+            Row {
+                table: "admissions",
+                key: &conversation_id,
+            }
+            .u64("revision", revision)?,
+        ))
+    }
+
+    pub(super) async fn recovery_usage_impl(&self, request_id: RequestId) -> Result<Usage, Error> {
+        let request = request_id.as_uuid();
+        let row = sqlx::query!(
+            "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
+             FROM admissions WHERE active_request_id = ?1",
+            request
+        )
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(db("read recovery usage"))?;
+        match row {
+            Some(r) => Row {
+                table: "admissions",
+                key: &request_id,
+            }
+            .usage(
+                r.input_tokens,
+                r.output_tokens,
+                r.cache_read_tokens,
+                r.cache_write_tokens,
+            ),
+            None => Err(Error::NotActive { request_id }),
+        }
+    }
+}
+
+pub(super) async fn load_conversation(
+    conn: &mut sqlx::SqliteConnection,
+    namespace: &Namespace,
+    id: ConversationId,
+) -> Result<Conversation, Error> {
+    let uuid = id.as_uuid();
+    let row = sqlx::query!(
+        "SELECT namespace, version, created_at FROM conversations WHERE id = ?1",
+        uuid
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load conversation"))?
+    .ok_or_else(|| Error::NotFound {
+        what: "conversation",
+        id: id.to_string(),
+    })?;
+    // Another namespace's conversation is reported as a mismatch without any
+    // of its content.
+    if row.namespace != namespace.as_str() {
+        return Err(Error::NamespaceMismatch {
+            conversation_id: id,
+            namespace: namespace.clone(),
+        });
+    }
+    let key = Row {
+        table: "conversations",
+        key: &id,
+    };
+    Ok(Conversation {
+        id,
+        namespace: namespace.clone(),
+        version: key.u64("version", row.version)?,
+        created_at: row.created_at,
+    })
+}
+
+pub(super) async fn load_admission(
+    conn: &mut sqlx::SqliteConnection,
+    conversation_id: ConversationId,
+) -> Result<Admission, Error> {
+    let uuid = conversation_id.as_uuid();
+    let row = sqlx::query!(
+        "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
+                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
+         FROM admissions WHERE conversation_id = ?1",
+        uuid
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load admission"))?
+    .ok_or_else(|| Error::NotFound {
+        what: "conversation",
+        id: conversation_id.to_string(),
+    })?;
+    let key = Row {
+        table: "admissions",
+        key: &conversation_id,
+    };
+    let revision = Revision(key.u64("revision", row.revision)?);
+    let active = match row.active_request_id {
+        None => None,
+        Some(request) => Some(ActiveAdmission {
+            request_id: RequestId::from_db(key.uuid("active_request_id", &request)?),
+            input_sha256: key.hash(
+                "input_sha256",
+                row.input_sha256.as_deref().unwrap_or_default(),
+            )?,
+            run_id: RunId::from_db(key.uuid("run_id", row.run_id.as_deref().unwrap_or_default())?),
+            agent_fingerprint: row
+                .agent_fingerprint
+                .ok_or_else(|| key.corrupt("active admission without agent_fingerprint"))?,
+            usage: key.usage(
+                row.input_tokens,
+                row.output_tokens,
+                row.cache_read_tokens,
+                row.cache_write_tokens,
+            )?,
+        }),
+    };
+    Ok(Admission {
+        conversation_id,
+        revision,
+        active,
+    })
+}
+
+/// Explains why a compare-and-swap on the admission matched no row.
+async fn diagnose(
+    tx: &mut Transaction<'static, Sqlite>,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    expected: Revision,
+) -> Error {
+    let admission = match load_admission(tx, conversation_id).await {
+        Ok(admission) => admission,
+        Err(e) => return e,
+    };
+    match admission.active {
+        Some(active) if active.request_id != request_id => Error::Busy {
+            conversation_id,
+            request_id: active.request_id,
+            revision: admission.revision,
+        },
+        _ if admission.revision != expected => Error::Conflict {
+            conversation_id,
+            expected,
+            actual: admission.revision,
+        },
+        Some(active) => Error::Busy {
+            conversation_id,
+            request_id: active.request_id,
+            revision: admission.revision,
+        },
+        None => Error::NotActive { request_id },
+    }
+}

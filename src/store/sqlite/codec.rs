@@ -1,0 +1,97 @@
+//! Conversions between rows and domain types. Database content is never
+//! trusted: anything undecodable becomes [`Error::Corrupt`] naming the table
+//! and key, never a panic.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::message::Usage;
+use crate::store::InputHash;
+use crate::Error;
+
+/// Maps a driver error to the opaque [`StoreError`], naming what was being done.
+pub(super) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
+    move |e| {
+        Error::Store(StoreError::new(
+            format!("{context}: {e}"),
+            Some(Box::new(e)),
+        ))
+    }
+}
+
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Counters are u64 in the API and INTEGER (i64) in SQLite; values past
+/// i64::MAX are clamped, as token counts never get there honestly.
+pub(super) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Decoding context: which row of which table is being read.
+#[derive(Clone, Copy)]
+pub(super) struct Row<'a> {
+    pub table: &'static str,
+    pub key: &'a (dyn std::fmt::Display + Sync),
+}
+
+impl Row<'_> {
+    pub fn corrupt(&self, reason: impl Into<String>) -> Error {
+        Error::Corrupt {
+            table: self.table,
+            key: self.key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn u64(&self, column: &str, value: i64) -> Result<u64, Error> {
+        u64::try_from(value).map_err(|_| self.corrupt(format!("{column} is negative ({value})")))
+    }
+
+    pub fn u32(&self, column: &str, value: i64) -> Result<u32, Error> {
+        u32::try_from(value).map_err(|_| self.corrupt(format!("{column} out of range ({value})")))
+    }
+
+    pub fn uuid(&self, column: &str, bytes: &[u8]) -> Result<Uuid, Error> {
+        Uuid::from_slice(bytes).map_err(|_| self.corrupt(format!("{column} is not a 16-byte uuid")))
+    }
+
+    pub fn hash(&self, column: &str, bytes: &[u8]) -> Result<InputHash, Error> {
+        <[u8; 32]>::try_from(bytes)
+            .map(InputHash)
+            .map_err(|_| self.corrupt(format!("{column} is not a 32-byte sha-256")))
+    }
+
+    pub fn json<T: DeserializeOwned>(&self, column: &str, text: &str) -> Result<T, Error> {
+        serde_json::from_str(text).map_err(|e| self.corrupt(format!("{column}: {e}")))
+    }
+
+    pub fn usage(
+        &self,
+        input: i64,
+        output: i64,
+        cache_read: i64,
+        cache_write: i64,
+    ) -> Result<Usage, Error> {
+        Ok(Usage {
+            input_tokens: self.u64("input_tokens", input)?,
+            output_tokens: self.u64("output_tokens", output)?,
+            cache_read_tokens: self.u64("cache_read_tokens", cache_read)?,
+            cache_write_tokens: self.u64("cache_write_tokens", cache_write)?,
+        })
+    }
+}
+
+/// Serializes a value the crate itself defines; these never fail, but a
+/// failure is still reported rather than unwrapped.
+pub(super) fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, Error> {
+    serde_json::to_string(value)
+        .map_err(|e| Error::InvalidInput(format!("value cannot be serialized: {e}")))
+}

@@ -1,0 +1,168 @@
+//! Opening a database: file creation, pragmas, the schema check and the
+//! embedded migrations.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use tracing::instrument;
+
+use super::codec::db;
+use super::{Durability, SqliteOptions, SqliteStore};
+use crate::error::StoreError;
+use crate::Error;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// An idle connection that pins a shared-cache in-memory database.
+#[derive(Debug)]
+pub(super) struct MemoryKeeper(#[allow(dead_code)] tokio::sync::Mutex<SqliteConnection>);
+
+impl SqliteStore {
+    /// Opens (creating if needed) a database file with the default options:
+    /// WAL, `synchronous=FULL`, a 30 s busy timeout, foreign keys on.
+    ///
+    /// # Errors
+    /// [`Error::SchemaTooNew`] for a database written by a newer turnstile
+    /// (left untouched); [`Error::Store`] when the file cannot be opened or is
+    /// not a SQLite database.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::open_with(path, SqliteOptions::default()).await
+    }
+
+    /// Opens (creating if needed) a database file. A new file is created
+    /// readable and writable by its owner only.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open`].
+    #[instrument(skip_all, fields(path = %path.as_ref().display()), err)]
+    pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, Error> {
+        let path = path.as_ref();
+        create_owner_only(path)?;
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match options.durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(options.busy_timeout)
+            .foreign_keys(true);
+        // The schema check runs before anything could write to the file.
+        let mut probe = connect.connect().await.map_err(db("open database"))?;
+        check_schema(&mut probe).await?;
+        probe.close().await.map_err(db("close probe"))?;
+
+        let writer = pinned_pool(1)
+            .connect_with(connect.clone())
+            .await
+            .map_err(db("open writer"))?;
+        MIGRATOR.run(&writer).await.map_err(migrate_error)?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(options.readers.max(1))
+            .connect_with(connect)
+            .await
+            .map_err(db("open readers"))?;
+        Ok(Self {
+            writer,
+            reader,
+            _memory_keeper: None,
+        })
+    }
+
+    /// A private in-memory database for tests and harnesses. It lives exactly
+    /// as long as the store (and its clones): a pinned connection keeps it, so
+    /// it never vanishes mid-test.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if SQLite cannot create it.
+    pub async fn in_memory() -> Result<Self, Error> {
+        // A uniquely named shared-cache database: the keeper and the pool see
+        // the same data, and no two stores ever share one.
+        let uri = format!(
+            "sqlite:file:turnstile-{}?mode=memory&cache=shared",
+            uuid::Uuid::new_v4()
+        );
+        let connect = SqliteConnectOptions::from_str(&uri)
+            .map_err(db("in-memory uri"))?
+            .journal_mode(SqliteJournalMode::Memory)
+            .foreign_keys(true);
+        let keeper = connect
+            .connect()
+            .await
+            .map_err(db("open in-memory keeper"))?;
+        // One connection serves reads and writes: shared-cache databases lock
+        // whole tables, so a separate reader would only wait on the writer.
+        let pool = pinned_pool(1)
+            .connect_with(connect)
+            .await
+            .map_err(db("open in-memory pool"))?;
+        MIGRATOR.run(&pool).await.map_err(migrate_error)?;
+        Ok(Self {
+            writer: pool.clone(),
+            reader: pool,
+            _memory_keeper: Some(Arc::new(MemoryKeeper(tokio::sync::Mutex::new(keeper)))),
+        })
+    }
+
+    /// The newest schema version this build knows.
+    pub fn supported_schema_version() -> i64 {
+        MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+}
+
+/// A pool whose connections are never closed for being idle or old.
+fn pinned_pool(size: u32) -> SqlitePoolOptions {
+    SqlitePoolOptions::new()
+        .max_connections(size)
+        .min_connections(size)
+        .idle_timeout(None)
+        .max_lifetime(None)
+}
+
+/// Refuses a database whose applied migrations are newer than ours.
+async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
+    let has_table = sqlx::query_scalar!(
+        r#"SELECT COUNT(*) AS "n!: i64" FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'"#
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db("read schema"))?;
+    if has_table == 0 {
+        return Ok(());
+    }
+    let found = sqlx::query_scalar!(r#"SELECT MAX(version) AS "v: i64" FROM _sqlx_migrations"#)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read schema version"))?
+        .unwrap_or(0);
+    let supported = SqliteStore::supported_schema_version();
+    if found > supported {
+        return Err(Error::SchemaTooNew { found, supported });
+    }
+    Ok(())
+}
+
+fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
+    Error::Store(StoreError::new(format!("migrate: {e}"), Some(Box::new(e))))
+}
+
+/// Creates a missing database file with mode 0600 before SQLite opens it;
+/// SQLite gives its -wal and -shm files the same mode.
+fn create_owner_only(path: &Path) -> Result<(), Error> {
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    match open.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::Store(StoreError::new(
+            format!("create database file {}: {e}", path.display()),
+            Some(Box::new(e)),
+        ))),
+    }
+}

@@ -1,0 +1,277 @@
+//! The writes of a run's owner during its turns. Each is one transaction
+//! that starts with the fence: if the admission moved past the owner's
+//! revision, nothing is written and the owner gets [`Error::Fenced`].
+
+use sqlx::SqliteConnection;
+
+use super::codec::{db, now_ms, to_i64, to_json};
+use super::SqliteStore;
+use crate::checkpoint::LoopCheckpoint;
+use crate::message::Message;
+use crate::store::{Fence, ToolResult};
+use crate::Error;
+
+impl SqliteStore {
+    pub(super) async fn begin_turn_impl(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+    ) -> Result<(), Error> {
+        let mut tx = self.begin_write().await?;
+        check_fence(&mut tx, fence, checkpoint).await?;
+        upsert_checkpoint(&mut tx, checkpoint).await?;
+        tx.commit().await.map_err(db("commit turn write-ahead"))
+    }
+
+    pub(super) async fn record_model_response_impl(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        assistant: &Message,
+    ) -> Result<(), Error> {
+        let mut tx = self.begin_write().await?;
+        check_fence(&mut tx, fence, checkpoint).await?;
+        insert_messages(
+            &mut tx,
+            fence,
+            checkpoint.turn,
+            checkpoint.message_count,
+            std::slice::from_ref(assistant),
+        )
+        .await?;
+        let request = fence.request_id.as_uuid();
+        let run = fence.run_id.as_uuid();
+        let turn = i64::from(checkpoint.turn);
+        let calls = to_json(assistant.tool_calls())?;
+        let now = now_ms();
+        sqlx::query!(
+            "INSERT INTO tool_calls (request_id, turn, call_id, run_id, name, arguments, status, created_at)
+             SELECT ?1, ?2, value ->> '$.id', ?3, value ->> '$.name', value ->> '$.arguments', 'requested', ?4
+             FROM json_each(?5)",
+            request,
+            turn,
+            run,
+            now,
+            calls
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("journal tool calls"))?;
+        upsert_checkpoint(&mut tx, checkpoint).await?;
+        tx.commit().await.map_err(db("commit model response"))
+    }
+
+    pub(super) async fn record_tool_result_impl(
+        &self,
+        fence: &Fence,
+        turn: u32,
+        call_id: &str,
+        result: &ToolResult,
+    ) -> Result<(), Error> {
+        let mut tx = self.begin_write().await?;
+        check_fence_only(&mut tx, fence).await?;
+        let request = fence.request_id.as_uuid();
+        let turn = i64::from(turn);
+        let status = if result.is_error {
+            "failed"
+        } else {
+            "completed"
+        };
+        let now = now_ms();
+        sqlx::query!(
+            "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
+             WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6 AND status = 'requested'",
+            status,
+            result.content,
+            now,
+            request,
+            turn,
+            call_id
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("journal tool result"))?;
+        tx.commit().await.map_err(db("commit tool result"))
+    }
+
+    pub(super) async fn finish_turn_impl(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        messages: &[Message],
+    ) -> Result<(), Error> {
+        let first_seq = checkpoint
+            .message_count
+            .checked_sub(messages.len() as u64)
+            .ok_or_else(|| {
+                Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
+            })?;
+        let mut tx = self.begin_write().await?;
+        check_fence(&mut tx, fence, checkpoint).await?;
+        insert_messages(&mut tx, fence, checkpoint.turn, first_seq, messages).await?;
+        upsert_checkpoint(&mut tx, checkpoint).await?;
+        tx.commit().await.map_err(db("commit turn"))
+    }
+
+    pub(super) async fn fail_run_impl(&self, fence: &Fence, error: &str) -> Result<(), Error> {
+        let mut tx = self.begin_write().await?;
+        check_fence_only(&mut tx, fence).await?;
+        let run = fence.run_id.as_uuid();
+        let now = now_ms();
+        sqlx::query!(
+            "UPDATE runs SET status = 'failed', error = ?1, ended_at = ?2 WHERE run_id = ?3",
+            error,
+            now,
+            run
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("record run failure"))?;
+        tx.commit().await.map_err(db("commit run failure"))
+    }
+}
+
+/// The fence, also recording the checkpoint's usage as the request's latest
+/// persisted usage (what `recovery_usage` reports).
+pub(super) async fn check_fence(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let usage = checkpoint.usage;
+    let (input, output) = (to_i64(usage.input_tokens), to_i64(usage.output_tokens));
+    let (cache_read, cache_write) = (
+        to_i64(usage.cache_read_tokens),
+        to_i64(usage.cache_write_tokens),
+    );
+    let now = now_ms();
+    let updated = sqlx::query!(
+        "UPDATE admissions SET input_tokens = ?1, output_tokens = ?2, cache_read_tokens = ?3,
+             cache_write_tokens = ?4, updated_at = ?5
+         WHERE conversation_id = ?6 AND revision = ?7 AND run_id = ?8",
+        input,
+        output,
+        cache_read,
+        cache_write,
+        now,
+        conversation,
+        revision,
+        run
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("fence"))?;
+    fenced_unless_one(fence, updated.rows_affected())
+}
+
+/// The fence for writes that carry no usage.
+async fn check_fence_only(conn: &mut SqliteConnection, fence: &Fence) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let now = now_ms();
+    let updated = sqlx::query!(
+        "UPDATE admissions SET updated_at = ?1 WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4",
+        now,
+        conversation,
+        revision,
+        run
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("fence"))?;
+    fenced_unless_one(fence, updated.rows_affected())
+}
+
+fn fenced_unless_one(fence: &Fence, rows: u64) -> Result<(), Error> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(Error::Fenced {
+            run_id: fence.run_id,
+            revision: fence.revision,
+        })
+    }
+}
+
+/// Appends messages at `first_seq..` in one statement (a JSON array expanded
+/// by `json_each`), whatever their number.
+pub(super) async fn insert_messages(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    turn: u32,
+    first_seq: u64,
+    messages: &[Message],
+) -> Result<(), Error> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let request = fence.request_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let turn = i64::from(turn);
+    let first_seq = to_i64(first_seq);
+    let batch = to_json(messages)?;
+    sqlx::query!(
+        "INSERT INTO run_messages (request_id, seq, run_id, turn, message)
+         SELECT ?1, ?2 + key, ?3, ?4, value FROM json_each(?5)",
+        request,
+        first_seq,
+        run,
+        turn,
+        batch
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("insert run messages"))?;
+    Ok(())
+}
+
+pub(super) async fn upsert_checkpoint(
+    conn: &mut SqliteConnection,
+    checkpoint: &LoopCheckpoint,
+) -> Result<(), Error> {
+    let run = checkpoint.run_id.as_uuid();
+    let turn = i64::from(checkpoint.turn);
+    let phase = checkpoint.phase.as_str();
+    let usage = checkpoint.usage;
+    let (input, output) = (to_i64(usage.input_tokens), to_i64(usage.output_tokens));
+    let (cache_read, cache_write) = (
+        to_i64(usage.cache_read_tokens),
+        to_i64(usage.cache_write_tokens),
+    );
+    let tool_calls = to_i64(checkpoint.tool_calls_count);
+    let reports = to_json(&checkpoint.verification_reports)?;
+    let message_count = to_i64(checkpoint.message_count);
+    let now = now_ms();
+    sqlx::query!(
+        "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+             cache_read_tokens, cache_write_tokens, tool_calls_count, verification_reports,
+             message_count, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         ON CONFLICT (run_id, turn) DO UPDATE SET phase = excluded.phase,
+             input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens,
+             cache_read_tokens = excluded.cache_read_tokens,
+             cache_write_tokens = excluded.cache_write_tokens,
+             tool_calls_count = excluded.tool_calls_count,
+             verification_reports = excluded.verification_reports,
+             message_count = excluded.message_count, created_at = excluded.created_at",
+        run,
+        turn,
+        phase,
+        input,
+        output,
+        cache_read,
+        cache_write,
+        tool_calls,
+        reports,
+        message_count,
+        now
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("save checkpoint"))?;
+    Ok(())
+}
