@@ -1,0 +1,43 @@
+//! The model abstraction: messages and tool specs in, an assistant message
+//! and its token usage out.
+
+use async_trait::async_trait;
+
+use crate::message::{Message, ToolCall, ToolSpec, Usage};
+use crate::ModelError;
+
+/// Receives text deltas while a model streams its answer.
+pub type TextDeltas<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
+/// What the model is asked.
+#[derive(Clone, Copy)]
+pub struct ModelRequest<'a> {
+    /// System prompt, summary, transcript window and the request's messages.
+    pub messages: &'a [Message],
+    pub tools: &'a [ToolSpec],
+    /// Set when the caller wants text deltas (a stream); a model that cannot
+    /// stream may ignore it.
+    pub deltas: Option<TextDeltas<'a>>,
+}
+
+/// What the model answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelResponse {
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: Usage,
+}
+
+/// A language model. Object-safe: agents hold it as `Arc<dyn Model>`.
+#[async_trait]
+pub trait Model: Send + Sync {
+    /// A stable name; part of the agent fingerprint checked on resume.
+    fn name(&self) -> &str;
+
+    /// Answers one turn.
+    ///
+    /// # Errors
+    /// A [`ModelError`]; its `retryable` flag says whether trying again may
+    /// help.
+    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
+}

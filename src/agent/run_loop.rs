@@ -1,0 +1,392 @@
+//! The turn protocol. Each step is durable before the next begins:
+//! 1. write-ahead checkpoint `TurnInFlight`;
+//! 2. model call, answer recorded (`ToolsInFlight`, tool calls journaled);
+//! 3. each tool call executed and its result journaled;
+//! 4. checkpoint `Ready` with the turn's tool results.
+//!
+//! A final answer (no tool calls) goes straight to the atomic commit. The
+//! loop is a state machine over the checkpoint phase, so a resumed run
+//! enters it wherever the run it continues stopped.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use tokio_util::task::AbortOnDropHandle;
+
+use super::{Agent, ModelRequest, RunContext, ToolContext};
+use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
+use crate::error::BudgetKind;
+use crate::events::{Emitter, Event};
+use crate::message::{Message, ToolCall};
+use crate::store::{Fence, JournalStatus, Store, StoredOutcome, ToolResult};
+use crate::{Error, ModelError};
+
+/// The largest tool output fed back to the model.
+pub const MAX_TOOL_OUTPUT_BYTES: usize = 1 << 20;
+
+pub(crate) struct RunLoop<'a> {
+    pub agent: &'a Agent,
+    pub store: &'a dyn Store,
+    pub ctx: &'a RunContext,
+    pub events: &'a Emitter,
+    pub fence: Fence,
+    /// System prompt and committed context, before the request's messages.
+    pub prefix: Vec<Message>,
+    /// The request's messages so far (the user input first).
+    pub messages: Vec<Message>,
+    pub checkpoint: LoopCheckpoint,
+    /// Set when resuming inside a tool round: results already journaled by
+    /// the run being continued are reused, not executed again.
+    pub reuse_journal: bool,
+}
+
+impl RunLoop<'_> {
+    /// Runs to the commit. On a stop (budget, deadline, cancellation, model
+    /// failure) the run is marked failed and the admission stays held.
+    pub async fn run(mut self) -> Result<(StoredOutcome, Vec<Message>), Error> {
+        match self.drive().await {
+            Ok(outcome) => Ok((outcome, self.messages)),
+            Err(error) => {
+                if error.stopped_run().is_some() {
+                    if let Err(e) = self.store.fail_run(&self.fence, &error.to_string()).await {
+                        tracing::warn!(run_id = %self.fence.run_id, error = %e, "could not record run failure");
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn drive(&mut self) -> Result<StoredOutcome, Error> {
+        loop {
+            match self.checkpoint.phase {
+                CheckpointPhase::Ready => self.begin_turn().await?,
+                CheckpointPhase::TurnInFlight => {
+                    if let Some(outcome) = self.model_step().await? {
+                        return Ok(outcome);
+                    }
+                }
+                CheckpointPhase::ToolsInFlight => self.tool_step().await?,
+                CheckpointPhase::Completed => {
+                    return Err(Error::Corrupt {
+                        table: "loop_checkpoints",
+                        key: format!("{}/{}", self.fence.run_id, self.checkpoint.turn),
+                        reason: "an active request's run is already completed".into(),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn begin_turn(&mut self) -> Result<(), Error> {
+        let turn = self.checkpoint.turn.saturating_add(1);
+        let limit = self
+            .ctx
+            .budget
+            .max_turns
+            .map_or(self.agent.limits.max_turns, |m| {
+                m.min(self.agent.limits.max_turns)
+            });
+        if turn > limit {
+            return Err(self.budget_exceeded(
+                BudgetKind::Turns,
+                u64::from(self.checkpoint.turn),
+                u64::from(limit),
+            ));
+        }
+        self.check_stop()?;
+        self.checkpoint.turn = turn;
+        self.checkpoint.phase = CheckpointPhase::TurnInFlight;
+        self.store.begin_turn(&self.fence, &self.checkpoint).await?;
+        self.events.emit(Event::TurnStarted { turn });
+        Ok(())
+    }
+
+    /// Calls the model; commits a final answer, or records tool calls.
+    async fn model_step(&mut self) -> Result<Option<StoredOutcome>, Error> {
+        if let Some(limit) = self.ctx.budget.max_tokens {
+            let used = self.checkpoint.usage.total();
+            if used >= limit {
+                return Err(self.budget_exceeded(BudgetKind::Tokens, used, limit));
+            }
+        }
+        self.check_stop()?;
+        let turn = self.checkpoint.turn;
+        let context: Vec<Message> = self.prefix.iter().chain(&self.messages).cloned().collect();
+        let events = self.events.clone();
+        let on_delta = move |text: &str| {
+            events.emit(Event::TextDelta {
+                turn,
+                text: text.to_owned(),
+            })
+        };
+        let request = ModelRequest {
+            messages: &context,
+            tools: &self.agent.specs,
+            deltas: self.events.is_active().then_some(&on_delta as _),
+        };
+        let response = self
+            .guard(self.agent.model.respond(request))
+            .await?
+            .map_err(|source| self.model_failed(source))?;
+        tracing::debug!(
+            turn,
+            tool_calls = response.tool_calls.len(),
+            "model responded"
+        );
+        self.events.emit(Event::ModelResponded {
+            turn,
+            usage: response.usage,
+            tool_calls: response.tool_calls.len(),
+        });
+        self.checkpoint.usage += response.usage;
+
+        if response.tool_calls.is_empty() {
+            let answer = Message::assistant(response.content);
+            self.checkpoint.phase = CheckpointPhase::Completed;
+            self.checkpoint.message_count += 1;
+            let outcome = self
+                .store
+                .commit(&self.fence, &self.checkpoint, &answer)
+                .await?;
+            self.messages.push(answer);
+            return Ok(Some(outcome));
+        }
+        validate_call_ids(&response.tool_calls).map_err(|source| self.model_failed(source))?;
+        let assistant = Message::Assistant {
+            content: response.content,
+            tool_calls: response.tool_calls,
+        };
+        self.checkpoint.phase = CheckpointPhase::ToolsInFlight;
+        self.store
+            .record_model_response(&self.fence, &self.checkpoint, &assistant)
+            .await?;
+        self.messages.push(assistant);
+        Ok(None)
+    }
+
+    /// Answers every tool call of the turn's recorded assistant message.
+    async fn tool_step(&mut self) -> Result<(), Error> {
+        let turn = self.checkpoint.turn;
+        let calls = self.recorded_calls()?;
+        let count = calls.len() as u64;
+        if let Some(limit) = self.ctx.budget.max_tool_calls {
+            let used = self.checkpoint.tool_calls_count;
+            if used.saturating_add(count) > limit {
+                return Err(self.budget_exceeded(BudgetKind::ToolCalls, used, limit));
+            }
+        }
+        let mut journaled = self.journaled_results(turn).await?;
+        let mut answered = Vec::with_capacity(calls.len());
+        for (index, call) in calls.into_iter().enumerate() {
+            let (result, reused) = match journaled.remove(&call.id) {
+                Some(result) => (result, true),
+                None => {
+                    self.events.emit(Event::ToolStarted {
+                        turn,
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                    });
+                    let result = if index < self.agent.limits.max_tool_calls_per_turn as usize {
+                        self.execute(&call, turn).await?
+                    } else {
+                        error_result(format!(
+                            "not run: more than {} tool calls in one turn",
+                            self.agent.limits.max_tool_calls_per_turn
+                        ))
+                    };
+                    self.store
+                        .record_tool_result(&self.fence, turn, &call.id, &result)
+                        .await?;
+                    (result, false)
+                }
+            };
+            self.events.emit(Event::ToolFinished {
+                turn,
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                is_error: result.is_error,
+                reused,
+            });
+            answered.push((call, result));
+        }
+
+        if let Some(verifier) = &self.agent.verifier {
+            if let Some(report) = verifier.verify(turn, &answered).await {
+                self.checkpoint.verification_reports.push(report);
+            }
+        }
+        let results: Vec<Message> = answered
+            .into_iter()
+            .map(|(call, result)| Message::Tool {
+                call_id: call.id,
+                content: result.content,
+                is_error: result.is_error,
+            })
+            .collect();
+        self.checkpoint.phase = CheckpointPhase::Ready;
+        self.checkpoint.tool_calls_count = self.checkpoint.tool_calls_count.saturating_add(count);
+        self.checkpoint.message_count += results.len() as u64 + 1;
+        self.store
+            .finish_turn(&self.fence, &self.checkpoint, &results)
+            .await?;
+        self.messages.extend(results);
+        self.events.emit(Event::CheckpointSaved {
+            turn,
+            revision: self.fence.revision,
+        });
+        Ok(())
+    }
+
+    /// The tool calls of the assistant message recorded for this turn.
+    fn recorded_calls(&self) -> Result<Vec<ToolCall>, Error> {
+        match self.messages.get(self.checkpoint.message_count as usize) {
+            Some(Message::Assistant { tool_calls, .. }) if !tool_calls.is_empty() => {
+                Ok(tool_calls.clone())
+            }
+            _ => Err(Error::Corrupt {
+                table: "run_messages",
+                key: format!(
+                    "{}/{}",
+                    self.fence.request_id, self.checkpoint.message_count
+                ),
+                reason: "a tool round without a recorded assistant message with tool calls".into(),
+            }),
+        }
+    }
+
+    async fn journaled_results(&mut self, turn: u32) -> Result<HashMap<String, ToolResult>, Error> {
+        if !std::mem::take(&mut self.reuse_journal) {
+            return Ok(HashMap::new());
+        }
+        let journal = self.store.journal(self.fence.request_id, turn).await?;
+        Ok(journal
+            .into_iter()
+            .filter(|e| e.status != JournalStatus::Requested)
+            .filter_map(|e| e.result.map(|r| (e.call_id, r)))
+            .collect())
+    }
+
+    /// Runs one tool. Whatever goes wrong with the tool becomes an error
+    /// result; only cancellation and the deadline stop the run.
+    async fn execute(&self, call: &ToolCall, turn: u32) -> Result<ToolResult, Error> {
+        let Some(tool) = self.agent.tool(&call.name).cloned() else {
+            return Ok(error_result(format!("unknown tool {:?}", call.name)));
+        };
+        let arguments: serde_json::Value = match serde_json::from_str(&call.arguments) {
+            Ok(arguments) => arguments,
+            Err(e) => return Ok(error_result(format!("invalid JSON arguments: {e}"))),
+        };
+        let context = ToolContext {
+            run_id: self.fence.run_id,
+            request_id: self.fence.request_id,
+            turn,
+            call_id: call.id.clone(),
+            idempotency_key: format!("{}/{turn}/{}", self.fence.request_id, call.id),
+        };
+        // Spawned so a panic is caught as a JoinError; aborted if this run
+        // is dropped, so a dropped stream leaves no tool running.
+        let task =
+            AbortOnDropHandle::new(tokio::spawn(
+                async move { tool.call(arguments, context).await },
+            ));
+        let timeout = self.agent.limits.tool_timeout;
+        Ok(
+            match self.guard(tokio::time::timeout(timeout, task)).await? {
+                Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
+                Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
+                Ok(Err(join)) => error_result(format!("tool task failed: {join}")),
+                Ok(Ok(Err(e))) => error_result(e.0),
+                Ok(Ok(Ok(content))) if content.len() > MAX_TOOL_OUTPUT_BYTES => {
+                    error_result(format!(
+                        "tool output of {} bytes exceeds the {MAX_TOOL_OUTPUT_BYTES}-byte limit",
+                        content.len()
+                    ))
+                }
+                Ok(Ok(Ok(content))) => ToolResult {
+                    content,
+                    is_error: false,
+                },
+            },
+        )
+    }
+
+    /// Awaits `future` unless the run is cancelled or its deadline passes.
+    async fn guard<T>(&self, future: impl Future<Output = T>) -> Result<T, Error> {
+        let deadline = async {
+            match self.ctx.deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = self.ctx.cancel.cancelled() => Err(self.cancelled()),
+            _ = deadline => Err(self.deadline_exceeded()),
+            value = future => Ok(value),
+        }
+    }
+
+    fn check_stop(&self) -> Result<(), Error> {
+        if self.ctx.cancel.is_cancelled() {
+            return Err(self.cancelled());
+        }
+        match self.ctx.deadline {
+            Some(at) if tokio::time::Instant::now() >= at => Err(self.deadline_exceeded()),
+            _ => Ok(()),
+        }
+    }
+
+    fn cancelled(&self) -> Error {
+        Error::Cancelled {
+            run_id: self.fence.run_id,
+            revision: self.fence.revision,
+        }
+    }
+
+    fn deadline_exceeded(&self) -> Error {
+        Error::DeadlineExceeded {
+            run_id: self.fence.run_id,
+            revision: self.fence.revision,
+        }
+    }
+
+    fn model_failed(&self, source: ModelError) -> Error {
+        Error::Model {
+            run_id: self.fence.run_id,
+            revision: self.fence.revision,
+            source,
+        }
+    }
+
+    fn budget_exceeded(&self, kind: BudgetKind, used: u64, limit: u64) -> Error {
+        Error::BudgetExceeded {
+            run_id: self.fence.run_id,
+            revision: self.fence.revision,
+            kind,
+            used,
+            limit,
+        }
+    }
+}
+
+fn error_result(content: String) -> ToolResult {
+    ToolResult {
+        content,
+        is_error: true,
+    }
+}
+
+/// Tool call ids key the journal: they must be present and distinct.
+fn validate_call_ids(calls: &[ToolCall]) -> Result<(), ModelError> {
+    let mut seen = std::collections::HashSet::new();
+    for call in calls {
+        if call.id.is_empty() || !seen.insert(call.id.as_str()) {
+            return Err(ModelError::fatal(format!(
+                "malformed tool calls: empty or repeated call id {:?}",
+                call.id
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! A deterministic model for tests, demos and harnesses.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::model::{Model, ModelRequest, ModelResponse};
+use crate::message::{Message, ToolCall, Usage};
+use crate::ModelError;
+
+/// One scripted answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptedReply {
+    #[serde(default)]
+    pub text: String,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    pub usage: Usage,
+    /// Wait this long before answering (tokio time, so paused-time tests
+    /// do not really wait).
+    #[serde(
+        default,
+        rename = "delay_ms",
+        with = "millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub delay: Option<Duration>,
+    /// Fail the first `fail_times` calls at this step with this message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    #[serde(default)]
+    pub fail_times: u32,
+}
+
+impl ScriptedReply {
+    /// A final answer.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            ..Self::default()
+        }
+    }
+
+    /// An answer asking for tool calls.
+    pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
+        Self {
+            tool_calls: calls,
+            ..Self::default()
+        }
+    }
+
+    pub fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = usage;
+        self
+    }
+
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// Fails the first `times` calls at this step, then answers.
+    pub fn failing_first(mut self, times: u32, message: impl Into<String>) -> Self {
+        self.failure = Some(message.into());
+        self.fail_times = times;
+        self
+    }
+}
+
+/// Answers from a script. The reply for a call is chosen by the turn within
+/// the request (the number of assistant messages after the last user
+/// message), not by how often it was called: a run resumed in another
+/// process, or a retried turn, gets the same reply the crashed run would
+/// have got. Every request of a conversation starts the script over.
+#[derive(Debug)]
+pub struct ScriptedModel {
+    name: String,
+    replies: Vec<ScriptedReply>,
+    calls: AtomicU64,
+    failures_left: Mutex<Vec<u32>>,
+}
+
+impl ScriptedModel {
+    pub fn new(replies: Vec<ScriptedReply>) -> Self {
+        Self::named("scripted", replies)
+    }
+
+    /// A scripted model with a name of its own (part of the agent fingerprint).
+    pub fn named(name: impl Into<String>, replies: Vec<ScriptedReply>) -> Self {
+        let failures_left = Mutex::new(replies.iter().map(|r| r.fail_times).collect());
+        Self {
+            name: name.into(),
+            replies,
+            calls: AtomicU64::new(0),
+            failures_left,
+        }
+    }
+
+    /// How many times the model was called (failed calls included).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The script.
+    pub fn replies(&self) -> &[ScriptedReply] {
+        &self.replies
+    }
+
+    fn step_of(messages: &[Message]) -> usize {
+        messages
+            .iter()
+            .rev()
+            .take_while(|m| !matches!(m, Message::User { .. }))
+            .filter(|m| matches!(m, Message::Assistant { .. }))
+            .count()
+    }
+
+    fn take_failure(&self, step: usize) -> bool {
+        // A poisoned lock only means another call panicked mid-update; the
+        // counters are still usable.
+        let mut left = self.failures_left.lock().unwrap_or_else(|p| p.into_inner());
+        match left.get_mut(step) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[async_trait]
+impl Model for ScriptedModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let step = Self::step_of(request.messages);
+        let reply = self.replies.get(step).ok_or_else(|| {
+            ModelError::fatal(format!(
+                "script exhausted at step {step} of {}",
+                self.replies.len()
+            ))
+        })?;
+        if let Some(delay) = reply.delay {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(message) = &reply.failure {
+            if self.take_failure(step) {
+                return Err(ModelError::retryable(message.clone()));
+            }
+        }
+        if let Some(deltas) = request.deltas {
+            for word in reply.text.split_inclusive(' ') {
+                deltas(word);
+            }
+        }
+        Ok(ModelResponse {
+            content: reply.text.clone(),
+            tool_calls: reply.tool_calls.clone(),
+            usage: reply.usage,
+        })
+    }
+}
+
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}

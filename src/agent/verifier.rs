@@ -1,0 +1,17 @@
+//! Optional verification after each tool round.
+
+use async_trait::async_trait;
+
+use crate::message::{ToolCall, VerificationReport};
+use crate::store::ToolResult;
+
+/// Inspects a turn's tool calls and their results, and may add a report.
+/// Reports accumulate in the loop checkpoint and survive resumes.
+#[async_trait]
+pub trait Verifier: Send + Sync {
+    async fn verify(
+        &self,
+        turn: u32,
+        calls: &[(ToolCall, ToolResult)],
+    ) -> Option<VerificationReport>;
+}

@@ -1,0 +1,197 @@
+//! Admission of a new request: validation, replay of completed requests and
+//! the claim of the idle admission.
+
+use super::{AgentSession, Outcome};
+use crate::agent::RunContext;
+use crate::events::Emitter;
+use crate::ids::{RequestId, Revision};
+use crate::message::Message;
+use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
+use crate::Error;
+
+/// The largest input accepted, in bytes.
+pub const MAX_INPUT_BYTES: usize = 1 << 20;
+
+/// Claims raced by other requests that came and went are retried this often.
+const CLAIM_ATTEMPTS: usize = 8;
+
+enum Admitted {
+    Replay(Outcome),
+    Claimed(Fence),
+}
+
+impl AgentSession {
+    pub(super) async fn execute(
+        &self,
+        request_id: RequestId,
+        input: &str,
+        ctx: &RunContext,
+        events: &Emitter,
+    ) -> Result<Outcome, Error> {
+        match self.admit(request_id, input).await? {
+            Admitted::Replay(outcome) => Ok(outcome),
+            Admitted::Claimed(fence) => {
+                self.drive_fresh(fence, Message::user(input), ctx, events)
+                    .await
+            }
+        }
+    }
+
+    async fn admit(&self, request_id: RequestId, input: &str) -> Result<Admitted, Error> {
+        self.validate(request_id, input)?;
+        self.ensure_conversation().await?;
+        let hash = InputHash::of(input);
+        if let Some(record) = self.store.request(request_id).await? {
+            return self.existing(record, hash).await.map(Admitted::Replay);
+        }
+        let mut last_conflict = None;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let admission = self.store.admission(self.conversation_id).await?;
+            if let Some(active) = admission.active {
+                return Err(Error::Busy {
+                    conversation_id: self.conversation_id,
+                    request_id: active.request_id,
+                    revision: admission.revision,
+                });
+            }
+            let claim = NewRequest {
+                conversation_id: self.conversation_id,
+                request_id,
+                input_sha256: hash,
+                input: Message::user(input),
+                expected_revision: admission.revision,
+                run_id: crate::ids::RunId::new(),
+                agent_fingerprint: self.fingerprint(),
+            };
+            match self.store.claim(&claim).await {
+                Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence)),
+                Ok(ClaimOutcome::Existing(record)) => {
+                    return self.existing(record, hash).await.map(Admitted::Replay)
+                }
+                // Another request was admitted and released in between.
+                Err(conflict @ Error::Conflict { .. }) => last_conflict = Some(conflict),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_conflict.unwrap_or(Error::Conflict {
+            conversation_id: self.conversation_id,
+            expected: Revision(0),
+            actual: Revision(0),
+        }))
+    }
+
+    /// A retry of a known request id: replay, or refuse without writing.
+    pub(super) async fn existing(
+        &self,
+        record: RequestRecord,
+        hash: InputHash,
+    ) -> Result<Outcome, Error> {
+        let request_id = record.request_id;
+        if record.conversation_id != self.conversation_id {
+            return Err(Error::RequestMismatch {
+                request_id,
+                reason: "it belongs to another conversation",
+            });
+        }
+        if record.input_sha256 != hash {
+            return Err(Error::RequestMismatch {
+                request_id,
+                reason: "it is bound to another input",
+            });
+        }
+        match record.status {
+            RequestStatus::Completed => self.replay(record).await,
+            RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),
+            RequestStatus::Active => {
+                let admission = self.store.admission(self.conversation_id).await?;
+                Err(Error::Busy {
+                    conversation_id: self.conversation_id,
+                    request_id,
+                    revision: admission.revision,
+                })
+            }
+        }
+    }
+
+    /// The stored answer of a completed request; no model or tool work.
+    pub(super) async fn replay(&self, record: RequestRecord) -> Result<Outcome, Error> {
+        let stored = record.outcome.ok_or_else(|| Error::Corrupt {
+            table: "requests",
+            key: record.request_id.to_string(),
+            reason: "completed without an outcome".into(),
+        })?;
+        let messages = self
+            .store
+            .transcript_range(self.conversation_id, stored.first_seq, stored.end_seq)
+            .await?
+            .into_iter()
+            .map(|entry| entry.message)
+            .collect();
+        Ok(Outcome::from_stored(
+            record.request_id,
+            stored,
+            messages,
+            true,
+        ))
+    }
+
+    pub(super) fn validate(&self, request_id: RequestId, input: &str) -> Result<(), Error> {
+        if request_id.as_uuid() == self.conversation_id.as_uuid() {
+            return Err(Error::InvalidInput(format!(
+                "request id {request_id} equals the conversation id"
+            )));
+        }
+        if input.trim().is_empty() {
+            return Err(Error::InvalidInput("input is empty".into()));
+        }
+        if input.len() > MAX_INPUT_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "input of {} bytes exceeds the {MAX_INPUT_BYTES}-byte limit",
+                input.len()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn ensure_conversation(&self) -> Result<(), Error> {
+        match self
+            .store
+            .conversation(&self.namespace, self.conversation_id)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::NotFound { .. }) => self
+                .store
+                .ensure_conversation(&self.namespace, self.conversation_id)
+                .await
+                .map(drop),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A request of this conversation (in this namespace).
+    pub(super) async fn own_request(&self, request_id: RequestId) -> Result<RequestRecord, Error> {
+        self.store
+            .conversation(&self.namespace, self.conversation_id)
+            .await?;
+        let record = self
+            .store
+            .request(request_id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "request",
+                id: request_id.to_string(),
+            })?;
+        if record.conversation_id != self.conversation_id {
+            return Err(Error::RequestMismatch {
+                request_id,
+                reason: "it belongs to another conversation",
+            });
+        }
+        Ok(record)
+    }
+
+    pub(super) fn fingerprint(&self) -> String {
+        self.agent.fingerprint()
+    }
+}

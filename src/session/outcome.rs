@@ -1,0 +1,50 @@
+//! What a committed request returns, fresh or replayed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{RequestId, RunId};
+use crate::message::{Message, Usage, VerificationReport};
+use crate::store::StoredOutcome;
+
+/// The result of a committed request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub request_id: RequestId,
+    /// The run that committed.
+    pub run_id: RunId,
+    pub final_text: String,
+    /// Every message the request added to the transcript, its input first.
+    pub messages: Vec<Message>,
+    /// Cumulative over all runs of the request.
+    pub usage: Usage,
+    pub turns: u32,
+    pub tool_calls: u64,
+    pub verification_reports: Vec<VerificationReport>,
+    /// The conversation version this commit produced.
+    pub conversation_version: u64,
+    /// True when this is the stored answer of an earlier commit: no model or
+    /// tool work was done.
+    pub replayed: bool,
+}
+
+impl Outcome {
+    pub(crate) fn from_stored(
+        request_id: RequestId,
+        stored: StoredOutcome,
+        messages: Vec<Message>,
+        replayed: bool,
+    ) -> Self {
+        Self {
+            request_id,
+            run_id: stored.run_id,
+            final_text: stored.final_text,
+            messages,
+            usage: stored.usage,
+            turns: stored.turns,
+            tool_calls: stored.tool_calls,
+            verification_reports: stored.verification_reports,
+            conversation_version: stored.conversation_version,
+            replayed,
+        }
+    }
+}

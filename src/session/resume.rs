@@ -1,0 +1,141 @@
+//! Taking over an active request: `resume_run` (by run) and
+//! `recover_after_owner_exit` (by request).
+
+use super::{AgentSession, Outcome, ResumePolicy};
+use crate::agent::RunContext;
+use crate::events::Emitter;
+use crate::ids::{RequestId, Revision, RunId};
+use crate::store::{InputHash, RecoveryClaim, RequestStatus};
+use crate::Error;
+
+impl AgentSession {
+    pub(super) async fn resume(
+        &self,
+        run_id: RunId,
+        ctx: &RunContext,
+        expected_revision: Revision,
+        policy: ResumePolicy,
+        events: &Emitter,
+    ) -> Result<Outcome, Error> {
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "run",
+                id: run_id.to_string(),
+            })?;
+        let record = self.own_request(run.request_id).await?;
+        match record.status {
+            RequestStatus::Completed => self.replay(record).await,
+            RequestStatus::Abandoned => Err(Error::RequestAbandoned {
+                request_id: record.request_id,
+            }),
+            RequestStatus::Active => {
+                self.take_over(
+                    record.request_id,
+                    Some(run_id),
+                    ctx,
+                    expected_revision,
+                    policy,
+                    events,
+                )
+                .await
+            }
+        }
+    }
+
+    pub(super) async fn recover(
+        &self,
+        request_id: RequestId,
+        input: &str,
+        ctx: &RunContext,
+        expected_revision: Revision,
+        policy: ResumePolicy,
+        events: &Emitter,
+    ) -> Result<Outcome, Error> {
+        self.validate(request_id, input)?;
+        let record = self.own_request(request_id).await?;
+        if record.input_sha256 != InputHash::of(input) {
+            return Err(Error::RequestMismatch {
+                request_id,
+                reason: "it is bound to another input",
+            });
+        }
+        match record.status {
+            RequestStatus::Completed => self.replay(record).await,
+            RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),
+            RequestStatus::Active => {
+                self.take_over(request_id, None, ctx, expected_revision, policy, events)
+                    .await
+            }
+        }
+    }
+
+    /// Checks everything that can be checked without writing, then claims
+    /// the admission for a new run with one compare-and-swap.
+    async fn take_over(
+        &self,
+        request_id: RequestId,
+        from_run: Option<RunId>,
+        ctx: &RunContext,
+        expected_revision: Revision,
+        policy: ResumePolicy,
+        events: &Emitter,
+    ) -> Result<Outcome, Error> {
+        let admission = self.store.admission(self.conversation_id).await?;
+        let active = match admission.active {
+            Some(active) if active.request_id == request_id => active,
+            Some(other) => {
+                return Err(Error::Busy {
+                    conversation_id: self.conversation_id,
+                    request_id: other.request_id,
+                    revision: admission.revision,
+                })
+            }
+            None => return Err(Error::NotActive { request_id }),
+        };
+        if active.agent_fingerprint != self.fingerprint() {
+            return Err(Error::ConfigurationMismatch { request_id });
+        }
+        if admission.revision != expected_revision {
+            return Err(Error::Conflict {
+                conversation_id: self.conversation_id,
+                expected: expected_revision,
+                actual: admission.revision,
+            });
+        }
+        let from_run = from_run.unwrap_or(active.run_id);
+        if from_run != active.run_id {
+            // Only the run that owns the admission can be continued.
+            return Err(Error::Busy {
+                conversation_id: self.conversation_id,
+                request_id,
+                revision: admission.revision,
+            });
+        }
+        let latest = self
+            .store
+            .latest_checkpoint(from_run)
+            .await?
+            .ok_or(Error::NoCheckpoint { run_id: from_run })?;
+        if latest.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
+            return Err(Error::AmbiguousCheckpoint {
+                run_id: from_run,
+                turn: latest.turn,
+            });
+        }
+        let fence = self
+            .store
+            .claim_recovery(&RecoveryClaim {
+                conversation_id: self.conversation_id,
+                request_id,
+                expected_revision,
+                from_run,
+                new_run: RunId::new(),
+            })
+            .await?;
+        self.drive_resumed(fence, from_run, policy, ctx, events)
+            .await
+    }
+}
