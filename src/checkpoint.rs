@@ -15,6 +15,13 @@ pub enum CheckpointPhase {
     /// The model's answer for the turn is recorded (its usage included); its
     /// tool calls may have run after it.
     ToolsInFlight,
+    /// The run stopped on purpose (budget, deadline, cancellation, model
+    /// error) before or during the turn's model call: no answer was recorded
+    /// and no tool ran. Resuming calls the model again; nothing is ambiguous.
+    ModelPending,
+    /// The run stopped on purpose with the turn's answer recorded and no
+    /// unanswered tool call started. Resuming runs the unanswered calls.
+    ToolsPending,
     /// The turn is complete; the next turn may start.
     Ready,
     /// The turn's answer was committed to the transcript.
@@ -26,6 +33,8 @@ impl CheckpointPhase {
         match self {
             CheckpointPhase::TurnInFlight => "turn_in_flight",
             CheckpointPhase::ToolsInFlight => "tools_in_flight",
+            CheckpointPhase::ModelPending => "model_pending",
+            CheckpointPhase::ToolsPending => "tools_pending",
             CheckpointPhase::Ready => "ready",
             CheckpointPhase::Completed => "completed",
         }
@@ -35,14 +44,24 @@ impl CheckpointPhase {
         Some(match s {
             "turn_in_flight" => CheckpointPhase::TurnInFlight,
             "tools_in_flight" => CheckpointPhase::ToolsInFlight,
+            "model_pending" => CheckpointPhase::ModelPending,
+            "tools_pending" => CheckpointPhase::ToolsPending,
             "ready" => CheckpointPhase::Ready,
             "completed" => CheckpointPhase::Completed,
             _ => return None,
         })
     }
 
+    /// Whether the turn's model answer is recorded and its tool round open.
+    pub fn has_recorded_answer(self) -> bool {
+        matches!(
+            self,
+            CheckpointPhase::ToolsInFlight | CheckpointPhase::ToolsPending
+        )
+    }
+
     /// Whether work may have happened after this checkpoint that it does not
-    /// record.
+    /// record: the run died (or was replaced) mid-turn.
     pub fn is_in_flight(self) -> bool {
         matches!(
             self,

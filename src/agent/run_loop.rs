@@ -38,6 +38,8 @@ pub(crate) struct RunLoop<'a> {
     /// Set when resuming inside a tool round: results already journaled by
     /// the run being continued are reused, not executed again.
     pub reuse_journal: bool,
+    /// A tool call is executing: a stop now leaves the turn ambiguous.
+    pub tool_running: bool,
 }
 
 impl RunLoop<'_> {
@@ -48,12 +50,36 @@ impl RunLoop<'_> {
             Ok(outcome) => Ok((outcome, self.messages)),
             Err(error) => {
                 if error.stopped_run().is_some() {
-                    if let Err(e) = self.store.fail_run(&self.fence, &error.to_string()).await {
-                        tracing::warn!(run_id = %self.fence.run_id, error = %e, "could not record run failure");
-                    }
+                    self.record_stop(&error).await;
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// Records why the run stopped. A stop the loop chose (not a crash)
+    /// knows what was in flight: unless a tool was running, the turn's
+    /// checkpoint is settled to a pending phase, so resuming with the default
+    /// policy is not refused as ambiguous.
+    async fn record_stop(&mut self, error: &Error) {
+        let settled = match self.checkpoint.phase {
+            CheckpointPhase::TurnInFlight => Some(CheckpointPhase::ModelPending),
+            CheckpointPhase::ToolsInFlight if !self.tool_running => {
+                Some(CheckpointPhase::ToolsPending)
+            }
+            _ => None,
+        };
+        let settled = settled.map(|phase| LoopCheckpoint {
+            phase,
+            ..self.checkpoint.clone()
+        });
+        let message = error.to_string();
+        if let Err(e) = self
+            .store
+            .fail_run(&self.fence, &message, settled.as_ref())
+            .await
+        {
+            tracing::warn!(run_id = %self.fence.run_id, error = %e, "could not record run failure");
         }
     }
 
@@ -61,12 +87,14 @@ impl RunLoop<'_> {
         loop {
             match self.checkpoint.phase {
                 CheckpointPhase::Ready => self.begin_turn().await?,
-                CheckpointPhase::TurnInFlight => {
+                CheckpointPhase::TurnInFlight | CheckpointPhase::ModelPending => {
                     if let Some(outcome) = self.model_step().await? {
                         return Ok(outcome);
                     }
                 }
-                CheckpointPhase::ToolsInFlight => self.tool_step().await?,
+                CheckpointPhase::ToolsInFlight | CheckpointPhase::ToolsPending => {
+                    self.tool_step().await?
+                }
                 CheckpointPhase::Completed => {
                     return Err(Error::Corrupt {
                         table: "loop_checkpoints",
@@ -94,28 +122,25 @@ impl RunLoop<'_> {
                 u64::from(limit),
             ));
         }
+        self.check_token_budget()?;
         self.check_stop()?;
         self.checkpoint.turn = turn;
         self.checkpoint.phase = CheckpointPhase::TurnInFlight;
         self.store.begin_turn(&self.fence, &self.checkpoint).await?;
-        self.events.emit(Event::TurnStarted { turn });
+        self.events.emit(Event::TurnStarted { turn }).await;
         Ok(())
     }
 
     /// Calls the model; commits a final answer, or records tool calls.
     async fn model_step(&mut self) -> Result<Option<StoredOutcome>, Error> {
-        if let Some(limit) = self.ctx.budget.max_tokens {
-            let used = self.checkpoint.usage.total();
-            if used >= limit {
-                return Err(self.budget_exceeded(BudgetKind::Tokens, used, limit));
-            }
-        }
+        // Checked again here for a run resumed into a pending model call.
+        self.check_token_budget()?;
         self.check_stop()?;
         let turn = self.checkpoint.turn;
         let context: Vec<Message> = self.prefix.iter().chain(&self.messages).cloned().collect();
         let events = self.events.clone();
         let on_delta = move |text: &str| {
-            events.emit(Event::TextDelta {
+            events.emit_now(Event::TextDelta {
                 turn,
                 text: text.to_owned(),
             })
@@ -134,11 +159,13 @@ impl RunLoop<'_> {
             tool_calls = response.tool_calls.len(),
             "model responded"
         );
-        self.events.emit(Event::ModelResponded {
-            turn,
-            usage: response.usage,
-            tool_calls: response.tool_calls.len(),
-        });
+        self.events
+            .emit(Event::ModelResponded {
+                turn,
+                usage: response.usage,
+                tool_calls: response.tool_calls.len(),
+            })
+            .await;
         self.checkpoint.usage += response.usage;
 
         if response.tool_calls.is_empty() {
@@ -182,11 +209,13 @@ impl RunLoop<'_> {
             let (result, reused) = match journaled.remove(&call.id) {
                 Some(result) => (result, true),
                 None => {
-                    self.events.emit(Event::ToolStarted {
-                        turn,
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                    });
+                    self.events
+                        .emit(Event::ToolStarted {
+                            turn,
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                        })
+                        .await;
                     let result = if index < self.agent.limits.max_tool_calls_per_turn as usize {
                         self.execute(&call, turn).await?
                     } else {
@@ -201,13 +230,15 @@ impl RunLoop<'_> {
                     (result, false)
                 }
             };
-            self.events.emit(Event::ToolFinished {
-                turn,
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                is_error: result.is_error,
-                reused,
-            });
+            self.events
+                .emit(Event::ToolFinished {
+                    turn,
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    is_error: result.is_error,
+                    reused,
+                })
+                .await;
             answered.push((call, result));
         }
 
@@ -231,10 +262,12 @@ impl RunLoop<'_> {
             .finish_turn(&self.fence, &self.checkpoint, &results)
             .await?;
         self.messages.extend(results);
-        self.events.emit(Event::CheckpointSaved {
-            turn,
-            revision: self.fence.revision,
-        });
+        self.events
+            .emit(Event::CheckpointSaved {
+                turn,
+                revision: self.fence.revision,
+            })
+            .await;
         Ok(())
     }
 
@@ -269,7 +302,7 @@ impl RunLoop<'_> {
 
     /// Runs one tool. Whatever goes wrong with the tool becomes an error
     /// result; only cancellation and the deadline stop the run.
-    async fn execute(&self, call: &ToolCall, turn: u32) -> Result<ToolResult, Error> {
+    async fn execute(&mut self, call: &ToolCall, turn: u32) -> Result<ToolResult, Error> {
         let Some(tool) = self.agent.tool(&call.name).cloned() else {
             return Ok(error_result(format!("unknown tool {:?}", call.name)));
         };
@@ -284,6 +317,9 @@ impl RunLoop<'_> {
             call_id: call.id.clone(),
             idempotency_key: format!("{}/{turn}/{}", self.fence.request_id, call.id),
         };
+        // Never start a tool once the run is told to stop.
+        self.check_stop()?;
+        self.tool_running = true;
         // Spawned so a panic is caught as a JoinError; aborted if this run
         // is dropped, so a dropped stream leaves no tool running.
         let task =
@@ -291,24 +327,22 @@ impl RunLoop<'_> {
                 async move { tool.call(arguments, context).await },
             ));
         let timeout = self.agent.limits.tool_timeout;
-        Ok(
-            match self.guard(tokio::time::timeout(timeout, task)).await? {
-                Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
-                Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
-                Ok(Err(join)) => error_result(format!("tool task failed: {join}")),
-                Ok(Ok(Err(e))) => error_result(e.0),
-                Ok(Ok(Ok(content))) if content.len() > MAX_TOOL_OUTPUT_BYTES => {
-                    error_result(format!(
-                        "tool output of {} bytes exceeds the {MAX_TOOL_OUTPUT_BYTES}-byte limit",
-                        content.len()
-                    ))
-                }
-                Ok(Ok(Ok(content))) => ToolResult {
-                    content,
-                    is_error: false,
-                },
+        let finished = self.guard(tokio::time::timeout(timeout, task)).await?;
+        self.tool_running = false;
+        Ok(match finished {
+            Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
+            Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
+            Ok(Err(join)) => error_result(format!("tool task failed: {join}")),
+            Ok(Ok(Err(e))) => error_result(e.0),
+            Ok(Ok(Ok(content))) if content.len() > MAX_TOOL_OUTPUT_BYTES => error_result(format!(
+                "tool output of {} bytes exceeds the {MAX_TOOL_OUTPUT_BYTES}-byte limit",
+                content.len()
+            )),
+            Ok(Ok(Ok(content))) => ToolResult {
+                content,
+                is_error: false,
             },
-        )
+        })
     }
 
     /// Awaits `future` unless the run is cancelled or its deadline passes.
@@ -324,6 +358,15 @@ impl RunLoop<'_> {
             _ = self.ctx.cancel.cancelled() => Err(self.cancelled()),
             _ = deadline => Err(self.deadline_exceeded()),
             value = future => Ok(value),
+        }
+    }
+
+    fn check_token_budget(&self) -> Result<(), Error> {
+        match self.ctx.budget.max_tokens {
+            Some(limit) if self.checkpoint.usage.total() >= limit => {
+                Err(self.budget_exceeded(BudgetKind::Tokens, self.checkpoint.usage.total(), limit))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -39,10 +39,26 @@ impl AgentSession {
 
     async fn admit(&self, request_id: RequestId, input: &str) -> Result<Admitted, Error> {
         self.validate(request_id, input)?;
-        self.ensure_conversation().await?;
+        // Namespace first (a replay must not cross it); the conversation is
+        // created only once the request is known to be new, so a refusal
+        // writes nothing.
+        let exists = match self
+            .store
+            .conversation(&self.namespace, self.conversation_id)
+            .await
+        {
+            Ok(_) => true,
+            Err(Error::NotFound { .. }) => false,
+            Err(e) => return Err(e),
+        };
         let hash = InputHash::of(input);
         if let Some(record) = self.store.request(request_id).await? {
             return self.existing(record, hash).await.map(Admitted::Replay);
+        }
+        if !exists {
+            self.store
+                .ensure_conversation(&self.namespace, self.conversation_id)
+                .await?;
         }
         let mut last_conflict = None;
         for _ in 0..CLAIM_ATTEMPTS {
@@ -151,22 +167,6 @@ impl AgentSession {
             )));
         }
         Ok(())
-    }
-
-    async fn ensure_conversation(&self) -> Result<(), Error> {
-        match self
-            .store
-            .conversation(&self.namespace, self.conversation_id)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(Error::NotFound { .. }) => self
-                .store
-                .ensure_conversation(&self.namespace, self.conversation_id)
-                .await
-                .map(drop),
-            Err(e) => Err(e),
-        }
     }
 
     /// A request of this conversation (in this namespace).

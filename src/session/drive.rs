@@ -60,7 +60,7 @@ impl AgentSession {
             });
         }
         // In a tool round the recorded assistant message is needed too.
-        let count = seed.message_count + u64::from(seed.phase == CheckpointPhase::ToolsInFlight);
+        let count = seed.message_count + u64::from(seed.phase.has_recorded_answer());
         let messages = self.store.request_messages(fence.request_id, count).await?;
         if messages.len() as u64 != count {
             return Err(Error::Corrupt {
@@ -83,13 +83,15 @@ impl AgentSession {
         events: &Emitter,
     ) -> Result<Outcome, Error> {
         tracing::Span::current().record("run_id", tracing::field::display(fence.run_id));
-        events.emit(Event::RunStarted {
-            run_id: fence.run_id,
-            request_id: fence.request_id,
-            resumed_from,
-            revision: fence.revision,
-        });
-        let reuse_journal = seed.phase == CheckpointPhase::ToolsInFlight;
+        events
+            .emit(Event::RunStarted {
+                run_id: fence.run_id,
+                request_id: fence.request_id,
+                resumed_from,
+                revision: fence.revision,
+            })
+            .await;
+        let reuse_journal = seed.phase.has_recorded_answer();
         let run = RunLoop {
             agent: &self.agent,
             store: self.store.as_ref(),
@@ -100,6 +102,7 @@ impl AgentSession {
             messages,
             checkpoint: seed,
             reuse_journal,
+            tool_running: false,
         };
         let (stored, messages) = run.run().await?;
         Ok(Outcome::from_stored(

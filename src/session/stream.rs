@@ -23,11 +23,17 @@ where
         let result = loop {
             tokio::select! {
                 biased;
-                Some(event) = received.recv() => yield Ok(event),
+                Some((event, ack)) = received.recv() => {
+                    yield Ok(event);
+                    // Resumed: the consumer took the event and asks for more.
+                    if let Some(ack) = ack {
+                        let _ = ack.send(());
+                    }
+                }
                 result = &mut work => break result,
             }
         };
-        while let Ok(event) = received.try_recv() {
+        while let Ok((event, _)) = received.try_recv() {
             yield Ok(event);
         }
         match result {

@@ -108,8 +108,15 @@ pub trait Store: Send + Sync + 'static {
         final_message: &Message,
     ) -> Result<StoredOutcome, Error>;
 
-    /// Records why a run stopped. The admission stays held.
-    async fn fail_run(&self, fence: &Fence, error: &str) -> Result<(), Error>;
+    /// Records why a run stopped, and saves `settled` (the turn's checkpoint
+    /// in a pending phase) when the run knows nothing was left in flight.
+    /// The admission stays held.
+    async fn fail_run(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error>;
 
     /// Releases the admission without committing; the request id is burned.
     async fn abandon(

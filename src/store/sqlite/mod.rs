@@ -159,8 +159,13 @@ impl Store for SqliteStore {
         self.commit_impl(fence, checkpoint, final_message).await
     }
 
-    async fn fail_run(&self, fence: &Fence, error: &str) -> Result<(), Error> {
-        self.fail_run_impl(fence, error).await
+    async fn fail_run(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
+        self.fail_run_impl(fence, error, settled).await
     }
 
     async fn abandon(

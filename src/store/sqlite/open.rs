@@ -51,8 +51,15 @@ impl SqliteStore {
             })
             .busy_timeout(options.busy_timeout)
             .foreign_keys(true);
-        // The schema check runs before anything could write to the file.
-        let mut probe = connect.connect().await.map_err(db("open database"))?;
+        // The schema check runs before anything could write to the file. The
+        // probe sets no journal mode: switching a rollback-journal database
+        // to WAL rewrites its header, and a refused database stays untouched.
+        let mut probe = SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(options.busy_timeout)
+            .connect()
+            .await
+            .map_err(db("open database"))?;
         check_schema(&mut probe).await?;
         probe.close().await.map_err(db("close probe"))?;
 

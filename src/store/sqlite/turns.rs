@@ -113,7 +113,12 @@ impl SqliteStore {
         tx.commit().await.map_err(db("commit turn"))
     }
 
-    pub(super) async fn fail_run_impl(&self, fence: &Fence, error: &str) -> Result<(), Error> {
+    pub(super) async fn fail_run_impl(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
         let mut tx = self.begin_write().await?;
         check_fence_only(&mut tx, fence).await?;
         let run = fence.run_id.as_uuid();
@@ -127,6 +132,9 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("record run failure"))?;
+        if let Some(checkpoint) = settled {
+            upsert_checkpoint(&mut tx, checkpoint).await?;
+        }
         tx.commit().await.map_err(db("commit run failure"))
     }
 }
