@@ -74,7 +74,7 @@ impl CheckpointPhase {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoopCheckpoint {
     pub run_id: RunId,
-    /// Turn number, counted across resumes (turn 0 is the admission).
+    /// Turn number, counted across resumes (turn 1 is the first).
     pub turn: u32,
     pub phase: CheckpointPhase,
     /// Cumulative usage of the request, across resumed runs.

@@ -59,9 +59,7 @@ pub enum Error {
         expected: Revision,
         actual: Revision,
     },
-    /// The run has no loop checkpoint to resume from.
-    #[error("run {run_id} has no checkpoint")]
-    NoCheckpoint { run_id: RunId },
+
     /// The agent differs from the one the request was admitted with.
     #[error("request {request_id} was admitted with another agent configuration")]
     ConfigurationMismatch { request_id: RequestId },

@@ -102,6 +102,8 @@ pub use agent::{
     Agent, AgentLimits, Budget, Model, RunContext, ScriptedModel, ScriptedReply, Tool, ToolContext,
     ToolError, Verifier,
 };
+#[cfg(feature = "openai")]
+pub use agent::{OpenAiConfig, OpenAiModel};
 pub use checkpoint::{CheckpointPhase, LoopCheckpoint};
 pub use error::{BudgetKind, Error, ModelError, StoreError};
 pub use events::Event;

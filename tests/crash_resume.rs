@@ -263,7 +263,7 @@ async fn sigkilled_run_resumes_from_its_turn_two_checkpoint() {
 
     // The dead run's checkpoints are kept; the new run continues at turn 2.
     let old: Vec<_> = store.checkpoints(dead_run).await.unwrap();
-    assert_eq!(old.iter().map(|c| c.turn).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(old.iter().map(|c| c.turn).collect::<Vec<_>>(), [1, 2]);
     assert!(old.iter().all(|c| c.phase == CheckpointPhase::Ready));
     let new: Vec<_> = store.checkpoints(outcome.run_id).await.unwrap();
     assert_eq!(new.iter().map(|c| c.turn).collect::<Vec<_>>(), [2, 3, 4]);

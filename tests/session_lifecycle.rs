@@ -158,7 +158,7 @@ async fn abandon_releases_the_conversation_and_burns_the_request_id() {
     // Its runs stay inspectable.
     let run = s.store.run(s.run_id).await.unwrap().expect("run kept");
     assert_eq!(run.status, RunStatus::Abandoned);
-    assert_eq!(s.store.checkpoints(s.run_id).await.unwrap().len(), 3);
+    assert_eq!(s.store.checkpoints(s.run_id).await.unwrap().len(), 2);
 
     // A new request runs on the released conversation.
     let calls = s.model.calls();

@@ -3,6 +3,8 @@
 
 mod context;
 mod model;
+#[cfg(feature = "openai")]
+mod openai;
 pub(crate) mod run_loop;
 mod scripted;
 mod tool;
@@ -16,6 +18,8 @@ use sha2::{Digest, Sha256};
 
 pub use context::{Budget, RunContext};
 pub use model::{Model, ModelRequest, ModelResponse, TextDeltas};
+#[cfg(feature = "openai")]
+pub use openai::{OpenAiConfig, OpenAiModel};
 pub use scripted::{ScriptedModel, ScriptedReply};
 pub use tool::{Tool, ToolContext, ToolError};
 pub use verifier::Verifier;

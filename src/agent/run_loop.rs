@@ -17,7 +17,7 @@ use super::{Agent, ModelRequest, RunContext, ToolContext};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::BudgetKind;
 use crate::events::{Emitter, Event};
-use crate::message::{Message, ToolCall};
+use crate::message::{Message, ToolCall, VerificationReport};
 use crate::store::{Fence, JournalStatus, Store, StoredOutcome, ToolResult};
 use crate::{Error, ModelError};
 
@@ -244,7 +244,10 @@ impl RunLoop<'_> {
 
         if let Some(verifier) = &self.agent.verifier {
             if let Some(report) = verifier.verify(turn, &answered).await {
-                self.checkpoint.verification_reports.push(report);
+                // Reports are stored per turn: the turn is the loop's to set.
+                self.checkpoint
+                    .verification_reports
+                    .push(VerificationReport { turn, ..report });
             }
         }
         let results: Vec<Message> = answered

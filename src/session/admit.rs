@@ -4,7 +4,7 @@
 use super::{AgentSession, Outcome};
 use crate::agent::RunContext;
 use crate::events::Emitter;
-use crate::ids::{RequestId, Revision};
+use crate::ids::{RequestId, RunId};
 use crate::message::Message;
 use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
 use crate::Error;
@@ -60,8 +60,9 @@ impl AgentSession {
                 .ensure_conversation(&self.namespace, self.conversation_id)
                 .await?;
         }
-        let mut last_conflict = None;
-        for _ in 0..CLAIM_ATTEMPTS {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
             let admission = self.store.admission(self.conversation_id).await?;
             if let Some(active) = admission.active {
                 return Err(Error::Busy {
@@ -76,7 +77,7 @@ impl AgentSession {
                 input_sha256: hash,
                 input: Message::user(input),
                 expected_revision: admission.revision,
-                run_id: crate::ids::RunId::new(),
+                run_id: RunId::new(),
                 agent_fingerprint: self.fingerprint(),
             };
             match self.store.claim(&claim).await {
@@ -84,16 +85,12 @@ impl AgentSession {
                 Ok(ClaimOutcome::Existing(record)) => {
                     return self.existing(record, hash).await.map(Admitted::Replay)
                 }
-                // Another request was admitted and released in between.
-                Err(conflict @ Error::Conflict { .. }) => last_conflict = Some(conflict),
+                // Another request was admitted and released in between:
+                // read the admission again.
+                Err(Error::Conflict { .. }) if attempt < CLAIM_ATTEMPTS => {}
                 Err(e) => return Err(e),
             }
         }
-        Err(last_conflict.unwrap_or(Error::Conflict {
-            conversation_id: self.conversation_id,
-            expected: Revision(0),
-            actual: Revision(0),
-        }))
     }
 
     /// A retry of a known request id: replay, or refuse without writing.

@@ -20,16 +20,7 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        let seed = LoopCheckpoint {
-            run_id: fence.run_id,
-            turn: 0,
-            phase: CheckpointPhase::Ready,
-            usage: Usage::default(),
-            tool_calls_count: 0,
-            verification_reports: Vec::new(),
-            message_count: 1,
-            created_at: 0,
-        };
+        let seed = start_of(fence);
         self.drive(fence, None, seed, vec![input], ctx, events)
             .await
     }
@@ -44,13 +35,13 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        let seed =
-            self.store
-                .latest_checkpoint(fence.run_id)
-                .await?
-                .ok_or(Error::NoCheckpoint {
-                    run_id: fence.run_id,
-                })?;
+        // No checkpoint: the run being continued never wrote a turn's
+        // write-ahead, so the request starts over from its bound input.
+        let seed = self
+            .store
+            .latest_checkpoint(fence.run_id)
+            .await?
+            .unwrap_or_else(|| start_of(fence));
         // Checked again on the seed: the run being continued may have
         // written past the checkpoint read before the claim.
         if seed.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
@@ -130,5 +121,20 @@ impl AgentSession {
         }
         prefix.extend(window.into_iter().skip(start).map(|e| e.message));
         Ok(prefix)
+    }
+}
+
+/// The state of a request before its first turn: its input is its only
+/// message.
+fn start_of(fence: Fence) -> LoopCheckpoint {
+    LoopCheckpoint {
+        run_id: fence.run_id,
+        turn: 0,
+        phase: CheckpointPhase::Ready,
+        usage: Usage::default(),
+        tool_calls_count: 0,
+        verification_reports: Vec::new(),
+        message_count: 1,
+        created_at: 0,
     }
 }

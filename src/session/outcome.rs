@@ -28,16 +28,21 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// `messages` are the request's committed messages, its answer last.
     pub(crate) fn from_stored(
         request_id: RequestId,
         stored: StoredOutcome,
         messages: Vec<Message>,
         replayed: bool,
     ) -> Self {
+        let final_text = messages
+            .last()
+            .map(|m| m.content().to_owned())
+            .unwrap_or_default();
         Self {
             request_id,
             run_id: stored.run_id,
-            final_text: stored.final_text,
+            final_text,
             messages,
             usage: stored.usage,
             turns: stored.turns,

@@ -114,16 +114,13 @@ impl AgentSession {
                 revision: admission.revision,
             });
         }
-        let latest = self
-            .store
-            .latest_checkpoint(from_run)
-            .await?
-            .ok_or(Error::NoCheckpoint { run_id: from_run })?;
-        if latest.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
-            return Err(Error::AmbiguousCheckpoint {
-                run_id: from_run,
-                turn: latest.turn,
-            });
+        if let Some(latest) = self.store.latest_checkpoint(from_run).await? {
+            if latest.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
+                return Err(Error::AmbiguousCheckpoint {
+                    run_id: from_run,
+                    turn: latest.turn,
+                });
+            }
         }
         let fence = self
             .store

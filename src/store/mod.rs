@@ -51,13 +51,13 @@ pub trait Store: Send + Sync + 'static {
     async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error>;
 
     /// Claims an idle admission at `expected_revision` for a new request:
-    /// records the request, its first run, the user input as its first message
-    /// and a turn-0 checkpoint.
+    /// records the request, its first run and the user input as its first
+    /// message. A run has no checkpoint until its first turn starts.
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error>;
 
     /// Moves an active admission to a new run that continues `from_run`, at
     /// `expected_revision`. The new run starts with a copy of `from_run`'s
-    /// latest checkpoint; `from_run` is marked superseded.
+    /// latest checkpoint (if it has one); `from_run` is marked superseded.
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error>;
 
     /// A request by id, in any conversation.

@@ -124,12 +124,12 @@ pub struct RequestRecord {
     pub completed_at: Option<i64>,
 }
 
-/// What a commit stored for replay. The request's messages are not repeated
-/// here: they are the transcript entries `first_seq..end_seq`.
+/// What a commit keeps for replay: the committing run, the totals of its
+/// final checkpoint and where the request's messages are in the transcript
+/// (entries `first_seq..end_seq`, the final answer last).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredOutcome {
     pub run_id: RunId,
-    pub final_text: String,
     pub usage: Usage,
     pub turns: u32,
     pub tool_calls: u64,
@@ -209,8 +209,11 @@ pub struct JournalEntry {
     /// The run that journaled the call.
     pub run_id: RunId,
     pub name: String,
-    pub arguments: String,
+    /// The raw JSON arguments; `None` once the turn is checkpointed (they are
+    /// in the assistant message).
+    pub arguments: Option<String>,
     pub status: JournalStatus,
-    /// Set once completed or failed.
+    /// Set once completed or failed; `None` again once the turn is
+    /// checkpointed (the result is in the tool message).
     pub result: Option<ToolResult>,
 }

@@ -4,8 +4,8 @@
 use sqlx::{Sqlite, Transaction};
 
 use super::codec::{db, now_ms, to_i64, Row};
+use super::turns::insert_messages;
 use super::SqliteStore;
-use crate::checkpoint::CheckpointPhase;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::Usage;
 use crate::store::{
@@ -122,31 +122,7 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("insert run"))?;
-        let input = super::codec::to_json(&claim.input)?;
-        sqlx::query!(
-            "INSERT INTO run_messages (request_id, seq, run_id, turn, message) VALUES (?1, 0, ?2, 0, ?3)",
-            request,
-            run,
-            input
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("insert input message"))?;
-        let phase = CheckpointPhase::Ready.as_str();
-        sqlx::query!(
-            "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-                 cache_read_tokens, cache_write_tokens, tool_calls_count, verification_reports,
-                 message_count, created_at)
-             VALUES (?1, 0, ?2, 0, 0, 0, 0, 0, '[]', 1, ?3)",
-            run,
-            phase,
-            now
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("insert turn-0 checkpoint"))?;
-        tx.commit().await.map_err(db("commit claim"))?;
-        Ok(ClaimOutcome::Admitted(Fence {
+        let fence = Fence {
             conversation_id: claim.conversation_id,
             request_id: claim.request_id,
             run_id: claim.run_id,
@@ -157,7 +133,12 @@ impl SqliteStore {
                 }
                 .u64("revision", revision)?,
             ),
-        }))
+        };
+        // The input is the request's first message. No checkpoint yet: a run
+        // without one is at its start.
+        insert_messages(&mut tx, &fence, 0, 0, std::slice::from_ref(&claim.input)).await?;
+        tx.commit().await.map_err(db("commit claim"))?;
+        Ok(ClaimOutcome::Admitted(fence))
     }
 
     pub(super) async fn claim_recovery_impl(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
@@ -212,13 +193,14 @@ impl SqliteStore {
         .await
         .map_err(db("insert resumed run"))?;
         // The new run starts from a copy of the latest checkpoint of the run it
-        // continues: one small row, no messages copied.
-        let seeded = sqlx::query!(
+        // continues: one small row, no messages copied. (A run that never
+        // checkpointed has nothing to copy: the new run starts at the start.)
+        sqlx::query!(
             "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-                 cache_read_tokens, cache_write_tokens, tool_calls_count, verification_reports,
+                 cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
                  message_count, created_at)
              SELECT ?1, turn, phase, input_tokens, output_tokens, cache_read_tokens,
-                 cache_write_tokens, tool_calls_count, verification_reports, message_count, ?2
+                 cache_write_tokens, tool_calls_count, reports_count, message_count, ?2
              FROM loop_checkpoints WHERE run_id = ?3 ORDER BY turn DESC LIMIT 1",
             new_run,
             now,
@@ -227,11 +209,6 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("seed resumed checkpoint"))?;
-        if seeded.rows_affected() == 0 {
-            return Err(Error::NoCheckpoint {
-                run_id: claim.from_run,
-            });
-        }
         tx.commit().await.map_err(db("commit recovery claim"))?;
         Ok(Fence {
             conversation_id: claim.conversation_id,
@@ -258,6 +235,21 @@ impl SqliteStore {
         let request = request_id.as_uuid();
         let expected = to_i64(expected_revision.0);
         let now = now_ms();
+        // The owning run first, while the admission still names it; if the
+        // compare-and-swap below fails, the transaction is rolled back.
+        sqlx::query!(
+            "UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, ?1)
+             WHERE run_id = (SELECT run_id FROM admissions
+                             WHERE conversation_id = ?2 AND revision = ?3 AND active_request_id = ?4)
+               AND status IN ('running', 'failed')",
+            now,
+            conversation,
+            expected,
+            request
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("abandon run"))?;
         let released = sqlx::query_scalar!(
             r#"UPDATE admissions
                SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
@@ -284,15 +276,6 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("abandon request"))?;
-        sqlx::query!(
-            "UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, ?1)
-             WHERE request_id = ?2 AND status IN ('running', 'failed')",
-            now,
-            request
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("abandon runs"))?;
         tx.commit().await.map_err(db("commit abandon"))?;
         Ok(Revision(
             Row {

@@ -4,7 +4,6 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::error::StoreError;
@@ -69,10 +68,6 @@ impl Row<'_> {
             .map_err(|_| self.corrupt(format!("{column} is not a 32-byte sha-256")))
     }
 
-    pub fn json<T: DeserializeOwned>(&self, column: &str, text: &str) -> Result<T, Error> {
-        serde_json::from_str(text).map_err(|e| self.corrupt(format!("{column}: {e}")))
-    }
-
     pub fn usage(
         &self,
         input: i64,
@@ -94,4 +89,26 @@ impl Row<'_> {
 pub(super) fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, Error> {
     serde_json::to_string(value)
         .map_err(|e| Error::InvalidInput(format!("value cannot be serialized: {e}")))
+}
+
+/// Rebuilds a message from its stored role, text and `meta` JSON object
+/// (the message's other fields).
+pub(super) fn decode_message(
+    row: &Row<'_>,
+    role: &str,
+    content: String,
+    meta: Option<&str>,
+) -> Result<crate::message::Message, Error> {
+    let mut fields = match meta {
+        None => serde_json::Map::new(),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => return Err(row.corrupt("meta is not a JSON object")),
+            Err(e) => return Err(row.corrupt(format!("meta: {e}"))),
+        },
+    };
+    fields.insert("role".into(), role.into());
+    fields.insert("content".into(), content.into());
+    serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| row.corrupt(format!("message: {e}")))
 }

@@ -3,7 +3,7 @@
 //! releases the admission and completes the run. There is no moment where
 //! the answer is committed but the conversation is still held.
 
-use super::codec::{db, now_ms, to_i64, to_json, Row};
+use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::{insert_messages, upsert_checkpoint};
 use super::SqliteStore;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
@@ -68,8 +68,9 @@ impl SqliteStore {
         .await
         .map_err(db("read transcript end"))?;
         let moved = sqlx::query!(
-            "INSERT INTO transcript (conversation_id, seq, request_id, message)
-             SELECT ?1, ?2 + seq, request_id, message FROM run_messages WHERE request_id = ?3 ORDER BY seq",
+            "INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+             SELECT ?1, ?2 + seq, request_id, role, content, meta FROM run_messages
+             WHERE request_id = ?3 ORDER BY seq",
             conversation,
             first_seq,
             request
@@ -89,27 +90,15 @@ impl SqliteStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(db("bump conversation version"))?;
-
-        let key = Row {
-            table: "conversations",
-            key: &fence.conversation_id,
-        };
-        let first_seq = key.u64("seq", first_seq)?;
-        let outcome = StoredOutcome {
-            run_id: fence.run_id,
-            final_text: final_message.content().to_owned(),
-            usage: checkpoint.usage,
-            turns: checkpoint.turn,
-            tool_calls: checkpoint.tool_calls_count,
-            verification_reports: checkpoint.verification_reports.clone(),
-            conversation_version: key.u64("version", version)?,
-            first_seq,
-            end_seq: first_seq + moved,
-        };
-        let outcome_json = to_json(&outcome)?;
+        let end_seq = first_seq.saturating_add(i64::try_from(moved).unwrap_or(i64::MAX));
         sqlx::query!(
-            "UPDATE requests SET status = 'completed', outcome = ?1, completed_at = ?2 WHERE request_id = ?3",
-            outcome_json,
+            "UPDATE requests SET status = 'completed', committed_run_id = ?1,
+                 conversation_version = ?2, first_seq = ?3, end_seq = ?4, completed_at = ?5
+             WHERE request_id = ?6",
+            run,
+            version,
+            first_seq,
+            end_seq,
             now,
             request
         )
@@ -124,12 +113,26 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("complete run"))?;
+        // The committed turn's checkpoint holds the outcome's totals.
         let completed = LoopCheckpoint {
             phase: CheckpointPhase::Completed,
             ..checkpoint.clone()
         };
-        upsert_checkpoint(&mut tx, &completed).await?;
+        upsert_checkpoint(&mut tx, fence, &completed).await?;
         tx.commit().await.map_err(db("commit request"))?;
-        Ok(outcome)
+        let key = Row {
+            table: "conversations",
+            key: &fence.conversation_id,
+        };
+        Ok(StoredOutcome {
+            run_id: fence.run_id,
+            usage: checkpoint.usage,
+            turns: checkpoint.turn,
+            tool_calls: checkpoint.tool_calls_count,
+            verification_reports: checkpoint.verification_reports.clone(),
+            conversation_version: key.u64("version", version)?,
+            first_seq: key.u64("seq", first_seq)?,
+            end_seq: key.u64("seq", end_seq)?,
+        })
     }
 }

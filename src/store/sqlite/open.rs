@@ -6,7 +6,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tracing::instrument;
 
@@ -44,6 +46,9 @@ impl SqliteStore {
         create_owner_only(path)?;
         let connect = SqliteConnectOptions::new()
             .filename(path)
+            // Takes effect when the file is new; lets `prune` give freed
+            // pages back to the file system with an incremental vacuum.
+            .auto_vacuum(SqliteAutoVacuum::Incremental)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match options.durability {
                 Durability::Full => SqliteSynchronous::Full,

@@ -19,7 +19,7 @@ impl SqliteStore {
     ) -> Result<(), Error> {
         let mut tx = self.begin_write().await?;
         check_fence(&mut tx, fence, checkpoint).await?;
-        upsert_checkpoint(&mut tx, checkpoint).await?;
+        upsert_checkpoint(&mut tx, fence, checkpoint).await?;
         tx.commit().await.map_err(db("commit turn write-ahead"))
     }
 
@@ -45,8 +45,10 @@ impl SqliteStore {
         let calls = to_json(assistant.tool_calls())?;
         let now = now_ms();
         sqlx::query!(
-            "INSERT INTO tool_calls (request_id, turn, call_id, run_id, name, arguments, status, created_at)
-             SELECT ?1, ?2, value ->> '$.id', ?3, value ->> '$.name', value ->> '$.arguments', 'requested', ?4
+            "INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name, arguments,
+                 status, created_at)
+             SELECT ?1, ?2, value ->> '$.id', key, ?3, value ->> '$.name', value ->> '$.arguments',
+                 'requested', ?4
              FROM json_each(?5)",
             request,
             turn,
@@ -57,7 +59,7 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("journal tool calls"))?;
-        upsert_checkpoint(&mut tx, checkpoint).await?;
+        upsert_checkpoint(&mut tx, fence, checkpoint).await?;
         tx.commit().await.map_err(db("commit model response"))
     }
 
@@ -109,7 +111,19 @@ impl SqliteStore {
         let mut tx = self.begin_write().await?;
         check_fence(&mut tx, fence, checkpoint).await?;
         insert_messages(&mut tx, fence, checkpoint.turn, first_seq, messages).await?;
-        upsert_checkpoint(&mut tx, checkpoint).await?;
+        upsert_checkpoint(&mut tx, fence, checkpoint).await?;
+        // The turn's calls and results are messages now: keep only the
+        // journal's record of what ran.
+        let request = fence.request_id.as_uuid();
+        let turn = i64::from(checkpoint.turn);
+        sqlx::query!(
+            "UPDATE tool_calls SET arguments = NULL, result = NULL WHERE request_id = ?1 AND turn = ?2",
+            request,
+            turn
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("compact tool journal"))?;
         tx.commit().await.map_err(db("commit turn"))
     }
 
@@ -133,7 +147,7 @@ impl SqliteStore {
         .await
         .map_err(db("record run failure"))?;
         if let Some(checkpoint) = settled {
-            upsert_checkpoint(&mut tx, checkpoint).await?;
+            upsert_checkpoint(&mut tx, fence, checkpoint).await?;
         }
         tx.commit().await.map_err(db("commit run failure"))
     }
@@ -206,7 +220,8 @@ fn fenced_unless_one(fence: &Fence, rows: u64) -> Result<(), Error> {
 }
 
 /// Appends messages at `first_seq..` in one statement (a JSON array expanded
-/// by `json_each`), whatever their number.
+/// by `json_each`), whatever their number. Each row keeps the role and text
+/// as columns and the message's other fields as `meta`.
 pub(super) async fn insert_messages(
     conn: &mut SqliteConnection,
     fence: &Fence,
@@ -223,8 +238,10 @@ pub(super) async fn insert_messages(
     let first_seq = to_i64(first_seq);
     let batch = to_json(messages)?;
     sqlx::query!(
-        "INSERT INTO run_messages (request_id, seq, run_id, turn, message)
-         SELECT ?1, ?2 + key, ?3, ?4, value FROM json_each(?5)",
+        "INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
+         SELECT ?1, ?2 + key, ?3, ?4, value ->> '$.role', value ->> '$.content',
+             NULLIF(json_remove(value, '$.role', '$.content'), '{}')
+         FROM json_each(?5)",
         request,
         first_seq,
         run,
@@ -237,10 +254,35 @@ pub(super) async fn insert_messages(
     Ok(())
 }
 
+/// Saves a checkpoint row, and the verification reports of its turn (the
+/// earlier ones are already stored: a row only counts them).
 pub(super) async fn upsert_checkpoint(
     conn: &mut SqliteConnection,
+    fence: &Fence,
     checkpoint: &LoopCheckpoint,
 ) -> Result<(), Error> {
+    let reports = &checkpoint.verification_reports;
+    let first_new = reports
+        .iter()
+        .position(|r| r.turn == checkpoint.turn)
+        .unwrap_or(reports.len());
+    if first_new < reports.len() {
+        let request = fence.request_id.as_uuid();
+        let first_seq = to_i64(first_new as u64);
+        let batch = to_json(&reports[first_new..])?;
+        sqlx::query!(
+            "INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+             SELECT ?1, ?2 + key, value ->> '$.turn', value ->> '$.passed', value ->> '$.detail'
+             FROM json_each(?3) WHERE true
+             ON CONFLICT (request_id, seq) DO NOTHING",
+            request,
+            first_seq,
+            batch
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(db("save verification reports"))?;
+    }
     let run = checkpoint.run_id.as_uuid();
     let turn = i64::from(checkpoint.turn);
     let phase = checkpoint.phase.as_str();
@@ -251,12 +293,12 @@ pub(super) async fn upsert_checkpoint(
         to_i64(usage.cache_write_tokens),
     );
     let tool_calls = to_i64(checkpoint.tool_calls_count);
-    let reports = to_json(&checkpoint.verification_reports)?;
+    let reports_count = to_i64(reports.len() as u64);
     let message_count = to_i64(checkpoint.message_count);
     let now = now_ms();
     sqlx::query!(
         "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-             cache_read_tokens, cache_write_tokens, tool_calls_count, verification_reports,
+             cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
              message_count, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
          ON CONFLICT (run_id, turn) DO UPDATE SET phase = excluded.phase,
@@ -264,7 +306,7 @@ pub(super) async fn upsert_checkpoint(
              cache_read_tokens = excluded.cache_read_tokens,
              cache_write_tokens = excluded.cache_write_tokens,
              tool_calls_count = excluded.tool_calls_count,
-             verification_reports = excluded.verification_reports,
+             reports_count = excluded.reports_count,
              message_count = excluded.message_count, created_at = excluded.created_at",
         run,
         turn,
@@ -274,7 +316,7 @@ pub(super) async fn upsert_checkpoint(
         cache_read,
         cache_write,
         tool_calls,
-        reports,
+        reports_count,
         message_count,
         now
     )
