@@ -91,6 +91,8 @@
 
 pub mod agent;
 pub mod checkpoint;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod error;
 pub mod events;
 pub mod ids;

@@ -1,0 +1,299 @@
+//! Bad input to the `turnstile` command: a one-line error on stderr, the
+//! documented exit code, and nothing written — not even a database file.
+
+mod cli_support;
+
+use std::path::Path;
+
+use cli_support::{add_script, admission, scripted, turnstile, uuid};
+
+fn db_args(db: &Path) -> [&str; 2] {
+    ["--db", db.to_str().unwrap()]
+}
+
+#[test]
+fn unknown_subcommands_and_flags_are_usage_errors() {
+    turnstile(&["frobnicate"]).assert_error(2, "unrecognized subcommand 'frobnicate'");
+    turnstile(&["run", "--frobnicate"]).assert_error(2, "unexpected argument '--frobnicate'");
+    turnstile(&["demo", "--db"]).assert_error(2, "--db");
+    turnstile(&["run"]).assert_error(2, "required arguments were not provided");
+}
+
+#[test]
+fn help_lists_the_commands_but_not_the_worker() {
+    let help = turnstile(&["--help"]);
+    help.assert_success();
+    for command in ["demo", "run", "resume", "recover", "abandon", "Exit codes"] {
+        assert!(help.stdout.contains(command), "{command} in {help:#?}");
+    }
+    assert!(
+        !help
+            .stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("worker")),
+        "the demo's worker is hidden: {help:#?}"
+    );
+}
+
+#[test]
+fn invalid_uuids_are_refused_before_the_database_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let model = scripted(&add_script(dir.path()));
+    let run = turnstile(&[
+        "run",
+        db_args(&db)[0],
+        db_args(&db)[1],
+        "--conversation",
+        "not-a-uuid",
+        "--model",
+        &model,
+        "hi",
+    ]);
+    run.assert_error(2, "invalid value 'not-a-uuid' for '--conversation <UUID>'");
+    let conversation = uuid();
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--request",
+        "00000000-0000-0000-0000-000000000000",
+        "--model",
+        &model,
+        "hi",
+    ]);
+    run.assert_error(2, "nil uuid");
+    let resume = turnstile(&[
+        "resume",
+        "12345",
+        "--revision",
+        "1",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+    ]);
+    resume.assert_error(2, "invalid value '12345'");
+    // The request id must differ from the conversation id.
+    let same = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--request",
+        &conversation,
+        "--model",
+        &model,
+        "hi",
+    ]);
+    same.assert_error(2, "must differ");
+    assert!(!db.exists(), "nothing written");
+}
+
+#[test]
+fn negative_or_non_numeric_revisions_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let (request, conversation) = (uuid(), uuid());
+    for revision in ["-1", "1.5", "x"] {
+        let run = turnstile(&[
+            "abandon",
+            &request,
+            "--revision",
+            revision,
+            "--db",
+            db.to_str().unwrap(),
+            "--conversation",
+            &conversation,
+        ]);
+        run.assert_error(2, "non-negative integer");
+    }
+    assert!(!db.exists());
+}
+
+#[test]
+fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let conversation = uuid();
+    let missing = format!("scripted:{}", dir.path().join("missing.json").display());
+    let run = |model: &str| {
+        turnstile(&[
+            "run",
+            "--db",
+            db.to_str().unwrap(),
+            "--conversation",
+            &conversation,
+            "--model",
+            model,
+            "hi",
+        ])
+    };
+    run(&missing).assert_error(2, "cannot read script file");
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, "[{\"text\": ").unwrap();
+    run(&scripted(&broken)).assert_error(2, "not a JSON array of replies");
+    run("gpt-4").assert_error(2, "expected scripted:FILE or openai:MODEL_NAME");
+    let key_flag = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &scripted(&add_script(dir.path())),
+        "--api-key-env",
+        "MY_KEY",
+        "hi",
+    ]);
+    key_flag.assert_error(2, "openai models only");
+    assert!(!db.exists(), "nothing written");
+}
+
+#[test]
+fn an_api_key_is_read_from_the_environment_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let conversation = uuid();
+    // There is no flag that takes a key.
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        "openai:gpt-4o-mini",
+        "--api-key",
+        "sk-secret",
+        "hi",
+    ]);
+    run.assert_error(2, "unexpected argument '--api-key'");
+    assert!(!run.stderr.contains("sk-secret"));
+    // A named variable that is unset is refused before anything is written.
+    let unset = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        "openai:gpt-4o-mini",
+        "--api-key-env",
+        "TURNSTILE_TEST_SURELY_UNSET_KEY",
+        "hi",
+    ]);
+    unset.assert_error(2, "TURNSTILE_TEST_SURELY_UNSET_KEY");
+    assert!(!db.exists());
+}
+
+#[test]
+fn empty_input_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let args = [
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+    ];
+    // No argument and an empty stdin.
+    turnstile(&args).assert_error(2, "input is empty");
+    let mut blank = args.to_vec();
+    blank.push("   ");
+    turnstile(&blank).assert_error(2, "input is empty");
+    assert!(!db.exists());
+}
+
+#[test]
+fn commands_on_a_missing_database_are_not_found_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("missing.db");
+    let db_arg = db.to_str().unwrap();
+    let (conversation, request, run_id) = (uuid(), uuid(), uuid());
+    let model = scripted(&add_script(dir.path()));
+    let session = ["--db", db_arg, "--conversation", &conversation];
+    let mut abandon = vec!["abandon", &request, "--revision", "1"];
+    abandon.extend(session);
+    turnstile(&abandon).assert_error(4, "not found");
+    let mut resume = vec!["resume", &run_id, "--revision", "1", "--model", &model];
+    resume.extend(session);
+    turnstile(&resume).assert_error(4, "not found");
+    let mut recover = vec!["recover", &request, "--revision", "1", "--model", &model];
+    recover.extend(session);
+    recover.push("hi");
+    turnstile(&recover).assert_error(4, "not found");
+    assert!(!db.exists(), "nothing created");
+}
+
+#[tokio::test]
+async fn an_unknown_conversation_or_namespace_is_refused_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("one.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--namespace",
+        "team-a",
+        "--model",
+        &model,
+        "--json",
+        "hi",
+    ]);
+    run.assert_success();
+    let before = admission(&db, &conversation).await;
+
+    // The conversation exists in another namespace: a mismatch.
+    let mut other_ns = vec!["run", "--db", db.to_str().unwrap(), "--conversation"];
+    other_ns.extend([
+        conversation.as_str(),
+        "--model",
+        &model,
+        "--json",
+        "hi again",
+    ]);
+    turnstile(&other_ns).assert_error(2, "not in namespace default");
+    // An invalid namespace never reaches the database.
+    let bad_ns = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--namespace",
+        "no spaces",
+        "--model",
+        &model,
+        "hi",
+    ]);
+    bad_ns.assert_error(2, "namespace");
+    // Abandon on a conversation that does not exist: not found.
+    let (unknown, request) = (uuid(), uuid());
+    let missing = turnstile(&[
+        "abandon",
+        &request,
+        "--revision",
+        "0",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &unknown,
+    ]);
+    missing.assert_error(4, "not found");
+    assert_eq!(admission(&db, &conversation).await, before);
+}
