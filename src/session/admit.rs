@@ -100,18 +100,7 @@ impl AgentSession {
         hash: InputHash,
     ) -> Result<Outcome, Error> {
         let request_id = record.request_id;
-        if record.conversation_id != self.conversation_id {
-            return Err(Error::RequestMismatch {
-                request_id,
-                reason: "it belongs to another conversation",
-            });
-        }
-        if record.input_sha256 != hash {
-            return Err(Error::RequestMismatch {
-                request_id,
-                reason: "it is bound to another input",
-            });
-        }
+        self.check_binding(&record, hash)?;
         match record.status {
             RequestStatus::Completed => self.replay(record).await,
             RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),
@@ -124,6 +113,25 @@ impl AgentSession {
                 })
             }
         }
+    }
+
+    /// A request id is bound to one conversation and one input.
+    pub(super) fn check_binding(
+        &self,
+        record: &RequestRecord,
+        hash: InputHash,
+    ) -> Result<(), Error> {
+        let reason = if record.conversation_id != self.conversation_id {
+            "it belongs to another conversation"
+        } else if record.input_sha256 != hash {
+            "it is bound to another input"
+        } else {
+            return Ok(());
+        };
+        Err(Error::RequestMismatch {
+            request_id: record.request_id,
+            reason,
+        })
     }
 
     /// The stored answer of a completed request; no model or tool work.

@@ -56,12 +56,7 @@ impl AgentSession {
     ) -> Result<Outcome, Error> {
         self.validate(request_id, input)?;
         let record = self.own_request(request_id).await?;
-        if record.input_sha256 != InputHash::of(input) {
-            return Err(Error::RequestMismatch {
-                request_id,
-                reason: "it is bound to another input",
-            });
-        }
+        self.check_binding(&record, InputHash::of(input))?;
         match record.status {
             RequestStatus::Completed => self.replay(record).await,
             RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),
