@@ -12,7 +12,7 @@ mod stream;
 use std::sync::Arc;
 
 use futures_core::Stream;
-use tracing::instrument;
+use tracing::{instrument, Instrument};
 
 pub use outcome::Outcome;
 
@@ -129,8 +129,14 @@ impl AgentSession {
         ctx: RunContext,
     ) -> impl Stream<Item = Result<Event, Error>> + Send + '_ {
         let input = input.into();
-        stream::events(move |events| async move {
-            self.execute(request_id, &input, &ctx, &events).await
+        let span = tracing::info_span!(
+            "stream",
+            conversation_id = %self.conversation_id,
+            request_id = %request_id,
+            run_id = tracing::field::Empty,
+        );
+        stream::events(move |events| {
+            async move { self.execute(request_id, &input, &ctx, &events).await }.instrument(span)
         })
     }
 
