@@ -14,6 +14,7 @@ use std::sync::Arc;
 use futures_core::Stream;
 use tracing::{instrument, Instrument};
 
+pub use admit::MAX_INPUT_BYTES;
 pub use outcome::Outcome;
 
 use crate::agent::{Agent, RunContext};

@@ -96,6 +96,7 @@ impl SqliteStore {
         let Some(revision) = claimed else {
             return Err(diagnose(
                 &mut tx,
+                Wanted::Idle,
                 claim.conversation_id,
                 claim.request_id,
                 claim.expected_revision,
@@ -166,6 +167,7 @@ impl SqliteStore {
         let Some(revision) = claimed else {
             return Err(diagnose(
                 &mut tx,
+                Wanted::Active,
                 claim.conversation_id,
                 claim.request_id,
                 claim.expected_revision,
@@ -266,7 +268,14 @@ impl SqliteStore {
         .await
         .map_err(db("abandon admission"))?;
         let Some(revision) = released else {
-            return Err(diagnose(&mut tx, conversation_id, request_id, expected_revision).await);
+            return Err(diagnose(
+                &mut tx,
+                Wanted::Active,
+                conversation_id,
+                request_id,
+                expected_revision,
+            )
+            .await);
         };
         sqlx::query!(
             "UPDATE requests SET status = 'abandoned', completed_at = ?1 WHERE request_id = ?2",
@@ -399,9 +408,18 @@ pub(super) async fn load_admission(
     })
 }
 
+/// Whether a failed compare-and-swap wanted an idle admission (a claim) or
+/// an active one (a recovery claim or an abandon).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Idle,
+    Active,
+}
+
 /// Explains why a compare-and-swap on the admission matched no row.
 async fn diagnose(
     tx: &mut Transaction<'static, Sqlite>,
+    wanted: Wanted,
     conversation_id: ConversationId,
     request_id: RequestId,
     expected: Revision,
@@ -410,22 +428,21 @@ async fn diagnose(
         Ok(admission) => admission,
         Err(e) => return e,
     };
+    let busy = |holder: RequestId| Error::Busy {
+        conversation_id,
+        request_id: holder,
+        revision: admission.revision,
+    };
     match admission.active {
-        Some(active) if active.request_id != request_id => Error::Busy {
-            conversation_id,
-            request_id: active.request_id,
-            revision: admission.revision,
-        },
-        _ if admission.revision != expected => Error::Conflict {
+        // Nothing to take over, whatever the revision.
+        None if wanted == Wanted::Active => Error::NotActive { request_id },
+        Some(active) if active.request_id != request_id || admission.revision == expected => {
+            busy(active.request_id)
+        }
+        _ => Error::Conflict {
             conversation_id,
             expected,
             actual: admission.revision,
         },
-        Some(active) => Error::Busy {
-            conversation_id,
-            request_id: active.request_id,
-            revision: admission.revision,
-        },
-        None => Error::NotActive { request_id },
     }
 }
