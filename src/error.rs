@@ -51,6 +51,9 @@ pub enum Error {
     #[error("run {run_id} was fenced: it owned revision {revision}, which is no longer current")]
     Fenced { run_id: RunId, revision: Revision },
     /// A compare-and-swap lost: the admission is not at the expected revision.
+    /// For a summary pass, `expected` and `actual` are conversation versions:
+    /// the transcript (or the summary chain) moved away from what the pass
+    /// read, so nothing was written.
     #[error(
         "conflict on conversation {conversation_id}: expected revision {expected}, found {actual}"
     )]
@@ -71,6 +74,28 @@ pub enum Error {
         kind: BudgetKind,
         used: u64,
         limit: u64,
+    },
+    /// More transcript entries are waiting to be summarized than the
+    /// request's summary passes can absorb: its passes are used up (they are
+    /// counted across recoveries). The summaries committed so far are kept;
+    /// the admission stays held. Abandon the request; a new request goes on
+    /// compacting from the latest summary.
+    #[error("run {run_id} used all {max_passes} summary passes with {remaining_entries} entries left to summarize, at revision {revision}")]
+    SummaryPassLimitExceeded {
+        run_id: RunId,
+        revision: Revision,
+        /// Entries older than the window not yet summarized.
+        remaining_entries: u64,
+        max_passes: u32,
+    },
+    /// The summary model's answer was refused (empty, or larger than
+    /// [`MAX_SUMMARY_BYTES`](crate::summary::MAX_SUMMARY_BYTES)): nothing was
+    /// committed, the pass stays in flight and the admission held.
+    #[error("run {run_id} got an unusable summary at revision {revision}: {reason}")]
+    InvalidSummary {
+        run_id: RunId,
+        revision: Revision,
+        reason: String,
     },
     /// The run's deadline passed; the admission stays held.
     #[error("run {run_id} passed its deadline at revision {revision}")]
@@ -112,6 +137,12 @@ impl Error {
             | Error::DeadlineExceeded { run_id, revision }
             | Error::Cancelled { run_id, revision }
             | Error::Model {
+                run_id, revision, ..
+            }
+            | Error::SummaryPassLimitExceeded {
+                run_id, revision, ..
+            }
+            | Error::InvalidSummary {
                 run_id, revision, ..
             } => Some((*run_id, *revision)),
             _ => None,

@@ -16,6 +16,23 @@ pub enum Event {
         resumed_from: Option<RunId>,
         revision: Revision,
     },
+    /// A summary pass is recorded and its summary model is being called
+    /// (before the request's first turn). `turn` is the request's turn the
+    /// pass counts as.
+    SummaryStarted {
+        turn: u32,
+        from_seq: u64,
+        through_seq: u64,
+    },
+    /// The pass's summary is committed: it covers every entry up to
+    /// `through_seq`.
+    SummaryCommitted {
+        turn: u32,
+        summary_id: i64,
+        through_seq: u64,
+        /// Usage of this pass alone.
+        usage: Usage,
+    },
     TurnStarted {
         turn: u32,
     },

@@ -83,6 +83,13 @@
 //!   `recover_after_owner_exit`, `recovery_usage`, `abandon`.
 //! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets,
 //!   the turn loop.
+//! - [`summary`]: compaction. [`ContextPolicy`] sets the window of recent
+//!   committed entries the model sees; without a summary agent it is a plain
+//!   sliding window. With [`AgentSession::with_summary_agent`], older entries
+//!   are summarized in batches before a request's first turn (one summary call
+//!   per `summary_batch` entries, each a turn of the request's budget) and the
+//!   model sees the latest summary instead; at most [`MaxPasses`] passes per
+//!   request, kept across recoveries.
 //!
 //! The revision compare-and-swap fences competing recoverers and a replaced
 //! owner's writes to the database. It cannot fence external services a
@@ -99,6 +106,7 @@ pub mod ids;
 pub mod message;
 pub mod session;
 pub mod store;
+pub mod summary;
 
 pub use agent::{
     Agent, AgentLimits, Budget, Model, RunContext, ScriptedModel, ScriptedReply, Tool, ToolContext,
@@ -113,6 +121,7 @@ pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{Message, ToolCall, ToolSpec, Usage, VerificationReport};
 pub use session::{AgentSession, ContextPolicy, Outcome, ResumePolicy};
 pub use store::{SqliteOptions, SqliteStore, Store};
+pub use summary::MaxPasses;
 
 /// Re-exported so implementations of [`Model`], [`Tool`] and [`Verifier`]
 /// need no extra dependency.

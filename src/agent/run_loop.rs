@@ -108,13 +108,7 @@ impl RunLoop<'_> {
 
     async fn begin_turn(&mut self) -> Result<(), Error> {
         let turn = self.checkpoint.turn.saturating_add(1);
-        let limit = self
-            .ctx
-            .budget
-            .max_turns
-            .map_or(self.agent.limits.max_turns, |m| {
-                m.min(self.agent.limits.max_turns)
-            });
+        let limit = turn_limit(self.agent, self.ctx);
         if turn > limit {
             return Err(self.budget_exceeded(
                 BudgetKind::Turns,
@@ -350,18 +344,7 @@ impl RunLoop<'_> {
 
     /// Awaits `future` unless the run is cancelled or its deadline passes.
     async fn guard<T>(&self, future: impl Future<Output = T>) -> Result<T, Error> {
-        let deadline = async {
-            match self.ctx.deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            _ = self.ctx.cancel.cancelled() => Err(self.cancelled()),
-            _ = deadline => Err(self.deadline_exceeded()),
-            value = future => Ok(value),
-        }
+        guarded(self.ctx, &self.fence, future).await
     }
 
     fn check_token_budget(&self) -> Result<(), Error> {
@@ -374,27 +357,7 @@ impl RunLoop<'_> {
     }
 
     fn check_stop(&self) -> Result<(), Error> {
-        if self.ctx.cancel.is_cancelled() {
-            return Err(self.cancelled());
-        }
-        match self.ctx.deadline {
-            Some(at) if tokio::time::Instant::now() >= at => Err(self.deadline_exceeded()),
-            _ => Ok(()),
-        }
-    }
-
-    fn cancelled(&self) -> Error {
-        Error::Cancelled {
-            run_id: self.fence.run_id,
-            revision: self.fence.revision,
-        }
-    }
-
-    fn deadline_exceeded(&self) -> Error {
-        Error::DeadlineExceeded {
-            run_id: self.fence.run_id,
-            revision: self.fence.revision,
-        }
+        check_stop(self.ctx, &self.fence)
     }
 
     fn model_failed(&self, source: ModelError) -> Error {
@@ -413,6 +376,57 @@ impl RunLoop<'_> {
             used,
             limit,
         }
+    }
+}
+
+/// The request's turn limit: the caller's budget within the agent's own.
+/// Summary passes count as turns of the request.
+pub(crate) fn turn_limit(agent: &Agent, ctx: &RunContext) -> u32 {
+    ctx.budget
+        .max_turns
+        .map_or(agent.limits.max_turns, |m| m.min(agent.limits.max_turns))
+}
+
+/// Awaits `future` unless the run is cancelled or its deadline passes.
+pub(crate) async fn guarded<T>(
+    ctx: &RunContext,
+    fence: &Fence,
+    future: impl Future<Output = T>,
+) -> Result<T, Error> {
+    let deadline = async {
+        match ctx.deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = ctx.cancel.cancelled() => Err(Error::Cancelled {
+            run_id: fence.run_id,
+            revision: fence.revision,
+        }),
+        _ = deadline => Err(Error::DeadlineExceeded {
+            run_id: fence.run_id,
+            revision: fence.revision,
+        }),
+        value = future => Ok(value),
+    }
+}
+
+/// Refuses to start work once the run is cancelled or past its deadline.
+pub(crate) fn check_stop(ctx: &RunContext, fence: &Fence) -> Result<(), Error> {
+    if ctx.cancel.is_cancelled() {
+        return Err(Error::Cancelled {
+            run_id: fence.run_id,
+            revision: fence.revision,
+        });
+    }
+    match ctx.deadline {
+        Some(at) if tokio::time::Instant::now() >= at => Err(Error::DeadlineExceeded {
+            run_id: fence.run_id,
+            revision: fence.revision,
+        }),
+        _ => Ok(()),
     }
 }
 

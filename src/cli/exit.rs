@@ -3,7 +3,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | success (a replayed request included) |
-//! | 1 | any other failure: a stopped run (model error, budget, deadline), the database, I/O |
+//! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database, I/O |
 //! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
 //! | 3 | busy: the conversation is held by an active request |
 //! | 4 | not found: database file, conversation, request or run |
@@ -52,6 +52,14 @@ pub enum CliError {
     /// Anything else, in words.
     #[error("{0}")]
     Failed(String),
+    /// A run stopped with its admission held (cancelled, budget, deadline,
+    /// model error): the error, and the command that continues it.
+    #[error("{source}; continue it with: {resume}")]
+    Stopped {
+        #[source]
+        source: Error,
+        resume: String,
+    },
     /// A failure of a request whose id was generated: the id is named so the
     /// request can be retried or recovered.
     #[error("{source} (request {request_id})")]
@@ -73,7 +81,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => USAGE,
             CliError::MissingDatabase(_) => NOT_FOUND,
-            CliError::Turnstile(e) => code_for(e),
+            CliError::Turnstile(e) | CliError::Stopped { source: e, .. } => code_for(e),
             CliError::Io { .. } | CliError::Failed(_) => FAILURE,
             CliError::ForRequest { source, .. } => source.exit_code(),
         }

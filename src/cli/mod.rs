@@ -9,8 +9,10 @@
 
 mod demo;
 pub mod exit;
+mod interrupt;
 mod model;
 mod observe;
+mod ops;
 pub mod output;
 mod progress;
 mod session_cmds;
@@ -25,6 +27,10 @@ use clap::{Args, Parser, Subcommand};
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
 pub use model::{ModelArgs, ModelSpec};
+pub use ops::{
+    parse_duration, CheckpointsArgs, DoctorArgs, ExportArgs, ListKind, LsArgs, PruneArgs,
+    PruneStatus, ShowArgs,
+};
 pub use output::Style;
 pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
 
@@ -46,8 +52,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands. The operations (`ls`, `show`, `checkpoints`, `export`,
-/// `prune`, `doctor`) slot in here, each with its own `Args` struct and file.
+/// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Show a durable agent end to end: a tool-using request, a worker
@@ -61,6 +66,22 @@ pub enum Command {
     Recover(RecoverArgs),
     /// Release a request's admission without committing; its id is burned.
     Abandon(AbandonArgs),
+    /// List conversations, requests or runs (newest first), or only what
+    /// stuck admissions hold.
+    Ls(LsArgs),
+    /// A conversation: version, admission, summary and transcript.
+    Show(ShowArgs),
+    /// Every checkpoint row of a run: turn, phase, usage, tool calls,
+    /// reports, messages.
+    Checkpoints(CheckpointsArgs),
+    /// A conversation's transcript as JSON Lines (seq, request_id, message).
+    Export(ExportArgs),
+    /// Delete what no replay needs from old finished requests (optionally
+    /// whole idle conversations) and give the space back to the disk.
+    Prune(PruneArgs),
+    /// Check a database: integrity, schema version, sizes, stuck admissions.
+    /// Exits 1 when the integrity check fails.
+    Doctor(DoctorArgs),
     /// The demo's child process: runs a request and freezes after a turn.
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -107,6 +128,12 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Resume(args) => session_cmds::resume(args, out, style, json).await,
             Command::Recover(args) => session_cmds::recover(args, out, style, json).await,
             Command::Abandon(args) => session_cmds::abandon(args, out, style, json).await,
+            Command::Ls(args) => ops::ls(args, out, style, json).await,
+            Command::Show(args) => ops::show(args, out, style, json).await,
+            Command::Checkpoints(args) => ops::checkpoints(args, out, style, json).await,
+            Command::Export(args) => ops::export(args, out).await,
+            Command::Prune(args) => ops::prune(args, out, style, json).await,
+            Command::Doctor(args) => ops::doctor(args, out, style, json).await,
             Command::Worker(args) => demo::worker(args, out).await,
         }
     })

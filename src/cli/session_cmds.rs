@@ -15,7 +15,8 @@ use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::exit::CliError;
-use super::model::{self, ModelArgs};
+use super::interrupt::Interrupt;
+use super::model::{self, ModelArgs, ModelSpec};
 use super::observe::{Note, Notes, ObservedModel, ObservedTool};
 use super::output::{self, Style};
 use super::progress::Progress;
@@ -200,9 +201,11 @@ pub(super) async fn run(
         ));
     }
     let store = open_store(&args.session.db, true).await?;
+    let interrupt = Interrupt::watch();
+    let ctx = RunContext::default().with_cancel(interrupt.token());
     let outcome = if json {
         session(&args.session, store.clone(), model, None)
-            .run(request_id, &input, RunContext::default())
+            .run(request_id, &input, ctx)
             .await
             .map_err(CliError::from)
     } else {
@@ -214,16 +217,18 @@ pub(super) async fn run(
         }
         let (notes, received) = unbounded_channel();
         let session = session(&args.session, store.clone(), model, Some(&notes));
-        let events = session.stream(request_id, input, RunContext::default());
+        let events = session.stream(request_id, input, ctx);
         stream_outcome(events, received, &mut Progress::new(style, "  "), out).await
     };
-    let outcome = outcome.map_err(|e| match generated {
-        true => CliError::ForRequest {
-            request_id,
-            source: Box::new(e),
-        },
-        false => e,
-    })?;
+    let outcome = outcome
+        .map_err(|e| resumable(e, &args.session, &args.model))
+        .map_err(|e| match generated {
+            true => CliError::ForRequest {
+                request_id,
+                source: Box::new(e),
+            },
+            false => e,
+        })?;
     show_outcome(
         out,
         style,
@@ -251,13 +256,16 @@ pub(super) async fn resume(
         model,
         (!json).then_some(&notes),
     );
+    let interrupt = Interrupt::watch();
     let work = session.resume_run(
         args.run,
-        RunContext::default(),
+        RunContext::default().with_cancel(interrupt.token()),
         args.revision,
         policy(args.retry_interrupted),
     );
-    let outcome = observe_outcome(work, received, &mut progress, json, out).await?;
+    let outcome = observe_outcome(work, received, &mut progress, json, out)
+        .await
+        .map_err(|e| resumable(e, &args.session, &args.model))?;
     show_outcome(
         out,
         style,
@@ -293,14 +301,17 @@ pub(super) async fn recover(
         model,
         (!json).then_some(&notes),
     );
+    let interrupt = Interrupt::watch();
     let work = session.recover_after_owner_exit(
         args.request,
         &input,
-        RunContext::default(),
+        RunContext::default().with_cancel(interrupt.token()),
         args.revision,
         policy(args.retry_interrupted),
     );
-    let outcome = observe_outcome(work, received, &mut progress, json, out).await?;
+    let outcome = observe_outcome(work, received, &mut progress, json, out)
+        .await
+        .map_err(|e| resumable(e, &args.session, &args.model))?;
     show_outcome(
         out,
         style,
@@ -352,6 +363,56 @@ pub(super) async fn abandon(
             ("revision", format!("{revision} (the conversation is idle)")),
         ],
     )
+}
+
+/// A stopped run's error with the command that continues it (the run id
+/// and revision it carries; the same database, conversation and model).
+fn resumable(error: CliError, session: &SessionArgs, model: &ModelArgs) -> CliError {
+    let CliError::Turnstile(source) = error else {
+        return error;
+    };
+    let Some((run, revision)) = source.stopped_run() else {
+        return CliError::Turnstile(source);
+    };
+    let mut words = vec![
+        "turnstile".to_owned(),
+        "resume".into(),
+        run.to_string(),
+        "--revision".into(),
+        revision.to_string(),
+        "--db".into(),
+        quote(&session.db.display().to_string()),
+        "--conversation".into(),
+        session.conversation.to_string(),
+    ];
+    if session.namespace.as_str() != "default" {
+        words.extend(["--namespace".into(), quote(session.namespace.as_str())]);
+    }
+    let spec = match &model.model {
+        ModelSpec::Scripted(path) => format!("scripted:{}", path.display()),
+        ModelSpec::OpenAi(name) => format!("openai:{name}"),
+    };
+    words.extend(["--model".into(), quote(&spec)]);
+    if let Some(url) = &model.base_url {
+        words.extend(["--base-url".into(), quote(url)]);
+    }
+    if let Some(var) = &model.api_key_env {
+        words.extend(["--api-key-env".into(), quote(var)]);
+    }
+    CliError::Stopped {
+        source,
+        resume: words.join(" "),
+    }
+}
+
+/// A shell word: as it is when it is plain, else single-quoted.
+fn quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// Progress lines for a run that continues `run`, numbering turns from the

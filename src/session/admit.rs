@@ -196,7 +196,18 @@ impl AgentSession {
         Ok(record)
     }
 
+    /// The agent's fingerprint, with the summary settings when compaction
+    /// is on (without it, the plain agent fingerprint: nothing changes for
+    /// sessions that do not summarize).
     pub(super) fn fingerprint(&self) -> String {
-        self.agent.fingerprint()
+        match &self.summary {
+            None => self.agent.fingerprint(),
+            Some(summary) => self.agent.fingerprint_with(&serde_json::json!({
+                "summary_agent": summary.agent.fingerprint(),
+                "max_passes": summary.max_passes.get(),
+                "window": self.policy.window(),
+                "summary_batch": self.policy.summary_batch(),
+            })),
+        }
     }
 }

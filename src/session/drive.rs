@@ -1,18 +1,20 @@
 //! Running the loop for an admitted request: the model's context, the seed
 //! state, and the outcome.
 
+use super::compact::Compacted;
 use super::{AgentSession, Outcome, ResumePolicy};
 use crate::agent::run_loop::RunLoop;
 use crate::agent::RunContext;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::events::{Emitter, Event};
 use crate::ids::RunId;
-use crate::message::{Message, Usage};
+use crate::message::Message;
 use crate::store::Fence;
+use crate::summary;
 use crate::Error;
 
 impl AgentSession {
-    /// A fresh claim: the seed is known without reading it back.
+    /// A fresh claim: the request is at its start.
     pub(super) async fn drive_fresh(
         &self,
         fence: Fence,
@@ -20,8 +22,7 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        let seed = start_of(fence);
-        self.drive(fence, None, seed, vec![input], ctx, events)
+        self.drive(fence, None, None, vec![input], ctx, events)
             .await
     }
 
@@ -36,22 +37,23 @@ impl AgentSession {
         events: &Emitter,
     ) -> Result<Outcome, Error> {
         // No checkpoint: the run being continued never wrote a turn's
-        // write-ahead, so the request starts over from its bound input.
-        let seed = self
-            .store
-            .latest_checkpoint(fence.run_id)
-            .await?
-            .unwrap_or_else(|| start_of(fence));
+        // write-ahead, so the request goes on from its bound input (its
+        // summary passes, if any, are continued from the admission).
+        let seed = self.store.latest_checkpoint(fence.run_id).await?;
         // Checked again on the seed: the run being continued may have
         // written past the checkpoint read before the claim.
-        if seed.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
-            return Err(Error::AmbiguousCheckpoint {
-                run_id: resumed_from,
-                turn: seed.turn,
-            });
+        if let Some(seed) = &seed {
+            if seed.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
+                return Err(Error::AmbiguousCheckpoint {
+                    run_id: resumed_from,
+                    turn: seed.turn,
+                });
+            }
         }
         // In a tool round the recorded assistant message is needed too.
-        let count = seed.message_count + u64::from(seed.phase.has_recorded_answer());
+        let count = seed.as_ref().map_or(1, |seed| {
+            seed.message_count + u64::from(seed.phase.has_recorded_answer())
+        });
         let messages = self.store.request_messages(fence.request_id, count).await?;
         if messages.len() as u64 != count {
             return Err(Error::Corrupt {
@@ -64,11 +66,13 @@ impl AgentSession {
             .await
     }
 
+    /// Runs the request from `seed`, or from its start (summary passes
+    /// first) when it has no checkpoint yet.
     async fn drive(
         &self,
         fence: Fence,
         resumed_from: Option<RunId>,
-        seed: LoopCheckpoint,
+        seed: Option<LoopCheckpoint>,
         messages: Vec<Message>,
         ctx: &RunContext,
         events: &Emitter,
@@ -82,6 +86,10 @@ impl AgentSession {
                 revision: fence.revision,
             })
             .await;
+        let seed = match seed {
+            Some(seed) => seed,
+            None => start_of(fence, self.compact(&fence, ctx, events).await?),
+        };
         let reuse_journal = seed.phase.has_recorded_answer();
         let run = RunLoop {
             agent: &self.agent,
@@ -104,34 +112,51 @@ impl AgentSession {
         ))
     }
 
-    /// System prompt plus the committed window. The window starts at a user
-    /// message so the model never sees a tool result without its call.
+    /// System prompt plus committed context. Without a summary agent, the
+    /// plain sliding window, moved forward to start at a user message so the
+    /// model never sees a tool result without its call. With one, the latest
+    /// summary as a marked system message and every entry after it (the
+    /// passes before the first turn left fewer than a batch outside the
+    /// window).
     async fn context_prefix(&self) -> Result<Vec<Message>, Error> {
+        let mut prefix = Vec::new();
+        if !self.agent.system_prompt.is_empty() {
+            prefix.push(Message::system(self.agent.system_prompt.clone()));
+        }
+        if self.summary.is_some() {
+            let latest = self.store.latest_summary(self.conversation_id).await?;
+            let from = latest.as_ref().map_or(0, |s| s.through_seq + 1);
+            if let Some(latest) = latest {
+                prefix.push(summary::context_message(&latest.content));
+            }
+            let tail = self
+                .store
+                .transcript_range(self.conversation_id, from, u64::MAX)
+                .await?;
+            prefix.extend(tail.into_iter().map(|e| e.message));
+            return Ok(prefix);
+        }
         let window = self
             .store
-            .transcript_window(self.conversation_id, self.policy.window)
+            .transcript_window(self.conversation_id, self.policy.window())
             .await?;
         let start = window
             .iter()
             .position(|e| matches!(e.message, Message::User { .. }))
             .unwrap_or(window.len());
-        let mut prefix = Vec::with_capacity(window.len() - start + 1);
-        if !self.agent.system_prompt.is_empty() {
-            prefix.push(Message::system(self.agent.system_prompt.clone()));
-        }
         prefix.extend(window.into_iter().skip(start).map(|e| e.message));
         Ok(prefix)
     }
 }
 
 /// The state of a request before its first turn: its input is its only
-/// message.
-fn start_of(fence: Fence) -> LoopCheckpoint {
+/// message; its summary passes are its turns and usage so far.
+fn start_of(fence: Fence, compacted: Compacted) -> LoopCheckpoint {
     LoopCheckpoint {
         run_id: fence.run_id,
-        turn: 0,
+        turn: compacted.passes,
         phase: CheckpointPhase::Ready,
-        usage: Usage::default(),
+        usage: compacted.usage,
         tool_calls_count: 0,
         verification_reports: Vec::new(),
         message_count: 1,

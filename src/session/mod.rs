@@ -4,6 +4,7 @@
 //! the release of its admission.
 
 mod admit;
+mod compact;
 mod drive;
 mod outcome;
 mod resume;
@@ -22,20 +23,89 @@ use crate::events::{Emitter, Event};
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::Usage;
 use crate::store::Store;
+use crate::summary::MaxPasses;
 use crate::Error;
 
-/// How much committed history the model sees.
+/// How much committed history the model sees, and how much of it one summary
+/// pass absorbs.
+///
+/// Without a summary agent the window is a plain sliding window: the model
+/// sees the last `window` committed entries (moved forward to start at a user
+/// message, so it never opens with an orphaned tool result) and nothing older.
+///
+/// With a summary agent ([`AgentSession::with_summary_agent`]), nothing is
+/// dropped unseen: before a request's first turn, entries older than the
+/// window that no summary covers yet are summarized in batches of
+/// `summary_batch` entries (a batch grows past that only to keep a tool call
+/// with its results). A pass runs only for a full batch, so the model sees
+/// the latest summary and then every later entry: at least the window, and
+/// fewer than `window + summary_batch` entries (plus any tool results a batch
+/// could not split off). One summary call is made per `summary_batch`
+/// committed entries, each costing the summary model's tokens and one turn
+/// of the request's budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContextPolicy {
-    /// The most recent committed transcript entries given to the model. The
-    /// window is a plain sliding window: it is moved forward to start at a
-    /// user message, so it never opens with an orphaned tool result.
-    pub window: u32,
+    window: u32,
+    summary_batch: u32,
+}
+
+impl ContextPolicy {
+    /// The largest window and batch accepted.
+    pub const MAX: u32 = 4096;
+
+    /// A window of `window` recent committed entries (1–4096), summarized in
+    /// batches of the same size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] outside 1–4096.
+    pub fn new(window: u32) -> Result<Self, Error> {
+        let window = Self::check("window", window)?;
+        Ok(Self {
+            window,
+            summary_batch: window,
+        })
+    }
+
+    /// Sets how many entries one summary pass absorbs (1–4096).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] outside 1–4096.
+    pub fn with_summary_batch(self, summary_batch: u32) -> Result<Self, Error> {
+        Ok(Self {
+            summary_batch: Self::check("summary batch", summary_batch)?,
+            ..self
+        })
+    }
+
+    /// The most recent committed entries always given to the model verbatim.
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+
+    /// Entries one summary pass absorbs.
+    pub fn summary_batch(&self) -> u32 {
+        self.summary_batch
+    }
+
+    fn check(what: &str, value: u32) -> Result<u32, Error> {
+        if (1..=Self::MAX).contains(&value) {
+            Ok(value)
+        } else {
+            Err(Error::InvalidInput(format!(
+                "context {what} must be 1-{}, got {value}",
+                Self::MAX
+            )))
+        }
+    }
 }
 
 impl Default for ContextPolicy {
+    /// A window of 50 entries, summarized 50 at a time.
     fn default() -> Self {
-        Self { window: 50 }
+        Self {
+            window: 50,
+            summary_batch: 50,
+        }
     }
 }
 
@@ -57,6 +127,13 @@ pub struct AgentSession {
     conversation_id: ConversationId,
     namespace: Namespace,
     policy: ContextPolicy,
+    summary: Option<SummarySettings>,
+}
+
+/// The summary agent and the per-request pass limit.
+struct SummarySettings {
+    agent: Agent,
+    max_passes: MaxPasses,
 }
 
 impl AgentSession {
@@ -75,7 +152,35 @@ impl AgentSession {
             conversation_id,
             namespace,
             policy,
+            summary: None,
         }
+    }
+
+    /// Compacts old history with `agent` (DESIGN §6): before a request's
+    /// first turn, committed entries older than the window are summarized
+    /// batch by batch (see [`ContextPolicy`]), and the model's context becomes
+    /// the system prompt, the latest summary, the later entries and the
+    /// request. The summary model gets the summary agent's system prompt (or
+    /// [`DEFAULT_SUMMARY_PROMPT`](crate::summary::DEFAULT_SUMMARY_PROMPT)),
+    /// the previous summary and the batch as text; its tools are not offered.
+    ///
+    /// Each pass is durable: recorded in the admission, then the summary
+    /// model is called, then the summary row is committed. A pass counts as
+    /// one turn of the request and its usage as the request's usage: it
+    /// shares the caller's budget, deadline and cancellation, and shows in
+    /// [`Outcome::usage`], [`Outcome::turns`] and
+    /// [`AgentSession::recovery_usage`]; the main model's turns are numbered
+    /// after the passes (as are tool idempotency keys). An interrupted pass
+    /// is re-run by the recovery under either [`ResumePolicy`] (it has no
+    /// side effect but its cost) and counts once. One request runs at most
+    /// `max_passes` passes, counted across its recoveries; past that it stops
+    /// with [`Error::SummaryPassLimitExceeded`]. The summary agent, the limit
+    /// and the context policy are part of the agent fingerprint: a held
+    /// request resumed with other settings gets
+    /// [`Error::ConfigurationMismatch`].
+    pub fn with_summary_agent(mut self, agent: Agent, max_passes: MaxPasses) -> Self {
+        self.summary = Some(SummarySettings { agent, max_passes });
+        self
     }
 
     pub fn conversation_id(&self) -> ConversationId {
@@ -92,6 +197,15 @@ impl AgentSession {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    pub fn policy(&self) -> ContextPolicy {
+        self.policy
+    }
+
+    /// The summary agent and its pass limit, if compaction is on.
+    pub fn summary_agent(&self) -> Option<(&Agent, MaxPasses)> {
+        self.summary.as_ref().map(|s| (&s.agent, s.max_passes))
     }
 
     /// Runs a request to its commit, or replays its stored answer.

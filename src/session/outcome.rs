@@ -15,8 +15,9 @@ pub struct Outcome {
     pub final_text: String,
     /// Every message the request added to the transcript, its input first.
     pub messages: Vec<Message>,
-    /// Cumulative over all runs of the request.
+    /// Cumulative over all runs of the request, summary passes included.
     pub usage: Usage,
+    /// Turns of the request: its summary passes, then its model turns.
     pub turns: u32,
     pub tool_calls: u64,
     pub verification_reports: Vec<VerificationReport>,

@@ -13,9 +13,13 @@ use async_trait::async_trait;
 pub use records::{
     ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, InputHash, JournalEntry,
     JournalStatus, NewRequest, RecoveryClaim, RequestRecord, RequestStatus, RunRecord, RunStatus,
-    StoredOutcome, ToolResult, TranscriptEntry,
+    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, SummaryProgress, ToolResult,
+    TranscriptEntry,
 };
-pub use sqlite::{Durability, SqliteOptions, SqliteStore};
+pub use sqlite::{
+    CheckpointMark, ConversationSummary, DoctorReport, Durability, HeldAdmission, ListFilter,
+    PruneOptions, PruneReport, RequestSummary, RunSummary, SqliteOptions, SqliteStore, TableCounts,
+};
 
 use crate::checkpoint::LoopCheckpoint;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
@@ -160,4 +164,30 @@ pub trait Store: Send + Sync + 'static {
     /// The latest persisted usage of an active request. [`Error::NotActive`]
     /// if it holds no admission.
     async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error>;
+
+    /// The summary with the highest `through_seq` of a conversation: it
+    /// summarizes every entry up to there.
+    async fn latest_summary(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<StoredSummary>, Error>;
+
+    /// Records a summary pass in the admission before its model call, fenced
+    /// by the owner's revision. The pass must start right after the latest
+    /// summary and read the current conversation version, and no other pass
+    /// may be in flight ([`Error::Conflict`] otherwise; recording the pass
+    /// already in flight again is a no-op).
+    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error>;
+
+    /// Commits the summary of the pass in flight in one transaction, fenced:
+    /// inserts the summary row, counts the pass, adds its usage to the
+    /// request's, and clears the pass in flight. Idempotent: a summary this
+    /// request already committed for the same range is returned as it is
+    /// (same row), nothing is written. A pass that is not the one in flight,
+    /// or a transcript that moved past its version, is [`Error::Conflict`].
+    async fn commit_summary(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error>;
 }

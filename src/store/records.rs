@@ -44,7 +44,66 @@ pub struct ActiveAdmission {
     /// The run that owns the admission now.
     pub run_id: RunId,
     pub agent_fingerprint: String,
-    /// The latest persisted usage of the request.
+    /// The latest persisted usage of the request (summary passes included).
+    pub usage: Usage,
+    /// The request's summary passes: committed, and the one in flight.
+    pub summary: SummaryProgress,
+}
+
+/// Summary progress of the active request, kept in its admission so the pass
+/// limit holds across retries and restarts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummaryProgress {
+    /// Summary passes the request committed.
+    pub passes: u32,
+    /// A pass recorded before its summary model call and not yet committed.
+    pub pending: Option<SummaryPass>,
+}
+
+/// One summary pass: which committed entries it summarizes, from which
+/// transcript version, with which prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SummaryPass {
+    /// The first transcript entry summarized: the previous summary's
+    /// `through_seq + 1`, or 0.
+    pub from_seq: u64,
+    /// The last transcript entry summarized (inclusive).
+    pub through_seq: u64,
+    /// The conversation version the pass read.
+    pub transcript_version: u64,
+    /// SHA-256 of the prompt sent to the summary model.
+    pub prompt_sha256: [u8; 32],
+}
+
+/// A committed summary row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredSummary {
+    /// The row id: stable, so a summary recognized after a lost
+    /// acknowledgement is the same row.
+    pub id: i64,
+    pub conversation_id: ConversationId,
+    /// The request whose pass made it.
+    pub request_id: RequestId,
+    pub from_seq: u64,
+    /// The last transcript entry it covers (inclusive). Each summary extends
+    /// the previous one: it summarizes every entry up to `through_seq`.
+    pub through_seq: u64,
+    pub content: String,
+    /// The conversation version the pass read.
+    pub made_from_version: u64,
+    /// What the pass cost.
+    pub usage: Usage,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// What [`Store::commit_summary`](super::Store::commit_summary) commits.
+#[derive(Clone, Debug)]
+pub struct SummaryCommit {
+    /// The recorded pass this summary answers.
+    pub pass: SummaryPass,
+    pub content: String,
+    /// Usage of this pass's model call; added to the request's usage.
     pub usage: Usage,
 }
 

@@ -10,6 +10,7 @@ use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::Usage;
 use crate::store::{
     ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
+    SummaryPass, SummaryProgress,
 };
 use crate::Error;
 
@@ -79,6 +80,8 @@ impl SqliteStore {
             r#"UPDATE admissions
                SET active_request_id = ?1, input_sha256 = ?2, run_id = ?3, agent_fingerprint = ?4,
                    input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+                   summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+                   summary_version = NULL, summary_prompt_sha256 = NULL,
                    revision = revision + 1, updated_at = ?5
                WHERE conversation_id = ?6 AND revision = ?7 AND active_request_id IS NULL
                RETURNING revision AS "revision!: i64""#,
@@ -256,6 +259,8 @@ impl SqliteStore {
             r#"UPDATE admissions
                SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
                    input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+                   summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+                   summary_version = NULL, summary_prompt_sha256 = NULL,
                    revision = revision + 1, updated_at = ?1
                WHERE conversation_id = ?2 AND revision = ?3 AND active_request_id = ?4
                RETURNING revision AS "revision!: i64""#,
@@ -365,7 +370,9 @@ pub(super) async fn load_admission(
     let uuid = conversation_id.as_uuid();
     let row = sqlx::query!(
         "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
-                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
+                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                summary_passes, summary_from_seq, summary_through_seq, summary_version,
+                summary_prompt_sha256
          FROM admissions WHERE conversation_id = ?1",
         uuid
     )
@@ -399,6 +406,16 @@ pub(super) async fn load_admission(
                 row.cache_read_tokens,
                 row.cache_write_tokens,
             )?,
+            summary: SummaryProgress {
+                passes: key.u32("summary_passes", row.summary_passes)?,
+                pending: pending_pass(
+                    &key,
+                    row.summary_from_seq,
+                    row.summary_through_seq,
+                    row.summary_version,
+                    row.summary_prompt_sha256.as_deref(),
+                )?,
+            },
         }),
     };
     Ok(Admission {
@@ -414,6 +431,26 @@ pub(super) async fn load_admission(
 enum Wanted {
     Idle,
     Active,
+}
+
+/// The summary pass in flight: all of its columns, or none.
+fn pending_pass(
+    key: &Row<'_>,
+    from_seq: Option<i64>,
+    through_seq: Option<i64>,
+    version: Option<i64>,
+    prompt: Option<&[u8]>,
+) -> Result<Option<SummaryPass>, Error> {
+    match (from_seq, through_seq, version, prompt) {
+        (None, None, None, None) => Ok(None),
+        (Some(from), Some(through), Some(version), Some(prompt)) => Ok(Some(SummaryPass {
+            from_seq: key.u64("summary_from_seq", from)?,
+            through_seq: key.u64("summary_through_seq", through)?,
+            transcript_version: key.u64("summary_version", version)?,
+            prompt_sha256: key.hash("summary_prompt_sha256", prompt)?.0,
+        })),
+        _ => Err(key.corrupt("a summary pass in flight with missing columns")),
+    }
 }
 
 /// Explains why a compare-and-swap on the admission matched no row.

@@ -33,6 +33,8 @@ impl SqliteStore {
             "UPDATE admissions
              SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
                  input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+                 summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+                 summary_version = NULL, summary_prompt_sha256 = NULL,
                  revision = revision + 1, updated_at = ?1
              WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4",
             now,

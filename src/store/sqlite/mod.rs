@@ -8,9 +8,12 @@ mod admission;
 mod codec;
 mod commit;
 mod open;
+mod ops;
 mod reads;
+mod summaries;
 mod turns;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,12 +22,18 @@ use sqlx::{Sqlite, Transaction};
 
 use super::{
     Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, Store, StoredOutcome, ToolResult, TranscriptEntry,
+    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    ToolResult, TranscriptEntry,
 };
 use crate::checkpoint::LoopCheckpoint;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::{Message, Usage};
 use crate::Error;
+
+pub use ops::{
+    CheckpointMark, ConversationSummary, DoctorReport, HeldAdmission, ListFilter, PruneOptions,
+    PruneReport, RequestSummary, RunSummary, TableCounts,
+};
 
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,6 +73,8 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    /// The database file (`None` in memory): `prune` reports its size.
+    path: Option<PathBuf>,
     /// Keeps a named in-memory database alive while any clone of the store
     /// lives, whatever the pools do with their connections.
     _memory_keeper: Option<std::sync::Arc<open::MemoryKeeper>>,
@@ -217,5 +228,24 @@ impl Store for SqliteStore {
 
     async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
         self.recovery_usage_impl(request_id).await
+    }
+
+    async fn latest_summary(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<StoredSummary>, Error> {
+        self.latest_summary_impl(conversation_id).await
+    }
+
+    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
+        self.record_summary_pass_impl(fence, pass).await
+    }
+
+    async fn commit_summary(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error> {
+        self.commit_summary_impl(fence, summary).await
     }
 }

@@ -81,6 +81,7 @@ impl SqliteStore {
         Ok(Self {
             writer,
             reader,
+            path: Some(path.to_owned()),
             _memory_keeper: None,
         })
     }
@@ -116,6 +117,7 @@ impl SqliteStore {
         Ok(Self {
             writer: pool.clone(),
             reader: pool,
+            path: None,
             _memory_keeper: Some(Arc::new(MemoryKeeper(tokio::sync::Mutex::new(keeper)))),
         })
     }

@@ -190,7 +190,10 @@ pub(super) async fn check_fence(
 }
 
 /// The fence for writes that carry no usage.
-async fn check_fence_only(conn: &mut SqliteConnection, fence: &Fence) -> Result<(), Error> {
+pub(super) async fn check_fence_only(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+) -> Result<(), Error> {
     let conversation = fence.conversation_id.as_uuid();
     let run = fence.run_id.as_uuid();
     let revision = to_i64(fence.revision.0);

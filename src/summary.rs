@@ -1,0 +1,272 @@
+//! Summary compaction: the pass limit, the summary model's prompt, the
+//! message that carries a summary into the main model's context, and where
+//! one pass's batch ends.
+//!
+//! How it runs (the session's part) is in `session/compact.rs`; what is
+//! stored is in [`Store::commit_summary`](crate::Store::commit_summary).
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::message::Message;
+use crate::store::TranscriptEntry;
+use crate::Error;
+
+/// The largest summary accepted, in bytes (256 KiB). A larger or empty
+/// answer of the summary model is refused with [`Error::InvalidSummary`].
+pub const MAX_SUMMARY_BYTES: usize = 256 * 1024;
+
+/// The summary agent's instructions when its system prompt is empty.
+pub const DEFAULT_SUMMARY_PROMPT: &str = "You keep a running summary of a conversation between \
+a user and an AI assistant. You get the summary so far (if any) and the next part of the \
+conversation. Answer with one updated summary that keeps every fact, decision, open question \
+and tool result the assistant may need later, and nothing else.";
+
+/// How the main model's context introduces the latest summary.
+pub const SUMMARY_HEADING: &str = "Summary of the earlier conversation:";
+
+/// How many summary passes one request may run, counted across its resumes
+/// and recoveries: 1–256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MaxPasses(u16);
+
+impl MaxPasses {
+    /// The smallest limit accepted.
+    pub const MIN: u32 = 1;
+    /// The largest limit accepted.
+    pub const MAX: u32 = 256;
+
+    /// Validates a pass limit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] outside 1–256.
+    pub fn new(passes: u32) -> Result<Self, Error> {
+        if !(Self::MIN..=Self::MAX).contains(&passes) {
+            return Err(Error::InvalidInput(format!(
+                "max summary passes must be {}-{}, got {passes}",
+                Self::MIN,
+                Self::MAX
+            )));
+        }
+        // In range, so it fits.
+        Ok(Self(passes as u16))
+    }
+
+    /// The limit.
+    pub fn get(self) -> u32 {
+        u32::from(self.0)
+    }
+}
+
+impl TryFrom<u32> for MaxPasses {
+    type Error = Error;
+
+    fn try_from(passes: u32) -> Result<Self, Error> {
+        Self::new(passes)
+    }
+}
+
+impl fmt::Display for MaxPasses {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The message that puts a summary into the main model's context, right
+/// after the system prompt.
+pub(crate) fn context_message(summary: &str) -> Message {
+    Message::system(format!("{SUMMARY_HEADING}\n{summary}"))
+}
+
+/// What the summary model is given: its system prompt, the previous summary
+/// (if any) and the batch rendered as text, one entry per paragraph.
+pub(crate) fn prompt(
+    system_prompt: &str,
+    previous: Option<&str>,
+    batch: &[TranscriptEntry],
+) -> Vec<Message> {
+    let system = if system_prompt.is_empty() {
+        DEFAULT_SUMMARY_PROMPT
+    } else {
+        system_prompt
+    };
+    let mut messages = vec![Message::system(system)];
+    if let Some(previous) = previous {
+        messages.push(context_message(previous));
+    }
+    let (first, last) = match (batch.first(), batch.last()) {
+        (Some(first), Some(last)) => (first.seq, last.seq),
+        _ => (0, 0),
+    };
+    let mut text = format!("Conversation entries {first} to {last}, to add to the summary:\n");
+    for entry in batch {
+        text.push('\n');
+        render(&mut text, entry);
+    }
+    messages.push(Message::user(text));
+    messages
+}
+
+/// SHA-256 of a prompt, recorded with its pass: a pass re-run after a crash
+/// must send the same prompt.
+pub(crate) fn prompt_sha256(messages: &[Message]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for message in messages {
+        // Role and length prefix the text, so no two prompts hash alike by
+        // moving text between messages.
+        hasher.update(message.role().as_bytes());
+        hasher.update((message.content().len() as u64).to_le_bytes());
+        hasher.update(message.content().as_bytes());
+    }
+    hasher.finalize().into()
+}
+
+fn render(out: &mut String, entry: &TranscriptEntry) {
+    let seq = entry.seq;
+    match &entry.message {
+        Message::System { content } => out.push_str(&format!("#{seq} system: {content}\n")),
+        Message::User { content } => out.push_str(&format!("#{seq} user: {content}\n")),
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
+            if !content.is_empty() || tool_calls.is_empty() {
+                out.push_str(&format!("#{seq} assistant: {content}\n"));
+            }
+            for call in tool_calls {
+                out.push_str(&format!(
+                    "#{seq} assistant calls tool {} ({}) with {}\n",
+                    call.name, call.id, call.arguments
+                ));
+            }
+        }
+        Message::Tool {
+            call_id,
+            content,
+            is_error,
+        } => {
+            let what = if *is_error { "error" } else { "result" };
+            out.push_str(&format!("#{seq} tool {what} for {call_id}: {content}\n"));
+        }
+    }
+}
+
+/// Checks a summary model's answer.
+pub(crate) fn check_output(content: &str) -> Result<(), String> {
+    if content.trim().is_empty() {
+        return Err("the summary is empty".into());
+    }
+    if content.len() > MAX_SUMMARY_BYTES {
+        return Err(format!(
+            "the summary of {} bytes exceeds the {MAX_SUMMARY_BYTES}-byte limit",
+            content.len()
+        ));
+    }
+    Ok(())
+}
+
+/// How many of `entries` (consecutive, starting at a batch's first entry)
+/// one pass absorbs: `batch`, or more when the entries right after would be
+/// tool results, so a tool call is never summarized apart from its results
+/// (the context after a summary never opens with an orphaned result).
+/// `entries` must reach at least one past the batch when there is more
+/// transcript, so the entry after it can be looked at.
+pub(crate) fn batch_len(entries: &[TranscriptEntry], batch: usize) -> usize {
+    let mut end = batch.min(entries.len());
+    while entries
+        .get(end)
+        .is_some_and(|e| matches!(e.message, Message::Tool { .. }))
+    {
+        end += 1;
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::RequestId;
+    use crate::message::ToolCall;
+
+    fn entries(messages: Vec<Message>) -> Vec<TranscriptEntry> {
+        let request_id = RequestId::new();
+        messages
+            .into_iter()
+            .enumerate()
+            .map(|(seq, message)| TranscriptEntry {
+                seq: seq as u64,
+                request_id,
+                message,
+            })
+            .collect()
+    }
+
+    fn tool(id: &str) -> Message {
+        Message::Tool {
+            call_id: id.into(),
+            content: "ok".into(),
+            is_error: false,
+        }
+    }
+
+    fn calls(ids: &[&str]) -> Message {
+        Message::Assistant {
+            content: String::new(),
+            tool_calls: ids
+                .iter()
+                .map(|id| ToolCall::new(*id, "t", serde_json::json!({})))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn max_passes_accepts_1_to_256_only() {
+        assert!(MaxPasses::new(0).is_err());
+        assert_eq!(MaxPasses::new(1).unwrap().get(), 1);
+        assert_eq!(MaxPasses::new(256).unwrap().get(), 256);
+        assert!(MaxPasses::new(257).is_err());
+        assert!(MaxPasses::try_from(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn a_batch_is_extended_over_the_tool_results_of_its_last_call() {
+        let e = entries(vec![
+            Message::user("q"),
+            calls(&["a", "b"]),
+            tool("a"),
+            tool("b"),
+            Message::assistant("done"),
+            Message::user("q2"),
+        ]);
+        assert_eq!(batch_len(&e, 2), 4);
+        assert_eq!(batch_len(&e, 3), 4);
+        assert_eq!(batch_len(&e, 4), 4);
+        assert_eq!(batch_len(&e, 1), 1);
+        assert_eq!(batch_len(&e[..2], 2), 2);
+    }
+
+    #[test]
+    fn empty_and_oversize_summaries_are_refused() {
+        assert!(check_output("  \n").is_err());
+        assert!(check_output(&"x".repeat(MAX_SUMMARY_BYTES + 1)).is_err());
+        assert!(check_output(&"x".repeat(MAX_SUMMARY_BYTES)).is_ok());
+    }
+
+    #[test]
+    fn the_prompt_holds_the_previous_summary_and_every_entry_of_the_batch() {
+        let e = entries(vec![Message::user("hello"), calls(&["a"]), tool("a")]);
+        let prompt = prompt("", Some("before"), &e);
+        assert_eq!(prompt.len(), 3);
+        assert_eq!(prompt[0].content(), DEFAULT_SUMMARY_PROMPT);
+        assert!(prompt[1].content().ends_with("before"));
+        let text = prompt[2].content();
+        assert!(text.contains("#0 user: hello"));
+        assert!(text.contains("#1 assistant calls tool t (a)"));
+        assert!(text.contains("#2 tool result for a: ok"));
+        assert_ne!(
+            prompt_sha256(&prompt),
+            prompt_sha256(&super::prompt("", None, &e))
+        );
+    }
+}
