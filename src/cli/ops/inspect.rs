@@ -40,11 +40,17 @@ impl<'a> From<&'a TranscriptEntry> for Entry<'a> {
     }
 }
 
+#[derive(Clone, Copy, Serialize)]
+struct SummaryPointer {
+    id: i64,
+    through_seq: u64,
+}
+
 #[derive(Serialize)]
 struct Shown<'a> {
     conversation: &'a ConversationSummary,
-    /// There are no summaries yet: always `null`.
-    summary: Option<()>,
+    /// The latest summary: its id and the last entry it covers.
+    summary: Option<SummaryPointer>,
     transcript: Vec<Entry<'a>>,
 }
 
@@ -56,6 +62,14 @@ pub(in crate::cli) async fn show(
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
     let conversation = find(&store, args.conversation, args.namespace.as_ref()).await?;
+    let summary = store
+        .latest_summary(conversation.id)
+        .await
+        .map_err(CliError::from)?
+        .map(|s| SummaryPointer {
+            id: s.id,
+            through_seq: s.through_seq,
+        });
     let mut transcript = Vec::new();
     for_each_page(&store, &conversation, |page| {
         transcript.extend(page);
@@ -65,7 +79,7 @@ pub(in crate::cli) async fn show(
     if json {
         let shown = Shown {
             conversation: &conversation,
-            summary: None,
+            summary,
             transcript: transcript.iter().map(Entry::from).collect(),
         };
         return output::json(out, &shown);
@@ -102,7 +116,12 @@ pub(in crate::cli) async fn show(
                 "transcript",
                 format!("{} messages", conversation.transcript_entries),
             ),
-            ("summary", "none".into()),
+            (
+                "summary",
+                summary.map_or("none".into(), |s| {
+                    format!("#{} · covers entries up to {}", s.id, s.through_seq)
+                }),
+            ),
             ("created", format!("{} UTC", utc(conversation.created_at))),
             (
                 "last activity",
