@@ -175,6 +175,7 @@ impl fmt::Display for BudgetKind {
 #[error("store error: {message}")]
 pub struct StoreError {
     message: String,
+    busy: bool,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -186,8 +187,21 @@ impl StoreError {
     ) -> Self {
         Self {
             message: message.into(),
+            busy: false,
             source,
         }
+    }
+
+    /// The same error, marked as contention with another connection.
+    pub(crate) fn busy(mut self) -> Self {
+        self.busy = true;
+        self
+    }
+
+    /// Whether another connection held the database longer than the busy
+    /// timeout: the same operation may succeed when retried.
+    pub fn is_busy(&self) -> bool {
+        self.busy
     }
 
     /// What failed, in words.

@@ -16,9 +16,8 @@ use turnstile::{
 #[tokio::test]
 async fn interrupted_tool_round_is_ambiguous_and_retry_skips_journaled_calls() {
     let store = memory_store().await;
-    let token = CancellationToken::new();
     let count = CountingTool::new("count");
-    let cancel = CancellingTool::new("cancel", token.clone());
+    let cancel = StallingTool::new("cancel");
     let model = scripted(vec![
         tools_reply(
             vec![call("c1", "count"), call("c2", "cancel")],
@@ -34,13 +33,18 @@ async fn interrupted_tool_round_is_ambiguous_and_retry_skips_journaled_calls() {
     );
     let request_id = RequestId::new();
 
-    // The second tool cancels the run from inside the tool round.
+    // The deadline passes while the second tool runs: it is interrupted.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
     let err = expect_err(
         session
-            .run(request_id, "go", RunContext::default().with_cancel(token))
+            .run(
+                request_id,
+                "go",
+                RunContext::default().with_deadline(deadline),
+            )
             .await,
     );
-    assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+    assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err:?}");
     let (run1, rev1) = err.stopped_run().unwrap();
     let checkpoint = store.latest_checkpoint(run1).await.unwrap().unwrap();
     assert_eq!(
@@ -259,4 +263,66 @@ async fn failed_model_call_keeps_the_admission_and_resuming_retries_the_model_ca
     assert_eq!((model.calls(), count.calls()), (3, 1));
     assert_eq!(outcome.usage, usage(5, 5));
     assert_eq!(outcome.turns, 2);
+}
+
+/// Cancellation is a request to stop at the next clean point: a tool call in
+/// flight finishes and is journaled, no new call starts, and the default
+/// policy resumes the run without running anything twice.
+#[tokio::test]
+async fn cancel_inside_a_tool_lets_it_finish_and_the_default_policy_resumes() {
+    let store = memory_store().await;
+    let token = CancellationToken::new();
+    let cancel = CancellingTool::new("cancel", token.clone());
+    let count = CountingTool::new("count");
+    let model = scripted(vec![
+        tools_reply(
+            vec![call("c1", "cancel"), call("c2", "count")],
+            usage(10, 1),
+        ),
+        text_reply("done", usage(5, 5)),
+    ]);
+    let conversation_id = ConversationId::new();
+    let session = session(
+        agent(model.clone(), vec![cancel.clone(), count.clone()]),
+        &store,
+        conversation_id,
+    );
+    let request_id = RequestId::new();
+    let err = expect_err(
+        session
+            .run(request_id, "go", RunContext::default().with_cancel(token))
+            .await,
+    );
+    assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+    let (run, revision) = err.stopped_run().unwrap();
+    let checkpoint = store.latest_checkpoint(run).await.unwrap().unwrap();
+    assert_eq!(
+        (checkpoint.turn, checkpoint.phase),
+        (1, CheckpointPhase::ToolsPending)
+    );
+    let journal = store.journal(request_id, 1).await.unwrap();
+    let status = |id: &str| journal.iter().find(|e| e.call_id == id).unwrap().status;
+    assert_eq!(
+        status("c1"),
+        JournalStatus::Completed,
+        "the started tool finished"
+    );
+    assert_eq!(
+        status("c2"),
+        JournalStatus::Requested,
+        "no new tool started"
+    );
+
+    let outcome = session
+        .resume_run(
+            run,
+            RunContext::default(),
+            revision,
+            ResumePolicy::default(),
+        )
+        .await
+        .expect("resumed with the default policy");
+    assert_eq!(outcome.final_text, "done");
+    assert_eq!((cancel.calls(), count.calls(), model.calls()), (1, 1, 2));
+    assert_one_result_per_call(&outcome.messages);
 }

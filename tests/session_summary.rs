@@ -1172,6 +1172,7 @@ async fn store_summary_writes_are_fenced_guarded_and_idempotent() {
             expected_revision: admission.revision,
             from_run: fence.run_id,
             new_run: RunId::new(),
+            reject_in_flight: false,
         })
         .await
         .unwrap();

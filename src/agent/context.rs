@@ -20,9 +20,16 @@ pub struct Budget {
 #[derive(Clone, Debug, Default)]
 pub struct RunContext {
     pub budget: Budget,
+    /// Interrupts a model or tool call in flight; the turn is left in flight
+    /// only if a tool was interrupted.
     pub deadline: Option<Instant>,
+    /// Cancels the run at its next clean point: a model call in flight is
+    /// abandoned (it has no side effects; its cost may be lost), a tool call
+    /// in flight finishes and is journaled first, and no new call starts. The
+    /// turn's checkpoint is settled, so the default policy resumes it.
     pub cancel: CancellationToken,
-    /// Free-form caller data, recorded in tracing spans only.
+    /// Free-form caller data carried with the run for the host's own use;
+    /// turnstile neither stores nor logs it.
     pub metadata: BTreeMap<String, String>,
 }
 

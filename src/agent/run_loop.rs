@@ -237,7 +237,7 @@ impl RunLoop<'_> {
         }
 
         if let Some(verifier) = &self.agent.verifier {
-            if let Some(report) = verifier.verify(turn, &answered).await {
+            if let Some(report) = self.guard(verifier.verify(turn, &answered)).await? {
                 // Reports are stored per turn: the turn is the loop's to set.
                 self.checkpoint
                     .verification_reports
@@ -270,7 +270,8 @@ impl RunLoop<'_> {
 
     /// The tool calls of the assistant message recorded for this turn.
     fn recorded_calls(&self) -> Result<Vec<ToolCall>, Error> {
-        match self.messages.get(self.checkpoint.message_count as usize) {
+        let at = usize::try_from(self.checkpoint.message_count).unwrap_or(usize::MAX);
+        match self.messages.get(at) {
             Some(Message::Assistant { tool_calls, .. }) if !tool_calls.is_empty() => {
                 Ok(tool_calls.clone())
             }
@@ -324,7 +325,8 @@ impl RunLoop<'_> {
                 async move { tool.call(arguments, context).await },
             ));
         let timeout = self.agent.limits.tool_timeout;
-        let finished = self.guard(tokio::time::timeout(timeout, task)).await?;
+        let finished =
+            until_deadline(self.ctx, &self.fence, tokio::time::timeout(timeout, task)).await?;
         self.tool_running = false;
         Ok(match finished {
             Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
@@ -393,6 +395,24 @@ pub(crate) async fn guarded<T>(
     fence: &Fence,
     future: impl Future<Output = T>,
 ) -> Result<T, Error> {
+    tokio::select! {
+        biased;
+        _ = ctx.cancel.cancelled() => Err(Error::Cancelled {
+            run_id: fence.run_id,
+            revision: fence.revision,
+        }),
+        value = until_deadline(ctx, fence, future) => value,
+    }
+}
+
+/// Awaits `future` unless the run's deadline passes. Cancellation does not
+/// interrupt it: a started tool call finishes, so a cancelled run stops at
+/// a clean point instead of aborting a side effect half way.
+async fn until_deadline<T>(
+    ctx: &RunContext,
+    fence: &Fence,
+    future: impl Future<Output = T>,
+) -> Result<T, Error> {
     let deadline = async {
         match ctx.deadline {
             Some(at) => tokio::time::sleep_until(at).await,
@@ -401,10 +421,6 @@ pub(crate) async fn guarded<T>(
     };
     tokio::select! {
         biased;
-        _ = ctx.cancel.cancelled() => Err(Error::Cancelled {
-            run_id: fence.run_id,
-            revision: fence.revision,
-        }),
         _ = deadline => Err(Error::DeadlineExceeded {
             run_id: fence.run_id,
             revision: fence.revision,

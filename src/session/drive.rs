@@ -2,7 +2,7 @@
 //! state, and the outcome.
 
 use super::compact::Compacted;
-use super::{AgentSession, Outcome, ResumePolicy};
+use super::{AgentSession, Outcome};
 use crate::agent::run_loop::RunLoop;
 use crate::agent::RunContext;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
@@ -32,7 +32,6 @@ impl AgentSession {
         &self,
         fence: Fence,
         resumed_from: RunId,
-        policy: ResumePolicy,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
@@ -40,16 +39,7 @@ impl AgentSession {
         // write-ahead, so the request goes on from its bound input (its
         // summary passes, if any, are continued from the admission).
         let seed = self.store.latest_checkpoint(fence.run_id).await?;
-        // Checked again on the seed: the run being continued may have
-        // written past the checkpoint read before the claim.
-        if let Some(seed) = &seed {
-            if seed.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
-                return Err(Error::AmbiguousCheckpoint {
-                    run_id: resumed_from,
-                    turn: seed.turn,
-                });
-            }
-        }
+
         // In a tool round the recorded assistant message is needed too.
         let count = seed.as_ref().map_or(1, |seed| {
             seed.message_count + u64::from(seed.phase.has_recorded_answer())

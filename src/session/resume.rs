@@ -109,14 +109,8 @@ impl AgentSession {
                 revision: admission.revision,
             });
         }
-        if let Some(latest) = self.store.latest_checkpoint(from_run).await? {
-            if latest.phase.is_in_flight() && policy == ResumePolicy::RejectAmbiguous {
-                return Err(Error::AmbiguousCheckpoint {
-                    run_id: from_run,
-                    turn: latest.turn,
-                });
-            }
-        }
+        // The store refuses an in-flight turn under `RejectAmbiguous` inside
+        // the claim's own transaction, so the check and the claim cannot race.
         let fence = self
             .store
             .claim_recovery(&RecoveryClaim {
@@ -125,9 +119,9 @@ impl AgentSession {
                 expected_revision,
                 from_run,
                 new_run: RunId::new(),
+                reject_in_flight: policy == ResumePolicy::RejectAmbiguous,
             })
             .await?;
-        self.drive_resumed(fence, from_run, policy, ctx, events)
-            .await
+        self.drive_resumed(fence, from_run, ctx, events).await
     }
 }

@@ -148,6 +148,10 @@ pub struct RecoveryClaim {
     /// The run being continued: it must be the admission's current run.
     pub from_run: RunId,
     pub new_run: RunId,
+    /// Refuse with [`Error::AmbiguousCheckpoint`](crate::Error::AmbiguousCheckpoint)
+    /// if `from_run`'s latest checkpoint has a turn in flight, checked in
+    /// the same transaction as the compare-and-swap.
+    pub reject_in_flight: bool,
 }
 
 /// Lifecycle of a request.

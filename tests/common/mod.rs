@@ -283,6 +283,45 @@ impl Tool for BlockingTool {
     }
 }
 
+/// Stalls (for an hour) on its first execution, so a deadline interrupts
+/// the run inside the tool; later executions answer at once.
+pub struct StallingTool {
+    name: String,
+    pub tally: Tally,
+}
+
+impl StallingTool {
+    pub fn new(name: &str) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.to_owned(),
+            tally: Tally::default(),
+        })
+    }
+
+    pub fn calls(&self) -> usize {
+        self.tally.calls()
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.tally.keys()
+    }
+}
+
+#[async_trait]
+impl Tool for StallingTool {
+    fn spec(&self) -> ToolSpec {
+        spec(&self.name)
+    }
+
+    async fn call(&self, _arguments: Value, context: ToolContext) -> Result<String, ToolError> {
+        let n = self.tally.record(&context);
+        if n == 1 {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Ok(format!("{} call {n}", self.name))
+    }
+}
+
 /// Cancels `token` on its first execution (from inside the tool round), then
 /// answers normally.
 pub struct CancellingTool {

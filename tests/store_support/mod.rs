@@ -241,6 +241,7 @@ pub async fn recover(store: &dyn Store, fence: &Fence) -> Result<Fence, Error> {
             expected_revision: fence.revision,
             from_run: fence.run_id,
             new_run: RunId::new(),
+            reject_in_flight: false,
         })
         .await
 }

@@ -6,6 +6,7 @@ use sqlx::{Sqlite, Transaction};
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::insert_messages;
 use super::SqliteStore;
+use crate::checkpoint::CheckpointPhase;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::Usage;
 use crate::store::{
@@ -177,6 +178,32 @@ impl SqliteStore {
             )
             .await);
         };
+        // Under the write lock, so the run being continued cannot move on
+        // between this check and the commit; an error rolls the claim back.
+        if claim.reject_in_flight {
+            let latest = sqlx::query!(
+                "SELECT turn, phase FROM loop_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
+                from_run
+            )
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db("read latest checkpoint"))?;
+            if let Some(latest) = latest {
+                let in_flight = CheckpointPhase::parse(&latest.phase)
+                    .is_some_and(CheckpointPhase::is_in_flight);
+                if in_flight {
+                    let key = format!("{}/{}", claim.from_run, latest.turn);
+                    return Err(Error::AmbiguousCheckpoint {
+                        run_id: claim.from_run,
+                        turn: Row {
+                            table: "loop_checkpoints",
+                            key: &key,
+                        }
+                        .u32("turn", latest.turn)?,
+                    });
+                }
+            }
+        }
         sqlx::query!(
             "UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, ?1)
              WHERE run_id = ?2 AND status IN ('running', 'failed')",

@@ -44,6 +44,24 @@ impl SqliteStore {
     pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref();
         create_owner_only(path)?;
+        // Openers racing on a new file can meet a lock that SQLite reports
+        // without waiting for the busy timeout (the switch to WAL), or a
+        // migration another opener just applied (SQLite's migrator takes no
+        // lock): the loser checks the schema again and retries, briefly.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::open_once(path, &options).await {
+                Err(Error::Store(e)) if e.is_busy() && attempt < OPEN_ATTEMPTS => {
+                    tracing::debug!(attempt, error = %e, "opening raced another opener; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(10 * attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn open_once(path: &Path, options: &SqliteOptions) -> Result<Self, Error> {
         let connect = SqliteConnectOptions::new()
             .filename(path)
             // Takes effect when the file is new; lets `prune` give freed
@@ -160,8 +178,13 @@ async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
     Ok(())
 }
 
+/// How often an opener retries after racing another opener.
+const OPEN_ATTEMPTS: u64 = 10;
+
+/// A failed migration on a database whose schema check passed is taken as
+/// a race with another opener, and retried by [`SqliteStore::open_with`].
 fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
-    Error::Store(StoreError::new(format!("migrate: {e}"), Some(Box::new(e))))
+    Error::Store(StoreError::new(format!("migrate: {e}"), Some(Box::new(e))).busy())
 }
 
 /// Creates a missing database file with mode 0600 before SQLite opens it;

@@ -170,7 +170,8 @@ impl SqliteStore {
                     table: "loop_checkpoints",
                     key: &key,
                 };
-                let count = row.u64("reports_count", r.reports_count)? as usize;
+                let count = usize::try_from(row.u64("reports_count", r.reports_count)?)
+                    .map_err(|_| row.corrupt("reports_count out of range"))?;
                 Ok(LoopCheckpoint {
                     run_id,
                     turn: row.u32("turn", r.turn)?,

@@ -80,7 +80,7 @@ impl SqliteStore {
             "completed"
         };
         let now = now_ms();
-        sqlx::query!(
+        let journaled = sqlx::query!(
             "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
              WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6 AND status = 'requested'",
             status,
@@ -93,6 +93,12 @@ impl SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db("journal tool result"))?;
+        if journaled.rows_affected() != 1 {
+            return Err(Error::InvalidInput(format!(
+                "no requested tool call {call_id:?} in turn {turn} of request {}",
+                fence.request_id
+            )));
+        }
         tx.commit().await.map_err(db("commit tool result"))
     }
 
@@ -134,7 +140,12 @@ impl SqliteStore {
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
         let mut tx = self.begin_write().await?;
-        check_fence_only(&mut tx, fence).await?;
+        // A settled checkpoint may count usage the last write did not (an
+        // answer refused as malformed): the admission reports it too.
+        match settled {
+            Some(checkpoint) => check_fence(&mut tx, fence, checkpoint).await?,
+            None => check_fence_only(&mut tx, fence).await?,
+        }
         let run = fence.run_id.as_uuid();
         let now = now_ms();
         sqlx::query!(
@@ -161,6 +172,7 @@ pub(super) async fn check_fence(
     checkpoint: &LoopCheckpoint,
 ) -> Result<(), Error> {
     let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
     let run = fence.run_id.as_uuid();
     let revision = to_i64(fence.revision.0);
     let usage = checkpoint.usage;
@@ -173,7 +185,7 @@ pub(super) async fn check_fence(
     let updated = sqlx::query!(
         "UPDATE admissions SET input_tokens = ?1, output_tokens = ?2, cache_read_tokens = ?3,
              cache_write_tokens = ?4, updated_at = ?5
-         WHERE conversation_id = ?6 AND revision = ?7 AND run_id = ?8",
+         WHERE conversation_id = ?6 AND revision = ?7 AND run_id = ?8 AND active_request_id = ?9",
         input,
         output,
         cache_read,
@@ -181,7 +193,8 @@ pub(super) async fn check_fence(
         now,
         conversation,
         revision,
-        run
+        run,
+        request
     )
     .execute(&mut *conn)
     .await
@@ -195,15 +208,18 @@ pub(super) async fn check_fence_only(
     fence: &Fence,
 ) -> Result<(), Error> {
     let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
     let run = fence.run_id.as_uuid();
     let revision = to_i64(fence.revision.0);
     let now = now_ms();
     let updated = sqlx::query!(
-        "UPDATE admissions SET updated_at = ?1 WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4",
+        "UPDATE admissions SET updated_at = ?1
+         WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4 AND active_request_id = ?5",
         now,
         conversation,
         revision,
-        run
+        run,
+        request
     )
     .execute(&mut *conn)
     .await
@@ -286,7 +302,9 @@ pub(super) async fn upsert_checkpoint(
         .await
         .map_err(db("save verification reports"))?;
     }
-    let run = checkpoint.run_id.as_uuid();
+    // The fence's run, whatever the checkpoint says: an owner writes only
+    // its own run's rows.
+    let run = fence.run_id.as_uuid();
     let turn = i64::from(checkpoint.turn);
     let phase = checkpoint.phase.as_str();
     let usage = checkpoint.usage;
