@@ -246,35 +246,14 @@ pub(super) async fn resume(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let model = model::load(&args.model)?;
-    let store = open_store(&args.session.db, false).await?;
-    let mut progress = progress_from(style, &*store, Some(args.run)).await;
-    let (notes, received) = unbounded_channel();
-    let session = session(
-        &args.session,
-        store.clone(),
-        model,
-        (!json).then_some(&notes),
-    );
-    let interrupt = Interrupt::watch();
-    let work = session.resume_run(
-        args.run,
-        RunContext::default().with_cancel(interrupt.token()),
-        args.revision,
-        policy(args.retry_interrupted),
-    );
-    let outcome = observe_outcome(work, received, &mut progress, json, out)
-        .await
-        .map_err(|e| resumable(e, &args.session, &args.model))?;
-    show_outcome(
-        out,
-        style,
-        json,
-        &*store,
-        args.session.conversation,
-        &outcome,
-    )
-    .await
+    let what = TakeOver::Resume(args.run);
+    let target = Target {
+        session: &args.session,
+        model: &args.model,
+        revision: args.revision,
+        retry_interrupted: args.retry_interrupted,
+    };
+    take_over(target, what, out, style, json).await
 }
 
 pub(super) async fn recover(
@@ -283,41 +262,81 @@ pub(super) async fn recover(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let model = model::load(&args.model)?;
     let input = read_input(args.input)?;
-    let store = open_store(&args.session.db, false).await?;
-    let owner = match store.admission(args.session.conversation).await {
-        Ok(admission) => admission
-            .active
-            .filter(|active| active.request_id == args.request)
-            .map(|active| active.run_id),
-        Err(_) => None,
+    let what = TakeOver::Recover(args.request, input);
+    let target = Target {
+        session: &args.session,
+        model: &args.model,
+        revision: args.revision,
+        retry_interrupted: args.retry_interrupted,
+    };
+    take_over(target, what, out, style, json).await
+}
+
+/// What `resume` and `recover` continue: a stopped run, or the request of
+/// an owner that is gone (with its bound input).
+enum TakeOver {
+    Resume(RunId),
+    Recover(RequestId, String),
+}
+
+/// The options `resume` and `recover` share.
+struct Target<'a> {
+    session: &'a SessionArgs,
+    model: &'a ModelArgs,
+    revision: Revision,
+    retry_interrupted: bool,
+}
+
+/// Continues a request in a new run, with live progress and Ctrl-C.
+async fn take_over(
+    target: Target<'_>,
+    what: TakeOver,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    let model = model::load(target.model)?;
+    let store = open_store(&target.session.db, false).await?;
+    let owner = match &what {
+        TakeOver::Resume(run) => Some(*run),
+        TakeOver::Recover(request, _) => match store.admission(target.session.conversation).await {
+            Ok(admission) => admission
+                .active
+                .filter(|active| active.request_id == *request)
+                .map(|active| active.run_id),
+            Err(_) => None,
+        },
     };
     let mut progress = progress_from(style, &*store, owner).await;
     let (notes, received) = unbounded_channel();
     let session = session(
-        &args.session,
+        target.session,
         store.clone(),
         model,
         (!json).then_some(&notes),
     );
     let interrupt = Interrupt::watch();
-    let work = session.recover_after_owner_exit(
-        args.request,
-        &input,
-        RunContext::default().with_cancel(interrupt.token()),
-        args.revision,
-        policy(args.retry_interrupted),
-    );
-    let outcome = observe_outcome(work, received, &mut progress, json, out)
-        .await
-        .map_err(|e| resumable(e, &args.session, &args.model))?;
+    let ctx = RunContext::default().with_cancel(interrupt.token());
+    let policy = policy(target.retry_interrupted);
+    let outcome = match &what {
+        TakeOver::Resume(run) => {
+            let work = session.resume_run(*run, ctx, target.revision, policy);
+            observe_outcome(work, received, &mut progress, json, out).await
+        }
+        TakeOver::Recover(request, input) => {
+            let work =
+                session.recover_after_owner_exit(*request, input, ctx, target.revision, policy);
+            observe_outcome(work, received, &mut progress, json, out).await
+        }
+    }
+    .map_err(|e| resumable(e, target.session, target.model))?;
     show_outcome(
         out,
         style,
         json,
         &*store,
-        args.session.conversation,
+        target.session.conversation,
         &outcome,
     )
     .await
