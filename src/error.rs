@@ -176,6 +176,7 @@ impl fmt::Display for BudgetKind {
 pub struct StoreError {
     message: String,
     busy: bool,
+    full: bool,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -188,6 +189,7 @@ impl StoreError {
         Self {
             message: message.into(),
             busy: false,
+            full: source.as_deref().is_some_and(|e| is_sqlite_full(e)),
             source,
         }
     }
@@ -204,10 +206,39 @@ impl StoreError {
         self.busy
     }
 
+    /// Whether the database had no room for the write: SQLite's
+    /// `SQLITE_FULL`, from a full disk or from the size quota set with
+    /// [`SqliteOptions::max_database_bytes`](crate::SqliteOptions::max_database_bytes).
+    /// The failed write changed nothing; the same operation may succeed once
+    /// space is freed (for example with `prune`) or the quota is raised.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
     /// What failed, in words.
     pub fn message(&self) -> &str {
         &self.message
     }
+}
+
+/// Whether SQLite answered `SQLITE_FULL` (13, with any extended code)
+/// anywhere in an error's source chain.
+fn is_sqlite_full(error: &(dyn std::error::Error + 'static)) -> bool {
+    const SQLITE_FULL: i32 = 13;
+    let mut next = Some(error);
+    while let Some(error) = next {
+        let code = error
+            .downcast_ref::<sqlx::Error>()
+            .and_then(sqlx::Error::as_database_error)
+            .and_then(|d| d.try_downcast_ref::<sqlx::sqlite::SqliteError>())
+            .and_then(sqlx::error::DatabaseError::code)
+            .and_then(|code| code.parse::<i32>().ok());
+        if code.is_some_and(|code| code & 0xff == SQLITE_FULL) {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// A model call failed.

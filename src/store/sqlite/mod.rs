@@ -56,6 +56,23 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// Size of the reader pool.
     pub readers: u32,
+    /// A size quota for the database file, in bytes; `None` (the default)
+    /// sets none. A write that would grow the database past it fails with
+    /// [`Error::Store`], whose [`StoreError::is_full`](crate::StoreError::is_full)
+    /// is true, exactly as on a full disk, and loses nothing: the failed
+    /// step writes no row, an active request keeps its admission, and it can
+    /// be recovered once there is room again (space freed inside the file,
+    /// by `prune` for example, is reused first; or reopen with a larger
+    /// quota).
+    ///
+    /// SQLite counts the quota in whole pages (`PRAGMA max_page_count`): it
+    /// is rounded down to the database's page size (4 KiB unless the file
+    /// was created otherwise). It never shrinks an existing database: a file
+    /// already past the quota opens and reads as before, and only writes
+    /// that need a new page fail. The write-ahead log is not counted. A new
+    /// database needs about 100 KiB for its schema; a smaller quota makes
+    /// opening it fail with the same error.
+    pub max_database_bytes: Option<u64>,
 }
 
 impl Default for SqliteOptions {
@@ -64,6 +81,7 @@ impl Default for SqliteOptions {
             durability: Durability::Full,
             busy_timeout: Duration::from_secs(30),
             readers: 4,
+            max_database_bytes: None,
         }
     }
 }

@@ -84,6 +84,13 @@ impl SqliteStore {
             .await
             .map_err(db("open database"))?;
         check_schema(&mut probe).await?;
+        let connect = match options.max_database_bytes {
+            Some(bytes) => {
+                let pages = max_page_count(&mut probe, bytes).await?;
+                connect.pragma("max_page_count", pages.to_string())
+            }
+            None => connect,
+        };
         probe.close().await.map_err(db("close probe"))?;
 
         let writer = pinned_pool(1)
@@ -159,8 +166,27 @@ fn pinned_pool(size: u32) -> SqlitePoolOptions {
 /// out: it is a round trip to the connection's worker thread that can only
 /// fail if the process itself is failing, and it was half the cost of a
 /// small durable step.
+///
+/// A connection that comes back still inside a transaction is closed (the
+/// pool opens a fresh one). SQLite rolls a whole transaction back by itself
+/// on some errors (`SQLITE_FULL` in a single-row write, I/O errors); the
+/// `ROLLBACK` sent for the dropped transaction then fails, sqlx keeps
+/// counting the transaction as open, and every later `BEGIN` on that
+/// connection would be refused: one full disk would end the store's writes
+/// for good.
 fn local_pool() -> SqlitePoolOptions {
-    SqlitePoolOptions::new().test_before_acquire(false)
+    SqlitePoolOptions::new()
+        .test_before_acquire(false)
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                // Only after an error: a dropped transaction's rollback is
+                // queued on the connection's worker; wait for it.
+                if conn.is_in_transaction() {
+                    conn.ping().await?;
+                }
+                Ok(!conn.is_in_transaction())
+            })
+        })
 }
 
 /// Refuses a database whose applied migrations are newer than ours.
@@ -186,13 +212,30 @@ async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
     Ok(())
 }
 
+/// The size quota in whole pages of the database (the page size a new
+/// database will get, for a new file); at least one page, as 0 would mean no
+/// quota to SQLite.
+async fn max_page_count(conn: &mut SqliteConnection, bytes: u64) -> Result<u64, Error> {
+    // A PRAGMA: a runtime query (the offline query macros cannot describe it).
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read page size"))?;
+    let page_size = u64::try_from(page_size).unwrap_or(0).max(512);
+    // SQLite's largest page count.
+    Ok((bytes / page_size).clamp(1, 0xffff_fffe))
+}
+
 /// How often an opener retries after racing another opener.
 const OPEN_ATTEMPTS: u64 = 10;
 
 /// A failed migration on a database whose schema check passed is taken as
-/// a race with another opener, and retried by [`SqliteStore::open_with`].
+/// a race with another opener, and retried by [`SqliteStore::open_with`];
+/// except on a full database (or a quota below the schema's size), which no
+/// retry mends.
 fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
-    Error::Store(StoreError::new(format!("migrate: {e}"), Some(Box::new(e))).busy())
+    let error = StoreError::new(format!("migrate: {e}"), Some(Box::new(e)));
+    Error::Store(if error.is_full() { error } else { error.busy() })
 }
 
 /// Creates a missing database file with mode 0600 before SQLite opens it;
