@@ -7,6 +7,7 @@
 //! prints them as one `error: …` line on stderr with the exit code of
 //! [`CliError::exit_code`] (see [`exit`] for the table).
 
+mod bench;
 mod demo;
 pub mod exit;
 mod interrupt;
@@ -24,6 +25,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use bench::{BenchArgs, BenchDurability};
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
 pub use model::{ModelArgs, ModelSpec};
@@ -82,6 +84,9 @@ pub enum Command {
     /// Check a database: integrity, schema version, sizes, stuck admissions.
     /// Exits 1 when the integrity check fails.
     Doctor(DoctorArgs),
+    /// Measure a workload on a fresh database: turn latency, turns per
+    /// second, storage per message byte, checkpoint and replay reads.
+    Bench(BenchArgs),
     /// The demo's child process: runs a request and freezes after a turn.
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -115,8 +120,14 @@ fn parse_revision(s: &str) -> Result<Revision, String> {
 /// [`CliError::exit_code`].
 pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
     // One thread is plenty: the work is a sequence of model calls and
-    // database steps, and SQLite runs on its own worker threads.
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // database steps, and SQLite runs on its own worker threads. The bench
+    // drives many conversations at once, as an application would: on every
+    // core.
+    let mut builder = match cli.command {
+        Command::Bench(_) => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = builder
         .enable_all()
         .build()
         .map_err(CliError::io("start the async runtime"))?;
@@ -134,6 +145,7 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Export(args) => ops::export(args, out).await,
             Command::Prune(args) => ops::prune(args, out, style, json).await,
             Command::Doctor(args) => ops::doctor(args, out, style, json).await,
+            Command::Bench(args) => bench::run(args, out, style, json).await,
             Command::Worker(args) => demo::worker(args, out).await,
         }
     })
