@@ -1,0 +1,665 @@
+//! Building blocks of `tests/crash_torture.rs`: a seeded PRNG, the seeded
+//! plan of conversations and requests, the scripted agent (a `ScriptedModel`
+//! per request, tools whose side effect is a line in an fsync'd log), and a
+//! store wrapper that traces every store call to stdout so the parent can
+//! tell where a SIGKILL landed.
+//!
+//! Trace lines start with `@`: `@C + KIND DETAIL` when conversation `C`
+//! enters a step, `@C - KIND` when it leaves it, and `@C EVENT ...` for
+//! single events. Nothing but tracing is added: every call is delegated
+//! unchanged.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use turnstile::agent::{ModelRequest, ModelResponse};
+use turnstile::store::{
+    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
+    RequestRecord, RunRecord, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult,
+    TranscriptEntry,
+};
+use turnstile::{
+    Agent, ConversationId, Error, LoopCheckpoint, Message, Model, ModelError, Namespace, RequestId,
+    Revision, RunId, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall, ToolContext,
+    ToolError, ToolSpec, Usage,
+};
+
+/// splitmix64: a tiny seeded PRNG (no random crate in the dependencies).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// An independent stream for `tags` (a conversation, a request, ...).
+    pub fn derive(seed: u64, tags: &[u64]) -> Self {
+        let mut state = Rng::new(seed).next_u64();
+        for &tag in tags {
+            state = Rng::new(state ^ tag.wrapping_add(1)).next_u64();
+        }
+        Rng::new(state)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi` (the tiny modulo bias does not matter here).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    /// A random (version 4) UUID drawn from the stream.
+    pub fn uuid(&mut self) -> uuid::Uuid {
+        let bits = (u128::from(self.next_u64()) << 64) | u128::from(self.next_u64());
+        uuid::Builder::from_random_bytes(bits.to_be_bytes()).into_uuid()
+    }
+}
+
+/// The conversations driven concurrently by one worker.
+pub const CONVERSATIONS: usize = 8;
+
+/// The names of the two tools; both append their idempotency key to the log.
+pub const TOOLS: [&str; 2] = ["ledger", "notify"];
+
+pub fn namespace() -> Namespace {
+    Namespace::new("torture").expect("valid namespace")
+}
+
+/// Everything a run does, derived from the seed alone, so the parent, every
+/// worker and the crash-free reference build the same plan.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub conversations: Vec<ConversationPlan>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ConversationPlan {
+    pub index: usize,
+    pub id: ConversationId,
+    pub requests: Vec<RequestPlan>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RequestPlan {
+    pub index: usize,
+    pub id: RequestId,
+    pub input: String,
+    /// One reply per turn: tool turns, then the final answer.
+    pub turns: Vec<TurnPlan>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TurnPlan {
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+    pub usage: Usage,
+    /// How long the model takes to answer (workers only).
+    pub delay: Duration,
+}
+
+impl Plan {
+    /// `requests` requests per conversation, each of 2–3 tool turns with 1–2
+    /// tool calls and a final answer. Every conversation and request draws
+    /// from a stream of its own, so a plan with more requests extends one
+    /// with fewer.
+    pub fn new(seed: u64, requests: usize) -> Self {
+        let conversations = (0..CONVERSATIONS)
+            .map(|c| ConversationPlan {
+                index: c,
+                id: ConversationId::from_uuid(Rng::derive(seed, &[c as u64]).uuid())
+                    .expect("non-nil uuid"),
+                requests: (0..requests)
+                    .map(|r| request_plan(&mut Rng::derive(seed, &[c as u64, r as u64]), c, r))
+                    .collect(),
+            })
+            .collect();
+        Self { conversations }
+    }
+
+    pub fn requests(&self) -> impl Iterator<Item = (&ConversationPlan, &RequestPlan)> {
+        self.conversations
+            .iter()
+            .flat_map(|c| c.requests.iter().map(move |r| (c, r)))
+    }
+}
+
+fn request_plan(rng: &mut Rng, c: usize, r: usize) -> RequestPlan {
+    let id = RequestId::from_uuid(rng.uuid()).expect("non-nil uuid");
+    let tool_turns = rng.range(2, 3) as usize;
+    let mut turns = Vec::new();
+    for t in 1..=tool_turns + 1 {
+        let calls = if t <= tool_turns {
+            (0..rng.range(1, 2))
+                .map(|k| {
+                    let name = TOOLS[rng.range(0, 1) as usize];
+                    let args = json!({
+                        "item": format!("c{c}-r{r}-t{t}-k{k}"),
+                        "before_ms": rng.range(0, 4),
+                        "after_ms": rng.range(0, 4),
+                    });
+                    ToolCall::new(format!("call-{t}-{k}"), name, args)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let text = if calls.is_empty() {
+            format!("conversation {c} request {r}: done after {t} turns")
+        } else {
+            format!("conversation {c} request {r} turn {t}: calling tools")
+        };
+        let usage = Usage {
+            input_tokens: rng.range(50, 5000),
+            output_tokens: rng.range(5, 500),
+            cache_read_tokens: rng.range(0, 100),
+            cache_write_tokens: rng.range(0, 10),
+        };
+        let delay = Duration::from_millis(rng.range(2, 8));
+        turns.push(TurnPlan {
+            text,
+            calls,
+            usage,
+            delay,
+        });
+    }
+    RequestPlan {
+        index: r,
+        id,
+        input: format!("conversation {c}, request {r}: do the work"),
+        turns,
+    }
+}
+
+impl RequestPlan {
+    /// The request's cumulative usage after each turn (index 0: before turn 1).
+    pub fn cumulative_usage(&self) -> Vec<Usage> {
+        let mut sums = vec![Usage::default()];
+        for turn in &self.turns {
+            let last = *sums.last().expect("never empty");
+            sums.push(last.saturating_add(turn.usage));
+        }
+        sums
+    }
+
+    /// The cumulative tool-call count after each turn (index 0: none).
+    pub fn cumulative_calls(&self) -> Vec<u64> {
+        let mut sums = vec![0];
+        for turn in &self.turns {
+            let last = *sums.last().expect("never empty");
+            sums.push(last + turn.calls.len() as u64);
+        }
+        sums
+    }
+
+    /// Idempotency keys of every tool call of the request.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        for (i, turn) in self.turns.iter().enumerate() {
+            for call in &turn.calls {
+                keys.push(format!("{}/{}/{}", self.id, i + 1, call.id));
+            }
+        }
+        keys
+    }
+}
+
+/// Prints trace lines for the parent (workers), or nothing (the reference).
+#[derive(Clone, Copy, Debug)]
+pub struct Tracer {
+    pub enabled: bool,
+}
+
+impl Tracer {
+    pub fn event(&self, conversation: usize, event: &str) {
+        if self.enabled {
+            println!("@{conversation} {event}");
+        }
+    }
+
+    /// Awaits `future` between an enter and a leave line of `kind`.
+    pub async fn span<T>(
+        &self,
+        conversation: usize,
+        kind: &str,
+        detail: impl std::fmt::Display,
+        future: impl Future<Output = T>,
+    ) -> T {
+        self.event(conversation, &format!("+ {kind} {detail}"));
+        let value = future.await;
+        self.event(conversation, &format!("- {kind}"));
+        value
+    }
+}
+
+/// Chooses the `ScriptedModel` of the request by its input (the last user
+/// message) and delegates to it; a `ScriptedModel` picks the reply by the
+/// turn within the request, so a retried turn gets the same answer.
+pub struct PlanModel {
+    conversation: usize,
+    scripts: HashMap<String, ScriptedModel>,
+    tracer: Tracer,
+}
+
+impl PlanModel {
+    /// With `paced`, every reply takes its planned delay.
+    pub fn new(conversation: &ConversationPlan, paced: bool, tracer: Tracer) -> Self {
+        let scripts = conversation
+            .requests
+            .iter()
+            .map(|request| {
+                let replies = request
+                    .turns
+                    .iter()
+                    .map(|turn| {
+                        let reply = ScriptedReply {
+                            text: turn.text.clone(),
+                            tool_calls: turn.calls.clone(),
+                            usage: turn.usage,
+                            ..ScriptedReply::default()
+                        };
+                        if paced {
+                            reply.with_delay(turn.delay)
+                        } else {
+                            reply
+                        }
+                    })
+                    .collect();
+                (request.input.clone(), ScriptedModel::new(replies))
+            })
+            .collect();
+        Self {
+            conversation: conversation.index,
+            scripts,
+            tracer,
+        }
+    }
+
+    /// Model calls made, failed ones included.
+    pub fn calls(&self) -> u64 {
+        self.scripts.values().map(ScriptedModel::calls).sum()
+    }
+}
+
+#[turnstile::async_trait]
+impl Model for PlanModel {
+    fn name(&self) -> &str {
+        "torture-scripted"
+    }
+
+    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let input = request
+            .messages
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                Message::User { content } => Some(content.as_str()),
+                _ => None,
+            })
+            .ok_or_else(|| ModelError::fatal("no user message in the context"))?;
+        let script = self
+            .scripts
+            .get(input)
+            .ok_or_else(|| ModelError::fatal(format!("no script for input {input:?}")))?;
+        self.tracer
+            .span(self.conversation, "model", input, script.respond(request))
+            .await
+    }
+}
+
+/// Appends `line` to `log` in one `write` (O_APPEND) and fsyncs it.
+pub fn append_line(log: &Path, line: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    file.write_all(format!("{line}\n").as_bytes())?;
+    file.sync_all()
+}
+
+/// A tool whose side effect is appending its call's idempotency key to the
+/// side-effect log. Paced, it sleeps `before_ms` before the effect and
+/// `after_ms` after it, so kills land on both sides of the effect.
+pub struct EffectTool {
+    pub name: &'static str,
+    pub conversation: usize,
+    pub log: PathBuf,
+    pub paced: bool,
+    pub tracer: Tracer,
+}
+
+impl EffectTool {
+    async fn work(&self, args: &Value, key: &str) -> Result<String, ToolError> {
+        let pause = |field: &str| Duration::from_millis(args[field].as_u64().unwrap_or(0));
+        if self.paced {
+            tokio::time::sleep(pause("before_ms")).await;
+        }
+        append_line(&self.log, key).map_err(|e| ToolError::new(e.to_string()))?;
+        if self.paced {
+            tokio::time::sleep(pause("after_ms")).await;
+        }
+        let item = args["item"].as_str().unwrap_or("?");
+        Ok(format!("{} handled {item} as {key}", self.name))
+    }
+}
+
+#[turnstile::async_trait]
+impl Tool for EffectTool {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.into(),
+            description: format!("{}: records an item in the side-effect log", self.name),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "item": {"type": "string"},
+                    "before_ms": {"type": "integer"},
+                    "after_ms": {"type": "integer"},
+                }
+            }),
+        }
+    }
+
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
+        let key = ctx.idempotency_key;
+        self.tracer
+            .span(self.conversation, "tool", &key, self.work(&args, &key))
+            .await
+    }
+}
+
+/// The agent of one conversation: its plan model and both effect tools.
+pub fn agent(
+    conversation: &ConversationPlan,
+    log: &Path,
+    paced: bool,
+    tracer: Tracer,
+) -> (Agent, Arc<PlanModel>) {
+    let model = Arc::new(PlanModel::new(conversation, paced, tracer));
+    let agent = TOOLS.iter().fold(
+        Agent::new(model.clone()).with_system_prompt("do the planned work"),
+        |agent, name| {
+            agent.with_tool(Arc::new(EffectTool {
+                name,
+                conversation: conversation.index,
+                log: log.to_owned(),
+                paced,
+                tracer,
+            }))
+        },
+    );
+    (agent, model)
+}
+
+/// A [`Store`] that traces every call of one conversation's session and
+/// delegates it unchanged to the SQLite store.
+pub struct TracedStore {
+    pub inner: Arc<SqliteStore>,
+    pub conversation: usize,
+    pub tracer: Tracer,
+}
+
+impl TracedStore {
+    async fn write<T>(
+        &self,
+        op: &str,
+        detail: impl std::fmt::Display,
+        f: impl Future<Output = T>,
+    ) -> T {
+        self.tracer
+            .span(self.conversation, &format!("write:{op}"), detail, f)
+            .await
+    }
+
+    async fn read<T>(&self, op: &str, f: impl Future<Output = T>) -> T {
+        self.tracer
+            .span(self.conversation, &format!("read:{op}"), "", f)
+            .await
+    }
+}
+
+#[turnstile::async_trait]
+impl Store for TracedStore {
+    async fn ensure_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        self.write(
+            "ensure_conversation",
+            id,
+            self.inner.ensure_conversation(namespace, id),
+        )
+        .await
+    }
+
+    async fn conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        self.read("conversation", self.inner.conversation(namespace, id))
+            .await
+    }
+
+    async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
+        self.read("admission", self.inner.admission(conversation_id))
+            .await
+    }
+
+    async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+        self.write("claim", claim.request_id, self.inner.claim(claim))
+            .await
+    }
+
+    async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
+        self.write(
+            "claim_recovery",
+            claim.request_id,
+            self.inner.claim_recovery(claim),
+        )
+        .await
+    }
+
+    async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
+        self.read("request", self.inner.request(request_id)).await
+    }
+
+    async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
+        self.read("run", self.inner.run(run_id)).await
+    }
+
+    async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
+        self.write(
+            "begin_turn",
+            fence.request_id,
+            self.inner.begin_turn(fence, checkpoint),
+        )
+        .await
+    }
+
+    async fn record_model_response(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        assistant: &Message,
+    ) -> Result<(), Error> {
+        self.write(
+            "record_model_response",
+            fence.request_id,
+            self.inner
+                .record_model_response(fence, checkpoint, assistant),
+        )
+        .await
+    }
+
+    async fn record_tool_result(
+        &self,
+        fence: &Fence,
+        turn: u32,
+        call_id: &str,
+        result: &ToolResult,
+    ) -> Result<(), Error> {
+        self.write(
+            "record_tool_result",
+            fence.request_id,
+            self.inner.record_tool_result(fence, turn, call_id, result),
+        )
+        .await
+    }
+
+    async fn finish_turn(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        messages: &[Message],
+    ) -> Result<(), Error> {
+        self.write(
+            "finish_turn",
+            fence.request_id,
+            self.inner.finish_turn(fence, checkpoint, messages),
+        )
+        .await
+    }
+
+    async fn commit(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        final_message: &Message,
+    ) -> Result<StoredOutcome, Error> {
+        self.write(
+            "commit",
+            fence.request_id,
+            self.inner.commit(fence, checkpoint, final_message),
+        )
+        .await
+    }
+
+    async fn fail_run(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
+        self.write(
+            "fail_run",
+            fence.request_id,
+            self.inner.fail_run(fence, error, settled),
+        )
+        .await
+    }
+
+    async fn abandon(
+        &self,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        expected_revision: Revision,
+    ) -> Result<Revision, Error> {
+        self.write(
+            "abandon",
+            request_id,
+            self.inner
+                .abandon(conversation_id, request_id, expected_revision),
+        )
+        .await
+    }
+
+    async fn transcript_window(
+        &self,
+        conversation_id: ConversationId,
+        limit: u32,
+    ) -> Result<Vec<TranscriptEntry>, Error> {
+        self.read(
+            "transcript_window",
+            self.inner.transcript_window(conversation_id, limit),
+        )
+        .await
+    }
+
+    async fn transcript_range(
+        &self,
+        conversation_id: ConversationId,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TranscriptEntry>, Error> {
+        self.read(
+            "transcript_range",
+            self.inner.transcript_range(conversation_id, from, to),
+        )
+        .await
+    }
+
+    async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error> {
+        self.read("latest_checkpoint", self.inner.latest_checkpoint(run_id))
+            .await
+    }
+
+    async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
+        self.read("checkpoints", self.inner.checkpoints(run_id))
+            .await
+    }
+
+    async fn request_messages(
+        &self,
+        request_id: RequestId,
+        count: u64,
+    ) -> Result<Vec<Message>, Error> {
+        self.read(
+            "request_messages",
+            self.inner.request_messages(request_id, count),
+        )
+        .await
+    }
+
+    async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error> {
+        self.read("journal", self.inner.journal(request_id, turn))
+            .await
+    }
+
+    async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
+        self.read("recovery_usage", self.inner.recovery_usage(request_id))
+            .await
+    }
+
+    async fn latest_summary(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<StoredSummary>, Error> {
+        self.read("latest_summary", self.inner.latest_summary(conversation_id))
+            .await
+    }
+
+    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
+        self.write(
+            "record_summary_pass",
+            fence.request_id,
+            self.inner.record_summary_pass(fence, pass),
+        )
+        .await
+    }
+
+    async fn commit_summary(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error> {
+        self.write(
+            "commit_summary",
+            fence.request_id,
+            self.inner.commit_summary(fence, summary),
+        )
+        .await
+    }
+}
