@@ -216,6 +216,7 @@ async fn steps(dir: &Path) {
         expected_revision: Revision(revision),
         run_id: RunId::new(),
         agent_fingerprint: "bench".into(),
+        first_turn: None,
     };
 
     let claim = request(0);

@@ -118,6 +118,7 @@ fn step(c: &mut Criterion) {
                         expected_revision: revision,
                         run_id: turnstile::RunId::new(),
                         agent_fingerprint: "bench".into(),
+                        first_turn: None,
                     };
                     let turnstile::store::ClaimOutcome::Admitted(held) =
                         store.claim(&claim).await.expect("claim")

@@ -245,6 +245,7 @@ pub async fn claim(store: &dyn Store, conversation: ConversationId) -> Fence {
         expected_revision: revision,
         run_id: RunId::new(),
         agent_fingerprint: "bench".into(),
+        first_turn: None,
     };
     match store.claim(&claim).await.expect("claim") {
         ClaimOutcome::Admitted(fence) => fence,
@@ -349,7 +350,7 @@ impl TurnWriter {
             is_error: false,
         };
         store
-            .finish_turn(&self.fence, cp, std::slice::from_ref(&tool_message))
+            .finish_turn(&self.fence, cp, std::slice::from_ref(&tool_message), None)
             .await
             .expect("finish_turn");
     }
