@@ -101,13 +101,16 @@ async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>) {
 }
 
 /// Commits a batch; a transaction that breaks mid-batch is answered with
-/// its error and the steps it had not reached go on in a new one.
+/// its error and the steps it had not reached go on in a new one. The
+/// connection goes back to the pool after each transaction, so a connection
+/// that a failed transaction left in a bad state is repaired or replaced
+/// (the pool's release check, in `open.rs`).
 async fn commit_batch(pool: &SqlitePool, mut batch: VecDeque<Job>) {
-    let mut conn = match pool.acquire().await.map_err(db("acquire writer")) {
-        Ok(conn) => conn,
-        Err(e) => return fail_all(batch, &e).await,
-    };
     while !batch.is_empty() {
+        let mut conn = match pool.acquire().await.map_err(db("acquire writer")) {
+            Ok(conn) => conn,
+            Err(e) => return fail_all(batch, &e).await,
+        };
         if let Err(e) = one_transaction(&mut conn, &mut batch).await {
             tracing::warn!(error = %e, "group transaction failed");
         }
