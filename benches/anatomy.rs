@@ -208,32 +208,29 @@ async fn steps(dir: &Path) {
         .await
         .expect("conversation");
     let input = text("user", MESSAGE_BYTES);
-    let request = |revision| NewRequest {
-        conversation_id: conversation,
-        request_id: RequestId::new(),
-        input_sha256: InputHash::of(&input),
-        input: Message::user(input.clone()),
-        expected_revision: Revision(revision),
-        run_id: RunId::new(),
-        agent_fingerprint: "bench".into(),
+    let request = |revision| {
+        let run_id = RunId::new();
+        NewRequest {
+            conversation_id: conversation,
+            request_id: RequestId::new(),
+            input_sha256: InputHash::of(&input),
+            input: Message::user(input.clone()),
+            expected_revision: Revision(revision),
+            run_id,
+            agent_fingerprint: "bench".into(),
+            first_turn: Some(support::first_turn(run_id)),
+        }
     };
 
     let claim = request(0);
     let ClaimOutcome::Admitted(fence) =
-        measure(&mut rows, "Store::claim", &db, store.claim(&claim))
+        measure(&mut rows, "Store::claim (with turn 1's write-ahead)", &db, store.claim(&claim))
             .await
             .expect("claim")
     else {
         panic!("fresh request id already known");
     };
     let mut writer = TurnWriter::new(fence);
-    measure(
-        &mut rows,
-        "Store::begin_turn (write-ahead)",
-        &db,
-        writer.begin(store_dyn),
-    )
-    .await;
     let (call_id, _) = measure(
         &mut rows,
         "Store::record_model_response (1 tool call)",
@@ -250,23 +247,16 @@ async fn steps(dir: &Path) {
     .await;
     measure(
         &mut rows,
-        "Store::finish_turn (Ready checkpoint)",
+        "Store::finish_turn (Ready checkpoint + next write-ahead)",
         &db,
         writer.finish(store_dyn, call_id, result),
     )
     .await;
     measure(
         &mut rows,
-        "= one turn with one tool call (the 4 above)",
+        "= one turn with one tool call (the 3 above)",
         &db,
         writer.tool_turn(store_dyn),
-    )
-    .await;
-    measure(
-        &mut rows,
-        "Store::begin_turn of the answering turn",
-        &db,
-        writer.begin(store_dyn),
     )
     .await;
     measure(

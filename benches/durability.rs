@@ -86,8 +86,9 @@ fn step(c: &mut Criterion) {
             durability,
         ));
         let store: &dyn Store = &store;
-        // Per turn: begin_turn, record_model_response, record_tool_result,
-        // finish_turn (4 commits). Each sample continues a new request.
+        // Per turn: record_model_response, record_tool_result, finish_turn
+        // with the next write-ahead (3 commits). Each sample continues a new
+        // request.
         group.bench_function(BenchmarkId::new("turn/write", mode), |b| {
             b.to_async(&rt).iter_custom(|iters| async move {
                 let mut writer = TurnWriter::new(admitted(store).await);
@@ -118,6 +119,7 @@ fn step(c: &mut Criterion) {
                         expected_revision: revision,
                         run_id: turnstile::RunId::new(),
                         agent_fingerprint: "bench".into(),
+                        first_turn: None,
                     };
                     let turnstile::store::ClaimOutcome::Admitted(held) =
                         store.claim(&claim).await.expect("claim")
@@ -134,7 +136,7 @@ fn step(c: &mut Criterion) {
         });
 
         // A request answered in one turn, end to end through AgentSession:
-        // reads, claim, write-ahead, commit.
+        // reads, the claim (with the write-ahead), the commit.
         let store: Arc<dyn Store> = Arc::new(rt.block_on(open_store(
             &dir.path().join(format!("session-{mode}.db")),
             durability,

@@ -78,20 +78,25 @@ async fn demo_kills_a_worker_recovers_its_request_and_replays_on_a_file_database
         "killed with SIGKILL"
     );
 
-    // The killed run stopped cleanly after turn 2; the recovery went on
-    // from there with the usage and tool calls carried over.
+    // The killed run died after turn 2's checkpoint, which was committed
+    // with turn 3's write-ahead; the recovery re-ran turn 3 with the usage
+    // and tool calls carried over.
     let killed_turns: Vec<_> = store.checkpoints(killed).await.unwrap();
     assert_eq!(
-        killed_turns.iter().map(|c| c.turn).collect::<Vec<_>>(),
-        [1, 2]
+        killed_turns
+            .iter()
+            .map(|c| (c.turn, c.phase))
+            .collect::<Vec<_>>(),
+        [
+            (1, CheckpointPhase::Ready),
+            (2, CheckpointPhase::Ready),
+            (3, CheckpointPhase::TurnInFlight)
+        ]
     );
-    assert!(killed_turns
-        .iter()
-        .all(|c| c.phase == CheckpointPhase::Ready));
     let recovered_turns = store.checkpoints(recovered).await.unwrap();
     assert_eq!(
         recovered_turns.iter().map(|c| c.turn).collect::<Vec<_>>(),
-        [2, 3, 4]
+        [3, 4]
     );
     let last = recovered_turns.last().unwrap();
     assert_eq!(last.phase, CheckpointPhase::Completed);
@@ -154,7 +159,7 @@ fn demo_prints_all_four_parts_as_plain_lines_when_piped() {
         "2. A run killed with SIGKILL",
         "worker │ turn 2 · model asked for 1 tool call",
         "ended by SIGKILL right after its turn-2 checkpoint",
-        "last checkpoint  turn 2 · ready · 2 tool calls",
+        "last checkpoint  turn 3 · turn_in_flight · 2 tool calls",
         "recovery_usage",
         "turn 3 · model asked for 2 tool calls",
         "turns 4 · tool calls 4 (2 carried over)",

@@ -229,7 +229,7 @@ fn assert_well_formed(transcript: &[Message]) {
 }
 
 #[tokio::test]
-async fn sigkilled_run_resumes_from_its_turn_two_checkpoint() {
+async fn sigkilled_run_resumes_after_its_turn_two_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = Scenario::new(dir.path());
     scenario.run_child_and_kill("checkpoint:2", "CHECKPOINT 2");
@@ -240,12 +240,31 @@ async fn sigkilled_run_resumes_from_its_turn_two_checkpoint() {
     assert_eq!(usage_at_crash, usage(1).saturating_add(usage(2)));
 
     let session = scenario.session(store.clone(), None);
-    let outcome = session
+    // The turn-2 checkpoint was committed with turn 3's write-ahead: for all
+    // the store knows, turn 3's model call was under way. The default policy
+    // refuses and moves nothing; retrying the turn resumes.
+    match session
         .resume_run(
             dead_run,
             RunContext::default(),
             revision,
             ResumePolicy::RejectAmbiguous,
+        )
+        .await
+    {
+        Err(Error::AmbiguousCheckpoint { run_id, turn }) => {
+            assert_eq!((run_id, turn), (dead_run, 3));
+        }
+        other => panic!("expected AmbiguousCheckpoint, got {other:?}"),
+    }
+    let admission = store.admission(scenario.conversation).await.unwrap();
+    assert_eq!(admission.revision, revision);
+    let outcome = session
+        .resume_run(
+            dead_run,
+            RunContext::default(),
+            revision,
+            ResumePolicy::RetryInterruptedTurn,
         )
         .await
         .unwrap();
@@ -261,12 +280,19 @@ async fn sigkilled_run_resumes_from_its_turn_two_checkpoint() {
     assert_eq!(outcome.tool_calls, 4);
     assert_eq!(outcome.turns, 4);
 
-    // The dead run's checkpoints are kept; the new run continues at turn 2.
+    // The dead run's checkpoints are kept; the new run continues at turn 3.
     let old: Vec<_> = store.checkpoints(dead_run).await.unwrap();
-    assert_eq!(old.iter().map(|c| c.turn).collect::<Vec<_>>(), [1, 2]);
-    assert!(old.iter().all(|c| c.phase == CheckpointPhase::Ready));
+    let phases: Vec<_> = old.iter().map(|c| (c.turn, c.phase)).collect();
+    assert_eq!(
+        phases,
+        [
+            (1, CheckpointPhase::Ready),
+            (2, CheckpointPhase::Ready),
+            (3, CheckpointPhase::TurnInFlight)
+        ]
+    );
     let new: Vec<_> = store.checkpoints(outcome.run_id).await.unwrap();
-    assert_eq!(new.iter().map(|c| c.turn).collect::<Vec<_>>(), [2, 3, 4]);
+    assert_eq!(new.iter().map(|c| c.turn).collect::<Vec<_>>(), [3, 4]);
     assert_eq!(new.last().unwrap().phase, CheckpointPhase::Completed);
 
     let transcript: Vec<Message> = store

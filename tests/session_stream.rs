@@ -338,12 +338,10 @@ async fn consumer_reading_the_store_between_events_does_not_stall() {
             Event::RunStarted { run_id: id, .. } => run_id = Some(id),
             Event::CheckpointSaved { turn, revision } => {
                 assert_eq!(admission.revision, revision);
-                let saved = store
-                    .latest_checkpoint(run_id.unwrap())
-                    .await
-                    .unwrap()
-                    .unwrap();
-                assert_eq!((saved.turn, saved.phase), (turn, CheckpointPhase::Ready));
+                // The next turn's write-ahead may share the turn's commit.
+                let saved = store.checkpoints(run_id.unwrap()).await.unwrap();
+                let phase = saved.iter().find(|c| c.turn == turn).map(|c| c.phase);
+                assert_eq!(phase, Some(CheckpointPhase::Ready));
             }
             Event::ConversationCommitted { .. } => assert!(admission.active.is_none()),
             _ => assert!(admission.active.is_some()),

@@ -1063,6 +1063,7 @@ async fn store_summary_writes_are_fenced_guarded_and_idempotent() {
         expected_revision: revision,
         run_id,
         agent_fingerprint: "fp".into(),
+        first_turn: None,
     };
     let revision = store.admission(conversation_id).await.unwrap().revision;
     let ClaimOutcome::Admitted(fence) = store.claim(&claim(revision, RunId::new())).await.unwrap()

@@ -237,18 +237,35 @@ pub async fn claim(store: &dyn Store, conversation: ConversationId) -> Fence {
         .expect("admission")
         .revision;
     let input = text("user", MESSAGE_BYTES);
+    let run_id = RunId::new();
     let claim = NewRequest {
         conversation_id: conversation,
         request_id: RequestId::new(),
         input_sha256: InputHash::of(&input),
         input: Message::user(input),
         expected_revision: revision,
-        run_id: RunId::new(),
+        run_id,
         agent_fingerprint: "bench".into(),
+        first_turn: Some(first_turn(run_id)),
     };
     match store.claim(&claim).await.expect("claim") {
         ClaimOutcome::Admitted(fence) => fence,
         ClaimOutcome::Existing(_) => panic!("a fresh request id is already known"),
+    }
+}
+
+/// The write-ahead of a request's first turn, as the session saves it
+/// with the claim.
+pub fn first_turn(run_id: RunId) -> LoopCheckpoint {
+    LoopCheckpoint {
+        run_id,
+        turn: 1,
+        phase: CheckpointPhase::TurnInFlight,
+        usage: Usage::default(),
+        tool_calls_count: 0,
+        verification_reports: Vec::new(),
+        message_count: 1,
+        created_at: 0,
     }
 }
 
@@ -261,19 +278,11 @@ pub struct TurnWriter {
 }
 
 impl TurnWriter {
-    /// Starts after the claim: the user input is the only message.
+    /// Starts after a claim that saved the first turn's write-ahead: the
+    /// user input is the only message.
     pub fn new(fence: Fence) -> Self {
         Self {
-            checkpoint: LoopCheckpoint {
-                run_id: fence.run_id,
-                turn: 0,
-                phase: CheckpointPhase::Ready,
-                usage: Usage::default(),
-                tool_calls_count: 0,
-                verification_reports: Vec::new(),
-                message_count: 1,
-                created_at: 0,
-            },
+            checkpoint: first_turn(fence.run_id),
             fence,
             assistant_text: text("assistant", MESSAGE_BYTES),
             tool_output: text("tool", MESSAGE_BYTES),
@@ -281,25 +290,17 @@ impl TurnWriter {
     }
 
     /// The full per-turn protocol of a turn with one tool call, through the
-    /// `Store` trait: write-ahead, the model's answer with its call
-    /// journaled, the tool result journaled, the `Ready` checkpoint with the
-    /// tool message. Four transactions.
+    /// `Store` trait, as the turn loop runs it: the model's answer with its
+    /// call journaled, the tool result journaled, the `Ready` checkpoint with
+    /// the tool message and the next turn's write-ahead. Three transactions
+    /// (2 + tool calls).
     pub async fn tool_turn(&mut self, store: &dyn Store) {
-        self.begin(store).await;
         let (call_id, _) = self.model_response(store).await;
         let result = self.tool_result(store, &call_id).await;
         self.finish(store, call_id, result).await;
     }
 
-    /// Step 1: the write-ahead checkpoint of the next turn.
-    pub async fn begin(&mut self, store: &dyn Store) {
-        let cp = &mut self.checkpoint;
-        cp.turn += 1;
-        cp.phase = CheckpointPhase::TurnInFlight;
-        store.begin_turn(&self.fence, cp).await.expect("begin_turn");
-    }
-
-    /// Step 2: the model's answer with one tool call. Returns the call id.
+    /// Step 1: the model's answer with one tool call. Returns the call id.
     pub async fn model_response(&mut self, store: &dyn Store) -> (String, Message) {
         let cp = &mut self.checkpoint;
         let call_id = format!("call-{}", cp.turn);
@@ -324,7 +325,7 @@ impl TurnWriter {
         (call_id, assistant)
     }
 
-    /// Step 3: the tool's result journaled.
+    /// Step 2: the tool's result journaled.
     pub async fn tool_result(&mut self, store: &dyn Store, call_id: &str) -> ToolResult {
         let result = ToolResult {
             content: self.tool_output.clone(),
@@ -337,7 +338,8 @@ impl TurnWriter {
         result
     }
 
-    /// Step 4: the `Ready` checkpoint with the tool message.
+    /// Step 3: the `Ready` checkpoint with the tool message, and the next
+    /// turn's write-ahead in the same transaction.
     pub async fn finish(&mut self, store: &dyn Store, call_id: String, result: ToolResult) {
         let cp = &mut self.checkpoint;
         cp.phase = CheckpointPhase::Ready;
@@ -348,13 +350,24 @@ impl TurnWriter {
             content: result.content,
             is_error: false,
         };
+        let next = LoopCheckpoint {
+            turn: cp.turn + 1,
+            phase: CheckpointPhase::TurnInFlight,
+            ..cp.clone()
+        };
         store
-            .finish_turn(&self.fence, cp, std::slice::from_ref(&tool_message))
+            .finish_turn(
+                &self.fence,
+                cp,
+                std::slice::from_ref(&tool_message),
+                Some(&next),
+            )
             .await
             .expect("finish_turn");
+        self.checkpoint = next;
     }
 
-    /// After [`TurnWriter::begin`]: the final answer, committed with the
+    /// At a turn's write-ahead: the final answer, committed with the
     /// release of the admission.
     pub async fn commit(&mut self, store: &dyn Store) {
         let cp = &mut self.checkpoint;

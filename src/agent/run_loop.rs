@@ -1,5 +1,7 @@
 //! The turn protocol. Each step is durable before the next begins:
-//! 1. write-ahead checkpoint `TurnInFlight`;
+//! 1. write-ahead checkpoint `TurnInFlight` (committed with the claim for a
+//!    request's first turn, and with the previous turn's checkpoint after a
+//!    tool round, so it costs no commit of its own);
 //! 2. model call, answer recorded (`ToolsInFlight`, tool calls journaled);
 //! 3. each tool call executed and its result journaled;
 //! 4. checkpoint `Ready` with the turn's tool results.
@@ -107,6 +109,19 @@ impl RunLoop<'_> {
     }
 
     async fn begin_turn(&mut self) -> Result<(), Error> {
+        self.checkpoint = self.next_turn()?;
+        self.store.begin_turn(&self.fence, &self.checkpoint).await?;
+        self.events
+            .emit(Event::TurnStarted {
+                turn: self.checkpoint.turn,
+            })
+            .await;
+        Ok(())
+    }
+
+    /// The write-ahead checkpoint of the next turn, if the budget, the
+    /// deadline and cancellation let it start.
+    fn next_turn(&self) -> Result<LoopCheckpoint, Error> {
         let turn = self.checkpoint.turn.saturating_add(1);
         let limit = turn_limit(self.agent, self.ctx);
         if turn > limit {
@@ -118,11 +133,11 @@ impl RunLoop<'_> {
         }
         self.check_token_budget()?;
         self.check_stop()?;
-        self.checkpoint.turn = turn;
-        self.checkpoint.phase = CheckpointPhase::TurnInFlight;
-        self.store.begin_turn(&self.fence, &self.checkpoint).await?;
-        self.events.emit(Event::TurnStarted { turn }).await;
-        Ok(())
+        Ok(LoopCheckpoint {
+            turn,
+            phase: CheckpointPhase::TurnInFlight,
+            ..self.checkpoint.clone()
+        })
     }
 
     /// Calls the model; commits a final answer, or records tool calls.
@@ -255,8 +270,11 @@ impl RunLoop<'_> {
         self.checkpoint.phase = CheckpointPhase::Ready;
         self.checkpoint.tool_calls_count = self.checkpoint.tool_calls_count.saturating_add(count);
         self.checkpoint.message_count += results.len() as u64 + 1;
+        // The next turn's write-ahead shares this commit when the next turn
+        // may start; otherwise `begin_turn` reports why it may not.
+        let next = self.next_turn().ok();
         self.store
-            .finish_turn(&self.fence, &self.checkpoint, &results)
+            .finish_turn(&self.fence, &self.checkpoint, &results, next.as_ref())
             .await?;
         self.messages.extend(results);
         self.events
@@ -265,6 +283,14 @@ impl RunLoop<'_> {
                 revision: self.fence.revision,
             })
             .await;
+        if let Some(next) = next {
+            self.checkpoint = next;
+            self.events
+                .emit(Event::TurnStarted {
+                    turn: self.checkpoint.turn,
+                })
+                .await;
+        }
         Ok(())
     }
 

@@ -1,7 +1,9 @@
 //! Admission of a new request: validation, replay of completed requests and
 //! the claim of the idle admission.
 
+use super::drive::first_turn;
 use super::{AgentSession, Outcome};
+use crate::agent::run_loop::turn_limit;
 use crate::agent::RunContext;
 use crate::events::Emitter;
 use crate::ids::{RequestId, RunId};
@@ -28,16 +30,24 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        match self.admit(request_id, input).await? {
+        // Without summary passes to run first, the claim also saves the
+        // first turn's write-ahead: one commit fewer per request.
+        let first_turn_ahead = self.summary.is_none() && turn_limit(&self.agent, ctx) >= 1;
+        match self.admit(request_id, input, first_turn_ahead).await? {
             Admitted::Replay(outcome) => Ok(outcome),
             Admitted::Claimed(fence) => {
-                self.drive_fresh(fence, Message::user(input), ctx, events)
+                self.drive_fresh(fence, Message::user(input), first_turn_ahead, ctx, events)
                     .await
             }
         }
     }
 
-    async fn admit(&self, request_id: RequestId, input: &str) -> Result<Admitted, Error> {
+    async fn admit(
+        &self,
+        request_id: RequestId,
+        input: &str,
+        first_turn_ahead: bool,
+    ) -> Result<Admitted, Error> {
         self.validate(request_id, input)?;
         // Namespace first (a replay must not cross it); the conversation is
         // created only once the request is known to be new, so a refusal
@@ -71,14 +81,16 @@ impl AgentSession {
                     revision: admission.revision,
                 });
             }
+            let run_id = RunId::new();
             let claim = NewRequest {
                 conversation_id: self.conversation_id,
                 request_id,
                 input_sha256: hash,
                 input: Message::user(input),
                 expected_revision: admission.revision,
-                run_id: RunId::new(),
+                run_id,
                 agent_fingerprint: self.fingerprint(),
+                first_turn: first_turn_ahead.then(|| first_turn(run_id)),
             };
             match self.store.claim(&claim).await {
                 Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence)),

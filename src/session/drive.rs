@@ -14,15 +14,21 @@ use crate::summary;
 use crate::Error;
 
 impl AgentSession {
-    /// A fresh claim: the request is at its start.
+    /// A fresh claim: the request is at its start, or at its first turn
+    /// when the claim wrote that turn's write-ahead.
     pub(super) async fn drive_fresh(
         &self,
         fence: Fence,
         input: Message,
+        first_turn_written: bool,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        self.drive(fence, None, None, vec![input], ctx, events)
+        let seed = match first_turn_written {
+            true => Seed::WrittenAhead(first_turn(fence.run_id)),
+            false => Seed::Start,
+        };
+        self.drive(fence, None, seed, vec![input], ctx, events)
             .await
     }
 
@@ -52,6 +58,7 @@ impl AgentSession {
                 reason: format!("expected {count} messages, found {}", messages.len()),
             });
         }
+        let seed = seed.map_or(Seed::Start, Seed::Resumed);
         self.drive(fence, Some(resumed_from), seed, messages, ctx, events)
             .await
     }
@@ -62,7 +69,7 @@ impl AgentSession {
         &self,
         fence: Fence,
         resumed_from: Option<RunId>,
-        seed: Option<LoopCheckpoint>,
+        seed: Seed,
         messages: Vec<Message>,
         ctx: &RunContext,
         events: &Emitter,
@@ -77,8 +84,12 @@ impl AgentSession {
             })
             .await;
         let seed = match seed {
-            Some(seed) => seed,
-            None => start_of(fence, self.compact(&fence, ctx, events).await?),
+            Seed::Resumed(seed) => seed,
+            Seed::WrittenAhead(seed) => {
+                events.emit(Event::TurnStarted { turn: seed.turn }).await;
+                seed
+            }
+            Seed::Start => start_of(fence, self.compact(&fence, ctx, events).await?),
         };
         let reuse_journal = seed.phase.has_recorded_answer();
         let run = RunLoop {
@@ -136,6 +147,31 @@ impl AgentSession {
             .unwrap_or(window.len());
         prefix.extend(window.into_iter().skip(start).map(|e| e.message));
         Ok(prefix)
+    }
+}
+
+/// Where a run starts.
+enum Seed {
+    /// At the request's start: summary passes, then the first turn.
+    Start,
+    /// At a turn whose write-ahead the claim saved.
+    WrittenAhead(LoopCheckpoint),
+    /// At the latest checkpoint of the run it continues.
+    Resumed(LoopCheckpoint),
+}
+
+/// The write-ahead of a request's first turn, saved with its claim when
+/// the run goes straight to that turn (no summary passes to run first).
+pub(super) fn first_turn(run_id: RunId) -> LoopCheckpoint {
+    LoopCheckpoint {
+        run_id,
+        turn: 1,
+        phase: CheckpointPhase::TurnInFlight,
+        usage: Default::default(),
+        tool_calls_count: 0,
+        verification_reports: Vec::new(),
+        message_count: 1,
+        created_at: 0,
     }
 }
 

@@ -93,12 +93,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), Error>;
 
     /// Completes a turn: appends `messages` after the turn's assistant message
-    /// and saves the `Ready` checkpoint.
+    /// and saves the `Ready` checkpoint, then, in the same transaction, the
+    /// `next` turn's write-ahead (phase `TurnInFlight`) when the loop goes on:
+    /// one commit instead of two.
     async fn finish_turn(
         &self,
         fence: &Fence,
         checkpoint: &LoopCheckpoint,
         messages: &[Message],
+        next: Option<&LoopCheckpoint>,
     ) -> Result<(), Error>;
 
     /// Commits a request in one transaction: appends `final_message` and moves

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::checkpoint::LoopCheckpoint;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::{Message, Usage, VerificationReport};
 
@@ -128,6 +129,10 @@ pub struct NewRequest {
     pub expected_revision: Revision,
     pub run_id: RunId,
     pub agent_fingerprint: String,
+    /// The write-ahead of the request's first turn (phase `TurnInFlight`),
+    /// saved with the claim when the run goes straight to its first turn:
+    /// one commit instead of two.
+    pub first_turn: Option<LoopCheckpoint>,
 }
 
 /// The result of [`Store::claim`](super::Store::claim).

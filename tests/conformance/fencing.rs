@@ -68,7 +68,9 @@ pub async fn turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing(
     };
     let ready = checkpoint(run, 1, CheckpointPhase::Ready, 3);
     assert_fenced(
-        store.finish_turn(&zombie, &ready, &[tool_message]).await,
+        store
+            .finish_turn(&zombie, &ready, &[tool_message], None)
+            .await,
         &zombie,
         "finish_turn",
     );

@@ -238,9 +238,11 @@ async fn long_request(shape: Turns) -> Result<Growth, Box<dyn std::error::Error 
             store
                 .record_tool_result(&fence, turn, &call.id, &result)
                 .await?;
-            store.finish_turn(&fence, &done, &[tool]).await?;
+            store.finish_turn(&fence, &done, &[tool], None).await?;
         } else {
-            store.finish_turn(&fence, &done, &[assistant, tool]).await?;
+            store
+                .finish_turn(&fence, &done, &[assistant, tool], None)
+                .await?;
         }
         if turn == STEPS / 2 {
             half = measure(&path).await?;

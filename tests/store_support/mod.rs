@@ -46,6 +46,7 @@ pub fn new_request(
         expected_revision,
         run_id: RunId::new(),
         agent_fingerprint: "fp".into(),
+        first_turn: None,
     }
 }
 
@@ -145,7 +146,9 @@ pub async fn tool_turn(
         is_error: false,
     };
     let done = checkpoint(run, turn, CheckpointPhase::Ready, count + 2);
-    store.finish_turn(fence, &done, &[tool_message]).await?;
+    store
+        .finish_turn(fence, &done, &[tool_message], None)
+        .await?;
     Ok(count + 2)
 }
 

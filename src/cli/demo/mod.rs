@@ -262,9 +262,12 @@ impl<'a> Demo<'a> {
             ],
         )?;
         writeln!(out)?;
+        // The turn-2 checkpoint was committed with turn 3's write-ahead, so
+        // the dead run's last checkpoint says turn 3 was in flight: the
+        // default policy would refuse it as ambiguous.
         writeln!(
             out,
-            "   recover_after_owner_exit(request, input, revision {}) continues from turn {}:",
+            "   recover_after_owner_exit(request, input, revision {}, RetryInterruptedTurn) continues from turn {}:",
             admission.revision, checkpoint.turn
         )?;
         let work = second_session.recover_after_owner_exit(
@@ -272,7 +275,7 @@ impl<'a> Demo<'a> {
             script::SECOND_INPUT,
             RunContext::default(),
             admission.revision,
-            ResumePolicy::RejectAmbiguous,
+            ResumePolicy::RetryInterruptedTurn,
         );
         let mut progress =
             Progress::new(s, "   ").counting_turns_from(next_model_turn(&checkpoint));

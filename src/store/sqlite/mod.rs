@@ -3,6 +3,8 @@
 //! One writer connection takes every write transaction with
 //! `BEGIN IMMEDIATE` (so concurrent writers queue on the busy timeout instead
 //! of failing a read-to-write upgrade); reads go to a separate reader pool.
+//! A run's durable steps reach that connection through the group writer
+//! (`writer.rs`), which commits the steps of concurrent sessions together.
 
 mod admission;
 mod codec;
@@ -12,6 +14,7 @@ mod ops;
 mod reads;
 mod summaries;
 mod turns;
+mod writer;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -90,6 +93,8 @@ impl Default for SqliteOptions {
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     writer: SqlitePool,
+    /// Commits runs' steps, batching concurrent sessions' steps.
+    group: writer::GroupWriter,
     reader: SqlitePool,
     /// The database file (`None` in memory): `prune` reports its size.
     path: Option<PathBuf>,
@@ -175,8 +180,10 @@ impl Store for SqliteStore {
         fence: &Fence,
         checkpoint: &LoopCheckpoint,
         messages: &[Message],
+        next: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        self.finish_turn_impl(fence, checkpoint, messages).await
+        self.finish_turn_impl(fence, checkpoint, messages, next)
+            .await
     }
 
     async fn commit(

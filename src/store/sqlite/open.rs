@@ -104,6 +104,7 @@ impl SqliteStore {
             .await
             .map_err(db("open readers"))?;
         Ok(Self {
+            group: super::writer::GroupWriter::spawn(writer.clone()),
             writer,
             reader,
             path: Some(path.to_owned()),
@@ -140,6 +141,7 @@ impl SqliteStore {
             .map_err(db("open in-memory pool"))?;
         MIGRATOR.run(&pool).await.map_err(migrate_error)?;
         Ok(Self {
+            group: super::writer::GroupWriter::spawn(pool.clone()),
             writer: pool.clone(),
             reader: pool,
             path: None,

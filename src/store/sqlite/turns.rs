@@ -17,10 +17,15 @@ impl SqliteStore {
         fence: &Fence,
         checkpoint: &LoopCheckpoint,
     ) -> Result<(), Error> {
-        let mut tx = self.begin_write().await?;
-        check_fence(&mut tx, fence, checkpoint).await?;
-        upsert_checkpoint(&mut tx, fence, checkpoint).await?;
-        tx.commit().await.map_err(db("commit turn write-ahead"))
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    check_fence(conn, &fence, &checkpoint).await?;
+                    upsert_checkpoint(conn, &fence, &checkpoint).await
+                })
+            })
+            .await
     }
 
     pub(super) async fn record_model_response_impl(
@@ -29,38 +34,44 @@ impl SqliteStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        let mut tx = self.begin_write().await?;
-        check_fence(&mut tx, fence, checkpoint).await?;
-        insert_messages(
-            &mut tx,
-            fence,
-            checkpoint.turn,
-            checkpoint.message_count,
-            std::slice::from_ref(assistant),
-        )
-        .await?;
-        let request = fence.request_id.as_uuid();
-        let run = fence.run_id.as_uuid();
-        let turn = i64::from(checkpoint.turn);
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
         let calls = to_json(assistant.tool_calls())?;
-        let now = now_ms();
-        sqlx::query!(
-            "INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name, arguments,
-                 status, created_at)
-             SELECT ?1, ?2, value ->> '$.id', key, ?3, value ->> '$.name', value ->> '$.arguments',
-                 'requested', ?4
-             FROM json_each(?5)",
-            request,
-            turn,
-            run,
-            now,
-            calls
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("journal tool calls"))?;
-        upsert_checkpoint(&mut tx, fence, checkpoint).await?;
-        tx.commit().await.map_err(db("commit model response"))
+        let assistant = assistant.clone();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    check_fence(conn, &fence, &checkpoint).await?;
+                    insert_messages(
+                        conn,
+                        &fence,
+                        checkpoint.turn,
+                        checkpoint.message_count,
+                        std::slice::from_ref(&assistant),
+                    )
+                    .await?;
+                    let request = fence.request_id.as_uuid();
+                    let run = fence.run_id.as_uuid();
+                    let turn = i64::from(checkpoint.turn);
+                    let now = now_ms();
+                    sqlx::query!(
+                        "INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name,
+                             arguments, status, created_at)
+                         SELECT ?1, ?2, value ->> '$.id', key, ?3, value ->> '$.name',
+                             value ->> '$.arguments', 'requested', ?4
+                         FROM json_each(?5)",
+                        request,
+                        turn,
+                        run,
+                        now,
+                        calls
+                    )
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db("journal tool calls"))?;
+                    upsert_checkpoint(conn, &fence, &checkpoint).await
+                })
+            })
+            .await
     }
 
     pub(super) async fn record_tool_result_impl(
@@ -70,36 +81,45 @@ impl SqliteStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
-        let mut tx = self.begin_write().await?;
-        check_fence_only(&mut tx, fence).await?;
-        let request = fence.request_id.as_uuid();
-        let turn = i64::from(turn);
-        let status = if result.is_error {
-            "failed"
-        } else {
-            "completed"
-        };
-        let now = now_ms();
-        let journaled = sqlx::query!(
-            "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
-             WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6 AND status = 'requested'",
-            status,
-            result.content,
-            now,
-            request,
-            turn,
-            call_id
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("journal tool result"))?;
-        if journaled.rows_affected() != 1 {
-            return Err(Error::InvalidInput(format!(
-                "no requested tool call {call_id:?} in turn {turn} of request {}",
-                fence.request_id
-            )));
-        }
-        tx.commit().await.map_err(db("commit tool result"))
+        let fence = *fence;
+        let call_id = call_id.to_owned();
+        let result = result.clone();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    check_fence_only(conn, &fence).await?;
+                    let request = fence.request_id.as_uuid();
+                    let turn = i64::from(turn);
+                    let status = if result.is_error {
+                        "failed"
+                    } else {
+                        "completed"
+                    };
+                    let now = now_ms();
+                    let journaled = sqlx::query!(
+                        "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
+                         WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
+                             AND status = 'requested'",
+                        status,
+                        result.content,
+                        now,
+                        request,
+                        turn,
+                        call_id
+                    )
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db("journal tool result"))?;
+                    if journaled.rows_affected() != 1 {
+                        return Err(Error::InvalidInput(format!(
+                            "no requested tool call {call_id:?} in turn {turn} of request {}",
+                            fence.request_id
+                        )));
+                    }
+                    Ok(())
+                })
+            })
+            .await
     }
 
     pub(super) async fn finish_turn_impl(
@@ -107,6 +127,7 @@ impl SqliteStore {
         fence: &Fence,
         checkpoint: &LoopCheckpoint,
         messages: &[Message],
+        next: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
         let first_seq = checkpoint
             .message_count
@@ -114,23 +135,37 @@ impl SqliteStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        let mut tx = self.begin_write().await?;
-        check_fence(&mut tx, fence, checkpoint).await?;
-        insert_messages(&mut tx, fence, checkpoint.turn, first_seq, messages).await?;
-        upsert_checkpoint(&mut tx, fence, checkpoint).await?;
-        // The turn's calls and results are messages now: keep only the
-        // journal's record of what ran.
-        let request = fence.request_id.as_uuid();
-        let turn = i64::from(checkpoint.turn);
-        sqlx::query!(
-            "UPDATE tool_calls SET arguments = NULL, result = NULL WHERE request_id = ?1 AND turn = ?2",
-            request,
-            turn
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("compact tool journal"))?;
-        tx.commit().await.map_err(db("commit turn"))
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
+        let messages = messages.to_vec();
+        let next = next.cloned();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    // The fence records the usage of the latest checkpoint
+                    // written: the next turn's write-ahead when there is one.
+                    check_fence(conn, &fence, next.as_ref().unwrap_or(&checkpoint)).await?;
+                    insert_messages(conn, &fence, checkpoint.turn, first_seq, &messages).await?;
+                    upsert_checkpoint(conn, &fence, &checkpoint).await?;
+                    // The turn's calls and results are messages now: keep
+                    // only the journal's record of what ran.
+                    let request = fence.request_id.as_uuid();
+                    let turn = i64::from(checkpoint.turn);
+                    sqlx::query!(
+                        "UPDATE tool_calls SET arguments = NULL, result = NULL
+                         WHERE request_id = ?1 AND turn = ?2",
+                        request,
+                        turn
+                    )
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db("compact tool journal"))?;
+                    if let Some(next) = &next {
+                        upsert_checkpoint(conn, &fence, next).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .await
     }
 
     pub(super) async fn fail_run_impl(
@@ -139,28 +174,38 @@ impl SqliteStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        let mut tx = self.begin_write().await?;
-        // A settled checkpoint may count usage the last write did not (an
-        // answer refused as malformed): the admission reports it too.
-        match settled {
-            Some(checkpoint) => check_fence(&mut tx, fence, checkpoint).await?,
-            None => check_fence_only(&mut tx, fence).await?,
-        }
-        let run = fence.run_id.as_uuid();
-        let now = now_ms();
-        sqlx::query!(
-            "UPDATE runs SET status = 'failed', error = ?1, ended_at = ?2 WHERE run_id = ?3",
-            error,
-            now,
-            run
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("record run failure"))?;
-        if let Some(checkpoint) = settled {
-            upsert_checkpoint(&mut tx, fence, checkpoint).await?;
-        }
-        tx.commit().await.map_err(db("commit run failure"))
+        let fence = *fence;
+        let error = error.to_owned();
+        let settled = settled.cloned();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    // A settled checkpoint may count usage the last write did
+                    // not (an answer refused as malformed): the admission
+                    // reports it too.
+                    match &settled {
+                        Some(checkpoint) => check_fence(conn, &fence, checkpoint).await?,
+                        None => check_fence_only(conn, &fence).await?,
+                    }
+                    let run = fence.run_id.as_uuid();
+                    let now = now_ms();
+                    sqlx::query!(
+                        "UPDATE runs SET status = 'failed', error = ?1, ended_at = ?2
+                         WHERE run_id = ?3",
+                        error,
+                        now,
+                        run
+                    )
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db("record run failure"))?;
+                    if let Some(checkpoint) = &settled {
+                        upsert_checkpoint(conn, &fence, checkpoint).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .await
     }
 }
 
