@@ -11,7 +11,9 @@ use crate::Error;
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident, $what:literal, $new:expr) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        ///
+        /// Decoding (serde) refuses the nil UUID, as [`Self::from_uuid`] does.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
         #[serde(transparent)]
         pub struct $name(Uuid);
 
@@ -57,6 +59,14 @@ macro_rules! uuid_id {
                     Error::InvalidInput(format!("{} {s:?} is not a uuid: {e}", $what))
                 })?;
                 Self::from_uuid(uuid)
+            }
+        }
+
+        // Not derived: `#[serde(transparent)]` would skip the nil check.
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let uuid = Uuid::deserialize(d)?;
+                Self::from_uuid(uuid).map_err(serde::de::Error::custom)
             }
         }
     };

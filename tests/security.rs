@@ -1339,14 +1339,12 @@ async fn library_logs_carry_no_content_and_no_api_key() {
     }
 }
 
-/// Library bug (reported, not fixed here): a chat completion whose fields
-/// have the wrong JSON type is refused with serde's message, and serde
-/// quotes the offending string whole. That string is model output: it
-/// lands in `ModelError::message`, in the `error=` event the session's
-/// `#[instrument(err)]` logs at ERROR, and in `runs.error`. Run with
-/// `cargo test --test security -- --ignored`.
+/// Regression: a chat completion whose fields have the wrong JSON type was
+/// refused with serde's message, and serde quotes the offending string
+/// whole. That string is model output: it landed in `ModelError::message`,
+/// in the `error=` event the session's `#[instrument(err)]` logs at ERROR,
+/// and in `runs.error`.
 #[tokio::test]
-#[ignore = "library bug: a malformed completion's content is quoted into the error and the ERROR log"]
 async fn a_malformed_completion_is_not_quoted_into_errors_or_logs() {
     use axum::http::StatusCode;
     use turnstile::{OpenAiConfig, OpenAiModel};

@@ -17,6 +17,7 @@ use futures_core::Stream;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use serde::Deserialize;
+use serde_json::error::Category;
 use serde_json::{json, Map, Value};
 
 use super::model::{Model, ModelRequest, ModelResponse, TextDeltas};
@@ -355,14 +356,15 @@ impl OpenAiModel {
             body.extend_from_slice(&chunk);
         }
         let completion: Completion = serde_json::from_slice(&body).map_err(|e| {
+            let detail = decode_error(&e, "a chat completion object");
             if e.is_eof() {
                 ModelError::fatal(format!(
-                    "truncated chat completion response ({} bytes): {e}",
+                    "truncated chat completion response ({} bytes): {detail}",
                     body.len()
                 ))
             } else {
                 ModelError::fatal(format!(
-                    "malformed chat completion response{content_type}: {e}"
+                    "malformed chat completion response{content_type}: {detail}"
                 ))
             }
         })?;
@@ -735,6 +737,23 @@ fn error_text(body: &Value) -> Option<String> {
         .or_else(|| error.map(Value::to_string))
 }
 
+/// Describes a decoding error by its category and position and by what was
+/// `expected`. Never by serde's own message: it quotes the offending value,
+/// which is model output, and errors are logged and stored.
+fn decode_error(e: &serde_json::Error, expected: &str) -> String {
+    let what = match e.classify() {
+        Category::Io => "read error",
+        Category::Syntax => "invalid json",
+        Category::Data => "invalid type or value",
+        Category::Eof => "unexpected end of input",
+    };
+    format!(
+        "{what} at line {} column {} (expected {expected})",
+        e.line(),
+        e.column()
+    )
+}
+
 fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -900,8 +919,9 @@ impl StreamAssembly {
         self.events += 1;
         let chunk: StreamChunk = serde_json::from_str(data).map_err(|e| {
             ModelError::fatal(format!(
-                "malformed chat completion stream: event {} is not a valid chunk: {e}",
-                self.events
+                "malformed chat completion stream: event {} is not a valid chunk: {}",
+                self.events,
+                decode_error(&e, "a chat completion chunk object")
             ))
         })?;
         if let Some(error) = &chunk.error {
@@ -1086,6 +1106,39 @@ mod tests {
             let error = parser.finish(&mut events).unwrap_err();
             assert!(error.message.contains("truncated"), "{error}");
         }
+    }
+
+    #[test]
+    fn malformed_chunks_are_not_quoted_into_errors() {
+        const MARK: &str = "MALFORMED-CHUNK-MARK";
+        let model = OpenAiModel::new(OpenAiConfig::new("http://127.0.0.1:9/v1", "m")).unwrap();
+        let chunks = [
+            json!({ "choices": [{ "delta": format!("private {MARK}") }] }).to_string(),
+            json!({ "choices": [{ "delta": { "content": ["a", MARK] } }] }).to_string(),
+            json!({ "choices": [{ "index": MARK }] }).to_string(),
+            json!({ "usage": { "prompt_tokens": -1 } }).to_string(),
+            format!("{{\"choices\": {MARK}"),
+            format!("{{\"choices\": \"{MARK}"),
+        ];
+        for chunk in chunks {
+            let error = StreamAssembly::default()
+                .apply(&chunk, &|_| {}, &model)
+                .unwrap_err();
+            assert!(!error.message.contains(MARK), "{error}");
+            assert!(error.message.contains("malformed"), "{error}");
+            assert!(error.message.contains(" at line 1 column "), "{error}");
+        }
+        let serde = serde_json::from_str::<Completion>(
+            &json!({ "choices": [{ "message": format!("private {MARK}") }] }).to_string(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        let detail = decode_error(&serde, "a chat completion object");
+        assert!(
+            detail.starts_with("invalid type or value at line 1 column "),
+            "{detail}"
+        );
+        assert!(!detail.contains(MARK), "{detail}");
     }
 
     #[test]
