@@ -219,6 +219,17 @@ impl StoreError {
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    /// The same error for one more caller (the source does not clone): the
+    /// message and what it says about busy and full, without the source.
+    pub(crate) fn replicate(&self) -> Self {
+        Self {
+            message: self.message.clone(),
+            busy: self.busy,
+            full: self.full,
+            source: None,
+        }
+    }
 }
 
 /// Whether SQLite answered `SQLITE_FULL` (13, with any extended code)

@@ -207,10 +207,7 @@ async fn fail_all(batch: VecDeque<Job>, error: &Error) {
 /// source is a boxed error).
 fn copy_of(error: &Error) -> Error {
     match error {
-        Error::Store(e) => {
-            let copy = StoreError::new(e.message(), None);
-            Error::Store(if e.is_busy() { copy.busy() } else { copy })
-        }
+        Error::Store(e) => Error::Store(e.replicate()),
         other => Error::Store(StoreError::new(other.to_string(), None)),
     }
 }
