@@ -9,8 +9,8 @@
 //!   (`serde_refuses_malformed_ids_namespaces_and_revisions`): not a uuid,
 //!   empty string, a number, SQL, null; empty, 129-byte, `/`, space and
 //!   non-ASCII namespaces; negative, fractional, past-u64 and quoted
-//!   revisions. The nil uuid decoded with serde is accepted: a library bug,
-//!   reproduced by the ignored `nil_ids_decoded_with_serde_are_refused`.
+//!   revisions. The nil uuid decoded with serde is refused
+//!   (`nil_ids_decoded_with_serde_are_refused`).
 //! - namespaces (`malformed_namespaces_are_invalid_input`): empty, 129
 //!   bytes, slash, space, non-ASCII, NUL, newline, quote.
 //! - inputs to `run` and to `recover_after_owner_exit`: empty, spaces,
@@ -389,19 +389,28 @@ fn serde_refuses_malformed_ids_namespaces_and_revisions() {
     }
 }
 
-/// Library bug (reported, not fixed here): `RequestId`, `ConversationId`
-/// and `RunId` derive `Deserialize` with `#[serde(transparent)]`, which skips
-/// the nil check of `from_uuid` and `FromStr` (`Namespace` validates in its
-/// own `Deserialize`). A nil id decoded from JSON is then accepted by the
-/// session: `run` commits a request with the nil request id, or creates a
-/// conversation with the nil id. Run with
-/// `cargo test --test bad_input -- --ignored`.
+/// Regression: `RequestId`, `ConversationId` and `RunId` once derived
+/// `Deserialize` with `#[serde(transparent)]`, which skipped the nil check of
+/// `from_uuid` and `FromStr`; a nil id decoded from JSON was then accepted
+/// by the session (`run` committed a request with the nil request id, or
+/// created a conversation with the nil id).
 #[tokio::test]
-#[ignore = "library bug: serde accepts the nil uuid as an id, and the session stores it"]
 async fn nil_ids_decoded_with_serde_are_refused() {
     let nil = r#""00000000-0000-0000-0000-000000000000""#;
     // Parsed from text, the nil uuid is refused.
     invalid(nil.trim_matches('"').parse::<RequestId>());
+    invalid(nil.trim_matches('"').parse::<ConversationId>());
+    invalid(nil.trim_matches('"').parse::<RunId>());
+    // Decoded with serde, too.
+    assert!(
+        serde_json::from_str::<RequestId>(nil).is_err(),
+        "request id"
+    );
+    assert!(
+        serde_json::from_str::<ConversationId>(nil).is_err(),
+        "conversation id"
+    );
+    assert!(serde_json::from_str::<RunId>(nil).is_err(), "run id");
 
     // Decoded with serde: refused by serde, or else by the session, which
     // then writes nothing.
@@ -1190,10 +1199,11 @@ async fn journal_arguments_that_are_not_json_are_opaque_text() {
 }
 
 #[tokio::test]
-async fn a_new_request_over_a_damaged_transcript_holds_the_conversation_until_recovered() {
-    // The transcript is read to build the model's context, after the
-    // request claimed the admission: the claim stands, as for any stopped
-    // run, and the request is recovered once the row is repaired.
+async fn a_new_request_over_a_damaged_transcript_is_refused_before_its_claim() {
+    // The transcript is read to build the model's context before the
+    // request claims the admission (at the revision the claim expects, so
+    // no commit can come between): a damaged row refuses the request and
+    // writes nothing; once the row is repaired the same request runs.
     let mut f = Damaged::new().await;
     f.assert_intact("setup").await;
     let original: String = sqlx::query_scalar("SELECT meta FROM transcript WHERE seq = 1")
@@ -1204,6 +1214,7 @@ async fn a_new_request_over_a_damaged_transcript_holds_the_conversation_until_re
     sqlx::query(update).execute(&mut f.raw).await.unwrap();
     let calls = f.calls();
     let request = RequestId::new();
+    let before = f.store.admission(f.conversation).await.unwrap();
     let refused = f
         .first
         .run(request, "third question", RunContext::default())
@@ -1219,13 +1230,8 @@ async fn a_new_request_over_a_damaged_transcript_holds_the_conversation_until_re
         "{refused:?}"
     );
     assert_eq!(f.calls(), calls, "no model work");
-    let admission = f.store.admission(f.conversation).await.unwrap();
-    assert_eq!(admission.active.map(|a| a.request_id), Some(request));
-    let busy = f
-        .first
-        .run(RequestId::new(), "fourth", RunContext::default())
-        .await;
-    assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
+    assert_eq!(f.store.admission(f.conversation).await.unwrap(), before);
+    assert!(f.store.request(request).await.unwrap().is_none());
 
     sqlx::query("UPDATE transcript SET meta = ?1 WHERE seq = 1")
         .bind(original)
@@ -1234,13 +1240,7 @@ async fn a_new_request_over_a_damaged_transcript_holds_the_conversation_until_re
         .unwrap();
     let outcome = f
         .first
-        .recover_after_owner_exit(
-            request,
-            "third question",
-            RunContext::default(),
-            admission.revision,
-            Default::default(),
-        )
+        .run(request, "third question", RunContext::default())
         .await
         .unwrap();
     assert_eq!(outcome.final_text, "first answer");

@@ -537,13 +537,15 @@ struct Site {
 fn in_run_sites() -> Vec<Site> {
     vec![
         Site {
-            // Small rows: the checkpoints page is packed.
+            // Turn 2's write-ahead is a new checkpoint row committed with
+            // turn 1's `Ready` checkpoint (an update in place): small rows,
+            // so the checkpoints page is packed.
             name: "turn write-ahead",
-            at: |e| matches!(e, Event::CheckpointSaved { turn: 1, .. }),
+            at: |e| matches!(e, Event::ToolFinished { turn: 1, .. }),
             payloads: SMALL,
             crowd: Some(&CHECKPOINTS),
-            checkpoint: (1, CheckpointPhase::Ready),
-            pending: 3,
+            checkpoint: (1, CheckpointPhase::ToolsInFlight),
+            pending: 2,
             journal: None,
         },
         Site {

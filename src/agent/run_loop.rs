@@ -119,6 +119,19 @@ impl RunLoop<'_> {
         Ok(())
     }
 
+    /// A run going on from a settled stop (`ModelPending`, `ToolsPending`)
+    /// marks its turn in flight again before it calls the model or runs a
+    /// tool, so a crash from here on is seen as one.
+    async fn back_in_flight(&mut self) -> Result<(), Error> {
+        let phase = match self.checkpoint.phase {
+            CheckpointPhase::ModelPending => CheckpointPhase::TurnInFlight,
+            CheckpointPhase::ToolsPending => CheckpointPhase::ToolsInFlight,
+            _ => return Ok(()),
+        };
+        self.checkpoint.phase = phase;
+        self.store.begin_turn(&self.fence, &self.checkpoint).await
+    }
+
     /// The write-ahead checkpoint of the next turn, if the budget, the
     /// deadline and cancellation let it start.
     fn next_turn(&self) -> Result<LoopCheckpoint, Error> {
@@ -145,6 +158,7 @@ impl RunLoop<'_> {
         // Checked again here for a run resumed into a pending model call.
         self.check_token_budget()?;
         self.check_stop()?;
+        self.back_in_flight().await?;
         let turn = self.checkpoint.turn;
         let context: Vec<Message> = self.prefix.iter().chain(&self.messages).cloned().collect();
         let events = self.events.clone();
@@ -212,6 +226,7 @@ impl RunLoop<'_> {
                 return Err(self.budget_exceeded(BudgetKind::ToolCalls, used, limit));
             }
         }
+        self.back_in_flight().await?;
         let mut journaled = self.journaled_results(turn).await?;
         let mut answered = Vec::with_capacity(calls.len());
         for (index, call) in calls.into_iter().enumerate() {

@@ -19,7 +19,9 @@ const CLAIM_ATTEMPTS: usize = 8;
 
 enum Admitted {
     Replay(Outcome),
-    Claimed(Fence),
+    /// With the model's context when the claim saved the first turn's
+    /// write-ahead.
+    Claimed(Fence, Option<Vec<Message>>),
 }
 
 impl AgentSession {
@@ -35,8 +37,8 @@ impl AgentSession {
         let first_turn_ahead = self.summary.is_none() && turn_limit(&self.agent, ctx) >= 1;
         match self.admit(request_id, input, first_turn_ahead).await? {
             Admitted::Replay(outcome) => Ok(outcome),
-            Admitted::Claimed(fence) => {
-                self.drive_fresh(fence, Message::user(input), first_turn_ahead, ctx, events)
+            Admitted::Claimed(fence, prefix) => {
+                self.drive_fresh(fence, Message::user(input), prefix, ctx, events)
                     .await
             }
         }
@@ -81,6 +83,14 @@ impl AgentSession {
                     revision: admission.revision,
                 });
             }
+            // The context is read before the claim, at the revision the
+            // claim expects: no commit can come between (a commit moves the
+            // revision), and a damaged transcript refuses the request before
+            // it holds the conversation or claims a turn in flight.
+            let prefix = match first_turn_ahead {
+                true => Some(self.context_prefix().await?),
+                false => None,
+            };
             let run_id = RunId::new();
             let claim = NewRequest {
                 conversation_id: self.conversation_id,
@@ -93,7 +103,7 @@ impl AgentSession {
                 first_turn: first_turn_ahead.then(|| first_turn(run_id)),
             };
             match self.store.claim(&claim).await {
-                Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence)),
+                Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence, prefix)),
                 Ok(ClaimOutcome::Existing(record)) => {
                     return self.existing(record, hash).await.map(Admitted::Replay)
                 }

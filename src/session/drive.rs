@@ -15,18 +15,19 @@ use crate::Error;
 
 impl AgentSession {
     /// A fresh claim: the request is at its start, or at its first turn
-    /// when the claim wrote that turn's write-ahead.
+    /// when the claim wrote that turn's write-ahead (the model's context
+    /// then read before the claim).
     pub(super) async fn drive_fresh(
         &self,
         fence: Fence,
         input: Message,
-        first_turn_written: bool,
+        written_ahead: Option<Vec<Message>>,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        let seed = match first_turn_written {
-            true => Seed::WrittenAhead(first_turn(fence.run_id)),
-            false => Seed::Start,
+        let seed = match written_ahead {
+            Some(prefix) => Seed::WrittenAhead(first_turn(fence.run_id), prefix),
+            None => Seed::Start,
         };
         self.drive(fence, None, seed, vec![input], ctx, events)
             .await
@@ -52,6 +53,15 @@ impl AgentSession {
         });
         let messages = self.store.request_messages(fence.request_id, count).await?;
         if messages.len() as u64 != count {
+            // A recoverer that took the request over and committed it in
+            // the meantime moved the messages to the transcript.
+            let admission = self.store.admission(fence.conversation_id).await?;
+            if admission.revision != fence.revision {
+                return Err(Error::Fenced {
+                    run_id: fence.run_id,
+                    revision: fence.revision,
+                });
+            }
             return Err(Error::Corrupt {
                 table: "run_messages",
                 key: fence.request_id.to_string(),
@@ -83,13 +93,16 @@ impl AgentSession {
                 revision: fence.revision,
             })
             .await;
-        let seed = match seed {
-            Seed::Resumed(seed) => seed,
-            Seed::WrittenAhead(seed) => {
+        let (seed, prefix) = match seed {
+            Seed::Resumed(seed) => (seed, self.context_prefix().await?),
+            Seed::WrittenAhead(seed, prefix) => {
                 events.emit(Event::TurnStarted { turn: seed.turn }).await;
-                seed
+                (seed, prefix)
             }
-            Seed::Start => start_of(fence, self.compact(&fence, ctx, events).await?),
+            Seed::Start => {
+                let seed = start_of(fence, self.compact(&fence, ctx, events).await?);
+                (seed, self.context_prefix().await?)
+            }
         };
         let reuse_journal = seed.phase.has_recorded_answer();
         let run = RunLoop {
@@ -98,7 +111,7 @@ impl AgentSession {
             ctx,
             events,
             fence,
-            prefix: self.context_prefix().await?,
+            prefix,
             messages,
             checkpoint: seed,
             reuse_journal,
@@ -119,7 +132,7 @@ impl AgentSession {
     /// summary as a marked system message and every entry after it (the
     /// passes before the first turn left fewer than a batch outside the
     /// window).
-    async fn context_prefix(&self) -> Result<Vec<Message>, Error> {
+    pub(super) async fn context_prefix(&self) -> Result<Vec<Message>, Error> {
         let mut prefix = Vec::new();
         if !self.agent.system_prompt.is_empty() {
             prefix.push(Message::system(self.agent.system_prompt.clone()));
@@ -154,8 +167,9 @@ impl AgentSession {
 enum Seed {
     /// At the request's start: summary passes, then the first turn.
     Start,
-    /// At a turn whose write-ahead the claim saved.
-    WrittenAhead(LoopCheckpoint),
+    /// At a turn whose write-ahead the claim saved, with the model's
+    /// context read before the claim.
+    WrittenAhead(LoopCheckpoint, Vec<Message>),
     /// At the latest checkpoint of the run it continues.
     Resumed(LoopCheckpoint),
 }

@@ -70,7 +70,8 @@ pub trait Store: Send + Sync + 'static {
     /// A run by id.
     async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error>;
 
-    /// Write-ahead record of a turn (phase `TurnInFlight`).
+    /// Write-ahead record of a turn (phase `TurnInFlight`), or of a turn's
+    /// tool round that goes on after a settled stop (`ToolsInFlight`).
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error>;
 
     /// Records the model's answer for the turn at `checkpoint.message_count`,

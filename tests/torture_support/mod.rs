@@ -524,11 +524,12 @@ impl Store for TracedStore {
         fence: &Fence,
         checkpoint: &LoopCheckpoint,
         messages: &[Message],
+        next: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
         self.write(
             "finish_turn",
             fence.request_id,
-            self.inner.finish_turn(fence, checkpoint, messages),
+            self.inner.finish_turn(fence, checkpoint, messages, next),
         )
         .await
     }
