@@ -223,11 +223,14 @@ async fn steps(dir: &Path) {
     };
 
     let claim = request(0);
-    let ClaimOutcome::Admitted(fence) =
-        measure(&mut rows, "Store::claim (with turn 1's write-ahead)", &db, store.claim(&claim))
-            .await
-            .expect("claim")
-    else {
+    let ClaimOutcome::Admitted(fence) = measure(
+        &mut rows,
+        "Store::claim (with turn 1's write-ahead)",
+        &db,
+        store.claim(&claim),
+    )
+    .await
+    .expect("claim") else {
         panic!("fresh request id already known");
     };
     let mut writer = TurnWriter::new(fence);
