@@ -51,20 +51,22 @@ impl AgentSession {
         first_turn_ahead: bool,
     ) -> Result<Admitted, Error> {
         self.validate(request_id, input)?;
-        // Namespace first (a replay must not cross it); the conversation is
-        // created only once the request is known to be new, so a refusal
-        // writes nothing.
-        let exists = match self
-            .store
-            .conversation(&self.namespace, self.conversation_id)
-            .await
-        {
+        // Both reads at once (they are independent; a replay is two round
+        // trips, not three). The namespace is judged first: a replay must
+        // not cross it. The conversation is created only once the request
+        // is known to be new, so a refusal writes nothing.
+        let (conversation, record) = tokio::join!(
+            self.store
+                .conversation(&self.namespace, self.conversation_id),
+            self.store.request(request_id)
+        );
+        let exists = match conversation {
             Ok(_) => true,
             Err(Error::NotFound { .. }) => false,
             Err(e) => return Err(e),
         };
         let hash = InputHash::of(input);
-        if let Some(record) = self.store.request(request_id).await? {
+        if let Some(record) = record? {
             return self.existing(record, hash).await.map(Admitted::Replay);
         }
         if !exists {

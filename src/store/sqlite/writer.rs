@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 use futures_core::future::BoxFuture;
-use sqlx::{Acquire, Connection, SqliteConnection, SqlitePool};
+use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::db;
@@ -148,23 +148,27 @@ async fn one_transaction(
             }
             continue;
         }
-        let mut savepoint = match tx.begin().await.map_err(db("savepoint")) {
-            Ok(savepoint) => savepoint,
-            Err(e) => {
-                batch.push_front(job);
-                answer_all(applied, &e);
-                return Err(e);
-            }
-        };
-        let outcome = job(Attempt::Run(&mut savepoint)).await;
-        let ended = match outcome {
+        // One statement per step: savepoints of one name stack up, `ROLLBACK
+        // TO` undoes only the latest (this step's), and the commit releases
+        // them all; a RELEASE per step would be a round trip for nothing.
+        if let Err(e) = sqlx::query("SAVEPOINT step")
+            .execute(&mut *tx)
+            .await
+            .map_err(db("savepoint"))
+        {
+            batch.push_front(job);
+            answer_all(applied, &e);
+            return Err(e);
+        }
+        let ended = match job(Attempt::Run(&mut tx)).await {
             Ok(reply) => {
                 applied.push(reply);
-                savepoint.commit().await.map_err(db("release savepoint"))
+                Ok(())
             }
-            Err(()) => savepoint
-                .rollback()
+            Err(()) => sqlx::query("ROLLBACK TO step")
+                .execute(&mut *tx)
                 .await
+                .map(drop)
                 .map_err(db("roll back to savepoint")),
         };
         // A step whose error made SQLite end the whole transaction (a full
@@ -177,6 +181,7 @@ async fn one_transaction(
     let committed = tx.commit().await.map_err(db("commit"));
     match committed {
         Ok(()) => {
+            tracing::trace!(steps = applied.len(), "group transaction committed");
             for reply in applied {
                 reply(Ok(()));
             }
