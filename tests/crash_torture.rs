@@ -578,12 +578,16 @@ fn check_life(
                         .or_default()
                         .push((kind.to_owned(), detail.unwrap_or("").to_owned())),
                     (Some("-"), Some(kind), None) => {
-                        let top = open.entry(c).or_default().pop();
-                        assert_eq!(
-                            top.as_ref().map(|(k, _)| k.as_str()),
-                            Some(kind),
-                            "{at}: unbalanced trace"
+                        // Steps nest, except reads a session makes at once
+                        // (the conversation and the request): the latest
+                        // open step of that kind ends.
+                        let steps = open.entry(c).or_default();
+                        let at_kind = steps.iter().rposition(|(k, _)| k == kind);
+                        assert!(
+                            at_kind.is_some(),
+                            "{at}: unbalanced trace: {kind} never began"
                         );
+                        steps.remove(at_kind.unwrap_or_default());
                     }
                     (Some("recover"), Some(request), None) => {
                         stats.recoveries += 1;
