@@ -5,13 +5,17 @@
 //! own savepoint, so a fenced or failing step is rolled back alone; a caller
 //! is answered only once the transaction holding its step has committed.
 //!
-//! A step that arrives alone runs in a plain transaction, with no savepoint:
-//! a single session pays nothing for the batching.
+//! A step that finds the writer idle and nobody queued runs at once, on the
+//! caller's task, in a plain transaction: a single session pays nothing for
+//! the batching (no hand-off to the writer task, no savepoint).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use futures_core::future::BoxFuture;
-use sqlx::{Connection, SqliteConnection, SqlitePool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::db;
@@ -42,6 +46,9 @@ type Job = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Result<Reply, ()
 #[derive(Clone, Debug)]
 pub(super) struct GroupWriter {
     jobs: mpsc::UnboundedSender<Job>,
+    /// Steps sent to the writer task and not yet taken by it.
+    queued: Arc<AtomicUsize>,
+    pool: SqlitePool,
 }
 
 impl GroupWriter {
@@ -50,8 +57,9 @@ impl GroupWriter {
     /// migrations) still exclude it.
     pub(super) fn spawn(pool: SqlitePool) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool, queue));
-        Self { jobs }
+        let queued = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(pool.clone(), queue, queued.clone()));
+        Self { jobs, queued, pool }
     }
 
     /// Runs `step` in the next group transaction and returns its result once
@@ -64,6 +72,18 @@ impl GroupWriter {
             + Send
             + 'static,
     {
+        // Nobody to group with: run it here, as its own transaction.
+        if self.queued.load(Ordering::Acquire) == 0 {
+            if let Some(mut conn) = self.pool.try_acquire() {
+                let mut tx = conn
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(db("begin write transaction"))?;
+                let value = step(&mut tx).await?;
+                tx.commit().await.map_err(db("commit"))?;
+                return Ok(value);
+            }
+        }
         let (answer, answered) = oneshot::channel::<Result<T, Error>>();
         let job: Job = Box::new(move |attempt| {
             Box::pin(async move {
@@ -82,38 +102,58 @@ impl GroupWriter {
                 }
             })
         });
-        self.jobs.send(job).map_err(|_| writer_gone())?;
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.jobs.send(job).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(writer_gone());
+        }
         answered.await.map_err(|_| writer_gone())?
     }
 }
 
-async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>) {
+async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: Arc<AtomicUsize>) {
     while let Some(first) = queue.recv().await {
         let mut batch = VecDeque::from([first]);
+        // The connection first, then the batch: steps that queued while
+        // the connection was busy join this transaction.
+        let conn = pool.acquire().await.map_err(db("acquire writer"));
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(job) => batch.push_back(job),
                 Err(_) => break,
             }
         }
-        commit_batch(&pool, batch).await;
+        queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        match conn {
+            Ok(conn) => commit_batch(&pool, conn, batch).await,
+            Err(e) => fail_all(batch, &e).await,
+        }
     }
 }
 
 /// Commits a batch; a transaction that breaks mid-batch is answered with
 /// its error and the steps it had not reached go on in a new one. The
-/// connection goes back to the pool after each transaction, so a connection
-/// that a failed transaction left in a bad state is repaired or replaced
-/// (the pool's release check, in `open.rs`).
-async fn commit_batch(pool: &SqlitePool, mut batch: VecDeque<Job>) {
-    while !batch.is_empty() {
-        let mut conn = match pool.acquire().await.map_err(db("acquire writer")) {
+/// connection goes back to the pool after a broken transaction, so a
+/// connection that it left in a bad state is repaired or replaced (the
+/// pool's release check, in `open.rs`).
+async fn commit_batch(
+    pool: &SqlitePool,
+    mut conn: PoolConnection<Sqlite>,
+    mut batch: VecDeque<Job>,
+) {
+    loop {
+        let broken = one_transaction(&mut conn, &mut batch).await;
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = broken {
+            tracing::warn!(error = %e, "group transaction failed");
+        }
+        drop(conn);
+        conn = match pool.acquire().await.map_err(db("acquire writer")) {
             Ok(conn) => conn,
             Err(e) => return fail_all(batch, &e).await,
         };
-        if let Err(e) = one_transaction(&mut conn, &mut batch).await {
-            tracing::warn!(error = %e, "group transaction failed");
-        }
     }
 }
 
