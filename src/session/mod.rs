@@ -287,8 +287,11 @@ impl AgentSession {
     ///
     /// # Errors
     /// As [`AgentSession::resume_run`], plus [`Error::RequestMismatch`] for
-    /// another input and [`Error::NotActive`] for a request that holds no
-    /// admission.
+    /// another input, [`Error::RequestAbandoned`] for an abandoned request
+    /// and [`Error::NotActive`] when the conversation's admission is found
+    /// idle (the request ended in the meantime). A request that was already
+    /// committed is not an error: its stored outcome is replayed, as by
+    /// `run`.
     ///
     /// # Cancel safety
     /// As [`AgentSession::run`].
