@@ -285,6 +285,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// The latest checkpoint of the run holding the admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Progress {
+    /// No checkpoint: the run is at the request's start.
+    Start,
     /// `TurnInFlight` at this turn (ambiguous).
     InFlight(u32),
     /// `ModelPending` at this turn.
@@ -310,6 +312,7 @@ impl Progress {
     /// The checkpoint row this stands for: (phase, turn).
     fn row(self) -> Option<(CheckpointPhase, u32)> {
         match self {
+            Progress::Start => None,
             Progress::InFlight(t) => Some((CheckpointPhase::TurnInFlight, t)),
             Progress::Pending(t) => Some((CheckpointPhase::ModelPending, t)),
             Progress::ToolsInFlight => Some((CheckpointPhase::ToolsInFlight, 1)),
@@ -347,6 +350,14 @@ enum End {
 fn simulate(mut p: Progress, behavior: Behavior) -> (End, Progress) {
     loop {
         match p {
+            // Turn 1's write-ahead (with the claim, for a fresh run), unless
+            // the run is cancelled before it may start: then nothing.
+            Progress::Start => {
+                if behavior == Behavior::Cancelled {
+                    return (End::Stopped(StopKind::Cancelled), p);
+                }
+                p = Progress::InFlight(1);
+            }
             // The next turn's write-ahead (shared with the `Ready` commit
             // when it may start).
             Progress::Ready => {
@@ -357,6 +368,13 @@ fn simulate(mut p: Progress, behavior: Behavior) -> (End, Progress) {
                     return (End::Stopped(StopKind::Cancelled), p);
                 }
                 p = Progress::InFlight(2);
+            }
+            // The model step checks the turn limit first (a resumed run's
+            // budget may be lower than the one that wrote the write-ahead).
+            Progress::InFlight(turn) | Progress::Pending(turn)
+                if behavior == Behavior::OneTurnBudget && turn > 1 =>
+            {
+                return (End::Stopped(StopKind::Budget), Progress::Pending(turn))
             }
             Progress::InFlight(turn) | Progress::Pending(turn) => match behavior {
                 Behavior::Cancelled => {
@@ -808,7 +826,7 @@ impl Reference {
                     bound: Some(input.clone()),
                 };
                 // The claim saves turn 1's write-ahead with it.
-                self.drive(request, Progress::InFlight(1), *behavior)
+                self.drive(request, Progress::Start, *behavior)
             }
             Step::Resume {
                 run,

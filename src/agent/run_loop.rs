@@ -155,7 +155,16 @@ impl RunLoop<'_> {
 
     /// Calls the model; commits a final answer, or records tool calls.
     async fn model_step(&mut self) -> Result<Option<StoredOutcome>, Error> {
-        // Checked again here for a run resumed into a pending model call.
+        // Checked again here for a run resumed into a pending model call
+        // (its budget may be lower than the one that wrote the write-ahead).
+        let limit = turn_limit(self.agent, self.ctx);
+        if self.checkpoint.turn > limit {
+            return Err(self.budget_exceeded(
+                BudgetKind::Turns,
+                u64::from(self.checkpoint.turn.saturating_sub(1)),
+                u64::from(limit),
+            ));
+        }
         self.check_token_budget()?;
         self.check_stop()?;
         self.back_in_flight().await?;
@@ -471,6 +480,19 @@ async fn until_deadline<T>(
 }
 
 /// Refuses to start work once the run is cancelled or past its deadline.
+/// Whether a request's first turn may start at once: the checks of a turn's
+/// start that need no run (its turn limit, a token budget of zero, the
+/// deadline, cancellation).
+pub(crate) fn first_turn_may_start(agent: &Agent, ctx: &RunContext) -> bool {
+    turn_limit(agent, ctx) >= 1
+        && ctx.budget.max_tokens != Some(0)
+        && !ctx.cancel.is_cancelled()
+        && match ctx.deadline {
+            Some(at) => tokio::time::Instant::now() < at,
+            None => true,
+        }
+}
+
 pub(crate) fn check_stop(ctx: &RunContext, fence: &Fence) -> Result<(), Error> {
     if ctx.cancel.is_cancelled() {
         return Err(Error::Cancelled {

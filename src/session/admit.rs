@@ -3,7 +3,7 @@
 
 use super::drive::first_turn;
 use super::{AgentSession, Outcome};
-use crate::agent::run_loop::turn_limit;
+use crate::agent::run_loop::first_turn_may_start;
 use crate::agent::RunContext;
 use crate::events::Emitter;
 use crate::ids::{RequestId, RunId};
@@ -34,7 +34,7 @@ impl AgentSession {
     ) -> Result<Outcome, Error> {
         // Without summary passes to run first, the claim also saves the
         // first turn's write-ahead: one commit fewer per request.
-        let first_turn_ahead = self.summary.is_none() && turn_limit(&self.agent, ctx) >= 1;
+        let first_turn_ahead = self.summary.is_none() && first_turn_may_start(&self.agent, ctx);
         match self.admit(request_id, input, first_turn_ahead).await? {
             Admitted::Replay(outcome) => Ok(outcome),
             Admitted::Claimed(fence, prefix) => {

@@ -220,7 +220,12 @@ impl AgentSession {
     ///
     /// # Cancel safety
     /// Dropping the future stops the run at its next await point; the
-    /// admission stays held and the last checkpoint is kept for recovery.
+    /// admission stays held and the last checkpoint is kept for recovery. A
+    /// durable step already handed to the store completes (fenced) even so.
+    /// A turn's write-ahead is committed with the step before it, so a run
+    /// dropped between turns leaves the next turn in flight: resume it with
+    /// [`ResumePolicy::RetryInterruptedTurn`]. To stop at a clean point that
+    /// either policy resumes, cancel through [`RunContext`] instead.
     #[instrument(skip_all, fields(conversation_id = %self.conversation_id, request_id = %request_id, run_id = tracing::field::Empty), err)]
     pub async fn run(
         &self,

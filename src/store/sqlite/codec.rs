@@ -14,12 +14,13 @@ use crate::Error;
 /// Maps a driver error to the opaque [`StoreError`], naming what was being done.
 pub(super) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     move |e| {
-        // SQLITE_BUSY and SQLITE_LOCKED, with their extended codes.
-        let busy = e
-            .as_database_error()
-            .and_then(|d| d.code())
-            .and_then(|code| code.parse::<i32>().ok())
-            .is_some_and(|code| matches!(code & 0xff, 5 | 6));
+        // SQLITE_BUSY and SQLITE_LOCKED, with their extended codes; and a
+        // pool whose connection another write held past the wait.
+        let busy = matches!(e, sqlx::Error::PoolTimedOut)
+            || e.as_database_error()
+                .and_then(|d| d.code())
+                .and_then(|code| code.parse::<i32>().ok())
+                .is_some_and(|code| matches!(code & 0xff, 5 | 6));
         let error = StoreError::new(format!("{context}: {e}"), Some(Box::new(e)));
         Error::Store(if busy { error.busy() } else { error })
     }

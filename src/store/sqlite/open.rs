@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
@@ -93,7 +94,11 @@ impl SqliteStore {
         };
         probe.close().await.map_err(db("close probe"))?;
 
+        // A write waits for the connection as long as SQLite would wait for
+        // another process's lock, and then some: the step ahead of it may
+        // itself be waiting out the busy timeout.
         let writer = pinned_pool(1)
+            .acquire_timeout(options.busy_timeout.saturating_mul(2) + Duration::from_secs(5))
             .connect_with(connect.clone())
             .await
             .map_err(db("open writer"))?;

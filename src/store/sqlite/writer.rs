@@ -2,12 +2,14 @@
 //! commits the steps that are waiting together in one transaction: under
 //! concurrency many sessions share one commit (one fsync) instead of taking
 //! turns for the write lock. Each step still runs its own fence, inside its
-//! own savepoint, so a fenced or failing step is rolled back alone; a caller
-//! is answered only once the transaction holding its step has committed.
+//! own savepoint, so a fenced or failing step is rolled back alone. Every
+//! caller, the failed ones included, is answered only once the transaction
+//! has ended: an error computed from a batch that then failed to commit
+//! would describe something that never happened.
 //!
-//! A step that finds the writer idle and nobody queued runs at once, on the
-//! caller's task, in a plain transaction: a single session pays nothing for
-//! the batching (no hand-off to the writer task, no savepoint).
+//! A step that finds the writer idle and nobody queued runs at once in a
+//! plain transaction (no savepoint, no writer task), on a task of its own:
+//! a caller that pauses or drops its future never holds the write lock.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,15 +21,25 @@ use sqlx::{Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::db;
-use crate::error::StoreError;
 use crate::Error;
 
 /// The most steps one transaction takes, so one batch cannot hold the write
 /// lock (and the callers behind it) for long.
 const MAX_BATCH: usize = 256;
 
-/// Answers a caller once its step's transaction has ended.
-type Reply = Box<dyn FnOnce(Result<(), Error>) + Send>;
+/// Answers a caller once its step's transaction has ended: `None` if it
+/// committed (the caller gets its step's own result), or the error that
+/// ended it (the step's writes, if any, are undone).
+type Reply = Box<dyn FnOnce(Option<Error>) + Send>;
+
+/// How a step ended inside its transaction.
+struct Ran {
+    reply: Reply,
+    /// A copy of the step's error when it failed: its writes are rolled
+    /// back, and if SQLite ended the whole transaction on it (a full disk),
+    /// it is what every other caller of the transaction is told.
+    failed: Option<Error>,
+}
 
 /// What a job is given: the connection to run on, or the error that kept
 /// it from running.
@@ -36,10 +48,8 @@ enum Attempt<'c> {
     Fail(Error),
 }
 
-/// A step with its result type erased: `Ok` holds the reply to send once
-/// the transaction commits; `Err` means the step failed (or never ran) and
-/// its caller has been answered.
-type Job = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Result<Reply, ()>> + Send>;
+/// A step with its result type erased.
+type Job = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Ran> + Send>;
 
 /// The handle through which the store's writes reach the writer task. The
 /// task ends when the last handle is dropped.
@@ -63,7 +73,7 @@ impl GroupWriter {
     }
 
     /// Runs `step` in the next group transaction and returns its result once
-    /// that transaction has committed. The step runs inside a transaction it
+    /// that transaction has ended. The step runs inside a transaction it
     /// must not end itself.
     pub(super) async fn write<T, F>(&self, step: F) -> Result<T, Error>
     where
@@ -72,16 +82,11 @@ impl GroupWriter {
             + Send
             + 'static,
     {
-        // Nobody to group with: run it here, as its own transaction.
+        // Nobody to group with: its own transaction, on its own task.
         if self.queued.load(Ordering::Acquire) == 0 {
-            if let Some(mut conn) = self.pool.try_acquire() {
-                let mut tx = conn
-                    .begin_with("BEGIN IMMEDIATE")
-                    .await
-                    .map_err(db("begin write transaction"))?;
-                let value = step(&mut tx).await?;
-                tx.commit().await.map_err(db("commit"))?;
-                return Ok(value);
+            if let Some(conn) = self.pool.try_acquire() {
+                let alone = tokio::spawn(run_alone(conn, step));
+                return alone.await.unwrap_or_else(|_| Err(writer_gone()));
             }
         }
         let (answer, answered) = oneshot::channel::<Result<T, Error>>();
@@ -92,13 +97,18 @@ impl GroupWriter {
                     Attempt::Fail(e) => Err(e),
                 };
                 match ran {
-                    Ok(value) => Ok(Box::new(move |committed: Result<(), Error>| {
-                        let _ = answer.send(committed.map(|()| value));
-                    }) as Reply),
-                    Err(e) => {
-                        let _ = answer.send(Err(e));
-                        Err(())
-                    }
+                    Ok(value) => Ran {
+                        reply: Box::new(move |ended: Option<Error>| {
+                            let _ = answer.send(ended.map_or(Ok(value), Err));
+                        }),
+                        failed: None,
+                    },
+                    Err(e) => Ran {
+                        failed: Some(copy_of(&e)),
+                        reply: Box::new(move |ended: Option<Error>| {
+                            let _ = answer.send(Err(ended.unwrap_or(e)));
+                        }),
+                    },
                 }
             })
         });
@@ -109,6 +119,20 @@ impl GroupWriter {
         }
         answered.await.map_err(|_| writer_gone())?
     }
+}
+
+/// One step in its own transaction.
+async fn run_alone<T, F>(mut conn: PoolConnection<Sqlite>, step: F) -> Result<T, Error>
+where
+    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, Error>>,
+{
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(db("begin write transaction"))?;
+    let value = step(&mut tx).await?;
+    tx.commit().await.map_err(db("commit"))?;
+    Ok(value)
 }
 
 async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: Arc<AtomicUsize>) {
@@ -177,74 +201,78 @@ async fn one_transaction(
     };
     // Alone, a step needs no savepoint: its failure rolls back everything.
     let isolated = batch.len() > 1;
-    let mut applied: Vec<Reply> = Vec::with_capacity(batch.len());
+    let mut ended: Vec<Reply> = Vec::with_capacity(batch.len());
+    let mut failed = 0;
     while let Some(job) = batch.pop_front() {
-        if !isolated {
-            match job(Attempt::Run(&mut tx)).await {
-                Ok(reply) => applied.push(reply),
-                Err(()) => {
-                    return tx.rollback().await.map_err(db("roll back failed step"));
-                }
-            }
-            continue;
-        }
         // One statement per step: savepoints of one name stack up, `ROLLBACK
         // TO` undoes only the latest (this step's), and the commit releases
         // them all; a RELEASE per step would be a round trip for nothing.
-        if let Err(e) = sqlx::query("SAVEPOINT step")
-            .execute(&mut *tx)
-            .await
-            .map_err(db("savepoint"))
-        {
-            batch.push_front(job);
-            answer_all(applied, &e);
-            return Err(e);
-        }
-        let ended = match job(Attempt::Run(&mut tx)).await {
-            Ok(reply) => {
-                applied.push(reply);
-                Ok(())
+        if isolated {
+            if let Err(e) = sqlx::query("SAVEPOINT step")
+                .execute(&mut *tx)
+                .await
+                .map_err(db("savepoint"))
+            {
+                batch.push_front(job);
+                answer_all(ended, Some(&e));
+                return Err(e);
             }
-            Err(()) => sqlx::query("ROLLBACK TO step")
+        }
+        let ran = job(Attempt::Run(&mut tx)).await;
+        let Some(cause) = ran.failed else {
+            ended.push(ran.reply);
+            continue;
+        };
+        failed += 1;
+        let undone = match isolated {
+            true => sqlx::query("ROLLBACK TO step")
                 .execute(&mut *tx)
                 .await
                 .map(drop)
                 .map_err(db("roll back to savepoint")),
-        };
-        // A step whose error made SQLite end the whole transaction (a full
-        // disk, say) takes the steps before it down with it.
-        if let Err(e) = ended {
-            answer_all(applied, &e);
-            return Err(e);
-        }
-    }
-    let committed = tx.commit().await.map_err(db("commit"));
-    match committed {
-        Ok(()) => {
-            tracing::trace!(steps = applied.len(), "group transaction committed");
-            for reply in applied {
-                reply(Ok(()));
+            // Alone: the transaction is the step's, and ends with it.
+            false => {
+                drop(tx);
+                (ran.reply)(None);
+                return Ok(());
             }
+        };
+        if undone.is_err() {
+            // SQLite ended the whole transaction on this step's error (a
+            // full disk, say): the steps before it are undone too, and
+            // their callers learn why.
+            (ran.reply)(None);
+            answer_all(ended, Some(&cause));
+            return Err(cause);
+        }
+        ended.push(ran.reply);
+    }
+    match tx.commit().await.map_err(db("commit")) {
+        Ok(()) => {
+            tracing::trace!(steps = ended.len(), failed, "group transaction committed");
+            answer_all(ended, None);
             Ok(())
         }
         Err(e) => {
-            answer_all(applied, &e);
+            answer_all(ended, Some(&e));
             Err(e)
         }
     }
 }
 
-/// Answers steps that cannot be committed with a copy of the error.
-fn answer_all(applied: Vec<Reply>, error: &Error) {
-    for reply in applied {
-        reply(Err(copy_of(error)));
+/// Answers the callers of a transaction that ended: committed (`None`), or
+/// with (a copy of) the error that ended it.
+fn answer_all(ended: Vec<Reply>, error: Option<&Error>) {
+    for reply in ended {
+        reply(error.map(copy_of));
     }
 }
 
 /// Answers steps that never ran.
 async fn fail_all(batch: VecDeque<Job>, error: &Error) {
     for job in batch {
-        let _ = job(Attempt::Fail(copy_of(error))).await;
+        let ran = job(Attempt::Fail(copy_of(error))).await;
+        (ran.reply)(None);
     }
 }
 
@@ -253,12 +281,12 @@ async fn fail_all(batch: VecDeque<Job>, error: &Error) {
 fn copy_of(error: &Error) -> Error {
     match error {
         Error::Store(e) => Error::Store(e.replicate()),
-        other => Error::Store(StoreError::new(other.to_string(), None)),
+        other => Error::Store(crate::error::StoreError::new(other.to_string(), None)),
     }
 }
 
 fn writer_gone() -> Error {
-    Error::Store(StoreError::new(
+    Error::Store(crate::error::StoreError::new(
         "the store's writer stopped before answering",
         None,
     ))
