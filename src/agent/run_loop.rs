@@ -136,14 +136,7 @@ impl RunLoop<'_> {
     /// deadline and cancellation let it start.
     fn next_turn(&self) -> Result<LoopCheckpoint, Error> {
         let turn = self.checkpoint.turn.saturating_add(1);
-        let limit = turn_limit(self.agent, self.ctx);
-        if turn > limit {
-            return Err(self.budget_exceeded(
-                BudgetKind::Turns,
-                u64::from(self.checkpoint.turn),
-                u64::from(limit),
-            ));
-        }
+        self.check_turn_limit(turn)?;
         self.check_token_budget()?;
         self.check_stop()?;
         Ok(LoopCheckpoint {
@@ -157,14 +150,7 @@ impl RunLoop<'_> {
     async fn model_step(&mut self) -> Result<Option<StoredOutcome>, Error> {
         // Checked again here for a run resumed into a pending model call
         // (its budget may be lower than the one that wrote the write-ahead).
-        let limit = turn_limit(self.agent, self.ctx);
-        if self.checkpoint.turn > limit {
-            return Err(self.budget_exceeded(
-                BudgetKind::Turns,
-                u64::from(self.checkpoint.turn.saturating_sub(1)),
-                u64::from(limit),
-            ));
-        }
+        self.check_turn_limit(self.checkpoint.turn)?;
         self.check_token_budget()?;
         self.check_stop()?;
         self.back_in_flight().await?;
@@ -397,6 +383,20 @@ impl RunLoop<'_> {
     /// Awaits `future` unless the run is cancelled or its deadline passes.
     async fn guard<T>(&self, future: impl Future<Output = T>) -> Result<T, Error> {
         guarded(self.ctx, &self.fence, future).await
+    }
+
+    /// Whether `turn` is within the run's turn limit (the turns before it
+    /// are the ones used).
+    fn check_turn_limit(&self, turn: u32) -> Result<(), Error> {
+        let limit = turn_limit(self.agent, self.ctx);
+        if turn > limit {
+            return Err(self.budget_exceeded(
+                BudgetKind::Turns,
+                u64::from(turn.saturating_sub(1)),
+                u64::from(limit),
+            ));
+        }
+        Ok(())
     }
 
     fn check_token_budget(&self) -> Result<(), Error> {

@@ -21,32 +21,36 @@ impl SqliteStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<Conversation, Error> {
-        let mut tx = self.begin_write().await?;
-        let uuid = id.as_uuid();
-        let ns = namespace.as_str();
-        let now = now_ms();
-        sqlx::query!(
+        let namespace = namespace.clone();
+        self.group
+            .write(move |tx| {
+                Box::pin(async move {
+                    let uuid = id.as_uuid();
+                    let ns = namespace.as_str();
+                    let now = now_ms();
+                    sqlx::query!(
             "INSERT INTO conversations (id, namespace, version, created_at) VALUES (?1, ?2, 0, ?3)
              ON CONFLICT (id) DO NOTHING",
             uuid,
             ns,
             now
         )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("create conversation"))?;
-        sqlx::query!(
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("create conversation"))?;
+                    sqlx::query!(
             "INSERT INTO admissions (conversation_id, revision, updated_at) VALUES (?1, 0, ?2)
              ON CONFLICT (conversation_id) DO NOTHING",
             uuid,
             now
         )
-        .execute(&mut *tx)
-        .await
-        .map_err(db("create admission"))?;
-        let conversation = load_conversation(&mut tx, namespace, id).await?;
-        tx.commit().await.map_err(db("commit conversation"))?;
-        Ok(conversation)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("create admission"))?;
+                    load_conversation(tx, &namespace, id).await
+                })
+            })
+            .await
     }
 
     pub(super) async fn conversation_impl(

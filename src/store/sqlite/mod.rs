@@ -3,8 +3,10 @@
 //! One writer connection takes every write transaction with
 //! `BEGIN IMMEDIATE` (so concurrent writers queue on the busy timeout instead
 //! of failing a read-to-write upgrade); reads go to a separate reader pool.
-//! A run's durable steps reach that connection through the group writer
-//! (`writer.rs`), which commits the steps of concurrent sessions together.
+//! Every write of the `Store` contract reaches that connection through the
+//! group writer (`writer.rs`), which commits the steps of concurrent
+//! sessions together; only the maintenance operations (`prune`) take it
+//! directly, with `begin_write`.
 
 mod admission;
 mod codec;

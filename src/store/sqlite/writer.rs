@@ -82,13 +82,6 @@ impl GroupWriter {
             + Send
             + 'static,
     {
-        // Nobody to group with: its own transaction, on its own task.
-        if self.queued.load(Ordering::Acquire) == 0 {
-            if let Some(conn) = self.pool.try_acquire() {
-                let alone = tokio::spawn(run_alone(conn, step));
-                return alone.await.unwrap_or_else(|_| Err(writer_gone()));
-            }
-        }
         let (answer, answered) = oneshot::channel::<Result<T, Error>>();
         let job: Job = Box::new(move |attempt| {
             Box::pin(async move {
@@ -112,27 +105,23 @@ impl GroupWriter {
                 }
             })
         });
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        if self.jobs.send(job).is_err() {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(writer_gone());
+        // Nobody to group with: a batch of one, at once, on a task of its
+        // own; otherwise the writer task's next batch.
+        let idle = match self.queued.load(Ordering::Acquire) {
+            0 => self.pool.try_acquire(),
+            _ => None,
+        };
+        if let Some(conn) = idle {
+            tokio::spawn(commit_batch(self.pool.clone(), conn, VecDeque::from([job])));
+        } else {
+            self.queued.fetch_add(1, Ordering::AcqRel);
+            if self.jobs.send(job).is_err() {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(writer_gone());
+            }
         }
         answered.await.map_err(|_| writer_gone())?
     }
-}
-
-/// One step in its own transaction.
-async fn run_alone<T, F>(mut conn: PoolConnection<Sqlite>, step: F) -> Result<T, Error>
-where
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, Error>>,
-{
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(db("begin write transaction"))?;
-    let value = step(&mut tx).await?;
-    tx.commit().await.map_err(db("commit"))?;
-    Ok(value)
 }
 
 async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: Arc<AtomicUsize>) {
@@ -149,7 +138,7 @@ async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: 
         }
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
         match conn {
-            Ok(conn) => commit_batch(&pool, conn, batch).await,
+            Ok(conn) => commit_batch(pool.clone(), conn, batch).await,
             Err(e) => fail_all(batch, &e).await,
         }
     }
@@ -161,7 +150,7 @@ async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: 
 /// connection that it left in a bad state is repaired or replaced (the
 /// pool's release check, in `open.rs`).
 async fn commit_batch(
-    pool: &SqlitePool,
+    pool: SqlitePool,
     mut conn: PoolConnection<Sqlite>,
     mut batch: VecDeque<Job>,
 ) {
