@@ -4,7 +4,7 @@
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::{insert_messages, upsert_checkpoint};
+use super::turns::{insert_messages, save_checkpoints};
 use super::SqliteStore;
 use crate::checkpoint::CheckpointPhase;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
@@ -360,7 +360,7 @@ async fn claim_in(tx: &mut SqliteConnection, claim: &NewRequest) -> Result<Claim
     // without one is at its start.
     insert_messages(&mut *tx, &fence, 0, 0, std::slice::from_ref(&claim.input)).await?;
     if let Some(first_turn) = &claim.first_turn {
-        upsert_checkpoint(&mut *tx, &fence, first_turn).await?;
+        save_checkpoints(&mut *tx, &fence, &[first_turn]).await?;
     }
     Ok(ClaimOutcome::Admitted(fence))
 }

@@ -5,8 +5,8 @@
 
 use sqlx::SqliteConnection;
 
-use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::{insert_messages, upsert_checkpoint};
+use super::codec::{db, now_ms, to_i64, to_json, Row};
+use super::turns::{fenced, save_checkpoints};
 use super::SqliteStore;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::message::Message;
@@ -46,7 +46,13 @@ async fn commit_in(
         Error::InvalidInput("a commit checkpoint must count the final message".into())
     })?;
 
-    // Fence and release in one guarded statement.
+    // The committed turn's checkpoint holds the outcome's totals; saving it
+    // is the fence.
+    let completed = LoopCheckpoint {
+        phase: CheckpointPhase::Completed,
+        ..checkpoint.clone()
+    };
+    save_checkpoints(&mut *tx, fence, &[&completed]).await?;
     let released = sqlx::query!(
         "UPDATE admissions
          SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
@@ -64,36 +70,40 @@ async fn commit_in(
     .await
     .map_err(db("release admission"))?;
     if released.rows_affected() != 1 {
-        return Err(Error::Fenced {
-            run_id: fence.run_id,
-            revision: fence.revision,
-        });
+        return Err(fenced(fence));
     }
 
-    // The final answer joins the pending messages, then all of them move
-    // to the transcript after its current end.
-    insert_messages(
-        &mut *tx,
-        fence,
-        checkpoint.turn,
-        final_seq,
-        std::slice::from_ref(final_message),
-    )
-    .await?;
-    let first_seq = sqlx::query_scalar!(
-        r#"SELECT COALESCE(MAX(seq) + 1, 0) AS "next!: i64" FROM transcript WHERE conversation_id = ?1"#,
+    // The new version, and where the request's messages start: after the
+    // transcript's current end.
+    let placed = sqlx::query!(
+        r#"UPDATE conversations SET version = version + 1 WHERE id = ?1
+           RETURNING version AS "version!: i64",
+               (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript WHERE conversation_id = ?1)
+                   AS "first_seq!: i64""#,
         conversation
     )
     .fetch_one(&mut *tx)
     .await
-    .map_err(db("read transcript end"))?;
+    .map_err(db("bump conversation version"))?;
+    let (version, first_seq) = (placed.version, placed.first_seq);
+    // The pending messages and the final answer move to the transcript in
+    // one statement.
+    let answer = to_json(std::slice::from_ref(final_message))?;
+    let final_seq = to_i64(final_seq);
     let moved = sqlx::query!(
         "INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
          SELECT ?1, ?2 + seq, request_id, role, content, meta FROM run_messages
-         WHERE request_id = ?3 ORDER BY seq",
+         WHERE request_id = ?3
+         UNION ALL
+         SELECT ?1, ?2 + ?4, ?3, value ->> '$.role', value ->> '$.content',
+             NULLIF(json_remove(value, '$.role', '$.content'), '{}')
+         FROM json_each(?5)
+         ORDER BY 2",
         conversation,
         first_seq,
-        request
+        request,
+        final_seq,
+        answer
     )
     .execute(&mut *tx)
     .await
@@ -103,13 +113,6 @@ async fn commit_in(
         .execute(&mut *tx)
         .await
         .map_err(db("clear run messages"))?;
-    let version = sqlx::query_scalar!(
-        r#"UPDATE conversations SET version = version + 1 WHERE id = ?1 RETURNING version AS "version!: i64""#,
-        conversation
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(db("bump conversation version"))?;
     let end_seq = first_seq.saturating_add(i64::try_from(moved).unwrap_or(i64::MAX));
     sqlx::query!(
         "UPDATE requests SET status = 'completed', committed_run_id = ?1,
@@ -133,12 +136,6 @@ async fn commit_in(
     .execute(&mut *tx)
     .await
     .map_err(db("complete run"))?;
-    // The committed turn's checkpoint holds the outcome's totals.
-    let completed = LoopCheckpoint {
-        phase: CheckpointPhase::Completed,
-        ..checkpoint.clone()
-    };
-    upsert_checkpoint(&mut *tx, fence, &completed).await?;
     let key = Row {
         table: "conversations",
         key: &fence.conversation_id,

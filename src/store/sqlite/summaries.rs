@@ -8,7 +8,7 @@ use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::check_fence_only;
+use super::turns::check_fence;
 use super::SqliteStore;
 use crate::ids::{ConversationId, RequestId, Revision};
 use crate::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};
@@ -153,7 +153,7 @@ impl SqliteStore {
             .write(move |tx| {
                 Box::pin(async move {
                     let pass = &summary.pass;
-                    check_fence_only(tx, &fence).await?;
+                    check_fence(tx, &fence).await?;
 
                     // Committed before, acknowledgement lost: the same row, nothing new.
                     let existing = sqlx::query_as!(

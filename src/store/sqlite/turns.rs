@@ -1,6 +1,10 @@
-//! The writes of a run's owner during its turns. Each is one transaction
-//! that starts with the fence: if the admission moved past the owner's
-//! revision, nothing is written and the owner gets [`Error::Fenced`].
+//! The writes of a run's owner during its turns. Each is one step of the
+//! group writer (one transaction, or one savepoint of a shared one) whose
+//! first statement is also its fence: a checkpoint or a journal row is
+//! written only while the admission still names the owner's run and
+//! revision. If the admission moved on, nothing is written and the owner
+//! gets [`Error::Fenced`]. A turn with one tool call is three steps of seven
+//! statements in all.
 
 use sqlx::SqliteConnection;
 
@@ -20,10 +24,7 @@ impl SqliteStore {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         self.group
             .write(move |conn| {
-                Box::pin(async move {
-                    check_fence(conn, &fence, &checkpoint).await?;
-                    upsert_checkpoint(conn, &fence, &checkpoint).await
-                })
+                Box::pin(async move { save_checkpoints(conn, &fence, &[&checkpoint]).await })
             })
             .await
     }
@@ -40,7 +41,7 @@ impl SqliteStore {
         self.group
             .write(move |conn| {
                 Box::pin(async move {
-                    check_fence(conn, &fence, &checkpoint).await?;
+                    save_checkpoints(conn, &fence, &[&checkpoint]).await?;
                     insert_messages(
                         conn,
                         &fence,
@@ -68,7 +69,7 @@ impl SqliteStore {
                     .execute(&mut *conn)
                     .await
                     .map_err(db("journal tool calls"))?;
-                    upsert_checkpoint(conn, &fence, &checkpoint).await
+                    Ok(())
                 })
             })
             .await
@@ -87,8 +88,10 @@ impl SqliteStore {
         self.group
             .write(move |conn| {
                 Box::pin(async move {
-                    check_fence_only(conn, &fence).await?;
+                    let conversation = fence.conversation_id.as_uuid();
                     let request = fence.request_id.as_uuid();
+                    let run = fence.run_id.as_uuid();
+                    let revision = to_i64(fence.revision.0);
                     let turn = i64::from(turn);
                     let status = if result.is_error {
                         "failed"
@@ -96,27 +99,38 @@ impl SqliteStore {
                         "completed"
                     };
                     let now = now_ms();
+                    // Fenced in the same statement: the result lands only
+                    // while the admission still names this run.
                     let journaled = sqlx::query!(
                         "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
                          WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
-                             AND status = 'requested'",
+                             AND status = 'requested'
+                             AND EXISTS (SELECT 1 FROM admissions
+                                 WHERE conversation_id = ?7 AND revision = ?8 AND run_id = ?9
+                                     AND active_request_id = ?4)",
                         status,
                         result.content,
                         now,
                         request,
                         turn,
-                        call_id
+                        call_id,
+                        conversation,
+                        revision,
+                        run
                     )
                     .execute(&mut *conn)
                     .await
                     .map_err(db("journal tool result"))?;
-                    if journaled.rows_affected() != 1 {
-                        return Err(Error::InvalidInput(format!(
-                            "no requested tool call {call_id:?} in turn {turn} of request {}",
-                            fence.request_id
-                        )));
+                    if journaled.rows_affected() == 1 {
+                        return Ok(());
                     }
-                    Ok(())
+                    // Nothing written: either the owner was replaced, or
+                    // there is no such call waiting for its result.
+                    check_fence(conn, &fence).await?;
+                    Err(Error::InvalidInput(format!(
+                        "no requested tool call {call_id:?} in turn {turn} of request {}",
+                        fence.request_id
+                    )))
                 })
             })
             .await
@@ -141,11 +155,13 @@ impl SqliteStore {
         self.group
             .write(move |conn| {
                 Box::pin(async move {
-                    // The fence records the usage of the latest checkpoint
-                    // written: the next turn's write-ahead when there is one.
-                    check_fence(conn, &fence, next.as_ref().unwrap_or(&checkpoint)).await?;
+                    // The turn's checkpoint and the next turn's write-ahead,
+                    // in one fenced statement.
+                    match &next {
+                        Some(next) => save_checkpoints(conn, &fence, &[&checkpoint, next]).await?,
+                        None => save_checkpoints(conn, &fence, &[&checkpoint]).await?,
+                    }
                     insert_messages(conn, &fence, checkpoint.turn, first_seq, &messages).await?;
-                    upsert_checkpoint(conn, &fence, &checkpoint).await?;
                     // The turn's calls and results are messages now: keep
                     // only the journal's record of what ran.
                     let request = fence.request_id.as_uuid();
@@ -159,9 +175,6 @@ impl SqliteStore {
                     .execute(&mut *conn)
                     .await
                     .map_err(db("compact tool journal"))?;
-                    if let Some(next) = &next {
-                        upsert_checkpoint(conn, &fence, next).await?;
-                    }
                     Ok(())
                 })
             })
@@ -181,11 +194,11 @@ impl SqliteStore {
             .write(move |conn| {
                 Box::pin(async move {
                     // A settled checkpoint may count usage the last write did
-                    // not (an answer refused as malformed): the admission
-                    // reports it too.
+                    // not (an answer refused as malformed): saving it is the
+                    // fence, and the admission reports its usage.
                     match &settled {
-                        Some(checkpoint) => check_fence(conn, &fence, checkpoint).await?,
-                        None => check_fence_only(conn, &fence).await?,
+                        Some(checkpoint) => save_checkpoints(conn, &fence, &[checkpoint]).await?,
+                        None => check_fence(conn, &fence).await?,
                     }
                     let run = fence.run_id.as_uuid();
                     let now = now_ms();
@@ -199,9 +212,6 @@ impl SqliteStore {
                     .execute(&mut *conn)
                     .await
                     .map_err(db("record run failure"))?;
-                    if let Some(checkpoint) = &settled {
-                        upsert_checkpoint(conn, &fence, checkpoint).await?;
-                    }
                     Ok(())
                 })
             })
@@ -209,49 +219,9 @@ impl SqliteStore {
     }
 }
 
-/// The fence, also recording the checkpoint's usage as the request's latest
-/// persisted usage (what `recovery_usage` reports).
-pub(super) async fn check_fence(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    checkpoint: &LoopCheckpoint,
-) -> Result<(), Error> {
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
-    let usage = checkpoint.usage;
-    let (input, output) = (to_i64(usage.input_tokens), to_i64(usage.output_tokens));
-    let (cache_read, cache_write) = (
-        to_i64(usage.cache_read_tokens),
-        to_i64(usage.cache_write_tokens),
-    );
-    let now = now_ms();
-    let updated = sqlx::query!(
-        "UPDATE admissions SET input_tokens = ?1, output_tokens = ?2, cache_read_tokens = ?3,
-             cache_write_tokens = ?4, updated_at = ?5
-         WHERE conversation_id = ?6 AND revision = ?7 AND run_id = ?8 AND active_request_id = ?9",
-        input,
-        output,
-        cache_read,
-        cache_write,
-        now,
-        conversation,
-        revision,
-        run,
-        request
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("fence"))?;
-    fenced_unless_one(fence, updated.rows_affected())
-}
-
-/// The fence for writes that carry no usage.
-pub(super) async fn check_fence_only(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-) -> Result<(), Error> {
+/// The fence on its own, for writes that save no checkpoint: touches the
+/// admission only while it still names the owner's run and revision.
+pub(super) async fn check_fence(conn: &mut SqliteConnection, fence: &Fence) -> Result<(), Error> {
     let conversation = fence.conversation_id.as_uuid();
     let request = fence.request_id.as_uuid();
     let run = fence.run_id.as_uuid();
@@ -269,17 +239,16 @@ pub(super) async fn check_fence_only(
     .execute(&mut *conn)
     .await
     .map_err(db("fence"))?;
-    fenced_unless_one(fence, updated.rows_affected())
+    match updated.rows_affected() {
+        1 => Ok(()),
+        _ => Err(fenced(fence)),
+    }
 }
 
-fn fenced_unless_one(fence: &Fence, rows: u64) -> Result<(), Error> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(Error::Fenced {
-            run_id: fence.run_id,
-            revision: fence.revision,
-        })
+pub(super) fn fenced(fence: &Fence) -> Error {
+    Error::Fenced {
+        run_id: fence.run_id,
+        revision: fence.revision,
     }
 }
 
@@ -318,55 +287,35 @@ pub(super) async fn insert_messages(
     Ok(())
 }
 
-/// Saves a checkpoint row, and the verification reports of its turn (the
+/// Saves checkpoint rows (a turn's, and the next turn's write-ahead) in one
+/// statement that is also the fence: the rows are written only while the
+/// admission names the owner's run and revision, and `Fenced` otherwise.
+/// The admission takes the last row's usage by trigger (migration 0004).
+/// Verification reports new in a checkpoint's turn are saved with it (the
 /// earlier ones are already stored: a row only counts them).
-pub(super) async fn upsert_checkpoint(
+pub(super) async fn save_checkpoints(
     conn: &mut SqliteConnection,
     fence: &Fence,
-    checkpoint: &LoopCheckpoint,
+    checkpoints: &[&LoopCheckpoint],
 ) -> Result<(), Error> {
-    let reports = &checkpoint.verification_reports;
-    let first_new = reports
-        .iter()
-        .position(|r| r.turn == checkpoint.turn)
-        .unwrap_or(reports.len());
-    if first_new < reports.len() {
-        let request = fence.request_id.as_uuid();
-        let first_seq = to_i64(first_new as u64);
-        let batch = to_json(&reports[first_new..])?;
-        sqlx::query!(
-            "INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
-             SELECT ?1, ?2 + key, value ->> '$.turn', value ->> '$.passed', value ->> '$.detail'
-             FROM json_each(?3) WHERE true
-             ON CONFLICT (request_id, seq) DO NOTHING",
-            request,
-            first_seq,
-            batch
-        )
-        .execute(&mut *conn)
-        .await
-        .map_err(db("save verification reports"))?;
-    }
-    // The fence's run, whatever the checkpoint says: an owner writes only
-    // its own run's rows.
+    let rows: Vec<serde_json::Value> = checkpoints.iter().map(|c| checkpoint_row(c)).collect();
+    let rows = to_json(&rows)?;
+    let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
     let run = fence.run_id.as_uuid();
-    let turn = i64::from(checkpoint.turn);
-    let phase = checkpoint.phase.as_str();
-    let usage = checkpoint.usage;
-    let (input, output) = (to_i64(usage.input_tokens), to_i64(usage.output_tokens));
-    let (cache_read, cache_write) = (
-        to_i64(usage.cache_read_tokens),
-        to_i64(usage.cache_write_tokens),
-    );
-    let tool_calls = to_i64(checkpoint.tool_calls_count);
-    let reports_count = to_i64(reports.len() as u64);
-    let message_count = to_i64(checkpoint.message_count);
+    let revision = to_i64(fence.revision.0);
     let now = now_ms();
-    sqlx::query!(
+    let saved = sqlx::query!(
         "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
              cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
              message_count, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         SELECT a.run_id, value ->> '$.turn', value ->> '$.phase', value ->> '$.input',
+             value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
+             value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', ?1
+         FROM admissions a, json_each(?2)
+         WHERE a.conversation_id = ?3 AND a.revision = ?4 AND a.run_id = ?5
+             AND a.active_request_id = ?6
+         ORDER BY key
          ON CONFLICT (run_id, turn) DO UPDATE SET phase = excluded.phase,
              input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens,
              cache_read_tokens = excluded.cache_read_tokens,
@@ -374,20 +323,65 @@ pub(super) async fn upsert_checkpoint(
              tool_calls_count = excluded.tool_calls_count,
              reports_count = excluded.reports_count,
              message_count = excluded.message_count, created_at = excluded.created_at",
+        now,
+        rows,
+        conversation,
+        revision,
         run,
-        turn,
-        phase,
-        input,
-        output,
-        cache_read,
-        cache_write,
-        tool_calls,
-        reports_count,
-        message_count,
-        now
+        request
     )
     .execute(&mut *conn)
     .await
     .map_err(db("save checkpoint"))?;
+    if saved.rows_affected() == 0 {
+        return Err(fenced(fence));
+    }
+    for checkpoint in checkpoints {
+        save_new_reports(conn, fence, checkpoint).await?;
+    }
+    Ok(())
+}
+
+/// One checkpoint as the JSON object `save_checkpoints` expands.
+fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
+    let usage = checkpoint.usage;
+    serde_json::json!({
+        "turn": checkpoint.turn,
+        "phase": checkpoint.phase.as_str(),
+        "input": to_i64(usage.input_tokens),
+        "output": to_i64(usage.output_tokens),
+        "cache_read": to_i64(usage.cache_read_tokens),
+        "cache_write": to_i64(usage.cache_write_tokens),
+        "tool_calls": to_i64(checkpoint.tool_calls_count),
+        "reports": checkpoint.verification_reports.len(),
+        "messages": to_i64(checkpoint.message_count),
+    })
+}
+
+/// The verification reports a checkpoint's own turn added.
+async fn save_new_reports(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+) -> Result<(), Error> {
+    let reports = &checkpoint.verification_reports;
+    let Some(first_new) = reports.iter().position(|r| r.turn == checkpoint.turn) else {
+        return Ok(());
+    };
+    let request = fence.request_id.as_uuid();
+    let first_seq = to_i64(first_new as u64);
+    let batch = to_json(&reports[first_new..])?;
+    sqlx::query!(
+        "INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+         SELECT ?1, ?2 + key, value ->> '$.turn', value ->> '$.passed', value ->> '$.detail'
+         FROM json_each(?3) WHERE true
+         ON CONFLICT (request_id, seq) DO NOTHING",
+        request,
+        first_seq,
+        batch
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("save verification reports"))?;
     Ok(())
 }
