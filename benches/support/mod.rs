@@ -106,7 +106,8 @@ const BARE_INSERT: &str = "INSERT INTO steps (created_at, body) VALUES (?1, ?2)"
 
 /// The floor for one durable step: a single-row INSERT transaction through
 /// sqlx, on a database opened like the store's (same pragmas) and through a
-/// pool like the store's writer (one pinned connection, `BEGIN IMMEDIATE`).
+/// pool like the store's writer (one pinned connection, no ping before it is
+/// handed out, `BEGIN IMMEDIATE`).
 pub struct BareInsert {
     pool: SqlitePool,
     body: String,
@@ -136,6 +137,7 @@ impl BareInsert {
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(connect)
