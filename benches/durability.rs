@@ -204,16 +204,13 @@ fn read(c: &mut Criterion) {
                 })
             });
             group.bench_function(BenchmarkId::new("resume/checkpoint_and_window", &id), |b| {
+                // Read at once, as a resumed run reads them.
                 b.to_async(&rt).iter(|| async move {
-                    let checkpoint = store
-                        .latest_checkpoint(fence.run_id)
-                        .await
-                        .expect("checkpoint");
-                    let window = store
-                        .transcript_window(conversation, 50)
-                        .await
-                        .expect("window");
-                    black_box((checkpoint, window))
+                    let (checkpoint, window) = tokio::join!(
+                        store.latest_checkpoint(fence.run_id),
+                        store.transcript_window(conversation, 50)
+                    );
+                    black_box((checkpoint.expect("checkpoint"), window.expect("window")))
                 })
             });
         }

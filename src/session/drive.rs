@@ -42,6 +42,27 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
+        let reads = self.resume_reads(fence);
+        // Without a summary agent the model's context does not depend on
+        // where the run stopped: it is read at the same time.
+        let ((seed, messages), prefix) = match self.summary {
+            None => {
+                let (reads, prefix) = tokio::try_join!(reads, self.context_prefix())?;
+                (reads, Some(prefix))
+            }
+            Some(_) => (reads.await?, None),
+        };
+        let seed = seed.map_or(Seed::Start, |seed| Seed::Resumed(seed, prefix));
+        self.drive(fence, Some(resumed_from), seed, messages, ctx, events)
+            .await
+    }
+
+    /// The latest checkpoint of the run being continued and the request's
+    /// messages up to it.
+    async fn resume_reads(
+        &self,
+        fence: Fence,
+    ) -> Result<(Option<LoopCheckpoint>, Vec<Message>), Error> {
         // No checkpoint: the run being continued never wrote a turn's
         // write-ahead, so the request goes on from its bound input (its
         // summary passes, if any, are continued from the admission).
@@ -68,9 +89,7 @@ impl AgentSession {
                 reason: format!("expected {count} messages, found {}", messages.len()),
             });
         }
-        let seed = seed.map_or(Seed::Start, Seed::Resumed);
-        self.drive(fence, Some(resumed_from), seed, messages, ctx, events)
-            .await
+        Ok((seed, messages))
     }
 
     /// Runs the request from `seed`, or from its start (summary passes
@@ -94,7 +113,8 @@ impl AgentSession {
             })
             .await;
         let (seed, prefix) = match seed {
-            Seed::Resumed(seed) => (seed, self.context_prefix().await?),
+            Seed::Resumed(seed, Some(prefix)) => (seed, prefix),
+            Seed::Resumed(seed, None) => (seed, self.context_prefix().await?),
             Seed::WrittenAhead(seed, prefix) => {
                 events.emit(Event::TurnStarted { turn: seed.turn }).await;
                 (seed, prefix)
@@ -170,8 +190,9 @@ enum Seed {
     /// At a turn whose write-ahead the claim saved, with the model's
     /// context read before the claim.
     WrittenAhead(LoopCheckpoint, Vec<Message>),
-    /// At the latest checkpoint of the run it continues.
-    Resumed(LoopCheckpoint),
+    /// At the latest checkpoint of the run it continues, with the model's
+    /// context when it was read alongside.
+    Resumed(LoopCheckpoint, Option<Vec<Message>>),
 }
 
 /// The write-ahead of a request's first turn, saved with its claim when
