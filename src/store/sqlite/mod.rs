@@ -6,7 +6,7 @@
 //! Every write of the `Store` contract reaches that connection through the
 //! group writer (`writer.rs`), which commits the steps of concurrent
 //! sessions together; only the maintenance operations (`prune`) take it
-//! directly, with `begin_write`.
+//! directly (`write_connection.rs`).
 
 mod admission;
 mod codec;
@@ -16,6 +16,7 @@ mod ops;
 mod reads;
 mod summaries;
 mod turns;
+mod write_connection;
 mod writer;
 
 use std::path::PathBuf;
@@ -23,7 +24,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::SqlitePool;
-use sqlx::{Sqlite, Transaction};
 
 use super::{
     Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
@@ -94,7 +94,7 @@ impl Default for SqliteOptions {
 /// The SQLite implementation of [`Store`].
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    writer: SqlitePool,
+    writer: write_connection::WriteConnection,
     /// Commits runs' steps, batching concurrent sessions' steps.
     group: writer::GroupWriter,
     reader: SqlitePool,
@@ -103,15 +103,6 @@ pub struct SqliteStore {
     /// Keeps a named in-memory database alive while any clone of the store
     /// lives, whatever the pools do with their connections.
     _memory_keeper: Option<std::sync::Arc<open::MemoryKeeper>>,
-}
-
-impl SqliteStore {
-    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, Error> {
-        self.writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(codec::db("begin write transaction"))
-    }
 }
 
 #[async_trait]

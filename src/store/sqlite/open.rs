@@ -14,6 +14,8 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tracing::instrument;
 
 use super::codec::db;
+use super::write_connection::WriteConnection;
+use super::writer::GroupWriter;
 use super::{Durability, SqliteOptions, SqliteStore};
 use crate::error::StoreError;
 use crate::Error;
@@ -97,19 +99,16 @@ impl SqliteStore {
         // A write waits for the connection as long as SQLite would wait for
         // another process's lock, and then some: the step ahead of it may
         // itself be waiting out the busy timeout.
-        let writer = pinned_pool(1)
-            .acquire_timeout(options.busy_timeout.saturating_mul(2) + Duration::from_secs(5))
-            .connect_with(connect.clone())
-            .await
-            .map_err(db("open writer"))?;
-        MIGRATOR.run(&writer).await.map_err(migrate_error)?;
+        let wait = options.busy_timeout.saturating_mul(2) + Duration::from_secs(5);
+        migrate(&connect).await?;
+        let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = local_pool()
             .max_connections(options.readers.max(1))
             .connect_with(connect)
             .await
             .map_err(db("open readers"))?;
         Ok(Self {
-            group: super::writer::GroupWriter::spawn(writer.clone()),
+            group: GroupWriter::spawn(writer.clone()),
             writer,
             reader,
             path: Some(path.to_owned()),
@@ -145,9 +144,10 @@ impl SqliteStore {
             .await
             .map_err(db("open in-memory pool"))?;
         MIGRATOR.run(&pool).await.map_err(migrate_error)?;
+        let writer = WriteConnection::Pooled(pool.clone());
         Ok(Self {
-            group: super::writer::GroupWriter::spawn(pool.clone()),
-            writer: pool.clone(),
+            group: GroupWriter::spawn(writer.clone()),
+            writer,
             reader: pool,
             path: None,
             _memory_keeper: Some(Arc::new(MemoryKeeper(tokio::sync::Mutex::new(keeper)))),
@@ -194,6 +194,18 @@ fn local_pool() -> SqlitePoolOptions {
                 Ok(!conn.is_in_transaction())
             })
         })
+}
+
+/// Applies the embedded migrations on a connection of their own (sqlx's
+/// migrator takes a pool or a connection it can acquire for any lifetime).
+async fn migrate(connect: &SqliteConnectOptions) -> Result<(), Error> {
+    let pool = pinned_pool(1)
+        .connect_with(connect.clone())
+        .await
+        .map_err(db("open migration connection"))?;
+    let migrated = MIGRATOR.run(&pool).await.map_err(migrate_error);
+    pool.close().await;
+    migrated
 }
 
 /// Refuses a database whose applied migrations are newer than ours.

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures_core::future::BoxFuture;
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{Connection, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::db;
+use super::write_connection::{Held, WriteConnection};
 use crate::Error;
 
 /// The most steps one transaction takes, so one batch cannot hold the write
@@ -58,18 +58,22 @@ pub(super) struct GroupWriter {
     jobs: mpsc::UnboundedSender<Job>,
     /// Steps sent to the writer task and not yet taken by it.
     queued: Arc<AtomicUsize>,
-    pool: SqlitePool,
+    writer: WriteConnection,
 }
 
 impl GroupWriter {
     /// Starts the writer task on the current Tokio runtime; it takes the
-    /// pool's connection for each batch, so writes that bypass it (prune,
-    /// migrations) still exclude it.
-    pub(super) fn spawn(pool: SqlitePool) -> Self {
+    /// write connection for each batch, so writes that bypass it (prune)
+    /// still exclude it.
+    pub(super) fn spawn(writer: WriteConnection) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(run(pool.clone(), queue, queued.clone()));
-        Self { jobs, queued, pool }
+        tokio::spawn(run(writer.clone(), queue, queued.clone()));
+        Self {
+            jobs,
+            queued,
+            writer,
+        }
     }
 
     /// Runs `step` in the next group transaction and returns its result once
@@ -108,11 +112,15 @@ impl GroupWriter {
         // Nobody to group with: a batch of one, at once, on a task of its
         // own; otherwise the writer task's next batch.
         let idle = match self.queued.load(Ordering::Acquire) {
-            0 => self.pool.try_acquire(),
+            0 => self.writer.try_take(),
             _ => None,
         };
         if let Some(conn) = idle {
-            tokio::spawn(commit_batch(self.pool.clone(), conn, VecDeque::from([job])));
+            tokio::spawn(commit_batch(
+                self.writer.clone(),
+                conn,
+                VecDeque::from([job]),
+            ));
         } else {
             self.queued.fetch_add(1, Ordering::AcqRel);
             if self.jobs.send(job).is_err() {
@@ -124,12 +132,16 @@ impl GroupWriter {
     }
 }
 
-async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: Arc<AtomicUsize>) {
+async fn run(
+    writer: WriteConnection,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    queued: Arc<AtomicUsize>,
+) {
     while let Some(first) = queue.recv().await {
         let mut batch = VecDeque::from([first]);
         // The connection first, then the batch: steps that queued while
         // the connection was busy join this transaction.
-        let conn = pool.acquire().await.map_err(db("acquire writer"));
+        let conn = writer.take().await;
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(job) => batch.push_back(job),
@@ -138,22 +150,19 @@ async fn run(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Job>, queued: 
         }
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
         match conn {
-            Ok(conn) => commit_batch(pool.clone(), conn, batch).await,
+            Ok(conn) => commit_batch(writer.clone(), conn, batch).await,
             Err(e) => fail_all(batch, &e).await,
         }
     }
 }
 
 /// Commits a batch; a transaction that breaks mid-batch is answered with
-/// its error and the steps it had not reached go on in a new one. The
-/// connection goes back to the pool after a broken transaction, so a
-/// connection that it left in a bad state is repaired or replaced (the
-/// pool's release check, in `open.rs`).
-async fn commit_batch(
-    pool: SqlitePool,
-    mut conn: PoolConnection<Sqlite>,
-    mut batch: VecDeque<Job>,
-) {
+/// its error and the steps it had not reached go on in a new one, on a
+/// connection repaired or replaced if the break left it in a bad state.
+async fn commit_batch(writer: WriteConnection, mut conn: Held, mut batch: VecDeque<Job>) {
+    if let Err(e) = writer.repair(&mut conn).await {
+        return fail_all(batch, &e).await;
+    }
     loop {
         let broken = one_transaction(&mut conn, &mut batch).await;
         if batch.is_empty() {
@@ -163,7 +172,7 @@ async fn commit_batch(
             tracing::warn!(error = %e, "group transaction failed");
         }
         drop(conn);
-        conn = match pool.acquire().await.map_err(db("acquire writer")) {
+        conn = match writer.take().await {
             Ok(conn) => conn,
             Err(e) => return fail_all(batch, &e).await,
         };

@@ -16,6 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
+use sqlx::Connection;
 
 use super::cutoff;
 use crate::store::sqlite::codec::db;
@@ -207,7 +208,11 @@ impl SqliteStore {
         dry_run: bool,
         deleted: &mut TableCounts,
     ) -> Result<i64, Error> {
-        let mut tx = self.begin_write().await?;
+        let mut conn = self.writer.take().await?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(db("begin write transaction"))?;
         let from = after.as_slice();
         // With `include_transcripts`, requests of conversations old enough to
         // be deleted whole were counted with them.
@@ -320,7 +325,11 @@ impl SqliteStore {
         dry_run: bool,
         deleted: &mut TableCounts,
     ) -> Result<i64, Error> {
-        let mut tx = self.begin_write().await?;
+        let mut conn = self.writer.take().await?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(db("begin write transaction"))?;
         let from = after.as_slice();
         // Inside the write transaction: no request can claim one of these
         // conversations before they are gone.
@@ -391,7 +400,7 @@ impl SqliteStore {
         // Both write, so they run on the writer connection. Under WAL the
         // vacuum's truncation reaches the file at the checkpoint, hence this
         // order.
-        let mut conn = self.writer.acquire().await.map_err(db("acquire writer"))?;
+        let mut conn = self.writer.take().await?;
         let before = free_pages(&mut conn).await?;
         // PRAGMAs are runtime queries: the offline query macros cannot
         // describe them.
@@ -445,7 +454,7 @@ async fn free_pages(conn: &mut sqlx::SqliteConnection) -> Result<u64, Error> {
     Ok(u64::try_from(free).unwrap_or(0))
 }
 
-async fn finish(tx: sqlx::Transaction<'static, sqlx::Sqlite>, dry_run: bool) -> Result<(), Error> {
+async fn finish(tx: sqlx::Transaction<'_, sqlx::Sqlite>, dry_run: bool) -> Result<(), Error> {
     if dry_run {
         tx.rollback().await.map_err(db("roll back the dry run"))
     } else {
