@@ -52,34 +52,7 @@ fn step(c: &mut Criterion) {
         })
     });
     for (durability, mode) in MODES {
-        let bare = rt.block_on(BareInsert::open(
-            &dir.path().join(format!("bare-{mode}.db")),
-            durability,
-        ));
-        group.bench_function(BenchmarkId::new("baseline/bare_insert_commit", mode), |b| {
-            b.to_async(&rt).iter(|| bare.insert_commit())
-        });
-
-        let conn = tokio::sync::Mutex::new(rt.block_on(BareInsertConn::open(
-            &dir.path().join(format!("bare-conn-{mode}.db")),
-            durability,
-        )));
-        group.bench_function(
-            BenchmarkId::new("baseline/bare_insert_commit_no_pool", mode),
-            |b| {
-                b.to_async(&rt).iter_custom(|iters| {
-                    let conn = &conn;
-                    async move {
-                        let mut conn = conn.lock().await;
-                        let start = Instant::now();
-                        for _ in 0..iters {
-                            conn.insert_commit().await;
-                        }
-                        start.elapsed()
-                    }
-                })
-            },
-        );
+        bare_commits(&mut group, &rt, dir.path(), durability, mode);
 
         let store = rt.block_on(open_store(
             &dir.path().join(format!("store-{mode}.db")),
@@ -260,14 +233,8 @@ fn concurrency(c: &mut Criterion) {
     group.warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(6));
     for (durability, mode) in MODES {
-        let bare = rt.block_on(BareInsert::open(
-            &dir.path().join(format!("bare-{mode}.db")),
-            durability,
-        ));
         group.throughput(Throughput::Elements(1));
-        group.bench_function(BenchmarkId::new("baseline/bare_insert_commit", mode), |b| {
-            b.to_async(&rt).iter(|| bare.insert_commit())
-        });
+        bare_commits(&mut group, &rt, dir.path(), durability, mode);
 
         for sessions in [1usize, 8, 64] {
             let store: Arc<dyn Store> = Arc::new(rt.block_on(open_store(
@@ -377,6 +344,45 @@ fn config() -> Criterion {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5))
         .sample_size(20)
+}
+
+/// The floors of one durable step, measured in the group that compares
+/// against them: a single-row INSERT transaction through a one-connection
+/// pool, and on a bare connection (the store's file writer is one).
+fn bare_commits(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    durability: turnstile::store::Durability,
+    mode: &str,
+) {
+    let bare = rt.block_on(BareInsert::open(
+        &dir.join(format!("bare-{mode}.db")),
+        durability,
+    ));
+    group.bench_function(BenchmarkId::new("baseline/bare_insert_commit", mode), |b| {
+        b.to_async(rt).iter(|| bare.insert_commit())
+    });
+    let conn = tokio::sync::Mutex::new(rt.block_on(BareInsertConn::open(
+        &dir.join(format!("bare-conn-{mode}.db")),
+        durability,
+    )));
+    group.bench_function(
+        BenchmarkId::new("baseline/bare_insert_commit_no_pool", mode),
+        |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let conn = &conn;
+                async move {
+                    let mut conn = conn.lock().await;
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        conn.insert_commit().await;
+                    }
+                    start.elapsed()
+                }
+            })
+        },
+    );
 }
 
 criterion_group! {
