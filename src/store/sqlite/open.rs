@@ -67,9 +67,6 @@ impl SqliteStore {
     async fn open_once(path: &Path, options: &SqliteOptions) -> Result<Self, Error> {
         let connect = SqliteConnectOptions::new()
             .filename(path)
-            // Takes effect when the file is new; lets `prune` give freed
-            // pages back to the file system with an incremental vacuum.
-            .auto_vacuum(SqliteAutoVacuum::Incremental)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match options.durability {
                 Durability::Full => SqliteSynchronous::Full,
@@ -87,6 +84,7 @@ impl SqliteStore {
             .await
             .map_err(db("open database"))?;
         check_schema(&mut probe).await?;
+        let empty = is_empty(&mut probe).await?;
         let connect = match options.max_database_bytes {
             Some(bytes) => {
                 let pages = max_page_count(&mut probe, bytes).await?;
@@ -100,7 +98,7 @@ impl SqliteStore {
         // another process's lock, and then some: the step ahead of it may
         // itself be waiting out the busy timeout.
         let wait = options.busy_timeout.saturating_mul(2) + Duration::from_secs(5);
-        migrate(&connect).await?;
+        migrate(&connect, empty).await?;
         let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = local_pool()
             .max_connections(options.readers.max(1))
@@ -198,14 +196,34 @@ fn local_pool() -> SqlitePoolOptions {
 
 /// Applies the embedded migrations on a connection of their own (sqlx's
 /// migrator takes a pool or a connection it can acquire for any lifetime).
-async fn migrate(connect: &SqliteConnectOptions) -> Result<(), Error> {
+///
+/// An empty database (a new file) gets incremental auto-vacuum, which lets
+/// `prune` give freed pages back to the file system. The setting only takes
+/// effect before the first table, and on an existing file the pragma still
+/// rewrites the header page: asked on every connection, it was a commit for
+/// nothing each time one opened.
+async fn migrate(connect: &SqliteConnectOptions, empty: bool) -> Result<(), Error> {
+    let connect = match empty {
+        true => connect.clone().auto_vacuum(SqliteAutoVacuum::Incremental),
+        false => connect.clone(),
+    };
     let pool = pinned_pool(1)
-        .connect_with(connect.clone())
+        .connect_with(connect)
         .await
         .map_err(db("open migration connection"))?;
     let migrated = MIGRATOR.run(&pool).await.map_err(migrate_error);
     pool.close().await;
     migrated
+}
+
+/// Whether the database has no pages yet (a new or empty file).
+async fn is_empty(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    // A PRAGMA: a runtime query (the offline query macros cannot describe it).
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read page count"))?;
+    Ok(pages == 0)
 }
 
 /// Refuses a database whose applied migrations are newer than ours.
