@@ -33,8 +33,8 @@ use turnstile::{
 };
 
 use support::{
-    agent, open_store, run_request, runtime, session, temp_dir, text, BareInsert, TurnWriter,
-    MESSAGE_BYTES,
+    agent, open_store, run_request, runtime, session, temp_dir, text, BareInsert, BareInsertConn,
+    TurnWriter, MESSAGE_BYTES,
 };
 
 const SQL_TARGET: &str = "sqlx::query";
@@ -125,6 +125,8 @@ fn wal_state(db: &Path) -> Option<WalState> {
 struct Measured {
     label: String,
     statements: u64,
+    /// Context switches of all the process's threads (`None` off Linux).
+    switches: Option<u64>,
     /// `None` when the WAL was reset (checkpointed) in between.
     wal: Option<(u64, u64, u64)>,
 }
@@ -138,11 +140,15 @@ async fn measure<T>(
     work: impl Future<Output = T>,
 ) -> T {
     let before = wal_state(db);
+    let switches_before = context_switches();
     STATEMENTS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     let out = work.await;
     COUNTING.store(false, Ordering::SeqCst);
     let statements = STATEMENTS.load(Ordering::SeqCst);
+    let switches = context_switches()
+        .zip(switches_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let after = wal_state(db);
     let wal = match (before, after) {
         (Some(b), Some(a)) if a.salts == b.salts => Some((
@@ -156,19 +162,43 @@ async fn measure<T>(
     rows.push(Measured {
         label: label.to_owned(),
         statements,
+        switches,
         wal,
     });
     out
 }
 
+/// Context switches so far of every live thread of this process, summed
+/// from `/proc/self/task/*/status` (Linux). A thread hand-off (a statement
+/// sent to sqlx's worker thread and its answer back, a task woken on
+/// another worker) is at least one; on a VM each costs tens of
+/// microseconds, so this counts what the time goes to, without the noise.
+fn context_switches() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        for line in status.lines() {
+            let count = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"));
+            if let Some(count) = count {
+                total += count.trim().parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some(total)
+}
+
 fn print_rows(rows: &[Measured]) {
     println!(
-        "| {:<52} | {:>10} | {:>7} | {:>9} | {:>8} |",
-        "operation", "statements", "commits", "WAL pages", "WAL KiB"
+        "| {:<52} | {:>10} | {:>8} | {:>7} | {:>9} | {:>8} |",
+        "operation", "statements", "switches", "commits", "WAL pages", "WAL KiB"
     );
     println!(
-        "|{:-<54}|{:->12}|{:->9}|{:->11}|{:->10}|",
-        "", "", "", "", ""
+        "|{:-<54}|{:->12}|{:->10}|{:->9}|{:->11}|{:->10}|",
+        "", "", "", "", "", ""
     );
     for row in rows {
         let (commits, frames, kib) = match row.wal {
@@ -179,9 +209,10 @@ fn print_rows(rows: &[Measured]) {
             ),
             None => ("reset".into(), "reset".into(), "reset".into()),
         };
+        let switches = row.switches.map_or("-".into(), |n| n.to_string());
         println!(
-            "| {:<52} | {:>10} | {:>7} | {:>9} | {:>8} |",
-            row.label, row.statements, commits, frames, kib
+            "| {:<52} | {:>10} | {:>8} | {:>7} | {:>9} | {:>8} |",
+            row.label, row.statements, switches, commits, frames, kib
         );
     }
 }
@@ -344,6 +375,71 @@ async fn steps(dir: &Path) {
 
     println!("Per step, one session, FULL durability (fresh file database):\n");
     print_rows(&rows);
+
+    // One count of a few dozen switches varies from run to run; the mean of
+    // many repetitions does not.
+    const REPEATS: u64 = 100;
+    let mut conn = BareInsertConn::open(&dir.join("bare-conn.db"), Durability::Full).await;
+    let bare_conn = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            conn.insert_commit().await;
+        }
+    })
+    .await;
+    let bare_pooled = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            bare.insert_commit().await;
+        }
+    })
+    .await;
+    let ClaimOutcome::Admitted(fence) = store.claim(&request(4)).await.expect("claim") else {
+        panic!("fresh request id already known");
+    };
+    let mut writer = TurnWriter::new(fence);
+    let turn = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            writer.tool_turn(store_dyn).await;
+        }
+    })
+    .await;
+    let latest = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            store
+                .latest_checkpoint(fence.run_id)
+                .await
+                .expect("checkpoint");
+        }
+    })
+    .await;
+    let window = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            store
+                .transcript_window(conversation, 50)
+                .await
+                .expect("window");
+        }
+    })
+    .await;
+    println!("\nContext switches per operation, all threads, mean of {REPEATS}:\n");
+    println!("  bare INSERT commit, bare connection   {bare_conn:>6.1}");
+    println!("  bare INSERT commit, one-conn pool     {bare_pooled:>6.1}");
+    println!(
+        "  one turn with one tool call           {turn:>6.1}  ({:.2} x 3 bare-connection commits)",
+        turn / (3.0 * bare_conn)
+    );
+    println!("  Store::latest_checkpoint              {latest:>6.1}");
+    println!("  Store::transcript_window(50)          {window:>6.1}");
+}
+
+/// The mean context switches per repetition of `work`, which repeats an
+/// operation `repeats` times (NaN off Linux).
+async fn switches_per(repeats: u64, work: impl Future<Output = ()>) -> f64 {
+    let before = context_switches();
+    work.await;
+    match (before, context_switches()) {
+        (Some(before), Some(after)) => after.saturating_sub(before) as f64 / repeats as f64,
+        _ => f64::NAN,
+    }
 }
 
 /// The default workload, two ~500-byte messages per turn: 200
