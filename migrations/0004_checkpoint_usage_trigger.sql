@@ -3,25 +3,15 @@
 -- the time of its latest write (what `ls --stuck` ages by). Each turn used to
 -- write both with a separate `UPDATE admissions` that doubled as its fence;
 -- now the checkpoint write itself is fenced (`turns.rs`: it inserts only
--- while the admission still names the writer's run and revision) and these
--- triggers carry its values to the admission inside the same statement.
+-- while the admission still names the writer's run and revision) and this
+-- trigger carries its values to the admission inside the same statement.
+-- Checkpoints are only ever inserted (a rewritten turn is `INSERT OR
+-- REPLACE`, which deletes and inserts), so one trigger sees every write.
 --
 -- A checkpoint of any other run (a replaced owner's, or one written after the
 -- admission was released) changes nothing here.
 
-CREATE TRIGGER checkpoint_inserted_reaches_admission AFTER INSERT ON loop_checkpoints
-BEGIN
-    UPDATE admissions
-    SET input_tokens = NEW.input_tokens, output_tokens = NEW.output_tokens,
-        cache_read_tokens = NEW.cache_read_tokens, cache_write_tokens = NEW.cache_write_tokens,
-        updated_at = NEW.created_at
-    WHERE conversation_id = (SELECT q.conversation_id FROM runs r
-                             JOIN requests q ON q.request_id = r.request_id
-                             WHERE r.run_id = NEW.run_id)
-      AND run_id = NEW.run_id;
-END;
-
-CREATE TRIGGER checkpoint_updated_reaches_admission AFTER UPDATE ON loop_checkpoints
+CREATE TRIGGER checkpoint_reaches_admission AFTER INSERT ON loop_checkpoints
 BEGIN
     UPDATE admissions
     SET input_tokens = NEW.input_tokens, output_tokens = NEW.output_tokens,

@@ -290,7 +290,9 @@ pub(super) async fn insert_messages(
 /// Saves checkpoint rows (a turn's, and the next turn's write-ahead) in one
 /// statement that is also the fence: the rows are written only while the
 /// admission names the owner's run and revision, and `Fenced` otherwise.
-/// The admission takes the last row's usage by trigger (migration 0004).
+/// A row of the same turn is replaced whole (no other table refers to
+/// checkpoint rows); the admission takes the last row's usage by trigger
+/// (migration 0004).
 /// Verification reports new in a checkpoint's turn are saved with it (the
 /// earlier ones are already stored: a row only counts them).
 pub(super) async fn save_checkpoints(
@@ -306,23 +308,16 @@ pub(super) async fn save_checkpoints(
     let revision = to_i64(fence.revision.0);
     let now = now_ms();
     let saved = sqlx::query!(
-        "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-             cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-             message_count, created_at)
+        "INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens,
+             output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+             reports_count, message_count, created_at)
          SELECT a.run_id, value ->> '$.turn', value ->> '$.phase', value ->> '$.input',
              value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
              value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', ?1
          FROM admissions a, json_each(?2)
          WHERE a.conversation_id = ?3 AND a.revision = ?4 AND a.run_id = ?5
              AND a.active_request_id = ?6
-         ORDER BY key
-         ON CONFLICT (run_id, turn) DO UPDATE SET phase = excluded.phase,
-             input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens,
-             cache_read_tokens = excluded.cache_read_tokens,
-             cache_write_tokens = excluded.cache_write_tokens,
-             tool_calls_count = excluded.tool_calls_count,
-             reports_count = excluded.reports_count,
-             message_count = excluded.message_count, created_at = excluded.created_at",
+         ORDER BY key",
         now,
         rows,
         conversation,
