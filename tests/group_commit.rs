@@ -7,44 +7,22 @@
 //! and form the next batch. The writer's trace events say how many steps each
 //! transaction committed.
 
+#[path = "log_capture/mod.rs"]
+mod log_capture;
 #[path = "store_support/mod.rs"]
 mod store_support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use log_capture::LogBuffer;
 use sqlx::{Connection, SqliteConnection};
 use store_support::{admit, checkpoint, new_conversation, recover, TestResult};
-use tracing_subscriber::fmt::MakeWriter;
 use turnstile::{CheckpointPhase, Error, SqliteStore, Store};
 
-/// Captured log lines of this test binary.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Captured;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 /// The (steps, failed) counts of the group transactions logged so far.
-fn batches(logs: &Captured) -> Vec<(usize, usize)> {
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+fn batches(logs: &LogBuffer) -> Vec<(usize, usize)> {
+    let text = logs.text();
     let field = |line: &str, name: &str| -> Option<usize> {
         let at = line.find(name)? + name.len();
         line[at..]
@@ -61,7 +39,7 @@ fn batches(logs: &Captured) -> Vec<(usize, usize)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crowd_of_steps_commits_together_and_a_fenced_step_fails_alone() -> TestResult {
-    let logs = Captured::default();
+    let logs = LogBuffer::default();
     tracing::subscriber::set_global_default(
         tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)

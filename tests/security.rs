@@ -3,6 +3,8 @@
 //! conversation content and no API key.
 
 mod cli_support;
+#[path = "log_capture/mod.rs"]
+mod log_capture;
 
 use std::sync::Arc;
 
@@ -905,42 +907,13 @@ const MARKS: [&str; 8] = [
 ];
 
 mod capture {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::OnceLock;
 
     use tracing_subscriber::filter::LevelFilter;
-    use tracing_subscriber::fmt::MakeWriter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::Layer;
 
-    /// A log sink shared with the test.
-    #[derive(Clone, Default)]
-    pub struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl Buffer {
-        pub fn text(&self) -> String {
-            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-        }
-    }
-
-    impl Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Buffer {
-        type Writer = Buffer;
-
-        fn make_writer(&'a self) -> Buffer {
-            self.clone()
-        }
-    }
+    pub use crate::log_capture::LogBuffer as Buffer;
 
     /// Everything logged by any thread of this test binary: `info` at level
     /// INFO (a service's usual setting), `trace` at every level.
