@@ -3,8 +3,8 @@
 -- the time of its latest write (what `ls --stuck` ages by). Each turn used to
 -- write both with a separate `UPDATE admissions` that doubled as its fence;
 -- now the checkpoint write itself is fenced (`turns.rs`: it inserts only
--- while the admission still names the writer's run and revision) and this
--- trigger carries its values to the admission inside the same statement.
+-- while the admission still names the writer's run and revision) and these
+-- triggers carry its values to the admission inside the same statement.
 -- Checkpoints are only ever inserted (a rewritten turn is `INSERT OR
 -- REPLACE`, which deletes and inserts), so one trigger sees every write.
 --
@@ -21,4 +21,15 @@ BEGIN
                              JOIN requests q ON q.request_id = r.request_id
                              WHERE r.run_id = NEW.run_id)
       AND run_id = NEW.run_id;
+END;
+
+-- A tool result is activity too: a turn whose tools run for long is not
+-- stuck while its results keep arriving.
+CREATE TRIGGER tool_result_reaches_admission AFTER UPDATE OF status ON tool_calls
+WHEN NEW.completed_at IS NOT NULL
+BEGIN
+    UPDATE admissions SET updated_at = NEW.completed_at
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id)
+      AND active_request_id = NEW.request_id;
 END;

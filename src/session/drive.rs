@@ -47,8 +47,11 @@ impl AgentSession {
         // where the run stopped: it is read at the same time.
         let ((seed, messages), prefix) = match self.summary {
             None => {
-                let (reads, prefix) = tokio::try_join!(reads, self.context_prefix())?;
-                (reads, Some(prefix))
+                // Both finish before either error is looked at: an
+                // overtaken run is told `Fenced` by `resume_reads`, whatever
+                // the context read met.
+                let (reads, prefix) = tokio::join!(reads, self.context_prefix());
+                (reads?, Some(prefix?))
             }
             Some(_) => (reads.await?, None),
         };

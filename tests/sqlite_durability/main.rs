@@ -5,6 +5,7 @@
 #[path = "../store_support/mod.rs"]
 mod support;
 
+mod activity;
 mod atomicity;
 mod corrupt;
 mod growth;
