@@ -27,7 +27,7 @@ impl AgentSession {
     ) -> Result<Outcome, Error> {
         let seed = match written_ahead {
             Some(prefix) => Seed::WrittenAhead(first_turn(fence.run_id), prefix),
-            None => Seed::Start,
+            None => Seed::Start(None),
         };
         self.drive(fence, None, seed, vec![input], ctx, events)
             .await
@@ -55,7 +55,10 @@ impl AgentSession {
             }
             Some(_) => (reads.await?, None),
         };
-        let seed = seed.map_or(Seed::Start, |seed| Seed::Resumed(seed, prefix));
+        let seed = match seed {
+            Some(seed) => Seed::Resumed(seed, prefix),
+            None => Seed::Start(prefix),
+        };
         self.drive(fence, Some(resumed_from), seed, messages, ctx, events)
             .await
     }
@@ -122,9 +125,13 @@ impl AgentSession {
                 events.emit(Event::TurnStarted { turn: seed.turn }).await;
                 (seed, prefix)
             }
-            Seed::Start => {
+            Seed::Start(prefix) => {
                 let seed = start_of(fence, self.compact(&fence, ctx, events).await?);
-                (seed, self.context_prefix().await?)
+                let prefix = match prefix {
+                    Some(prefix) => prefix,
+                    None => self.context_prefix().await?,
+                };
+                (seed, prefix)
             }
         };
         let reuse_journal = seed.phase.has_recorded_answer();
@@ -188,8 +195,10 @@ impl AgentSession {
 
 /// Where a run starts.
 enum Seed {
-    /// At the request's start: summary passes, then the first turn.
-    Start,
+    /// At the request's start: summary passes, then the first turn; with
+    /// the model's context when it was read already (only without a summary
+    /// agent, whose passes come first).
+    Start(Option<Vec<Message>>),
     /// At a turn whose write-ahead the claim saved, with the model's
     /// context read before the claim.
     WrittenAhead(LoopCheckpoint, Vec<Message>),

@@ -194,8 +194,13 @@ fn local_pool() -> SqlitePoolOptions {
         })
 }
 
-/// Applies the embedded migrations on a connection of their own (sqlx's
-/// migrator takes a pool or a connection it can acquire for any lifetime).
+/// Applies the embedded migrations on a connection of their own, closed
+/// before the store opens its writer and readers. `Migrator::run` wants a
+/// pool or a connection it can acquire for any lifetime, which a future
+/// that must be `Send` cannot give; sqlx's `run_direct` takes the
+/// connection itself (hidden from its docs, and there for this reason). A
+/// short-lived pool instead left a stray connection open now and then: one
+/// that keeps a minimum size may reopen one around its close.
 ///
 /// An empty database (a new file) gets incremental auto-vacuum, which lets
 /// `prune` give freed pages back to the file system. The setting only takes
@@ -207,12 +212,14 @@ async fn migrate(connect: &SqliteConnectOptions, empty: bool) -> Result<(), Erro
         true => connect.clone().auto_vacuum(SqliteAutoVacuum::Incremental),
         false => connect.clone(),
     };
-    let pool = pinned_pool(1)
-        .connect_with(connect)
+    let mut conn = connect
+        .connect()
         .await
         .map_err(db("open migration connection"))?;
-    let migrated = MIGRATOR.run(&pool).await.map_err(migrate_error);
-    pool.close().await;
+    let migrated = MIGRATOR.run_direct(&mut conn).await.map_err(migrate_error);
+    conn.close()
+        .await
+        .map_err(db("close migration connection"))?;
     migrated
 }
 

@@ -104,7 +104,12 @@ impl WriteConnection {
             return Ok(());
         }
         tracing::warn!("replacing the writer connection, left inside a transaction");
-        let fresh = owned.connect.connect().await.map_err(db("reopen writer"))?;
+        let fresh = tokio::time::timeout(owned.wait, owned.connect.connect())
+            .await
+            .map_err(|_| {
+                Error::Store(StoreError::new("reopening the writer took too long", None).busy())
+            })?
+            .map_err(db("reopen writer"))?;
         let stale = std::mem::replace(&mut **conn, fresh);
         drop(stale);
         Ok(())
