@@ -479,7 +479,6 @@ async fn until_deadline<T>(
     }
 }
 
-/// Refuses to start work once the run is cancelled or past its deadline.
 /// Whether a request's first turn may start at once: the checks of a turn's
 /// start that need no run (its turn limit, a token budget of zero, the
 /// deadline, cancellation).
@@ -487,12 +486,10 @@ pub(crate) fn first_turn_may_start(agent: &Agent, ctx: &RunContext) -> bool {
     turn_limit(agent, ctx) >= 1
         && ctx.budget.max_tokens != Some(0)
         && !ctx.cancel.is_cancelled()
-        && match ctx.deadline {
-            Some(at) => tokio::time::Instant::now() < at,
-            None => true,
-        }
+        && !past_deadline(ctx)
 }
 
+/// Refuses to start work once the run is cancelled or past its deadline.
 pub(crate) fn check_stop(ctx: &RunContext, fence: &Fence) -> Result<(), Error> {
     if ctx.cancel.is_cancelled() {
         return Err(Error::Cancelled {
@@ -500,13 +497,18 @@ pub(crate) fn check_stop(ctx: &RunContext, fence: &Fence) -> Result<(), Error> {
             revision: fence.revision,
         });
     }
-    match ctx.deadline {
-        Some(at) if tokio::time::Instant::now() >= at => Err(Error::DeadlineExceeded {
+    if past_deadline(ctx) {
+        return Err(Error::DeadlineExceeded {
             run_id: fence.run_id,
             revision: fence.revision,
-        }),
-        _ => Ok(()),
+        });
     }
+    Ok(())
+}
+
+fn past_deadline(ctx: &RunContext) -> bool {
+    ctx.deadline
+        .is_some_and(|at| tokio::time::Instant::now() >= at)
 }
 
 fn error_result(content: String) -> ToolResult {

@@ -24,31 +24,7 @@ impl SqliteStore {
         let namespace = namespace.clone();
         self.group
             .write(move |tx| {
-                Box::pin(async move {
-                    let uuid = id.as_uuid();
-                    let ns = namespace.as_str();
-                    let now = now_ms();
-                    sqlx::query!(
-            "INSERT INTO conversations (id, namespace, version, created_at) VALUES (?1, ?2, 0, ?3)
-             ON CONFLICT (id) DO NOTHING",
-            uuid,
-            ns,
-            now
-        )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("create conversation"))?;
-                    sqlx::query!(
-            "INSERT INTO admissions (conversation_id, revision, updated_at) VALUES (?1, 0, ?2)
-             ON CONFLICT (conversation_id) DO NOTHING",
-            uuid,
-            now
-        )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("create admission"))?;
-                    load_conversation(tx, &namespace, id).await
-                })
+                Box::pin(async move { ensure_conversation_in(tx, &namespace, id).await })
             })
             .await
     }
@@ -123,6 +99,38 @@ impl SqliteStore {
             None => Err(Error::NotActive { request_id }),
         }
     }
+}
+
+/// A conversation and its idle admission, created unless they exist,
+/// inside the group transaction.
+async fn ensure_conversation_in(
+    tx: &mut SqliteConnection,
+    namespace: &Namespace,
+    id: ConversationId,
+) -> Result<Conversation, Error> {
+    let uuid = id.as_uuid();
+    let ns = namespace.as_str();
+    let now = now_ms();
+    sqlx::query!(
+        "INSERT INTO conversations (id, namespace, version, created_at) VALUES (?1, ?2, 0, ?3)
+             ON CONFLICT (id) DO NOTHING",
+        uuid,
+        ns,
+        now
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("create conversation"))?;
+    sqlx::query!(
+        "INSERT INTO admissions (conversation_id, revision, updated_at) VALUES (?1, 0, ?2)
+             ON CONFLICT (conversation_id) DO NOTHING",
+        uuid,
+        now
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("create admission"))?;
+    load_conversation(tx, namespace, id).await
 }
 
 pub(super) async fn load_conversation(

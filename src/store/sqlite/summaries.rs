@@ -80,22 +80,42 @@ impl SqliteStore {
         fence: &Fence,
         pass: &SummaryPass,
     ) -> Result<(), Error> {
-        let conversation = fence.conversation_id.as_uuid();
-        let run = fence.run_id.as_uuid();
-        let revision = to_i64(fence.revision.0);
-        let (from, through) = (to_i64(pass.from_seq), to_i64(pass.through_seq));
-        let version = to_i64(pass.transcript_version);
-        let prompt = pass.prompt_sha256.to_vec();
-        let now = now_ms();
         let (fence, pass) = (*fence, pass.clone());
         self.group
-            .write(move |tx| {
-                Box::pin(async move {
-                    // Fenced; no other pass in flight (the same one again is a no-op);
-                    // the pass starts right after the latest summary, ends inside the
-                    // transcript, and read the current conversation version.
-                    let recorded = sqlx::query!(
-                        "UPDATE admissions
+            .write(move |tx| Box::pin(async move { record_pass_in(tx, &fence, &pass).await }))
+            .await
+    }
+
+    pub(super) async fn commit_summary_impl(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error> {
+        let (fence, summary) = (*fence, summary.clone());
+        self.group
+            .write(move |tx| Box::pin(async move { commit_in(tx, &fence, &summary).await }))
+            .await
+    }
+}
+
+/// A pass's record, inside the group transaction.
+async fn record_pass_in(
+    tx: &mut SqliteConnection,
+    fence: &Fence,
+    pass: &SummaryPass,
+) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let (from, through) = (to_i64(pass.from_seq), to_i64(pass.through_seq));
+    let version = to_i64(pass.transcript_version);
+    let prompt = pass.prompt_sha256.to_vec();
+    let now = now_ms();
+    // Fenced; no other pass in flight (the same one again is a no-op);
+    // the pass starts right after the latest summary, ends inside the
+    // transcript, and read the current conversation version.
+    let recorded = sqlx::query!(
+        "UPDATE admissions
              SET summary_from_seq = ?1, summary_through_seq = ?2, summary_version = ?3,
                  summary_prompt_sha256 = ?4, updated_at = ?5
              WHERE conversation_id = ?6 AND revision = ?7 AND run_id = ?8 AND ?2 >= ?1
@@ -107,80 +127,73 @@ impl SqliteStore {
                     WHERE conversation_id = ?6) = ?1
                AND (SELECT COALESCE(MAX(seq), -1) FROM transcript
                     WHERE conversation_id = ?6) >= ?2",
-                        from,
-                        through,
-                        version,
-                        prompt,
-                        now,
-                        conversation,
-                        revision,
-                        run
-                    )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("record summary pass"))?;
-                    if recorded.rows_affected() != 1 {
-                        return Err(refusal(tx, &fence, &pass).await);
-                    }
-                    Ok(())
-                })
-            })
-            .await
+        from,
+        through,
+        version,
+        prompt,
+        now,
+        conversation,
+        revision,
+        run
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("record summary pass"))?;
+    if recorded.rows_affected() != 1 {
+        return Err(refusal(tx, fence, pass).await);
     }
+    Ok(())
+}
 
-    pub(super) async fn commit_summary_impl(
-        &self,
-        fence: &Fence,
-        summary: &SummaryCommit,
-    ) -> Result<StoredSummary, Error> {
-        let pass = &summary.pass;
-        let conversation = fence.conversation_id.as_uuid();
-        let request = fence.request_id.as_uuid();
-        let run = fence.run_id.as_uuid();
-        let revision = to_i64(fence.revision.0);
-        let (from, through) = (to_i64(pass.from_seq), to_i64(pass.through_seq));
-        let version = to_i64(pass.transcript_version);
-        let prompt = pass.prompt_sha256.to_vec();
-        let usage = summary.usage;
-        let (input, output) = (to_i64(usage.input_tokens), to_i64(usage.output_tokens));
-        let (cache_read, cache_write) = (
-            to_i64(usage.cache_read_tokens),
-            to_i64(usage.cache_write_tokens),
-        );
-        let now = now_ms();
-        let (fence, summary) = (*fence, summary.clone());
-        self.group
-            .write(move |tx| {
-                Box::pin(async move {
-                    let pass = &summary.pass;
-                    check_fence(tx, &fence).await?;
+/// A pass's commit, inside the group transaction.
+async fn commit_in(
+    tx: &mut SqliteConnection,
+    fence: &Fence,
+    summary: &SummaryCommit,
+) -> Result<StoredSummary, Error> {
+    let pass = &summary.pass;
+    let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let (from, through) = (to_i64(pass.from_seq), to_i64(pass.through_seq));
+    let version = to_i64(pass.transcript_version);
+    let prompt = pass.prompt_sha256.to_vec();
+    let usage = summary.usage;
+    let (input, output) = (to_i64(usage.input_tokens), to_i64(usage.output_tokens));
+    let (cache_read, cache_write) = (
+        to_i64(usage.cache_read_tokens),
+        to_i64(usage.cache_write_tokens),
+    );
+    let now = now_ms();
+    check_fence(tx, fence).await?;
 
-                    // Committed before, acknowledgement lost: the same row, nothing new.
-                    let existing = sqlx::query_as!(
-            SummaryRow,
-            r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
+    // Committed before, acknowledgement lost: the same row, nothing new.
+    let existing = sqlx::query_as!(
+        SummaryRow,
+        r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
                       input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, created_at
                FROM summaries WHERE conversation_id = ?1 AND through_seq = ?2"#,
-            conversation,
-            through
-        )
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db("find committed summary"))?;
-                    if let Some(row) = existing {
-                        let stored = row.decode(fence.conversation_id)?;
-                        if stored.from_seq == pass.from_seq
-                            && stored.request_id == fence.request_id
-                            && stored.made_from_version == pass.transcript_version
-                        {
-                            return Ok(stored);
-                        }
-                        return Err(refusal(tx, &fence, pass).await);
-                    }
+        conversation,
+        through
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db("find committed summary"))?;
+    if let Some(row) = existing {
+        let stored = row.decode(fence.conversation_id)?;
+        if stored.from_seq == pass.from_seq
+            && stored.request_id == fence.request_id
+            && stored.made_from_version == pass.transcript_version
+        {
+            return Ok(stored);
+        }
+        return Err(refusal(tx, fence, pass).await);
+    }
 
-                    // The pass in flight is this one and the transcript has not moved.
-                    let counted = sqlx::query!(
-                        "UPDATE admissions
+    // The pass in flight is this one and the transcript has not moved.
+    let counted = sqlx::query!(
+        "UPDATE admissions
              SET summary_passes = summary_passes + 1, summary_from_seq = NULL,
                  summary_through_seq = NULL, summary_version = NULL, summary_prompt_sha256 = NULL,
                  input_tokens = input_tokens + ?1, output_tokens = output_tokens + ?2,
@@ -192,61 +205,57 @@ impl SqliteStore {
                AND (SELECT version FROM conversations WHERE id = ?6) = ?11
                AND (SELECT COALESCE(MAX(through_seq) + 1, 0) FROM summaries
                     WHERE conversation_id = ?6) = ?9",
-                        input,
-                        output,
-                        cache_read,
-                        cache_write,
-                        now,
-                        conversation,
-                        revision,
-                        run,
-                        from,
-                        through,
-                        version,
-                        prompt
-                    )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("count summary pass"))?;
-                    if counted.rows_affected() != 1 {
-                        return Err(refusal(tx, &fence, pass).await);
-                    }
-                    let id = sqlx::query_scalar!(
-                        r#"INSERT INTO summaries (conversation_id, from_seq, through_seq, content,
+        input,
+        output,
+        cache_read,
+        cache_write,
+        now,
+        conversation,
+        revision,
+        run,
+        from,
+        through,
+        version,
+        prompt
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("count summary pass"))?;
+    if counted.rows_affected() != 1 {
+        return Err(refusal(tx, fence, pass).await);
+    }
+    let id = sqlx::query_scalar!(
+        r#"INSERT INTO summaries (conversation_id, from_seq, through_seq, content,
                    made_from_version, request_id, input_tokens, output_tokens, cache_read_tokens,
                    cache_write_tokens, created_at)
                VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                RETURNING id AS "id!: i64""#,
-                        conversation,
-                        from,
-                        through,
-                        summary.content,
-                        version,
-                        request,
-                        input,
-                        output,
-                        cache_read,
-                        cache_write,
-                        now
-                    )
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(db("insert summary"))?;
-                    Ok(StoredSummary {
-                        id,
-                        conversation_id: fence.conversation_id,
-                        request_id: fence.request_id,
-                        from_seq: pass.from_seq,
-                        through_seq: pass.through_seq,
-                        content: summary.content.clone(),
-                        made_from_version: pass.transcript_version,
-                        usage,
-                        created_at: now,
-                    })
-                })
-            })
-            .await
-    }
+        conversation,
+        from,
+        through,
+        summary.content,
+        version,
+        request,
+        input,
+        output,
+        cache_read,
+        cache_write,
+        now
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db("insert summary"))?;
+    Ok(StoredSummary {
+        id,
+        conversation_id: fence.conversation_id,
+        request_id: fence.request_id,
+        from_seq: pass.from_seq,
+        through_seq: pass.through_seq,
+        content: summary.content.clone(),
+        made_from_version: pass.transcript_version,
+        usage,
+        created_at: now,
+    })
 }
 
 /// Why a guarded summary write matched no row: the owner was replaced
