@@ -89,7 +89,7 @@ pub enum Error {
         max_passes: u32,
     },
     /// The summary model's answer was refused (empty, or larger than
-    /// [`MAX_SUMMARY_BYTES`](crate::summary::MAX_SUMMARY_BYTES)): nothing was
+    /// [`MAX_SUMMARY_BYTES`](crate::session::MAX_SUMMARY_BYTES)): nothing was
     /// committed, the pass stays in flight and the admission held.
     #[error("run {run_id} got an unusable summary at revision {revision}: {reason}")]
     InvalidSummary {

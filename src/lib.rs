@@ -83,7 +83,7 @@
 //!   `recover_after_owner_exit`, `recovery_usage`, `abandon`.
 //! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets,
 //!   the turn loop.
-//! - [`summary`]: compaction. [`ContextPolicy`] sets the window of recent
+//! - compaction (in [`session`]). [`ContextPolicy`] sets the window of recent
 //!   committed entries the model sees; without a summary agent it is a plain
 //!   sliding window. With [`AgentSession::with_summary_agent`], older entries
 //!   are summarized in batches before a request's first turn (one summary call
@@ -104,9 +104,9 @@ mod error;
 pub mod events;
 pub mod ids;
 pub mod message;
+pub mod outcome;
 pub mod session;
 pub mod store;
-pub mod summary;
 
 pub use agent::{
     Agent, AgentLimits, Budget, Model, RunContext, ScriptedModel, ScriptedReply, Tool, ToolContext,
@@ -118,10 +118,11 @@ pub use checkpoint::{CheckpointPhase, LoopCheckpoint};
 pub use error::{BudgetKind, Error, ModelError, StoreError};
 pub use events::Event;
 pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-pub use message::{Message, ToolCall, ToolSpec, Usage, VerificationReport};
-pub use session::{AgentSession, ContextPolicy, Outcome, ResumePolicy};
+pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
+pub use outcome::Outcome;
+pub use session::MaxPasses;
+pub use session::{AgentSession, ContextPolicy, ResumePolicy};
 pub use store::{SqliteOptions, SqliteStore, Store};
-pub use summary::MaxPasses;
 
 /// Re-exported so implementations of [`Model`], [`Tool`] and [`Verifier`]
 /// need no extra dependency.

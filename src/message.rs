@@ -156,3 +156,10 @@ pub struct VerificationReport {
     pub passed: bool,
     pub detail: String,
 }
+
+/// The result of a tool call as journaled and shown to the model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub content: String,
+    pub is_error: bool,
+}

@@ -20,10 +20,10 @@ use common::*;
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 use turnstile::agent::{ModelRequest, ModelResponse};
+use turnstile::session::{MAX_SUMMARY_BYTES, SUMMARY_HEADING};
 use turnstile::store::{
     ClaimOutcome, InputHash, NewRequest, RecoveryClaim, SummaryCommit, SummaryPass,
 };
-use turnstile::summary::{MAX_SUMMARY_BYTES, SUMMARY_HEADING};
 use turnstile::{
     Agent, AgentSession, Budget, BudgetKind, ContextPolicy, ConversationId, Error, Event,
     MaxPasses, Message, Model, ModelError, RequestId, ResumePolicy, RunContext, RunId,

@@ -1,11 +1,10 @@
-//! The agent: a model, its tools, a system prompt and limits; and the loop
-//! that runs it turn by turn with a durable checkpoint after every turn.
+//! The agent: a model, its tools, a system prompt and limits. The loop that
+//! runs it turn by turn is the session's (`session/turns.rs`).
 
 mod context;
 mod model;
 #[cfg(feature = "openai")]
 mod openai;
-pub(crate) mod run_loop;
 mod scripted;
 mod tool;
 mod verifier;

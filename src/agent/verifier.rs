@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 
+use crate::message::ToolResult;
 use crate::message::{ToolCall, VerificationReport};
-use crate::store::ToolResult;
 
 /// Inspects a turn's tool calls and their results, and may add a report.
 /// Reports accumulate in the loop checkpoint and survive resumes.

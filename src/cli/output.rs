@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::exit::CliError;
 use crate::ids::RunId;
 use crate::message::Usage;
-use crate::session::Outcome;
+use crate::outcome::Outcome;
 
 /// How output is rendered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

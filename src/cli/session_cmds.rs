@@ -25,7 +25,8 @@ use crate::agent::{Agent, Model, RunContext, ScriptedModel, Tool};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::events::Event;
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
-use crate::session::{AgentSession, ContextPolicy, Outcome, ResumePolicy};
+use crate::outcome::Outcome;
+use crate::session::{AgentSession, ContextPolicy, ResumePolicy};
 use crate::store::{SqliteStore, Store};
 use crate::Error;
 

@@ -1,13 +1,14 @@
 //! Admission of a new request: validation, replay of completed requests and
 //! the claim of the idle admission.
 
-use super::drive::first_turn;
-use super::{AgentSession, Outcome};
-use crate::agent::run_loop::first_turn_may_start;
+use super::stream::Emitter;
+use super::turns::first_turn;
+use super::turns::first_turn_may_start;
+use super::AgentSession;
 use crate::agent::RunContext;
-use crate::events::Emitter;
 use crate::ids::{RequestId, RunId};
 use crate::message::Message;
+use crate::outcome::Outcome;
 use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
 use crate::Error;
 

@@ -1,16 +1,17 @@
 //! Running the loop for an admitted request: the model's context, the seed
 //! state, and the outcome.
 
-use super::compact::Compacted;
-use super::{AgentSession, Outcome};
-use crate::agent::run_loop::RunLoop;
+use super::compact;
+use super::stream::Emitter;
+use super::turns::{first_turn, start_of, RunLoop};
+use super::AgentSession;
 use crate::agent::RunContext;
-use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
-use crate::events::{Emitter, Event};
+use crate::checkpoint::LoopCheckpoint;
+use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::Message;
+use crate::outcome::Outcome;
 use crate::store::Fence;
-use crate::summary;
 use crate::Error;
 
 impl AgentSession {
@@ -171,7 +172,7 @@ impl AgentSession {
             let latest = self.store.latest_summary(self.conversation_id).await?;
             let from = latest.as_ref().map_or(0, |s| s.through_seq + 1);
             if let Some(latest) = latest {
-                prefix.push(summary::context_message(&latest.content));
+                prefix.push(compact::context_message(&latest.content));
             }
             let tail = self
                 .store
@@ -205,34 +206,4 @@ enum Seed {
     /// At the latest checkpoint of the run it continues, with the model's
     /// context when it was read alongside.
     Resumed(LoopCheckpoint, Option<Vec<Message>>),
-}
-
-/// The write-ahead of a request's first turn, saved with its claim when
-/// the run goes straight to that turn (no summary passes to run first).
-pub(super) fn first_turn(run_id: RunId) -> LoopCheckpoint {
-    LoopCheckpoint {
-        run_id,
-        turn: 1,
-        phase: CheckpointPhase::TurnInFlight,
-        usage: Default::default(),
-        tool_calls_count: 0,
-        verification_reports: Vec::new(),
-        message_count: 1,
-        created_at: 0,
-    }
-}
-
-/// The state of a request before its first turn: its input is its only
-/// message; its summary passes are its turns and usage so far.
-fn start_of(fence: Fence, compacted: Compacted) -> LoopCheckpoint {
-    LoopCheckpoint {
-        run_id: fence.run_id,
-        turn: compacted.passes,
-        phase: CheckpointPhase::Ready,
-        usage: compacted.usage,
-        tool_calls_count: 0,
-        verification_reports: Vec::new(),
-        message_count: 1,
-        created_at: 0,
-    }
 }

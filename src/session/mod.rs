@@ -6,25 +6,27 @@
 mod admit;
 mod compact;
 mod drive;
-mod outcome;
 mod resume;
 mod stream;
+mod turns;
 
 use std::sync::Arc;
 
 use futures_core::Stream;
 use tracing::{instrument, Instrument};
 
+pub use crate::outcome::Outcome;
 pub use admit::MAX_INPUT_BYTES;
-pub use outcome::Outcome;
 
 use crate::agent::{Agent, RunContext};
-use crate::events::{Emitter, Event};
+use crate::events::Event;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::Usage;
 use crate::store::Store;
-use crate::summary::MaxPasses;
 use crate::Error;
+pub use compact::{MaxPasses, DEFAULT_SUMMARY_PROMPT, MAX_SUMMARY_BYTES, SUMMARY_HEADING};
+pub(crate) use stream::Emitter;
+pub use turns::MAX_TOOL_OUTPUT_BYTES;
 
 /// How much committed history the model sees, and how much of it one summary
 /// pass absorbs.
@@ -161,7 +163,7 @@ impl AgentSession {
     /// batch by batch (see [`ContextPolicy`]), and the model's context becomes
     /// the system prompt, the latest summary, the later entries and the
     /// request. The summary model gets the summary agent's system prompt (or
-    /// [`DEFAULT_SUMMARY_PROMPT`](crate::summary::DEFAULT_SUMMARY_PROMPT)),
+    /// [`DEFAULT_SUMMARY_PROMPT`](crate::session::DEFAULT_SUMMARY_PROMPT)),
     /// the previous summary and the batch as text; its tools are not offered.
     ///
     /// Each pass is durable: recorded in the admission, then the summary

@@ -1,10 +1,11 @@
 //! Taking over an active request: `resume_run` (by run) and
 //! `recover_after_owner_exit` (by request).
 
-use super::{AgentSession, Outcome, ResumePolicy};
+use super::stream::Emitter;
+use super::{AgentSession, ResumePolicy};
 use crate::agent::RunContext;
-use crate::events::Emitter;
 use crate::ids::{RequestId, Revision, RunId};
+use crate::outcome::Outcome;
 use crate::store::{InputHash, RecoveryClaim, RequestStatus};
 use crate::Error;
 

@@ -4,8 +4,8 @@ use std::future::Future;
 
 use futures_core::Stream;
 
-use super::Outcome;
-use crate::events::{Emitter, Event};
+use crate::events::Event;
+use crate::outcome::Outcome;
 use crate::Error;
 
 /// Runs `work` inside the stream, yielding its events as they happen and
@@ -45,6 +45,47 @@ where
                 });
             }
             Err(error) => yield Err(error),
+        }
+    }
+}
+
+/// An event and, for events sent between durable steps, the acknowledgement
+/// the run waits for.
+pub(super) type Envelope = (Event, Option<tokio::sync::oneshot::Sender<()>>);
+
+/// Where the loop sends events; a no-op for `run`.
+#[derive(Clone, Default)]
+pub(crate) struct Emitter(Option<tokio::sync::mpsc::UnboundedSender<Envelope>>);
+
+impl Emitter {
+    pub(crate) fn channel() -> (Self, tokio::sync::mpsc::UnboundedReceiver<Envelope>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Self(Some(tx)), rx)
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Sends an event and waits until the consumer has taken it. The loop
+    /// emits only between durable steps, so a slow consumer never keeps the
+    /// run inside a store call (holding a connection), and a consumer that
+    /// stops polling freezes the run exactly after the event it last saw.
+    pub(crate) async fn emit(&self, event: Event) {
+        if let Some(tx) = &self.0 {
+            let (ack, acked) = tokio::sync::oneshot::channel();
+            if tx.send((event, Some(ack))).is_ok() {
+                // An error only means the stream was dropped.
+                let _ = acked.await;
+            }
+        }
+    }
+
+    /// Sends an event without waiting: for text deltas, which arrive from
+    /// inside a model call, where no connection is held.
+    pub(crate) fn emit_now(&self, event: Event) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send((event, None));
         }
     }
 }

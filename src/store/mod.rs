@@ -10,11 +10,12 @@ mod sqlite;
 
 use async_trait::async_trait;
 
+/// Re-exported: the contract journals tool results.
+pub use crate::message::ToolResult;
 pub use records::{
     ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, InputHash, JournalEntry,
     JournalStatus, NewRequest, RecoveryClaim, RequestRecord, RequestStatus, RunRecord, RunStatus,
-    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, SummaryProgress, ToolResult,
-    TranscriptEntry,
+    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, SummaryProgress, TranscriptEntry,
 };
 pub use sqlite::{
     CheckpointMark, ConversationSummary, DoctorReport, Durability, HeldAdmission, ListFilter,

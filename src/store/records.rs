@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::LoopCheckpoint;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use crate::message::{Message, Usage, VerificationReport};
+use crate::message::{Message, ToolResult, Usage, VerificationReport};
 
 /// SHA-256 of a request's input: what a request id is bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -252,13 +252,6 @@ pub struct TranscriptEntry {
     pub seq: u64,
     pub request_id: RequestId,
     pub message: Message,
-}
-
-/// The result of a tool call as journaled and shown to the model.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolResult {
-    pub content: String,
-    pub is_error: bool,
 }
 
 /// Journal state of one tool call.

@@ -1,4 +1,4 @@
-//! Summary compaction before a request's first turn (DESIGN §6).
+//! Summary compaction before a request's first turn.
 //!
 //! Each pass is three durable steps: the pass (input range, transcript
 //! version, prompt hash) is recorded in the admission; the summary model is
@@ -9,15 +9,20 @@
 //! counts once. A summary call has no side effect but its cost, so re-running
 //! it is never ambiguous.
 
+mod prompt;
+
+pub(super) use prompt::context_message;
+pub use prompt::{MaxPasses, DEFAULT_SUMMARY_PROMPT, MAX_SUMMARY_BYTES, SUMMARY_HEADING};
+
+use super::stream::Emitter;
+use super::turns::{check_stop, guarded, turn_limit};
 use super::{AgentSession, SummarySettings};
-use crate::agent::run_loop::{check_stop, guarded, turn_limit};
 use crate::agent::{ModelRequest, RunContext};
 use crate::error::BudgetKind;
-use crate::events::{Emitter, Event};
+use crate::events::Event;
 use crate::ids::Revision;
 use crate::message::{Message, Usage};
 use crate::store::{Fence, StoredSummary, SummaryCommit, SummaryPass, TranscriptEntry};
-use crate::summary;
 use crate::Error;
 
 /// The request's state before its first turn.
@@ -114,7 +119,7 @@ impl AgentSession {
 
             let entries = self.batch_entries(next, batch).await?;
             let through_seq = entries.last().map_or(next, |e| e.seq);
-            let messages = summary::prompt(
+            let messages = prompt::prompt(
                 &settings.agent.system_prompt,
                 latest.as_ref().map(|s| s.content.as_str()),
                 &entries,
@@ -123,7 +128,7 @@ impl AgentSession {
                 from_seq: next,
                 through_seq,
                 transcript_version: version,
-                prompt_sha256: summary::prompt_sha256(&messages),
+                prompt_sha256: prompt::prompt_sha256(&messages),
             };
             if let Some(recorded) = in_flight.take() {
                 if recorded != pass {
@@ -187,7 +192,7 @@ impl AgentSession {
             through_seq = pass.through_seq,
             "summary model responded"
         );
-        summary::check_output(&response.content).map_err(|reason| Error::InvalidSummary {
+        prompt::check_output(&response.content).map_err(|reason| Error::InvalidSummary {
             run_id: fence.run_id,
             revision: fence.revision,
             reason,
@@ -260,7 +265,7 @@ impl AgentSession {
         let mut to = from + batch + 1;
         let mut entries = self.store.transcript_range(conversation, from, to).await?;
         let len = loop {
-            let len = summary::batch_len(&entries, batch as usize);
+            let len = prompt::batch_len(&entries, batch as usize);
             let transcript_ended = (entries.len() as u64) < to - from;
             if len < entries.len() || transcript_ended {
                 break len;

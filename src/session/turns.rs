@@ -15,18 +15,22 @@ use std::future::Future;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{Agent, ModelRequest, RunContext, ToolContext};
+use super::compact::Compacted;
+use super::stream::Emitter;
+use crate::agent::{Agent, ModelRequest, RunContext, ToolContext};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::BudgetKind;
-use crate::events::{Emitter, Event};
+use crate::events::Event;
+use crate::ids::RunId;
+use crate::message::ToolResult;
 use crate::message::{Message, ToolCall, VerificationReport};
-use crate::store::{Fence, JournalStatus, Store, StoredOutcome, ToolResult};
+use crate::store::{Fence, JournalStatus, Store, StoredOutcome};
 use crate::{Error, ModelError};
 
 /// The largest tool output fed back to the model.
 pub const MAX_TOOL_OUTPUT_BYTES: usize = 1 << 20;
 
-pub(crate) struct RunLoop<'a> {
+pub(super) struct RunLoop<'a> {
     pub agent: &'a Agent,
     pub store: &'a dyn Store,
     pub ctx: &'a RunContext,
@@ -431,16 +435,46 @@ impl RunLoop<'_> {
     }
 }
 
+/// The write-ahead of a request's first turn, saved with its claim when
+/// the run goes straight to that turn (no summary passes to run first).
+pub(super) fn first_turn(run_id: RunId) -> LoopCheckpoint {
+    LoopCheckpoint {
+        run_id,
+        turn: 1,
+        phase: CheckpointPhase::TurnInFlight,
+        usage: Default::default(),
+        tool_calls_count: 0,
+        verification_reports: Vec::new(),
+        message_count: 1,
+        created_at: 0,
+    }
+}
+
+/// The state of a request before its first turn: its input is its only
+/// message; its summary passes are its turns and usage so far.
+pub(super) fn start_of(fence: Fence, compacted: Compacted) -> LoopCheckpoint {
+    LoopCheckpoint {
+        run_id: fence.run_id,
+        turn: compacted.passes,
+        phase: CheckpointPhase::Ready,
+        usage: compacted.usage,
+        tool_calls_count: 0,
+        verification_reports: Vec::new(),
+        message_count: 1,
+        created_at: 0,
+    }
+}
+
 /// The request's turn limit: the caller's budget within the agent's own.
 /// Summary passes count as turns of the request.
-pub(crate) fn turn_limit(agent: &Agent, ctx: &RunContext) -> u32 {
+pub(super) fn turn_limit(agent: &Agent, ctx: &RunContext) -> u32 {
     ctx.budget
         .max_turns
         .map_or(agent.limits.max_turns, |m| m.min(agent.limits.max_turns))
 }
 
 /// Awaits `future` unless the run is cancelled or its deadline passes.
-pub(crate) async fn guarded<T>(
+pub(super) async fn guarded<T>(
     ctx: &RunContext,
     fence: &Fence,
     future: impl Future<Output = T>,
@@ -482,7 +516,7 @@ async fn until_deadline<T>(
 /// Whether a request's first turn may start at once: the checks of a turn's
 /// start that need no run (its turn limit, a token budget of zero, the
 /// deadline, cancellation).
-pub(crate) fn first_turn_may_start(agent: &Agent, ctx: &RunContext) -> bool {
+pub(super) fn first_turn_may_start(agent: &Agent, ctx: &RunContext) -> bool {
     turn_limit(agent, ctx) >= 1
         && ctx.budget.max_tokens != Some(0)
         && !ctx.cancel.is_cancelled()
@@ -490,7 +524,7 @@ pub(crate) fn first_turn_may_start(agent: &Agent, ctx: &RunContext) -> bool {
 }
 
 /// Refuses to start work once the run is cancelled or past its deadline.
-pub(crate) fn check_stop(ctx: &RunContext, fence: &Fence) -> Result<(), Error> {
+pub(super) fn check_stop(ctx: &RunContext, fence: &Fence) -> Result<(), Error> {
     if ctx.cancel.is_cancelled() {
         return Err(Error::Cancelled {
             run_id: fence.run_id,

@@ -2,8 +2,8 @@
 //! message that carries a summary into the main model's context, and where
 //! one pass's batch ends.
 //!
-//! How it runs (the session's part) is in `session/compact.rs`; what is
-//! stored is in [`Store::commit_summary`](crate::Store::commit_summary).
+//! How it runs is in the parent module; what is stored is in
+//! [`Store::commit_summary`](crate::Store::commit_summary).
 
 use std::fmt;
 
@@ -75,13 +75,13 @@ impl fmt::Display for MaxPasses {
 
 /// The message that puts a summary into the main model's context, right
 /// after the system prompt.
-pub(crate) fn context_message(summary: &str) -> Message {
+pub(in crate::session) fn context_message(summary: &str) -> Message {
     Message::system(format!("{SUMMARY_HEADING}\n{summary}"))
 }
 
 /// What the summary model is given: its system prompt, the previous summary
 /// (if any) and the batch rendered as text, one entry per paragraph.
-pub(crate) fn prompt(
+pub(super) fn prompt(
     system_prompt: &str,
     previous: Option<&str>,
     batch: &[TranscriptEntry],
@@ -110,7 +110,7 @@ pub(crate) fn prompt(
 
 /// SHA-256 of a prompt, recorded with its pass: a pass re-run after a crash
 /// must send the same prompt.
-pub(crate) fn prompt_sha256(messages: &[Message]) -> [u8; 32] {
+pub(super) fn prompt_sha256(messages: &[Message]) -> [u8; 32] {
     let mut hasher = Sha256::new();
     for message in messages {
         // Role and length prefix the text, so no two prompts hash alike by
@@ -153,7 +153,7 @@ fn render(out: &mut String, entry: &TranscriptEntry) {
 }
 
 /// Checks a summary model's answer.
-pub(crate) fn check_output(content: &str) -> Result<(), String> {
+pub(super) fn check_output(content: &str) -> Result<(), String> {
     if content.trim().is_empty() {
         return Err("the summary is empty".into());
     }
@@ -172,7 +172,7 @@ pub(crate) fn check_output(content: &str) -> Result<(), String> {
 /// (the context after a summary never opens with an orphaned result).
 /// `entries` must reach at least one past the batch when there is more
 /// transcript, so the entry after it can be looked at.
-pub(crate) fn batch_len(entries: &[TranscriptEntry], batch: usize) -> usize {
+pub(super) fn batch_len(entries: &[TranscriptEntry], batch: usize) -> usize {
     let mut end = batch.min(entries.len());
     while entries
         .get(end)
