@@ -1,0 +1,585 @@
+//! Not timed: what each durable step costs in work rather than time.
+//!
+//! - SQL statements per step (every statement sqlx executes reports one
+//!   `sqlx::query` tracing event, counted here; `BEGIN`/`COMMIT` are not
+//!   among them);
+//! - commits and WAL pages per step, read from the WAL file's frame headers
+//!   (a commit is a frame with a non-zero "database size" field);
+//! - storage after the issue's default workload (200 conversations × 20
+//!   turns, two ~500-byte messages per turn), per raw message byte;
+//! - the in-memory harness at full size (1,000 sessions × 10 turns).
+//!
+//! ```sh
+//! cargo bench --bench anatomy
+//! ```
+//!
+//! The numbers are in docs/performance.md.
+
+use turnstile_bench as support;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqlx::{ConnectOptions, Row};
+use tracing::level_filters::LevelFilter;
+use tracing::subscriber::Interest;
+use tracing::{span, Event, Metadata, Subscriber};
+use turnstile::store::{ClaimOutcome, InputHash, NewRequest};
+use turnstile::Durability;
+use turnstile::{
+    ConversationId, Message, RequestId, Revision, RunContext, RunId, SqliteStore, Store,
+};
+
+use support::{
+    agent, open_store, run_request, runtime, session, temp_dir, text, BareInsert, BareInsertConn,
+    TurnWriter, MESSAGE_BYTES,
+};
+
+const SQL_TARGET: &str = "sqlx::query";
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts the statement events sqlx emits while [`COUNTING`] is on.
+struct StatementCounter;
+
+impl Subscriber for StatementCounter {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if meta.target() == SQL_TARGET {
+            Interest::sometimes()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>) -> bool {
+        meta.target() == SQL_TARGET && COUNTING.load(Ordering::SeqCst)
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
+    }
+
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        if event.metadata().target() == SQL_TARGET {
+            STATEMENTS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn enter(&self, _: &span::Id) {}
+
+    fn exit(&self, _: &span::Id) {}
+}
+
+/// The valid frames of a WAL file: how many, how many end a commit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct WalState {
+    salts: (u32, u32),
+    page_size: u64,
+    frames: u64,
+    commits: u64,
+}
+
+fn be32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+fn wal_state(db: &Path) -> Option<WalState> {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    let bytes = std::fs::read(PathBuf::from(wal)).ok()?;
+    if bytes.len() < 32 {
+        return None;
+    }
+    let page_size = match be32(&bytes, 8) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    let salts = (be32(&bytes, 16), be32(&bytes, 20));
+    let frame = 24 + page_size as usize;
+    let (mut frames, mut commits, mut at) = (0, 0, 32);
+    while at + frame <= bytes.len() && (be32(&bytes, at + 8), be32(&bytes, at + 12)) == salts {
+        frames += 1;
+        if be32(&bytes, at + 4) != 0 {
+            commits += 1;
+        }
+        at += frame;
+    }
+    Some(WalState {
+        salts,
+        page_size,
+        frames,
+        commits,
+    })
+}
+
+struct Measured {
+    label: String,
+    statements: u64,
+    /// Context switches of all the process's threads (`None` off Linux).
+    switches: Option<u64>,
+    /// `None` when the WAL was reset (checkpointed) in between.
+    wal: Option<(u64, u64, u64)>,
+}
+
+/// Runs `work` and records the statements it executed and the commits and
+/// WAL pages it wrote to `db`.
+async fn measure<T>(
+    rows: &mut Vec<Measured>,
+    label: &str,
+    db: &Path,
+    work: impl Future<Output = T>,
+) -> T {
+    let before = wal_state(db);
+    let switches_before = context_switches();
+    STATEMENTS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    let out = work.await;
+    COUNTING.store(false, Ordering::SeqCst);
+    let statements = STATEMENTS.load(Ordering::SeqCst);
+    let switches = context_switches()
+        .zip(switches_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let after = wal_state(db);
+    let wal = match (before, after) {
+        (Some(b), Some(a)) if a.salts == b.salts => Some((
+            a.commits - b.commits,
+            a.frames - b.frames,
+            (a.frames - b.frames) * a.page_size,
+        )),
+        (None, Some(a)) => Some((a.commits, a.frames, a.frames * a.page_size)),
+        _ => None,
+    };
+    rows.push(Measured {
+        label: label.to_owned(),
+        statements,
+        switches,
+        wal,
+    });
+    out
+}
+
+/// Context switches so far of every live thread of this process, summed
+/// from `/proc/self/task/*/status` (Linux). A thread hand-off (a statement
+/// sent to sqlx's worker thread and its answer back, a task woken on
+/// another worker) is at least one; on a VM each costs tens of
+/// microseconds, so this counts what the time goes to, without the noise.
+fn context_switches() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        for line in status.lines() {
+            let count = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"));
+            if let Some(count) = count {
+                total += count.trim().parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some(total)
+}
+
+fn print_rows(rows: &[Measured]) {
+    println!(
+        "| {:<52} | {:>10} | {:>8} | {:>7} | {:>9} | {:>8} |",
+        "operation", "statements", "switches", "commits", "WAL pages", "WAL KiB"
+    );
+    println!(
+        "|{:-<54}|{:->12}|{:->10}|{:->9}|{:->11}|{:->10}|",
+        "", "", "", "", "", ""
+    );
+    for row in rows {
+        let (commits, frames, kib) = match row.wal {
+            Some((c, f, b)) => (
+                c.to_string(),
+                f.to_string(),
+                format!("{:.1}", b as f64 / 1024.0),
+            ),
+            None => ("reset".into(), "reset".into(), "reset".into()),
+        };
+        let switches = row.switches.map_or("-".into(), |n| n.to_string());
+        println!(
+            "| {:<52} | {:>10} | {:>8} | {:>7} | {:>9} | {:>8} |",
+            row.label, row.statements, switches, commits, frames, kib
+        );
+    }
+}
+
+async fn steps(dir: &Path) {
+    let mut rows = Vec::new();
+    let bare_db = dir.join("bare.db");
+    let bare = BareInsert::open(&bare_db, Durability::Full).await;
+    bare.insert_commit().await;
+    measure(
+        &mut rows,
+        "baseline: bare single-row INSERT transaction",
+        &bare_db,
+        bare.insert_commit(),
+    )
+    .await;
+
+    let db = dir.join("steps.db");
+    let store = open_store(&db, Durability::Full).await;
+    let store_dyn: &dyn Store = &store;
+    let conversation = ConversationId::new();
+    store
+        .ensure_conversation(&support::namespace(), conversation)
+        .await
+        .expect("conversation");
+    let input = text("user", MESSAGE_BYTES);
+    let request = |revision| {
+        let run_id = RunId::new();
+        NewRequest {
+            conversation_id: conversation,
+            request_id: RequestId::new(),
+            input_sha256: InputHash::of(&input),
+            input: Message::user(input.clone()),
+            expected_revision: Revision(revision),
+            run_id,
+            agent_fingerprint: "bench".into(),
+            first_turn: Some(support::first_turn(run_id)),
+        }
+    };
+
+    let claim = request(0);
+    let ClaimOutcome::Admitted(fence) = measure(
+        &mut rows,
+        "Store::claim (with turn 1's write-ahead)",
+        &db,
+        store.claim(&claim),
+    )
+    .await
+    .expect("claim") else {
+        panic!("fresh request id already known");
+    };
+    let mut writer = TurnWriter::new(fence);
+    let (call_id, _) = measure(
+        &mut rows,
+        "Store::record_model_response (1 tool call)",
+        &db,
+        writer.model_response(store_dyn),
+    )
+    .await;
+    let result = measure(
+        &mut rows,
+        "Store::record_tool_result",
+        &db,
+        writer.tool_result(store_dyn, &call_id),
+    )
+    .await;
+    measure(
+        &mut rows,
+        "Store::finish_turn (Ready checkpoint + next write-ahead)",
+        &db,
+        writer.finish(store_dyn, call_id, result),
+    )
+    .await;
+    measure(
+        &mut rows,
+        "= one turn with one tool call (the 3 above)",
+        &db,
+        writer.tool_turn(store_dyn),
+    )
+    .await;
+    measure(
+        &mut rows,
+        "Store::commit (answer, release, outcome)",
+        &db,
+        writer.commit(store_dyn),
+    )
+    .await;
+
+    let claim = request(2);
+    let ClaimOutcome::Admitted(held) = store.claim(&claim).await.expect("claim") else {
+        panic!("fresh request id already known");
+    };
+    measure(
+        &mut rows,
+        "Store::abandon",
+        &db,
+        store.abandon(conversation, held.request_id, held.revision),
+    )
+    .await
+    .expect("abandon");
+
+    // The reader pool opens connections on demand: open them before
+    // counting, so the reads below count only their own statements.
+    for _ in 0..8 {
+        store
+            .transcript_window(conversation, 50)
+            .await
+            .expect("window");
+    }
+    measure(
+        &mut rows,
+        "Store::latest_checkpoint (read)",
+        &db,
+        store.latest_checkpoint(fence.run_id),
+    )
+    .await
+    .expect("checkpoint");
+    measure(
+        &mut rows,
+        "Store::transcript_window(50) (read)",
+        &db,
+        store.transcript_window(conversation, 50),
+    )
+    .await
+    .expect("window");
+
+    let shared: Arc<dyn Store> = Arc::new(store.clone());
+    let one_turn = session(agent(1), shared.clone());
+    run_request(&one_turn, &input).await;
+    measure(
+        &mut rows,
+        "AgentSession::run, 1-turn request (reads included)",
+        &db,
+        run_request(&one_turn, &input),
+    )
+    .await;
+    let two_turns = session(agent(2), shared.clone());
+    run_request(&two_turns, &input).await;
+    measure(
+        &mut rows,
+        "AgentSession::run, 2-turn request (1 tool call)",
+        &db,
+        run_request(&two_turns, &input),
+    )
+    .await;
+    let id = RequestId::new();
+    two_turns
+        .run(id, &input, RunContext::default())
+        .await
+        .expect("request");
+    let replay = measure(
+        &mut rows,
+        "AgentSession::run, replay of a completed request",
+        &db,
+        two_turns.run(id, &input, RunContext::default()),
+    )
+    .await
+    .expect("replay");
+    assert!(replay.replayed);
+
+    println!("Per step, one session, FULL durability (fresh file database):\n");
+    print_rows(&rows);
+
+    // One count of a few dozen switches varies from run to run; the mean of
+    // many repetitions does not.
+    const REPEATS: u64 = 100;
+    let mut conn = BareInsertConn::open(&dir.join("bare-conn.db"), Durability::Full).await;
+    let bare_conn = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            conn.insert_commit().await;
+        }
+    })
+    .await;
+    let bare_pooled = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            bare.insert_commit().await;
+        }
+    })
+    .await;
+    let ClaimOutcome::Admitted(fence) = store.claim(&request(4)).await.expect("claim") else {
+        panic!("fresh request id already known");
+    };
+    let mut writer = TurnWriter::new(fence);
+    let turn = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            writer.tool_turn(store_dyn).await;
+        }
+    })
+    .await;
+    let latest = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            store
+                .latest_checkpoint(fence.run_id)
+                .await
+                .expect("checkpoint");
+        }
+    })
+    .await;
+    let window = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            store
+                .transcript_window(conversation, 50)
+                .await
+                .expect("window");
+        }
+    })
+    .await;
+    println!("\nContext switches per operation, all threads, mean of {REPEATS}:\n");
+    println!("  bare INSERT commit, bare connection   {bare_conn:>6.1}");
+    println!("  bare INSERT commit, one-conn pool     {bare_pooled:>6.1}");
+    println!(
+        "  one turn with one tool call           {turn:>6.1}  ({:.2} x 3 bare-connection commits)",
+        turn / (3.0 * bare_conn)
+    );
+    println!("  Store::latest_checkpoint              {latest:>6.1}");
+    println!("  Store::transcript_window(50)          {window:>6.1}");
+}
+
+/// The mean context switches per repetition of `work`, which repeats an
+/// operation `repeats` times (NaN off Linux).
+async fn switches_per(repeats: u64, work: impl Future<Output = ()>) -> f64 {
+    let before = context_switches();
+    work.await;
+    match (before, context_switches()) {
+        (Some(before), Some(after)) => after.saturating_sub(before) as f64 / repeats as f64,
+        _ => f64::NAN,
+    }
+}
+
+/// The issue's default workload, two ~500-byte messages per turn: 200
+/// conversations × 20 one-turn requests (a user input and an answer each).
+async fn storage(dir: &Path) {
+    const CONVERSATIONS: usize = 200;
+    const REQUESTS: usize = 20;
+    let db = dir.join("storage.db");
+    let store: Arc<dyn Store> = Arc::new(open_store(&db, Durability::Normal).await);
+    let input = Arc::new(text("user", MESSAGE_BYTES));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CONVERSATIONS)
+        .map(|_| {
+            let s = session(agent(1), store.clone());
+            let input = input.clone();
+            tokio::spawn(async move {
+                for _ in 0..REQUESTS {
+                    run_request(&s, &input).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("session task");
+    }
+    let elapsed = start.elapsed();
+    let raw = (CONVERSATIONS * REQUESTS * 2 * MESSAGE_BYTES) as u64;
+    drop(store);
+
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&db)
+        .connect()
+        .await
+        .expect("open");
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(&mut conn)
+        .await
+        .expect("checkpoint");
+    let page_size = pragma(&mut conn, "page_size").await;
+    let pages = pragma(&mut conn, "page_count").await;
+    let free = pragma(&mut conn, "freelist_count").await;
+    let file = std::fs::metadata(&db).expect("db file").len();
+    println!(
+        "\nStorage after {CONVERSATIONS} conversations x {REQUESTS} one-turn requests \
+         ({MESSAGE_BYTES}-byte input + {MESSAGE_BYTES}-byte answer), NORMAL, written in {:.1} s:",
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "  raw message bytes {raw}; database file {file} bytes after a WAL checkpoint \
+         ({pages} pages of {page_size}, {free} free) = {:.2} x raw ({:.2} x raw without free pages)",
+        file as f64 / raw as f64,
+        ((pages - free) * page_size) as f64 / raw as f64
+    );
+    match sqlx::query(
+        "SELECT name, SUM(pgsize) AS bytes FROM dbstat GROUP BY name ORDER BY bytes DESC",
+    )
+    .fetch_all(&mut conn)
+    .await
+    {
+        Ok(tables) => {
+            for t in tables {
+                let name: String = t.get(0);
+                let bytes: i64 = t.get(1);
+                println!(
+                    "    {name:<40} {:>10} bytes ({:.2} x raw)",
+                    bytes,
+                    bytes as f64 / raw as f64
+                );
+            }
+        }
+        Err(e) => println!("    (no per-table sizes: {e})"),
+    }
+}
+
+async fn pragma(conn: &mut sqlx::SqliteConnection, name: &str) -> u64 {
+    let value: i64 = sqlx::query(&format!("PRAGMA {name}"))
+        .fetch_one(conn)
+        .await
+        .expect("pragma")
+        .get(0);
+    value as u64
+}
+
+/// The test-harness workload at full size: 1,000 sessions × one 10-turn
+/// request on one in-memory store, all concurrent; then the same sessions
+/// one after another.
+async fn harness() {
+    const SESSIONS: usize = 1_000;
+    const TURNS: usize = 10;
+    let input = Arc::new(text("user", MESSAGE_BYTES));
+    for concurrent in [true, false] {
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::in_memory().await.expect("in-memory store"));
+        let sessions: Vec<_> = (0..SESSIONS)
+            .map(|_| session(agent(TURNS), store.clone()))
+            .collect();
+        let start = Instant::now();
+        if concurrent {
+            let tasks: Vec<_> = sessions
+                .into_iter()
+                .map(|s| {
+                    let input = input.clone();
+                    tokio::spawn(async move { run_request(&s, &input).await })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("session task");
+            }
+        } else {
+            for s in &sessions {
+                run_request(s, &input).await;
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        println!(
+            "{}In-memory harness, {}: {SESSIONS} sessions x {TURNS} turns in {elapsed:.2} s = {:.0} turns/s",
+            if concurrent { "\n" } else { "" },
+            if concurrent { "all sessions concurrent" } else { "one session at a time" },
+            (SESSIONS * TURNS) as f64 / elapsed
+        );
+    }
+}
+
+fn main() {
+    // `cargo bench -- FILTER` passes the filter to every bench binary: run
+    // only when it names this one (or when there is none).
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if !filters.is_empty() && !filters.iter().any(|f| "anatomy".contains(f.as_str())) {
+        return;
+    }
+    tracing::subscriber::set_global_default(StatementCounter).expect("subscriber");
+    let rt = runtime();
+    let dir = temp_dir();
+    rt.block_on(async {
+        steps(dir.path()).await;
+        storage(dir.path()).await;
+        harness().await;
+    });
+}

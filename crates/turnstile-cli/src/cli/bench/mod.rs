@@ -1,0 +1,196 @@
+//! `turnstile bench`: a fixed workload through the public API (SqliteStore,
+//! AgentSession, a zero-latency ScriptedModel) on a fresh database, and what
+//! it cost: per-turn latency, turns per second, storage per message byte,
+//! latest-checkpoint and replay reads.
+//!
+//! - `location`: where the database lives (a removed temp dir, or a new
+//!   `--db` file that is kept);
+//! - `text`: varied message text;
+//! - `workload`: the conversations, driven concurrently;
+//! - `reads`: the sampled read latencies;
+//! - `storage`: pages in use after a WAL checkpoint;
+//! - `stats` and `report`: the figures and their rendering.
+
+mod location;
+mod reads;
+mod report;
+mod stats;
+mod storage;
+mod text;
+mod workload;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+
+use self::location::Location;
+use self::report::{BenchReport, WorkloadParams};
+use self::stats::Latency;
+use self::workload::Workload;
+use super::exit::CliError;
+use super::output::{self, Style};
+use turnstile::session::MAX_INPUT_BYTES;
+use turnstile::store::Store;
+use turnstile::{Durability, SqliteOptions, SqliteStore};
+
+/// The largest `--message-bytes`: the largest input a request accepts.
+const MAX_MESSAGE_BYTES: i64 = MAX_INPUT_BYTES as i64;
+/// Caps on the whole workload, so a typo cannot fill the disk or memory
+/// (one latency is kept per turn).
+const MAX_TURNS: u64 = 1_000_000;
+const MAX_MESSAGE_TEXT_BYTES: u64 = 4 << 30;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Conversations in the workload.
+    #[arg(long, value_name = "N", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub conversations: u32,
+    /// Turns per conversation. A turn is one request: a user input answered
+    /// by a scripted final answer (two messages).
+    #[arg(long, value_name = "T", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub turns: u32,
+    /// Bytes of each message's text (input and answer alike).
+    #[arg(long, value_name = "B", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_MESSAGE_BYTES))]
+    pub message_bytes: u32,
+    /// `full` (synchronous=FULL, survives power loss) or `normal`
+    /// (synchronous=NORMAL, survives a process crash).
+    #[arg(long, value_enum, default_value_t = BenchDurability::Full)]
+    pub durability: BenchDurability,
+    /// Conversations driven at the same time, each by its own task (at most
+    /// --conversations).
+    #[arg(long, value_name = "C", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    pub concurrency: u32,
+    /// Write to this new file and keep it (an existing file is refused).
+    /// Default: a fresh temp directory, removed afterwards.
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+/// `--durability`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchDurability {
+    Full,
+    Normal,
+}
+
+impl BenchDurability {
+    fn store(self) -> Durability {
+        match self {
+            BenchDurability::Full => Durability::Full,
+            BenchDurability::Normal => Durability::Normal,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BenchDurability::Full => "full",
+            BenchDurability::Normal => "normal",
+        }
+    }
+}
+
+pub(super) async fn run(
+    args: BenchArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    let params = validate(&args)?;
+    let location = match args.db {
+        Some(path) => Location::new_file(path)?,
+        None => Location::temp()?,
+    };
+    if !json {
+        report::heading(out, style, &params)?;
+    }
+    // Ctrl-C stops the bench: dropping the work aborts its tasks, and the
+    // temp directory is removed on the way out.
+    let figures = tokio::select! {
+        figures = measure(&params, args.durability, &location) => figures?,
+        () = interrupted() => {
+            return Err(CliError::Failed("interrupted: the bench stopped".into()));
+        }
+    };
+    let report = BenchReport::new(params, figures, &location);
+    // The temp directory is gone before the report says so.
+    drop(location);
+    if json {
+        output::json(out, &report)
+    } else {
+        report.print(out, style)
+    }
+}
+
+/// Resolves on Ctrl-C; never where signals cannot be watched.
+async fn interrupted() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Refuses workloads past the caps; clap checked each argument alone.
+fn validate(args: &BenchArgs) -> Result<WorkloadParams, CliError> {
+    let turns = u64::from(args.conversations) * u64::from(args.turns);
+    if turns > MAX_TURNS {
+        return Err(CliError::Usage(format!(
+            "--conversations × --turns is {turns} turns; at most {MAX_TURNS}"
+        )));
+    }
+    let text_bytes = turns * 2 * u64::from(args.message_bytes);
+    if text_bytes > MAX_MESSAGE_TEXT_BYTES {
+        return Err(CliError::Usage(format!(
+            "the workload writes {text_bytes} bytes of message text; at most {MAX_MESSAGE_TEXT_BYTES}"
+        )));
+    }
+    if args.concurrency > args.conversations {
+        return Err(CliError::Usage(format!(
+            "--concurrency {} exceeds --conversations {}: one task drives one conversation at a time",
+            args.concurrency, args.conversations
+        )));
+    }
+    Ok(WorkloadParams {
+        conversations: args.conversations,
+        turns_per_conversation: args.turns,
+        message_bytes: args.message_bytes,
+        durability: args.durability.name(),
+        concurrency: args.concurrency,
+    })
+}
+
+/// Everything the bench measured, before rendering.
+pub(super) struct Figures {
+    written: workload::Written,
+    latest_checkpoint: Latency,
+    replay: Latency,
+    storage: report::Storage,
+}
+
+async fn measure(
+    params: &WorkloadParams,
+    durability: BenchDurability,
+    location: &Location,
+) -> Result<Figures, CliError> {
+    let options = SqliteOptions {
+        durability: durability.store(),
+        ..SqliteOptions::default()
+    };
+    let store = SqliteStore::open_with(location.db(), options).await?;
+    let shared: Arc<dyn Store> = Arc::new(store.clone());
+    let written = Workload::from(params).run(shared.clone()).await?;
+    let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
+    let replay = reads::replays(&shared, &written.samples, params.message_bytes).await?;
+    drop(shared);
+    let storage = storage::measure(store, location.db(), written.message_text_bytes).await?;
+    Ok(Figures {
+        written,
+        latest_checkpoint,
+        replay,
+        storage,
+    })
+}

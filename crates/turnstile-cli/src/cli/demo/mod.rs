@@ -1,0 +1,404 @@
+//! `turnstile demo`: the library's promise shown end to end on a SQLite
+//! file, with the scripted model and the real tools.
+//!
+//! 1. A three-turn, tool-using request commits, its events printed live.
+//! 2. A second request runs in a worker process that is killed with SIGKILL
+//!    after its turn-2 checkpoint; the stuck admission and the recovery
+//!    usage are shown; `recover_after_owner_exit` finishes the request with
+//!    usage and tool-call count carried over.
+//! 3. The first request is retried: replayed from the store, no model work.
+//! 4. A summary: turns, tool calls, usage, checkpoints, database size.
+
+mod report;
+mod script;
+mod worker;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use tokio::sync::mpsc::unbounded_channel;
+
+pub use worker::{worker, WorkerArgs};
+
+use self::report::{DemoReport, FirstRequest, RecoveredRequest, Replay, Totals};
+use super::exit::CliError;
+use super::output::{self, Style};
+use super::progress::Progress;
+use super::session_cmds::{agent, next_model_turn, observe_outcome, open_store, stream_outcome};
+use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
+use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
+use turnstile::RunContext;
+use turnstile::StoreAdmin;
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// The SQLite database file (created if missing).
+    #[arg(long, value_name = "PATH", default_value = "turnstile-demo.db")]
+    pub db: PathBuf,
+    /// Delete the database first.
+    #[arg(long)]
+    pub fresh: bool,
+}
+
+/// How long each scripted answer takes on a terminal, so the progress can
+/// be watched; elsewhere the demo runs at full speed.
+const TERMINAL_PACE: Duration = Duration::from_millis(300);
+
+pub async fn run(
+    args: DemoArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    if args.fresh {
+        remove_database(&args.db)?;
+    }
+    let store = open_store(&args.db, true).await?;
+    let pace = if style.terminal && !json {
+        TERMINAL_PACE
+    } else {
+        Duration::ZERO
+    };
+    let report = if json {
+        Demo::new(&args.db, store, pace, style, true)?
+            .play(&mut std::io::sink())
+            .await?
+    } else {
+        Demo::new(&args.db, store, pace, style, false)?
+            .play(out)
+            .await?
+    };
+    if json {
+        output::json(out, &report)
+    } else {
+        Ok(())
+    }
+}
+
+fn remove_database(db: &Path) -> Result<(), CliError> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = db.as_os_str().to_owned();
+        path.push(suffix);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(CliError::io(format!(
+                    "delete {}",
+                    Path::new(&path).display()
+                ))(e))
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Demo<'a> {
+    db: &'a Path,
+    store: Arc<dyn StoreAdmin>,
+    conversation: ConversationId,
+    namespace: Namespace,
+    pace: Duration,
+    style: Style,
+    /// No progress notes are collected (the output is JSON).
+    quiet: bool,
+}
+
+impl<'a> Demo<'a> {
+    fn new(
+        db: &'a Path,
+        store: Arc<dyn StoreAdmin>,
+        pace: Duration,
+        style: Style,
+        quiet: bool,
+    ) -> Result<Self, CliError> {
+        Ok(Self {
+            db,
+            store,
+            conversation: ConversationId::new(),
+            namespace: Namespace::new(script::NAMESPACE)?,
+            pace,
+            style,
+            quiet,
+        })
+    }
+
+    fn session(
+        &self,
+        model: Arc<dyn turnstile::Model>,
+        notes: Option<&super::observe::Notes>,
+    ) -> AgentSession {
+        AgentSession::new(
+            agent(model, notes.filter(|_| !self.quiet)),
+            self.store.clone(),
+            self.conversation,
+            self.namespace.clone(),
+            ContextPolicy::default(),
+        )
+    }
+
+    fn heading(&self, out: &mut dyn Write, text: &str) -> Result<(), CliError> {
+        writeln!(out)?;
+        writeln!(out, "{}", self.style.bold(text))?;
+        Ok(())
+    }
+
+    async fn play(self, out: &mut dyn Write) -> Result<DemoReport, CliError> {
+        let s = self.style;
+        writeln!(
+            out,
+            "{} · database {} · conversation {} (namespace {})",
+            s.bold("turnstile demo"),
+            self.db.display(),
+            self.conversation,
+            self.namespace
+        )?;
+
+        // 1. A multi-turn, tool-using request.
+        self.heading(out, "1. A tool-using request, saved turn by turn")?;
+        let first_model = script::first_model(self.pace);
+        let (notes, received) = unbounded_channel();
+        let first_session = self.session(first_model.clone(), Some(&notes));
+        let first_request = RequestId::new();
+        writeln!(out, "   request {first_request}")?;
+        writeln!(
+            out,
+            "   {}",
+            s.dim(&format!("user: {}", script::FIRST_INPUT))
+        )?;
+        let events =
+            first_session.stream(first_request, script::FIRST_INPUT, RunContext::default());
+        let first = stream_outcome(events, received, &mut Progress::new(s, "   "), out).await?;
+        if !s.terminal {
+            // On a terminal the answer was streamed word by word above.
+            writeln!(out, "   {} {}", s.dim("answer:"), first.final_text)?;
+        }
+
+        // 2. A worker killed mid-run, then recovered.
+        self.heading(
+            out,
+            "2. A run killed with SIGKILL mid-request, then recovered",
+        )?;
+        let second_request = RequestId::new();
+        writeln!(
+            out,
+            "   request {second_request} runs in a worker process, killed after turn {}",
+            script::KILL_AFTER_TURN
+        )?;
+        writeln!(
+            out,
+            "   {}",
+            s.dim(&format!("user: {}", script::SECOND_INPUT))
+        )?;
+        let killed = worker::run_and_kill(
+            self.db,
+            self.conversation,
+            second_request,
+            self.pace.as_millis() as u64,
+            out,
+            &format!("   {} ", s.dim("worker │")),
+        )
+        .await?;
+        let signal = match killed.signal {
+            Some(9) => "SIGKILL".to_owned(),
+            Some(n) => format!("signal {n}"),
+            None => "a kill".to_owned(),
+        };
+        writeln!(
+            out,
+            "   {} worker (pid {}) ended by {signal} right after its turn-{} checkpoint (revision {})",
+            s.red("✗"),
+            killed.pid,
+            killed.turn,
+            killed.revision
+        )?;
+
+        let admission = self.store.admission(self.conversation).await?;
+        let active = admission.active.ok_or_else(|| {
+            CliError::Failed("the killed worker's request no longer holds the admission".into())
+        })?;
+        let killed_run = active.run_id;
+        let checkpoint = self
+            .store
+            .latest_checkpoint(killed_run)
+            .await?
+            .ok_or_else(|| CliError::Failed("the killed run left no checkpoint".into()))?;
+        let (recover_notes, recover_received) = unbounded_channel();
+        let second_model = script::second_model(self.pace);
+        let second_session = self.session(second_model.clone(), Some(&recover_notes));
+        let recovery_usage = second_session.recovery_usage(second_request).await?;
+        writeln!(out)?;
+        writeln!(
+            out,
+            "   the conversation is stuck: its admission is held by a dead run"
+        )?;
+        output::table(
+            out,
+            "     ",
+            &[
+                ("conversation", self.conversation.to_string()),
+                ("request", active.request_id.to_string()),
+                ("run", format!("{killed_run} (its process is gone)")),
+                ("revision", admission.revision.to_string()),
+                (
+                    "last checkpoint",
+                    format!(
+                        "turn {} · {} · {} tool calls",
+                        checkpoint.turn,
+                        checkpoint.phase.as_str(),
+                        checkpoint.tool_calls_count
+                    ),
+                ),
+                (
+                    "recovery_usage",
+                    format!(
+                        "{} · a lower bound: work in flight may have cost more",
+                        output::usage(&recovery_usage)
+                    ),
+                ),
+            ],
+        )?;
+        writeln!(out)?;
+        // The turn-2 checkpoint was committed with turn 3's write-ahead, so
+        // the dead run's last checkpoint says turn 3 was in flight: the
+        // default policy would refuse it as ambiguous.
+        writeln!(
+            out,
+            "   recover_after_owner_exit(request, input, revision {}, RetryInterruptedTurn) continues from turn {}:",
+            admission.revision, checkpoint.turn
+        )?;
+        let work = second_session.recover_after_owner_exit(
+            second_request,
+            script::SECOND_INPUT,
+            RunContext::default(),
+            admission.revision,
+            ResumePolicy::RetryInterruptedTurn,
+        );
+        let mut progress =
+            Progress::new(s, "   ").counting_turns_from(next_model_turn(&checkpoint));
+        let second =
+            observe_outcome(work, recover_received, &mut progress, self.quiet, out).await?;
+        let recovered_run = self.store.run(second.run_id).await?.ok_or_else(|| {
+            CliError::Failed(format!("run {} of the recovery not found", second.run_id))
+        })?;
+        writeln!(
+            out,
+            "   {} committed by run {} (resumed_from {})",
+            s.green("✓"),
+            second.run_id,
+            recovered_run
+                .resumed_from
+                .map_or_else(|| "none".to_owned(), |r| r.to_string())
+        )?;
+        writeln!(
+            out,
+            "     turns {} · tool calls {} ({} carried over) · {} tokens ({} carried over)",
+            second.turns,
+            second.tool_calls,
+            checkpoint.tool_calls_count,
+            second.usage.total(),
+            checkpoint.usage.total()
+        )?;
+        writeln!(out, "   {} {}", s.dim("answer:"), second.final_text)?;
+
+        // 3. The completed request again: a replay.
+        self.heading(out, "3. The first request, retried")?;
+        let calls_before = first_model.calls();
+        let started = Instant::now();
+        let replay = first_session
+            .run(first_request, script::FIRST_INPUT, RunContext::default())
+            .await?;
+        let latency = started.elapsed();
+        let calls_after = first_model.calls();
+        let same = replay.run_id == first.run_id && replay.final_text == first.final_text;
+        writeln!(
+            out,
+            "   {} in {:.1} ms · model calls {calls_before} → {calls_after} · {}",
+            if replay.replayed {
+                s.cyan("replayed")
+            } else {
+                s.red("not replayed")
+            },
+            latency.as_secs_f64() * 1000.0,
+            if same {
+                "the stored answer of the committed run, no model or tool work"
+            } else {
+                "a different answer"
+            }
+        )?;
+        writeln!(out, "   {} {}", s.dim("answer:"), replay.final_text)?;
+
+        // 4. The summary, read back from the database.
+        let runs = [first.run_id, killed_run, second.run_id];
+        let (database_bytes, wal_bytes) = report::database_bytes(self.db);
+        let report = DemoReport {
+            database: self.db.display().to_string(),
+            database_bytes,
+            wal_bytes,
+            namespace: self.namespace.to_string(),
+            conversation_id: self.conversation,
+            totals: Totals {
+                requests_committed: 2,
+                turns: first.turns + second.turns,
+                tool_calls: first.tool_calls + second.tool_calls,
+                usage: first.usage.saturating_add(second.usage),
+                model_calls: calls_after + killed.model_calls + second_model.calls(),
+                runs: runs.len() as u32,
+                checkpoint_rows: self.checkpoint_rows(&runs).await?,
+                transcript_messages: self
+                    .store
+                    .transcript_window(self.conversation, u32::MAX)
+                    .await?
+                    .len() as u64,
+            },
+            first: FirstRequest {
+                request_id: first_request,
+                run_id: first.run_id,
+                turns: first.turns,
+                tool_calls: first.tool_calls,
+                usage: first.usage,
+                model_calls: calls_before,
+            },
+            recovered: RecoveredRequest {
+                request_id: second_request,
+                worker_pid: killed.pid,
+                worker_signal: killed.signal,
+                killed_run_id: killed_run,
+                killed_after_turn: killed.turn,
+                revision_at_kill: admission.revision.0,
+                checkpoint_turn: checkpoint.turn,
+                checkpoint_phase: checkpoint.phase,
+                tool_calls_at_kill: checkpoint.tool_calls_count,
+                recovery_usage,
+                model_calls_in_worker: killed.model_calls,
+                run_id: second.run_id,
+                resumed_from: recovered_run.resumed_from,
+                turns: second.turns,
+                tool_calls: second.tool_calls,
+                usage: second.usage,
+                model_calls_in_recovery: second_model.calls(),
+            },
+            replay: Replay {
+                request_id: first_request,
+                replayed: replay.replayed,
+                latency_ms: latency.as_secs_f64() * 1000.0,
+                model_calls_before: calls_before,
+                model_calls_after: calls_after,
+            },
+        };
+        self.heading(out, "4. Summary")?;
+        report.print(out, s)?;
+        Ok(report)
+    }
+
+    async fn checkpoint_rows(&self, runs: &[RunId]) -> Result<u64, CliError> {
+        let mut rows = 0;
+        for run in runs {
+            rows += self.store.checkpoints(*run).await?.len() as u64;
+        }
+        Ok(rows)
+    }
+}

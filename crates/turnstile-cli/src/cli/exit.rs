@@ -1,0 +1,181 @@
+//! Exit codes of the `turnstile` command and the command's error type.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success (a replayed request included) |
+//! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database, I/O |
+//! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
+//! | 3 | busy: the conversation is held by an active request |
+//! | 4 | not found: database file, conversation, request or run |
+//! | 5 | fenced, conflict (stale `--revision`), ambiguous checkpoint, request not active |
+//!
+//! Scripts can tell "retry later" (3), "fix the command" (2), "look it up"
+//! (4) and "re-read the state and decide" (5) apart without parsing text.
+
+use std::path::PathBuf;
+
+use turnstile::Error;
+
+/// Success is 0 (`ExitCode::SUCCESS`). Any failure not listed below.
+pub const FAILURE: u8 = 1;
+/// Bad usage or input, or a mismatch with what is stored.
+pub const USAGE: u8 = 2;
+/// The conversation is busy with an active request.
+pub const BUSY: u8 = 3;
+/// Something named does not exist.
+pub const NOT_FOUND: u8 = 4;
+/// The state moved: fenced, conflicting revision, ambiguous checkpoint.
+pub const CONFLICT: u8 = 5;
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// Bad arguments or input, detected before anything was written.
+    #[error("{0}")]
+    Usage(String),
+    /// A command that needs an existing database was pointed at none.
+    #[error("database {} not found", .0.display())]
+    MissingDatabase(PathBuf),
+    /// The library refused or failed.
+    #[error(transparent)]
+    Turnstile(#[from] Error),
+    /// Reading or writing a file, a pipe or the terminal failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Anything else, in words.
+    #[error("{0}")]
+    Failed(String),
+    /// A run stopped with its admission held (cancelled, budget, deadline,
+    /// model error): the error, and the command that continues it.
+    #[error("{source}; continue it with: {resume}")]
+    Stopped {
+        #[source]
+        source: Error,
+        resume: String,
+    },
+    /// A failure of a request whose id was generated: the id is named so the
+    /// request can be retried or recovered.
+    #[error("{source} (request {request_id})")]
+    ForRequest {
+        request_id: turnstile::ids::RequestId,
+        #[source]
+        source: Box<CliError>,
+    },
+}
+
+impl CliError {
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| CliError::Io { context, source }
+    }
+
+    /// The documented exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => USAGE,
+            CliError::MissingDatabase(_) => NOT_FOUND,
+            CliError::Turnstile(e) | CliError::Stopped { source: e, .. } => code_for(e),
+            CliError::Io { .. } | CliError::Failed(_) => FAILURE,
+            CliError::ForRequest { source, .. } => source.exit_code(),
+        }
+    }
+
+    /// The message on one line, with the causes a summary would hide
+    /// (a database error's driver message) appended.
+    pub fn one_line(&self) -> String {
+        let mut line = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            source = cause.source();
+        }
+        line.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(source: std::io::Error) -> Self {
+        CliError::Io {
+            context: "write output".into(),
+            source,
+        }
+    }
+}
+
+/// The exit code of a library error.
+pub fn code_for(error: &Error) -> u8 {
+    match error {
+        Error::Busy { .. } => BUSY,
+        Error::RequestMismatch { .. }
+        | Error::RequestAbandoned { .. }
+        | Error::NamespaceMismatch { .. }
+        | Error::ConfigurationMismatch { .. }
+        | Error::InvalidInput(_) => USAGE,
+        Error::NotFound { .. } => NOT_FOUND,
+        Error::Fenced { .. }
+        | Error::Conflict { .. }
+        | Error::AmbiguousCheckpoint { .. }
+        | Error::NotActive { .. } => CONFLICT,
+        _ => FAILURE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
+
+    #[test]
+    fn library_errors_map_to_documented_codes() {
+        let conversation_id = ConversationId::new();
+        let request_id = RequestId::new();
+        let busy = Error::Busy {
+            conversation_id,
+            request_id,
+            revision: Revision(3),
+        };
+        assert_eq!(code_for(&busy), BUSY);
+        let conflict = Error::Conflict {
+            conversation_id,
+            expected: Revision(1),
+            actual: Revision(2),
+        };
+        assert_eq!(code_for(&conflict), CONFLICT);
+        let ambiguous = Error::AmbiguousCheckpoint {
+            run_id: RunId::new(),
+            turn: 2,
+        };
+        assert_eq!(code_for(&ambiguous), CONFLICT);
+        let missing = Error::NotFound {
+            what: "run",
+            id: "x".into(),
+        };
+        assert_eq!(code_for(&missing), NOT_FOUND);
+        assert_eq!(code_for(&Error::InvalidInput("x".into())), USAGE);
+        assert_eq!(
+            code_for(&Error::RequestAbandoned { request_id }),
+            USAGE,
+            "a burned request id is fixed by using another one"
+        );
+        assert_eq!(
+            CliError::MissingDatabase("x.db".into()).exit_code(),
+            NOT_FOUND
+        );
+    }
+
+    #[test]
+    fn one_line_joins_causes_and_newlines() {
+        let io = std::io::Error::other("disk\nfull");
+        let e = CliError::io("write x")(io);
+        assert_eq!(e.one_line(), "write x: disk full");
+    }
+}

@@ -1,0 +1,222 @@
+//! The `turnstile` command-line tool (cargo feature `cli`): its arguments and
+//! the dispatch to one small module per job. The binary only parses the
+//! arguments, installs the tracing subscriber and calls [`main`].
+//!
+//! Output goes to the writer given to [`main`]: human-readable tables, or
+//! with `--json` one JSON document. Errors are returned, and the binary
+//! prints them as one `error: …` line on stderr with the exit code of
+//! [`CliError::exit_code`] (see [`exit`] for the table).
+
+mod bench;
+mod demo;
+pub mod exit;
+mod interrupt;
+mod model;
+mod observe;
+mod ops;
+pub mod output;
+mod progress;
+mod session_cmds;
+pub mod tools;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use bench::BenchArgs;
+pub use demo::{DemoArgs, WorkerArgs};
+pub use exit::CliError;
+pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
+pub use output::Style;
+pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
+
+use turnstile::ids::{ConversationId, Namespace, Revision};
+
+/// Durable LLM agent conversations on SQLite.
+#[derive(Parser, Debug)]
+#[command(name = "turnstile", version, about, max_term_width = 100)]
+#[command(
+    after_help = "Exit codes: 0 success, 1 failure, 2 usage or mismatch, 3 busy, \
+                        4 not found, 5 fenced, conflict or ambiguous checkpoint.\n\
+                        Logging: RUST_LOG (default warn), on stderr."
+)]
+pub struct Cli {
+    /// Print one JSON document instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show a durable agent end to end: a tool-using request, a worker
+    /// killed with SIGKILL mid-run and recovered, and an instant replay.
+    Demo(DemoArgs),
+    /// Run a request (or replay it, if it is already committed).
+    Run(RunArgs),
+    /// Continue a stopped run from its last checkpoint, in a new run.
+    Resume(ResumeArgs),
+    /// Take over a request whose owner is gone and finish it.
+    Recover(RecoverArgs),
+    /// Release a request's admission without committing; its id is burned.
+    Abandon(AbandonArgs),
+    /// List conversations, requests or runs (newest first), or only what
+    /// stuck admissions hold.
+    Ls(LsArgs),
+    /// A conversation: version, admission, summary and transcript.
+    Show(ShowArgs),
+    /// Every checkpoint row of a run: turn, phase, usage, tool calls,
+    /// reports, messages.
+    Checkpoints(CheckpointsArgs),
+    /// A conversation's transcript as JSON Lines (seq, request_id, message).
+    Export(ExportArgs),
+    /// Delete what no replay needs from old finished requests (optionally
+    /// whole idle conversations) and give the space back to the disk.
+    Prune(PruneArgs),
+    /// Check a database: integrity, schema version, sizes, stuck admissions.
+    /// Exits 1 when the integrity check fails.
+    Doctor(DoctorArgs),
+    /// Measure a workload on a fresh database: turn latency, turns per
+    /// second, storage per message byte, checkpoint and replay reads.
+    Bench(BenchArgs),
+    /// The demo's child process: runs a request and freezes after a turn.
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+/// Where a conversation lives: the options every session command shares.
+#[derive(Args, Clone, Debug)]
+pub struct SessionArgs {
+    /// The SQLite database file.
+    #[arg(long, value_name = "PATH")]
+    pub db: PathBuf,
+    /// The conversation id.
+    #[arg(long, value_name = "UUID")]
+    pub conversation: ConversationId,
+    /// The tenant namespace of the conversation.
+    #[arg(long, value_name = "NS", default_value = "default")]
+    pub namespace: Namespace,
+}
+
+/// Parses a `--revision`: a non-negative integer.
+fn parse_revision(s: &str) -> Result<Revision, String> {
+    s.parse::<u64>()
+        .map(Revision)
+        .map_err(|_| format!("the revision must be a non-negative integer, got {s:?}"))
+}
+
+/// Runs a parsed command, writing its output to `out`.
+///
+/// # Errors
+/// A [`CliError`]; print it with [`CliError::one_line`] and exit with
+/// [`CliError::exit_code`].
+pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
+    // One thread is plenty: the work is a sequence of model calls and
+    // database steps, and SQLite runs on its own worker threads. The bench
+    // drives many conversations at once, as an application would: on every
+    // core.
+    let mut builder = match cli.command {
+        Command::Bench(_) => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = builder
+        .enable_all()
+        .build()
+        .map_err(CliError::io("start the async runtime"))?;
+    let json = cli.json;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Demo(args) => demo::run(args, out, style, json).await,
+            Command::Run(args) => session_cmds::run(args, out, style, json).await,
+            Command::Resume(args) => session_cmds::resume(args, out, style, json).await,
+            Command::Recover(args) => session_cmds::recover(args, out, style, json).await,
+            Command::Abandon(args) => session_cmds::abandon(args, out, style, json).await,
+            Command::Ls(args) => ops::ls(args, out, style, json).await,
+            Command::Show(args) => ops::show(args, out, style, json).await,
+            Command::Checkpoints(args) => ops::checkpoints(args, out, style, json).await,
+            Command::Export(args) => ops::export(args, out).await,
+            Command::Prune(args) => ops::prune(args, out, style, json).await,
+            Command::Doctor(args) => ops::doctor(args, out, style, json).await,
+            Command::Bench(args) => bench::run(args, out, style, json).await,
+            Command::Worker(args) => demo::worker(args, out).await,
+        }
+    })
+}
+
+/// Handles a failed argument parse: help and version go to stdout (exit 0);
+/// a usage error is printed as one line on stderr (exit 2).
+pub fn parse_failure(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = error.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = error.print();
+            ExitCode::from(exit::USAGE)
+        }
+        _ => {
+            eprintln!("error: {}", usage_line(&error));
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
+/// Clap's message without its usage and tip paragraphs, on one line.
+fn usage_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let first = rendered.split("\n\n").next().unwrap_or_default();
+    let line = first.split_whitespace().collect::<Vec<_>>().join(" ");
+    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("turnstile").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        let error = parse(&["abandon", "not-a-uuid", "--revision", "1"]).unwrap_err();
+        let line = usage_line(&error);
+        assert!(line.contains("not-a-uuid"), "{line}");
+        assert!(!line.contains('\n'));
+
+        let error = parse(&["run"]).unwrap_err();
+        let line = usage_line(&error);
+        assert!(line.contains("--db"), "{line}");
+        assert!(!line.contains("Usage"), "{line}");
+    }
+
+    #[test]
+    fn a_negative_revision_is_refused_by_the_parser() {
+        let request = turnstile::RequestId::new().to_string();
+        let conversation = ConversationId::new().to_string();
+        let args = [
+            "abandon",
+            &request,
+            "--revision",
+            "-1",
+            "--db",
+            "x.db",
+            "--conversation",
+            &conversation,
+        ];
+        let error = parse(&args).unwrap_err();
+        assert!(usage_line(&error).contains("non-negative"), "{error}");
+    }
+}

@@ -1,0 +1,186 @@
+//! `--model scripted:FILE` (a JSON script of replies) or `--model
+//! openai:NAME` (an OpenAI-compatible endpoint, key from the environment).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use clap::Args;
+use serde_json::Value;
+
+use super::exit::CliError;
+use turnstile::agent::{Model, ScriptedModel, ScriptedReply};
+
+/// The endpoint used by `openai:NAME` without `--base-url`.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+/// The variable the API key is read from without `--api-key-env` (when set).
+pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+
+/// Which model answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSpec {
+    /// A JSON file holding an array of scripted replies.
+    Scripted(PathBuf),
+    /// A model name on an OpenAI-compatible endpoint.
+    OpenAi(String),
+}
+
+impl FromStr for ModelSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some(("scripted", file)) if !file.is_empty() => Ok(Self::Scripted(file.into())),
+            Some(("openai", name)) if !name.trim().is_empty() => Ok(Self::OpenAi(name.into())),
+            _ => Err("expected scripted:FILE or openai:MODEL_NAME".into()),
+        }
+    }
+}
+
+/// The model options shared by `run`, `resume` and `recover`.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// The model: `scripted:FILE` (a JSON array of replies: text,
+    /// tool_calls, usage, delay_ms, failure, fail_times) or `openai:NAME`.
+    #[arg(long, value_name = "scripted:FILE|openai:NAME")]
+    pub model: ModelSpec,
+    /// The OpenAI-compatible API root (openai models only).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key (openai models only).
+    /// Without it, OPENAI_API_KEY is used when set. The key itself is never
+    /// taken from an argument.
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+}
+
+/// Builds the model. Everything is read and checked here, before any
+/// database is opened, so a bad script writes nothing.
+pub fn load(args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
+    match &args.model {
+        ModelSpec::Scripted(path) => {
+            if args.base_url.is_some() || args.api_key_env.is_some() {
+                return Err(CliError::Usage(
+                    "--base-url and --api-key-env apply to openai models only".into(),
+                ));
+            }
+            Ok(Arc::new(ScriptedModel::new(load_script(path)?)))
+        }
+        ModelSpec::OpenAi(name) => {
+            openai(name, args.base_url.as_deref(), args.api_key_env.as_deref())
+        }
+    }
+}
+
+/// Reads a script: a JSON array of [`ScriptedReply`]. For convenience,
+/// `usage` may omit token kinds (they count 0) and a tool call's
+/// `arguments` may be a JSON object instead of a string.
+pub fn load_script(path: &Path) -> Result<Vec<ScriptedReply>, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Usage(format!("cannot read script file {}: {e}", path.display())))?;
+    let bad = |why: String| {
+        CliError::Usage(format!(
+            "script file {} is not a JSON array of replies: {why}",
+            path.display()
+        ))
+    };
+    let mut value: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let replies = value
+        .as_array_mut()
+        .ok_or_else(|| bad("the top level is not an array".into()))?;
+    if replies.is_empty() {
+        return Err(bad("it holds no reply".into()));
+    }
+    for reply in replies.iter_mut() {
+        normalize(reply);
+    }
+    serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+}
+
+fn normalize(reply: &mut Value) {
+    if let Some(usage) = reply.get_mut("usage").and_then(Value::as_object_mut) {
+        for kind in [
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+        ] {
+            usage.entry(kind).or_insert(Value::from(0));
+        }
+    }
+    if let Some(calls) = reply.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for call in calls {
+            if let Some(arguments) = call.get_mut("arguments") {
+                if !arguments.is_string() {
+                    *arguments = Value::String(arguments.to_string());
+                }
+            }
+        }
+    }
+}
+
+fn openai(
+    name: &str,
+    base_url: Option<&str>,
+    key_env: Option<&str>,
+) -> Result<Arc<dyn Model>, CliError> {
+    use turnstile::{OpenAiConfig, OpenAiModel};
+
+    let base_url = base_url.unwrap_or(DEFAULT_BASE_URL);
+    let config = match key_env {
+        Some(var) => OpenAiConfig::from_env(base_url, name, var),
+        // Local servers need no key: the default variable is optional.
+        None if std::env::var_os(DEFAULT_KEY_ENV).is_some() => {
+            OpenAiConfig::from_env(base_url, name, DEFAULT_KEY_ENV)
+        }
+        None => Ok(OpenAiConfig::new(base_url, name)),
+    }
+    .map_err(|e| CliError::Usage(e.message))?;
+    let model = OpenAiModel::new(config).map_err(|e| CliError::Usage(e.message))?;
+    Ok(Arc::new(model))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_specs_parse() {
+        assert_eq!(
+            "scripted:a.json".parse::<ModelSpec>(),
+            Ok(ModelSpec::Scripted("a.json".into()))
+        );
+        assert_eq!(
+            "openai:gpt-4o-mini".parse::<ModelSpec>(),
+            Ok(ModelSpec::OpenAi("gpt-4o-mini".into()))
+        );
+        assert!("scripted:".parse::<ModelSpec>().is_err());
+        assert!("claude".parse::<ModelSpec>().is_err());
+    }
+
+    #[test]
+    fn scripts_accept_partial_usage_and_object_arguments() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        std::fs::write(
+            &path,
+            r#"[{"tool_calls":[{"id":"c1","name":"add","arguments":{"a":1,"b":2}}],
+                 "usage":{"input_tokens":10}},
+                {"text":"3","delay_ms":5}]"#,
+        )
+        .unwrap();
+        let replies = load_script(&path).unwrap();
+        assert_eq!(replies[0].tool_calls[0].arguments, r#"{"a":1,"b":2}"#);
+        assert_eq!(replies[0].usage.input_tokens, 10);
+        assert_eq!(replies[1].text, "3");
+
+        std::fs::write(&path, "{}").unwrap();
+        assert!(matches!(load_script(&path), Err(CliError::Usage(_))));
+        std::fs::write(&path, "[]").unwrap();
+        assert!(matches!(load_script(&path), Err(CliError::Usage(_))));
+        assert!(matches!(
+            load_script(&dir.path().join("missing.json")),
+            Err(CliError::Usage(_))
+        ));
+    }
+}

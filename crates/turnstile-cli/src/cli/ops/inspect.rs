@@ -1,0 +1,341 @@
+//! `show CONVERSATION`, `checkpoints RUN` and `export CONVERSATION`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::list::mark;
+use super::{columns, utc, CheckpointsArgs, ExportArgs, ShowArgs};
+use crate::cli::exit::CliError;
+use crate::cli::output::{self, Style};
+use crate::cli::session_cmds::open_store;
+use turnstile::admin::{ConversationSummary, RunSummary};
+use turnstile::checkpoint::LoopCheckpoint;
+use turnstile::ids::{ConversationId, Namespace, RequestId};
+use turnstile::message::Message;
+use turnstile::store::TranscriptEntry;
+use turnstile::Error;
+use turnstile::StoreAdmin;
+
+/// `show` and `checkpoints` call a `running` owner stuck after this long
+/// without a change, as `ls` does by default.
+const STALE_AFTER: Duration = Duration::from_secs(300);
+/// Transcript entries read per query.
+const PAGE: u64 = 500;
+
+/// One transcript entry as `show --json` and `export` write it.
+#[derive(Serialize)]
+struct Entry<'a> {
+    seq: u64,
+    request_id: RequestId,
+    message: &'a Message,
+}
+
+impl<'a> From<&'a TranscriptEntry> for Entry<'a> {
+    fn from(entry: &'a TranscriptEntry) -> Self {
+        Self {
+            seq: entry.seq,
+            request_id: entry.request_id,
+            message: &entry.message,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Serialize)]
+struct SummaryPointer {
+    id: i64,
+    through_seq: u64,
+}
+
+#[derive(Serialize)]
+struct Shown<'a> {
+    conversation: &'a ConversationSummary,
+    /// The latest summary: its id and the last entry it covers.
+    summary: Option<SummaryPointer>,
+    transcript: Vec<Entry<'a>>,
+}
+
+pub(in crate::cli) async fn show(
+    args: ShowArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    let store = open_store(&args.db, false).await?;
+    let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
+    let summary = store
+        .latest_summary(conversation.id)
+        .await
+        .map_err(CliError::from)?
+        .map(|s| SummaryPointer {
+            id: s.id,
+            through_seq: s.through_seq,
+        });
+    let mut transcript = Vec::new();
+    for_each_page(store.as_ref(), &conversation, |page| {
+        transcript.extend(page);
+        Ok(())
+    })
+    .await?;
+    if json {
+        let shown = Shown {
+            conversation: &conversation,
+            summary,
+            transcript: transcript.iter().map(Entry::from).collect(),
+        };
+        return output::json(out, &shown);
+    }
+    let admission = match &conversation.held {
+        None => format!("{} · idle", conversation.revision),
+        Some(held) => {
+            let mut text = format!(
+                "{} · held by request {} (run {}, {}, {})",
+                held.revision,
+                held.request_id,
+                held.run_id,
+                held.run_status
+                    .map_or("no run row".into(), |s| s.as_str().to_owned()),
+                mark(held.last_checkpoint.as_ref())
+            );
+            if held.stuck {
+                text.push_str(&style.red(" · stuck"));
+            }
+            text
+        }
+    };
+    output::table(
+        out,
+        "",
+        &[
+            ("conversation", conversation.id.to_string()),
+            ("namespace", conversation.namespace.to_string()),
+            (
+                "version",
+                format!("{} (committed requests)", conversation.version),
+            ),
+            ("revision", admission),
+            (
+                "transcript",
+                format!("{} messages", conversation.transcript_entries),
+            ),
+            (
+                "summary",
+                summary.map_or("none".into(), |s| {
+                    format!("#{} · covers entries up to {}", s.id, s.through_seq)
+                }),
+            ),
+            ("created", format!("{} UTC", utc(conversation.created_at))),
+            (
+                "last activity",
+                format!("{} UTC", utc(conversation.last_activity_at)),
+            ),
+        ],
+    )?;
+    let mut request = None;
+    for entry in &transcript {
+        if request != Some(entry.request_id) {
+            request = Some(entry.request_id);
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{}",
+                style.dim(&format!("request {}", entry.request_id))
+            )?;
+        }
+        message(out, style, entry)?;
+    }
+    Ok(())
+}
+
+/// `#seq role  text`; tool calls as `→ name(arguments) [id]`; continuation
+/// lines indented under the text.
+fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result<(), CliError> {
+    let head = format!(
+        "{:>4}  {:<9}  ",
+        format!("#{}", entry.seq),
+        entry.message.role()
+    );
+    let pad = " ".repeat(head.chars().count());
+    let mut lines: Vec<String> = entry.message.content().lines().map(str::to_owned).collect();
+    match &entry.message {
+        Message::Assistant { tool_calls, .. } => {
+            lines.extend(tool_calls.iter().map(|call| {
+                style.cyan(&format!(
+                    "→ {}({}) [{}]",
+                    call.name, call.arguments, call.id
+                ))
+            }));
+        }
+        Message::Tool {
+            call_id, is_error, ..
+        } => {
+            let tag = if *is_error {
+                style.red(&format!("[{call_id}] error:"))
+            } else {
+                style.dim(&format!("[{call_id}]"))
+            };
+            match lines.first_mut() {
+                Some(first) => *first = format!("{tag} {first}"),
+                None => lines.push(tag),
+            }
+        }
+        _ => {}
+    }
+    if lines.is_empty() {
+        lines.push(String::new());
+    }
+    for (i, line) in lines.iter().enumerate() {
+        let lead = if i == 0 { head.as_str() } else { pad.as_str() };
+        writeln!(out, "{}", format!("{lead}{line}").trim_end())?;
+    }
+    Ok(())
+}
+
+pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let store = open_store(&args.db, false).await?;
+    let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
+    for_each_page(store.as_ref(), &conversation, |page| {
+        for entry in &page {
+            output::json(out, &Entry::from(entry))?;
+        }
+        Ok(())
+    })
+    .await?;
+    out.flush()?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct RunCheckpoints<'a> {
+    run: &'a RunSummary,
+    checkpoints: &'a [LoopCheckpoint],
+}
+
+pub(in crate::cli) async fn checkpoints(
+    args: CheckpointsArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    let store = open_store(&args.db, false).await?;
+    let run = store
+        .run_summary(args.run, STALE_AFTER)
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            what: "run",
+            id: args.run.to_string(),
+        })?;
+    let rows = store.checkpoints(args.run).await?;
+    if json {
+        let shown = RunCheckpoints {
+            run: &run,
+            checkpoints: &rows,
+        };
+        return output::json(out, &shown);
+    }
+    let admission = match &run.held {
+        Some(held) if held.stuck => style.red(&format!("holds revision {}, stuck", held.revision)),
+        Some(held) => format!("holds revision {}", held.revision),
+        None => "-".into(),
+    };
+    output::table(
+        out,
+        "",
+        &[
+            ("run", run.run_id.to_string()),
+            ("request", run.request_id.to_string()),
+            ("conversation", run.conversation_id.to_string()),
+            ("status", run.status.as_str().to_owned()),
+            (
+                "resumed from",
+                run.resumed_from.map_or("-".into(), |r| r.to_string()),
+            ),
+            ("admission", admission),
+            (
+                "error",
+                run.error
+                    .as_deref()
+                    .map_or("-".into(), |e| output::clip(e, 200)),
+            ),
+        ],
+    )?;
+    writeln!(out)?;
+    if rows.is_empty() {
+        writeln!(
+            out,
+            "no checkpoints (the run stopped before its first turn)"
+        )?;
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|c| {
+            let passed = c.verification_reports.iter().filter(|r| r.passed).count();
+            vec![
+                c.turn.to_string(),
+                c.phase.as_str().to_owned(),
+                c.usage.input_tokens.to_string(),
+                c.usage.output_tokens.to_string(),
+                format!(
+                    "{}/{}",
+                    c.usage.cache_read_tokens, c.usage.cache_write_tokens
+                ),
+                c.tool_calls_count.to_string(),
+                format!("{} ({passed} passed)", c.verification_reports.len()),
+                c.message_count.to_string(),
+                utc(c.created_at),
+            ]
+        })
+        .collect();
+    columns(
+        out,
+        &[
+            "TURN",
+            "PHASE",
+            "INPUT",
+            "OUTPUT",
+            "CACHE R/W",
+            "TOOL CALLS",
+            "REPORTS",
+            "MESSAGES",
+            "SAVED (UTC)",
+        ],
+        &table,
+    )
+}
+
+/// The conversation, in `namespace` when one is given.
+async fn find(
+    store: &dyn StoreAdmin,
+    id: ConversationId,
+    namespace: Option<&Namespace>,
+) -> Result<ConversationSummary, CliError> {
+    if let Some(namespace) = namespace {
+        // The store's own check: not found, or in another namespace.
+        store.conversation(namespace, id).await?;
+    }
+    Ok(store
+        .conversation_summary(id, STALE_AFTER)
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            what: "conversation",
+            id: id.to_string(),
+        })?)
+}
+
+/// The transcript in pages of [`PAGE`] entries, oldest first.
+async fn for_each_page(
+    store: &dyn StoreAdmin,
+    conversation: &ConversationSummary,
+    mut each: impl FnMut(Vec<TranscriptEntry>) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let end = conversation.transcript_entries;
+    let mut from = 0;
+    while from < end {
+        let to = end.min(from + PAGE);
+        each(store.transcript_range(conversation.id, from, to).await?)?;
+        from = to;
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! `prune` (retention, then give the space back) and `doctor` (a health
+//! report; exit 1 when the integrity check fails).
+
+use std::io::Write;
+
+use super::{utc, DoctorArgs, PruneArgs, PruneStatus};
+use crate::cli::exit::CliError;
+use crate::cli::output::{self, Style};
+use crate::cli::session_cmds::open_store;
+use turnstile::admin::PruneOptions;
+use turnstile::store::RequestStatus;
+use turnstile::SqliteStore;
+
+pub(in crate::cli) async fn prune(
+    args: PruneArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    let store = open_store(&args.db, false).await?;
+    let options = PruneOptions {
+        older_than: args.older_than,
+        status: args.status.map(|status| match status {
+            PruneStatus::Completed => RequestStatus::Completed,
+            PruneStatus::Abandoned => RequestStatus::Abandoned,
+        }),
+        include_transcripts: args.include_transcripts,
+        dry_run: args.dry_run,
+    };
+    let report = store.prune(&options).await?;
+    if json {
+        return output::json(out, &report);
+    }
+    let verb = if report.dry_run {
+        style.yellow("dry run: would delete")
+    } else {
+        style.green("deleted")
+    };
+    let mut what = match args.status {
+        Some(PruneStatus::Completed) => "completed requests".to_owned(),
+        Some(PruneStatus::Abandoned) => "abandoned requests".to_owned(),
+        None => "completed and abandoned requests".to_owned(),
+    };
+    if args.include_transcripts {
+        what.push_str(" and idle conversations");
+    }
+    writeln!(
+        out,
+        "{verb} from {what} finished before {} UTC ({} examined)",
+        utc(report.cutoff),
+        report.requests_examined
+    )?;
+    let mut rows: Vec<(&str, String)> = report
+        .deleted
+        .rows()
+        .into_iter()
+        .map(|(table, n)| (table, n.to_string()))
+        .collect();
+    rows.push(("total rows", report.deleted.total().to_string()));
+    output::table(out, "  ", &rows)?;
+    let database = if report.dry_run {
+        format!(
+            "{} + {} log (unchanged: nothing deleted)",
+            bytes(report.database_bytes_before),
+            bytes(report.wal_bytes_before)
+        )
+    } else {
+        format!(
+            "{} + {} log → {} + {} log · {} pages given back",
+            bytes(report.database_bytes_before),
+            bytes(report.wal_bytes_before),
+            bytes(report.database_bytes_after),
+            bytes(report.wal_bytes_after),
+            report.pages_freed
+        )
+    };
+    output::table(out, "", &[("file", database)])?;
+    if report.free_pages_after > 0 && !report.dry_run {
+        writeln!(
+            out,
+            "{} free pages stay in the file (it was created without incremental auto-vacuum; \
+             a full VACUUM returns them)",
+            report.free_pages_after
+        )?;
+    }
+    if report.wal_checkpoint_busy {
+        writeln!(
+            out,
+            "the write-ahead log was not truncated: another connection was reading"
+        )?;
+    }
+    Ok(())
+}
+
+pub(in crate::cli) async fn doctor(
+    args: DoctorArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    if !args.db.exists() {
+        return Err(CliError::MissingDatabase(args.db));
+    }
+    let report = SqliteStore::doctor(&args.db, args.stale_after).await?;
+    if json {
+        output::json(out, &report)?;
+    } else {
+        let integrity = if report.integrity_ok {
+            style.green("ok")
+        } else {
+            style.red(&format!(
+                "FAILED: {}",
+                report
+                    .integrity
+                    .iter()
+                    .take(5)
+                    .map(|line| output::clip(line, 120))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        };
+        let schema = match report.schema_version {
+            Some(found) if found > report.supported_schema_version => style.red(&format!(
+                "{found} (newer than the supported {}: upgrade turnstile)",
+                report.supported_schema_version
+            )),
+            Some(found) if found < report.supported_schema_version => format!(
+                "{found} (the next open migrates it to {})",
+                report.supported_schema_version
+            ),
+            Some(found) => format!("{found} (supported {found})"),
+            None => "unknown".into(),
+        };
+        let number = |n: Option<u64>| n.map_or("unknown".into(), |n| n.to_string());
+        let detail = |name: &str| match report.details.get(name) {
+            Some(serde_json::Value::String(text)) => text.clone(),
+            Some(value) if !value.is_null() => value.to_string(),
+            _ => "unknown".into(),
+        };
+        let pages = format!(
+            "{} × {} bytes · {} free · auto_vacuum {} · journal {}",
+            detail("page_count"),
+            detail("page_size"),
+            detail("freelist_count"),
+            detail("auto_vacuum"),
+            detail("journal_mode"),
+        );
+        let stuck = match report.stuck_admissions {
+            Some(n) if n > 0 => {
+                style.red(&format!("{n} stuck (see `turnstile ls requests --stuck`)"))
+            }
+            other => format!("{} stuck", number(other)),
+        };
+        output::table(
+            out,
+            "",
+            &[
+                ("database", output::clip(&report.path, 200)),
+                ("integrity", integrity),
+                ("schema version", schema),
+                ("pages", pages),
+                ("file", bytes(report.database_bytes)),
+                ("write-ahead log", bytes(report.wal_bytes)),
+                (
+                    "admissions",
+                    format!("{} held · {stuck}", number(report.held_admissions)),
+                ),
+            ],
+        )?;
+        for error in &report.errors {
+            writeln!(out, "{} {error}", style.yellow("could not check:"))?;
+        }
+    }
+    if report.integrity_ok {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "integrity check failed for {}: {}",
+            report.path,
+            report.integrity.first().map_or("", String::as_str)
+        )))
+    }
+}
+
+/// `12345 bytes (12.1 KiB)`.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{n} bytes ({value:.1} {})", UNITS[unit])
+}

@@ -1,0 +1,59 @@
+//! The `turnstile` binary: parses the arguments, installs the tracing
+//! subscriber and runs the command (`cli/`). The durable logic is the library's.
+
+mod cli;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return cli::parse_failure(error),
+    };
+    install_tracing();
+    let stdout = std::io::stdout();
+    let style = cli::Style {
+        terminal: stdout.is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    };
+    match cli::main(cli, &mut stdout.lock(), style) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", error.one_line());
+            ExitCode::from(error.exit_code())
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`).
+fn install_tracing() {
+    let configured = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let filter = configured
+        .as_deref()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    // The library logs every error it returns (`#[instrument(err)]`); the
+    // command prints that same error as its `error:` line, so by default
+    // those events are dropped to keep failures to one line. Set RUST_LOG
+    // to see them.
+    let quiet_returned_errors = configured.is_none();
+    let returned_error = move |meta: &tracing::Metadata<'_>| {
+        !(quiet_returned_errors
+            && meta.is_event()
+            && *meta.level() == tracing::Level::ERROR
+            && meta.target().starts_with("turnstile")
+            && meta.fields().field("error").is_some())
+    };
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(filter)
+        .with_filter(filter_fn(returned_error));
+    let _ = tracing_subscriber::registry().with(layer).try_init();
+}

@@ -1,0 +1,347 @@
+//! Conversations and ownership changes: claim, recovery claim, abandon.
+
+use turnstile_core::store::{ClaimOutcome, InputHash, RecoveryClaim, RequestStatus, RunStatus};
+use turnstile_core::{ConversationId, Error, Message, Namespace, Revision, RunId};
+
+use crate::support::{
+    admit, commit_answer, new_conversation, new_request, ns, recover, tool_call, tool_turn,
+    SharedStore, Snapshot, TestResult,
+};
+
+pub async fn ensure_conversation_is_idempotent_and_starts_idle(store: SharedStore) -> TestResult {
+    let id = ConversationId::new();
+    let created = store.ensure_conversation(&ns(), id).await?;
+    assert_eq!((created.id, &created.namespace), (id, &ns()));
+    assert_eq!(created.version, 0);
+    let again = store.ensure_conversation(&ns(), id).await?;
+    assert_eq!(again, created);
+    assert_eq!(store.conversation(&ns(), id).await?, created);
+
+    let admission = store.admission(id).await?;
+    assert_eq!(admission.revision, Revision(0));
+    assert_eq!(admission.active, None);
+    assert!(store.transcript_window(id, 10).await?.is_empty());
+    Ok(())
+}
+
+pub async fn conversation_in_another_namespace_is_a_namespace_mismatch(
+    store: SharedStore,
+) -> TestResult {
+    let id = new_conversation(&*store).await?;
+    let other = Namespace::new("someone-else")?;
+    match store.conversation(&other, id).await {
+        Err(Error::NamespaceMismatch {
+            conversation_id,
+            namespace,
+        }) => assert_eq!((conversation_id, namespace), (id, other.clone())),
+        other => panic!("expected NamespaceMismatch, got {other:?}"),
+    }
+    // Creating it again under another namespace does not take it over.
+    assert!(matches!(
+        store.ensure_conversation(&other, id).await,
+        Err(Error::NamespaceMismatch { .. })
+    ));
+    assert_eq!(store.conversation(&ns(), id).await?.namespace, ns());
+    Ok(())
+}
+
+pub async fn unknown_conversation_is_not_found(store: SharedStore) -> TestResult {
+    let unknown = ConversationId::new();
+    match store.conversation(&ns(), unknown).await {
+        Err(Error::NotFound { id, .. }) => assert_eq!(id, unknown.to_string()),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert!(matches!(
+        store.admission(unknown).await,
+        Err(Error::NotFound { .. })
+    ));
+    Ok(())
+}
+
+pub async fn claim_on_idle_conversation_admits_and_bumps_revision(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let claim = new_request(conversation, Revision(0), "hello");
+    let ClaimOutcome::Admitted(fence) = store.claim(&claim).await? else {
+        panic!("a claim on an idle conversation must be admitted");
+    };
+    assert_eq!(fence.revision, Revision(1));
+    assert_eq!(
+        (fence.conversation_id, fence.request_id, fence.run_id),
+        (conversation, claim.request_id, claim.run_id)
+    );
+
+    let admission = store.admission(conversation).await?;
+    assert_eq!(admission.revision, Revision(1));
+    let active = admission.active.expect("admission is held");
+    assert_eq!(active.request_id, claim.request_id);
+    assert_eq!(active.run_id, claim.run_id);
+    assert_eq!(active.input_sha256, InputHash::of("hello"));
+    assert_eq!(active.agent_fingerprint, "fp");
+
+    let request = store.request(claim.request_id).await?.expect("request row");
+    assert_eq!(request.status, RequestStatus::Active);
+    assert_eq!(request.conversation_id, conversation);
+    assert_eq!(request.outcome, None);
+    let run = store.run(claim.run_id).await?.expect("run row");
+    assert_eq!((run.status, run.resumed_from), (RunStatus::Running, None));
+
+    // A run has no checkpoint before its first turn starts.
+    assert_eq!(store.latest_checkpoint(claim.run_id).await?, None);
+    assert_eq!(
+        store.request_messages(claim.request_id, 10).await?,
+        vec![Message::user("hello")]
+    );
+    // Nothing is committed until the request commits.
+    assert_eq!(store.conversation(&ns(), conversation).await?.version, 0);
+    assert!(store.transcript_window(conversation, 10).await?.is_empty());
+    Ok(())
+}
+
+pub async fn second_claim_by_another_request_is_busy_with_current_holder(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let holder = admit(&*store, conversation, "first").await?;
+    let before = Snapshot::take(&*store, conversation, &[holder.request_id], &[], 0).await?;
+
+    for expected in [Revision(1), Revision(0)] {
+        let second = new_request(conversation, expected, "second");
+        match store.claim(&second).await {
+            Err(Error::Busy {
+                conversation_id,
+                request_id,
+                revision,
+            }) => {
+                assert_eq!(conversation_id, conversation);
+                assert_eq!(request_id, holder.request_id);
+                assert_eq!(revision, Revision(1));
+            }
+            other => panic!("expected Busy at revision {expected}, got {other:?}"),
+        }
+        assert_eq!(store.request(second.request_id).await?, None);
+        assert_eq!(store.run(second.run_id).await?, None);
+    }
+    let after = Snapshot::take(&*store, conversation, &[holder.request_id], &[], 0).await?;
+    assert_eq!(after, before);
+    Ok(())
+}
+
+pub async fn same_request_claimed_again_returns_existing_and_writes_nothing(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let claim = new_request(conversation, Revision(0), "hello");
+    assert!(matches!(
+        store.claim(&claim).await?,
+        ClaimOutcome::Admitted(_)
+    ));
+    let before = Snapshot::take(&*store, conversation, &[claim.request_id], &[], 0).await?;
+
+    // The same request id, even at the current revision and with a new run.
+    let retry = turnstile_core::store::NewRequest {
+        expected_revision: Revision(1),
+        run_id: RunId::new(),
+        ..claim.clone()
+    };
+    match store.claim(&retry).await? {
+        ClaimOutcome::Existing(record) => {
+            assert_eq!(record.request_id, claim.request_id);
+            assert_eq!(record.conversation_id, conversation);
+            assert_eq!(record.input_sha256, InputHash::of("hello"));
+            assert_eq!(record.status, RequestStatus::Active);
+        }
+        ClaimOutcome::Admitted(fence) => panic!("request admitted twice: {fence:?}"),
+    }
+    assert_eq!(store.run(retry.run_id).await?, None);
+    let after = Snapshot::take(&*store, conversation, &[claim.request_id], &[], 0).await?;
+    assert_eq!(after, before);
+    Ok(())
+}
+
+pub async fn claim_with_stale_revision_conflicts_and_changes_nothing(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    // Revision 2 and idle: one request claimed and committed.
+    let done = admit(&*store, conversation, "first").await?;
+    commit_answer(&*store, &done, 1, 1, "answer").await?;
+    let before = Snapshot::take(&*store, conversation, &[done.request_id], &[], 0).await?;
+    assert_eq!(before.admission.revision, Revision(2));
+
+    let stale = new_request(conversation, Revision(0), "late");
+    match store.claim(&stale).await {
+        Err(Error::Conflict {
+            conversation_id,
+            expected,
+            actual,
+        }) => assert_eq!(
+            (conversation_id, expected, actual),
+            (conversation, Revision(0), Revision(2))
+        ),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(store.request(stale.request_id).await?, None);
+    assert_eq!(store.run(stale.run_id).await?, None);
+    assert!(store.checkpoints(stale.run_id).await?.is_empty());
+    let after = Snapshot::take(&*store, conversation, &[done.request_id], &[], 0).await?;
+    assert_eq!(after, before);
+    Ok(())
+}
+
+pub async fn recovery_claim_moves_admission_to_a_new_run(store: SharedStore) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let first = admit(&*store, conversation, "hello").await?;
+    let count = tool_turn(&*store, &first, 1, 1, tool_call("c1", "{}"), "ok").await?;
+    let last = store
+        .latest_checkpoint(first.run_id)
+        .await?
+        .expect("turn 1");
+
+    let second = recover(&*store, &first).await?;
+    assert_eq!(second.revision, Revision(2));
+    assert_eq!(second.request_id, first.request_id);
+    assert_ne!(second.run_id, first.run_id);
+
+    let admission = store.admission(conversation).await?;
+    assert_eq!(admission.revision, Revision(2));
+    let active = admission.active.expect("still held");
+    assert_eq!(
+        (active.request_id, active.run_id),
+        (first.request_id, second.run_id)
+    );
+
+    let old = store.run(first.run_id).await?.expect("old run");
+    assert_eq!(old.status, RunStatus::Superseded);
+    let new = store.run(second.run_id).await?.expect("new run");
+    assert_eq!(
+        (new.status, new.resumed_from),
+        (RunStatus::Running, Some(first.run_id))
+    );
+
+    // The new run starts from the old run's latest checkpoint, values intact.
+    let seeded = store
+        .latest_checkpoint(second.run_id)
+        .await?
+        .expect("seeded");
+    assert_eq!(seeded.run_id, second.run_id);
+    assert_eq!(
+        (
+            seeded.turn,
+            seeded.phase,
+            seeded.usage,
+            seeded.tool_calls_count
+        ),
+        (last.turn, last.phase, last.usage, last.tool_calls_count)
+    );
+    assert_eq!(seeded.verification_reports, last.verification_reports);
+    assert_eq!(seeded.message_count, count);
+    // Pending messages belong to the request, not the run: none are copied.
+    assert_eq!(
+        store
+            .request_messages(first.request_id, u64::MAX)
+            .await?
+            .len() as u64,
+        count
+    );
+    assert_eq!(store.recovery_usage(first.request_id).await?, last.usage);
+    Ok(())
+}
+
+pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let first = admit(&*store, conversation, "hello").await?;
+    let second = recover(&*store, &first).await?;
+    let runs = [first.run_id, second.run_id];
+    let before = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 1).await?;
+
+    // Revision 1 is stale: the admission moved to revision 2.
+    let stale = RecoveryClaim {
+        conversation_id: conversation,
+        request_id: first.request_id,
+        expected_revision: first.revision,
+        from_run: second.run_id,
+        new_run: RunId::new(),
+        reject_in_flight: false,
+    };
+    match store.claim_recovery(&stale).await {
+        Err(Error::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (Revision(1), Revision(2))),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(store.run(stale.new_run).await?, None);
+    assert!(store.checkpoints(stale.new_run).await?.is_empty());
+    let after = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 1).await?;
+    assert_eq!(after, before);
+    Ok(())
+}
+
+pub async fn abandon_with_stale_revision_is_refused_and_changes_nothing(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let first = admit(&*store, conversation, "hello").await?;
+    let second = recover(&*store, &first).await?;
+    let runs = [first.run_id, second.run_id];
+    let before = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 1).await?;
+
+    match store
+        .abandon(conversation, first.request_id, first.revision)
+        .await
+    {
+        Err(Error::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (Revision(1), Revision(2))),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    let after = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 1).await?;
+    assert_eq!(after, before);
+    Ok(())
+}
+
+pub async fn abandon_releases_admission_and_burns_request(store: SharedStore) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let claim = new_request(conversation, Revision(0), "hello");
+    let ClaimOutcome::Admitted(fence) = store.claim(&claim).await? else {
+        panic!("expected admission");
+    };
+    let released = store
+        .abandon(conversation, fence.request_id, fence.revision)
+        .await?;
+    assert_eq!(released, Revision(2));
+    let admission = store.admission(conversation).await?;
+    assert_eq!((admission.revision, admission.active), (Revision(2), None));
+
+    let request = store.request(fence.request_id).await?.expect("request");
+    assert_eq!(
+        (request.status, request.outcome),
+        (RequestStatus::Abandoned, None)
+    );
+    assert!(request.completed_at.is_some());
+    let run = store.run(fence.run_id).await?.expect("run");
+    assert_eq!(run.status, RunStatus::Abandoned);
+    assert_eq!(store.conversation(&ns(), conversation).await?.version, 0);
+    assert!(store.transcript_window(conversation, 10).await?.is_empty());
+    assert!(matches!(
+        store.recovery_usage(fence.request_id).await,
+        Err(Error::NotActive { .. })
+    ));
+
+    // The id is burned: claiming it again reports the abandoned request.
+    let retry = turnstile_core::store::NewRequest {
+        expected_revision: Revision(2),
+        ..claim
+    };
+    match store.claim(&retry).await? {
+        ClaimOutcome::Existing(record) => assert_eq!(record.status, RequestStatus::Abandoned),
+        ClaimOutcome::Admitted(_) => panic!("an abandoned request id was admitted again"),
+    }
+    // The conversation is free for the next request.
+    let next = admit(&*store, conversation, "next").await?;
+    assert_eq!(next.revision, Revision(3));
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! The store contract as a test suite: every behaviour of
+//! [`Store`](turnstile_core::Store) and
+//! [`StoreAdmin`](turnstile_core::admin::StoreAdmin), written once as
+//! functions over a shared store and instantiated by each backend's tests
+//! with [`suite!`]:
+//!
+//! ```ignore
+//! turnstile_conformance::suite!(in_memory, async {
+//!     let store = MyStore::in_memory().await.expect("open");
+//!     (store, ()) // the store, and whatever must outlive it
+//! });
+//! ```
+//!
+//! A new backend proves itself by adding that one file to its tests.
+
+pub mod activity;
+pub mod admission;
+pub mod concurrency;
+pub mod fencing;
+pub mod lifecycle;
+pub mod logs;
+pub mod support;
+
+/// Instantiates every behaviour of the suite as a `#[tokio::test]` in a
+/// module named `$backend`. `$open` is an expression (evaluated once per
+/// test) of a future yielding `(store, keep)`: a store implementing
+/// `StoreAdmin`, and a value that must outlive it (a temp dir, a server).
+/// The calling crate needs `tokio` with `macros` and `rt-multi-thread`.
+#[macro_export]
+macro_rules! suite {
+    ($backend:ident, $open:expr) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::cases!($open;
+    activity::each_owner_step_refreshes_the_held_admissions_activity_time,
+
+    admission::ensure_conversation_is_idempotent_and_starts_idle,
+    admission::conversation_in_another_namespace_is_a_namespace_mismatch,
+    admission::unknown_conversation_is_not_found,
+    admission::claim_on_idle_conversation_admits_and_bumps_revision,
+    admission::second_claim_by_another_request_is_busy_with_current_holder,
+    admission::same_request_claimed_again_returns_existing_and_writes_nothing,
+    admission::claim_with_stale_revision_conflicts_and_changes_nothing,
+    admission::recovery_claim_moves_admission_to_a_new_run,
+    admission::recovery_claim_with_stale_revision_conflicts_and_changes_nothing,
+    admission::abandon_with_stale_revision_is_refused_and_changes_nothing,
+    admission::abandon_releases_admission_and_burns_request,
+    fencing::turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing,
+    fencing::commit_of_a_replaced_owner_is_fenced_and_writes_nothing,
+    fencing::owner_writes_after_commit_or_abandon_are_fenced,
+    lifecycle::request_with_tool_turns_commits_to_transcript_and_releases,
+    lifecycle::successive_commits_append_to_the_transcript_in_order,
+    lifecycle::hostile_strings_round_trip_verbatim_through_commit,
+    concurrency::concurrent_claims_at_one_revision_admit_exactly_one,
+    concurrency::concurrent_recovery_claims_at_one_revision_admit_exactly_one,
+            );
+        }
+    };
+}
+
+/// One `#[tokio::test]` per `module::behaviour`, used by [`suite!`].
+#[macro_export]
+macro_rules! cases {
+    ($open:expr; $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() -> $crate::support::TestResult {
+                let (store, _keep) = $open.await;
+                $crate::$module::$name(::std::sync::Arc::new(store)).await
+            }
+        )*
+    };
+}

@@ -1,0 +1,225 @@
+//! A request from claim to commit, and what the read API shows after.
+
+use turnstile_core::store::{InputHash, JournalStatus, RequestStatus, RunStatus};
+use turnstile_core::{CheckpointPhase, Error, Message, Revision, ToolCall};
+
+use crate::support::{
+    admit, commit_answer, complete_request, new_conversation, ns, tool_call, tool_turn,
+    usage_after, SharedStore, TestResult,
+};
+
+pub async fn request_with_tool_turns_commits_to_transcript_and_releases(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let fence = admit(&*store, conversation, "what is 2+2?").await?;
+    let mut count = 1;
+    for turn in 1..=2 {
+        let call = tool_call(&format!("call-{turn}"), r#"{"x":2}"#);
+        count = tool_turn(&*store, &fence, turn, count, call, &format!("r{turn}")).await?;
+    }
+    assert_eq!(count, 5);
+
+    // Before the commit: every turn is a checkpoint, every call journaled.
+    let checkpoints = store.checkpoints(fence.run_id).await?;
+    let shape: Vec<_> = checkpoints
+        .iter()
+        .map(|c| (c.turn, c.phase, c.message_count))
+        .collect();
+    let ready = CheckpointPhase::Ready;
+    assert_eq!(shape, vec![(1, ready, 3), (2, ready, 5)]);
+    assert_eq!(checkpoints[1].usage, usage_after(2));
+    assert_eq!(checkpoints[1].verification_reports.len(), 2);
+    let journal = store.journal(fence.request_id, 1).await?;
+    assert_eq!(journal.len(), 1);
+    let entry = &journal[0];
+    assert_eq!((entry.turn, entry.call_id.as_str()), (1, "call-1"));
+    assert_eq!(
+        (entry.run_id, entry.name.as_str(), entry.status),
+        (fence.run_id, "lookup", JournalStatus::Completed)
+    );
+    // The checkpointed turn's call and result are messages now; the journal
+    // keeps only what ran, so nothing is stored twice.
+    assert_eq!((&entry.arguments, &entry.result), (&None, &None));
+    let pending = store.request_messages(fence.request_id, 5).await?;
+    let roles: Vec<_> = pending.iter().map(Message::role).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "tool"]);
+    assert_eq!(store.request_messages(fence.request_id, 2).await?.len(), 2);
+    assert_eq!(
+        store.recovery_usage(fence.request_id).await?,
+        usage_after(2)
+    );
+
+    let outcome = commit_answer(&*store, &fence, 3, count, "4").await?;
+    assert_eq!(outcome.run_id, fence.run_id);
+    assert_eq!((outcome.turns, outcome.tool_calls), (3, 3));
+    assert_eq!(outcome.usage, usage_after(3));
+    assert_eq!(outcome.verification_reports.len(), 3);
+    assert_eq!(outcome.conversation_version, 1);
+    assert_eq!((outcome.first_seq, outcome.end_seq), (0, 6));
+
+    // The whole request moved to the transcript, in order.
+    let transcript = store.transcript_window(conversation, 100).await?;
+    let seqs: Vec<_> = transcript.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (0..6).collect::<Vec<_>>());
+    assert!(transcript.iter().all(|e| e.request_id == fence.request_id));
+    let mut expected = pending.clone();
+    expected.push(Message::assistant("4"));
+    let messages: Vec<_> = transcript.iter().map(|e| e.message.clone()).collect();
+    assert_eq!(messages, expected);
+    assert_eq!(
+        store.transcript_range(conversation, 1, 3).await?,
+        transcript[1..3]
+    );
+    assert_eq!(
+        store.transcript_window(conversation, 2).await?,
+        transcript[4..]
+    );
+    assert!(store
+        .request_messages(fence.request_id, 100)
+        .await?
+        .is_empty());
+
+    // Released in the same step: idle, next revision, version bumped.
+    let admission = store.admission(conversation).await?;
+    assert_eq!((admission.revision, admission.active), (Revision(2), None));
+    assert_eq!(store.conversation(&ns(), conversation).await?.version, 1);
+    let request = store.request(fence.request_id).await?.expect("request");
+    assert_eq!(request.status, RequestStatus::Completed);
+    assert_eq!(request.outcome.as_ref(), Some(&outcome));
+    assert!(request.completed_at.is_some());
+    let run = store.run(fence.run_id).await?.expect("run");
+    assert_eq!(run.status, RunStatus::Completed);
+    assert!(run.ended_at.is_some());
+    let last = store.latest_checkpoint(fence.run_id).await?.expect("last");
+    assert_eq!((last.turn, last.phase), (3, CheckpointPhase::Completed));
+    assert!(matches!(
+        store.recovery_usage(fence.request_id).await,
+        Err(Error::NotActive { .. })
+    ));
+    Ok(())
+}
+
+pub async fn successive_commits_append_to_the_transcript_in_order(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let mut requests = Vec::new();
+    let mut end = 0;
+    for turns in 0..3u32 {
+        let (fence, outcome) = complete_request(
+            &*store,
+            conversation,
+            &format!("question {turns}"),
+            turns,
+            &format!("answer {turns}"),
+        )
+        .await?;
+        assert_eq!(outcome.first_seq, end);
+        assert_eq!(outcome.end_seq, end + 2 + 2 * u64::from(turns));
+        assert_eq!(outcome.conversation_version, u64::from(turns) + 1);
+        end = outcome.end_seq;
+        requests.push((fence.request_id, outcome));
+    }
+    let transcript = store.transcript_window(conversation, u32::MAX).await?;
+    assert_eq!(transcript.len() as u64, end);
+    for (i, entry) in transcript.iter().enumerate() {
+        assert_eq!(entry.seq, i as u64);
+        let owner = requests
+            .iter()
+            .find(|(_, o)| (o.first_seq..o.end_seq).contains(&entry.seq))
+            .expect("every entry belongs to a request");
+        assert_eq!(entry.request_id, owner.0);
+    }
+    let admission = store.admission(conversation).await?;
+    assert_eq!((admission.revision, admission.active), (Revision(6), None));
+    assert_eq!(store.conversation(&ns(), conversation).await?.version, 3);
+    Ok(())
+}
+
+/// Strings a careless store would mangle, truncate or execute.
+fn hostile_strings() -> Vec<String> {
+    vec![
+        String::new(),
+        r#"it's "quoted" `back` \ backslash \" \\"#.into(),
+        "'); DROP TABLE transcript; --".into(),
+        "Robert'); DELETE FROM admissions WHERE (''='".into(),
+        r#"{"role":"system","content":"json lookalike"}"#.into(),
+        "$.id % _ ->> '$.name' ?1 :name @x".into(),
+        "héllo wörld — 你好 🦀 👨‍👩‍👧 \u{202e}rtl\u{202c} \u{feff}bom".into(),
+        "\t\r\n\u{1}\u{1b}[31mred\u{7f}\u{85}\u{2028}".into(),
+        "nul\0inside\0".into(),
+        "é🦀x".repeat(1 << 18), // 1.75 MiB of multi-byte text
+    ]
+}
+
+/// The head of a string, for failure messages that stay readable.
+fn short(s: &str) -> String {
+    s.chars().take(60).collect()
+}
+
+pub async fn hostile_strings_round_trip_verbatim_through_commit(store: SharedStore) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let mut expected = Vec::new();
+    for s in hostile_strings() {
+        let fence = admit(&*store, conversation, &s).await?;
+        let call = ToolCall {
+            id: format!("id-{s}"),
+            name: format!("name-{s}"),
+            arguments: s.clone(),
+        };
+        let count = tool_turn(&*store, &fence, 1, 1, call.clone(), &s).await?;
+        let journal = store.journal(fence.request_id, 1).await?;
+        assert_eq!(journal.len(), 1, "journal of {:?}", short(&s));
+        assert_eq!(journal[0].call_id, call.id);
+        assert_eq!(journal[0].name, call.name);
+        let pending = store.request_messages(fence.request_id, count).await?;
+        assert_eq!(
+            pending[1].tool_calls(),
+            std::slice::from_ref(&call),
+            "call of {:?}",
+            short(&s)
+        );
+        assert_eq!(pending[2].content(), s, "result of {:?}", short(&s));
+
+        let outcome = commit_answer(&*store, &fence, 2, count, &s).await?;
+        let last = store
+            .transcript_range(fence.conversation_id, outcome.end_seq - 1, outcome.end_seq)
+            .await?;
+        assert_eq!(
+            last[0].message.content(),
+            s,
+            "final answer of {:?}",
+            short(&s)
+        );
+        let request = store.request(fence.request_id).await?.expect("request");
+        assert_eq!(request.input_sha256, InputHash::of(&s));
+        assert_eq!(request.outcome, Some(outcome));
+
+        expected.push(Message::user(s.clone()));
+        expected.push(Message::Assistant {
+            content: format!("calling {}", call.name),
+            tool_calls: vec![call.clone()],
+        });
+        expected.push(Message::Tool {
+            call_id: call.id,
+            content: s.clone(),
+            is_error: false,
+        });
+        expected.push(Message::assistant(s));
+    }
+    let transcript = store.transcript_window(conversation, u32::MAX).await?;
+    let messages: Vec<_> = transcript.into_iter().map(|e| e.message).collect();
+    assert_eq!(messages.len(), expected.len());
+    for (i, (got, want)) in messages.iter().zip(&expected).enumerate() {
+        assert!(
+            got == want,
+            "message {i}: {:?} != {:?}",
+            short(got.content()),
+            short(want.content())
+        );
+    }
+    let range = store.transcript_range(conversation, 0, u64::MAX).await?;
+    assert!(range.into_iter().map(|e| e.message).eq(expected));
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! Operations on a SQLite database, for people and scripts: listings
+//! (`ls`, `show`), retention (`prune`) and health checks (`doctor`).
+//!
+//! These are SQLite operations, not part of the backend-neutral
+//! [`Store`](turnstile_core::store::Store) contract: inherent methods of
+//! [`SqliteStore`](super::SqliteStore), returning the small records below.
+//!
+//! # Stuck admissions
+//! The database cannot know whether the process running a run is alive. An
+//! admission is **stuck** when it is held by a run that is not live as far as
+//! the rows can tell: the run's status is `failed` (it stopped and nobody
+//! resumed it), or it is `running` but the admission has not changed for
+//! [`ListFilter::stale_after`] (every claim, turn write and checkpoint of the
+//! owner touches it). A live run inside one model or tool call longer than
+//! `stale_after` therefore looks stuck too: choose it above your longest
+//! step. An admission naming a run with no row, or a run in a final status,
+//! is stuck whatever its age.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::checkpoint::CheckpointPhase;
+use crate::error::Error;
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::store::{RequestStatus, RunStatus, Store};
+
+/// The operations on a store, for people and scripts: every command of the
+/// `turnstile` tool works on a backend that implements it.
+///
+/// # Cancel safety
+/// Reads are one read transaction each. [`StoreAdmin::prune`] works in
+/// batches of one write transaction each: dropping its future leaves every
+/// batch deleted whole or not at all.
+#[async_trait]
+pub trait StoreAdmin: Store {
+    /// Conversations, newest first: header, admission, transcript length.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the database fails; [`Error::Corrupt`] for an
+    /// undecodable row.
+    async fn list_conversations(
+        &self,
+        filter: &ListFilter,
+    ) -> Result<Vec<ConversationSummary>, Error>;
+
+    /// One conversation, or `None` if it does not exist. `stale_after` as in
+    /// [`ListFilter::stale_after`].
+    ///
+    /// # Errors
+    /// As [`StoreAdmin::list_conversations`].
+    async fn conversation_summary(
+        &self,
+        id: ConversationId,
+        stale_after: Duration,
+    ) -> Result<Option<ConversationSummary>, Error>;
+
+    /// Requests, newest first: status, runs, where the latest run stands.
+    ///
+    /// # Errors
+    /// As [`StoreAdmin::list_conversations`].
+    async fn list_requests(&self, filter: &ListFilter) -> Result<Vec<RequestSummary>, Error>;
+
+    /// Runs, newest first (stuck ones stalest first).
+    ///
+    /// # Errors
+    /// As [`StoreAdmin::list_conversations`].
+    async fn list_runs(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, Error>;
+
+    /// One run, or `None` if it does not exist.
+    ///
+    /// # Errors
+    /// As [`StoreAdmin::list_conversations`].
+    async fn run_summary(
+        &self,
+        run_id: RunId,
+        stale_after: Duration,
+    ) -> Result<Option<RunSummary>, Error>;
+
+    /// Deletes what no replay needs from requests finished before
+    /// `now - older_than` (see [`PruneOptions`]), optionally whole idle
+    /// conversations, then gives the space back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for `status: Some(Active)`; [`Error::Store`]
+    /// if the database fails (batches already committed stay committed).
+    async fn prune(&self, options: &PruneOptions) -> Result<PruneReport, Error>;
+
+    /// Checks the open database without changing it: integrity, schema
+    /// version, sizes, held and stuck admissions.
+    ///
+    /// # Errors
+    /// [`Error::Store`] only if no check could start; a check that fails or
+    /// cannot run is in the report.
+    async fn doctor(&self, stale_after: Duration) -> Result<DoctorReport, Error>;
+
+    /// What the store occupies now.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the database fails.
+    async fn storage(&self) -> Result<StorageReport, Error>;
+}
+
+/// Where a run stands: its latest checkpoint row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckpointMark {
+    pub turn: u32,
+    pub phase: CheckpointPhase,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// An admission held by an active request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldAdmission {
+    pub conversation_id: ConversationId,
+    /// The compare-and-swap token `resume`, `recover` and `abandon` need.
+    pub revision: Revision,
+    pub request_id: RequestId,
+    /// The run that owns the admission.
+    pub run_id: RunId,
+    /// `None` when the admission names a run that has no row.
+    pub run_status: Option<RunStatus>,
+    /// Unix milliseconds of the admission's last change (claim, fenced write,
+    /// checkpoint).
+    pub updated_at: i64,
+    /// The owning run's latest checkpoint.
+    pub last_checkpoint: Option<CheckpointMark>,
+    /// Held by a run that is not live (see the module docs).
+    pub stuck: bool,
+}
+
+/// A conversation: its header, admission and transcript length.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConversationSummary {
+    pub id: ConversationId,
+    pub namespace: Namespace,
+    /// Number of committed requests.
+    pub version: u64,
+    /// The admission's revision.
+    pub revision: Revision,
+    /// Committed messages (the transcript's next `seq`).
+    pub transcript_entries: u64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds of the admission's last change: the last claim,
+    /// turn write, commit or abandon.
+    pub last_activity_at: i64,
+    /// The active request holding the conversation, if any.
+    pub held: Option<HeldAdmission>,
+}
+
+/// A request: its status, its latest run and where that run stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RequestSummary {
+    pub request_id: RequestId,
+    pub conversation_id: ConversationId,
+    pub namespace: Namespace,
+    pub status: RequestStatus,
+    /// The conversation version its commit produced (completed requests).
+    pub conversation_version: Option<u64>,
+    /// How many runs it took (resumes and recoveries add one each).
+    pub runs: u64,
+    /// The committing run, the admission's owner, or the newest run.
+    pub latest_run: Option<RunId>,
+    pub latest_run_status: Option<RunStatus>,
+    /// The latest checkpoint of `latest_run`.
+    pub last_checkpoint: Option<CheckpointMark>,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds of the commit or abandon.
+    pub completed_at: Option<i64>,
+    /// The admission, while this request holds it.
+    pub held: Option<HeldAdmission>,
+}
+
+/// A run: one execution attempt of a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RunSummary {
+    pub run_id: RunId,
+    pub request_id: RequestId,
+    pub conversation_id: ConversationId,
+    pub namespace: Namespace,
+    /// The run it continues.
+    pub resumed_from: Option<RunId>,
+    pub status: RunStatus,
+    /// Why it stopped.
+    pub error: Option<String>,
+    /// Number of checkpoint rows (one per turn that started).
+    pub checkpoints: u64,
+    pub last_checkpoint: Option<CheckpointMark>,
+    /// Unix milliseconds.
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    /// The admission, while this run owns it.
+    pub held: Option<HeldAdmission>,
+}
+
+/// Which rows a listing returns. Listings are newest first.
+#[derive(Clone, Debug)]
+pub struct ListFilter {
+    pub namespace: Option<Namespace>,
+    pub conversation_id: Option<ConversationId>,
+    /// Only what stuck admissions hold: the conversations, their active
+    /// requests, their owning runs (stalest first).
+    pub stuck_only: bool,
+    /// How long a `running` owner may leave its admission unchanged before it
+    /// counts as stuck.
+    pub stale_after: Duration,
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+impl Default for ListFilter {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            conversation_id: None,
+            stuck_only: false,
+            stale_after: Duration::from_secs(300),
+            limit: 50,
+        }
+    }
+}
+
+/// What [`StoreAdmin::prune`] deletes.
+#[derive(Clone, Debug)]
+pub struct PruneOptions {
+    /// Prune requests that finished (committed or were abandoned) longer ago
+    /// than this.
+    pub older_than: Duration,
+    /// Only requests of this status (`Completed` or `Abandoned`); both when
+    /// `None`.
+    pub status: Option<RequestStatus>,
+    /// Also delete whole conversations that are idle (no active admission)
+    /// and whose last activity is older than `older_than`: transcript,
+    /// requests (their ids are forgotten: reusable) and everything else.
+    pub include_transcripts: bool,
+    /// Count what would be deleted and delete nothing.
+    pub dry_run: bool,
+}
+
+impl PruneOptions {
+    /// Prune finished requests of any status older than `older_than`; keep
+    /// transcripts; really delete.
+    pub fn older_than(older_than: Duration) -> Self {
+        Self {
+            older_than,
+            status: None,
+            include_transcripts: false,
+            dry_run: false,
+        }
+    }
+}
+
+/// Rows deleted (or, in a dry run, that would be) per table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TableCounts {
+    pub conversations: u64,
+    pub admissions: u64,
+    pub transcript: u64,
+    pub requests: u64,
+    pub runs: u64,
+    pub loop_checkpoints: u64,
+    pub verification_reports: u64,
+    pub tool_calls: u64,
+    pub run_messages: u64,
+}
+
+impl TableCounts {
+    /// Every row, all tables together.
+    pub fn total(&self) -> u64 {
+        self.rows().iter().map(|(_, n)| n).sum()
+    }
+
+    /// `(table, rows)` in a fixed order.
+    pub fn rows(&self) -> [(&'static str, u64); 9] {
+        [
+            ("conversations", self.conversations),
+            ("admissions", self.admissions),
+            ("transcript", self.transcript),
+            ("requests", self.requests),
+            ("runs", self.runs),
+            ("loop_checkpoints", self.loop_checkpoints),
+            ("verification_reports", self.verification_reports),
+            ("tool_calls", self.tool_calls),
+            ("run_messages", self.run_messages),
+        ]
+    }
+}
+
+/// What [`StoreAdmin::prune`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    pub dry_run: bool,
+    /// Unix milliseconds: requests finished and conversations last active
+    /// before this were pruned.
+    pub cutoff: i64,
+    /// Finished requests older than the cutoff that were looked at (pruned
+    /// now, or already by an earlier prune).
+    pub requests_examined: u64,
+    pub deleted: TableCounts,
+    /// The database, then its write-ahead log, in bytes, as
+    /// [`StorageReport`] counts them.
+    pub database_bytes_before: u64,
+    pub wal_bytes_before: u64,
+    pub database_bytes_after: u64,
+    pub wal_bytes_after: u64,
+    /// Pages given back to the file system (SQLite's incremental vacuum;
+    /// 0 where the backend reclaims space by itself).
+    pub pages_freed: u64,
+    /// Free pages left inside the database (SQLite: a database created
+    /// without `auto_vacuum=INCREMENTAL` keeps them until a full `VACUUM`).
+    pub free_pages_after: u64,
+    /// The log could not be checkpointed whole: another connection was
+    /// reading. It shrinks at a later checkpoint.
+    pub wal_checkpoint_busy: bool,
+}
+
+/// The health of a database, as `doctor` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DoctorReport {
+    /// Where the database is: a file path, or a server address without its
+    /// password.
+    pub path: String,
+    /// The backend's integrity check passed.
+    pub integrity_ok: bool,
+    /// What the integrity check said (`["ok"]` when healthy), or why it
+    /// could not run.
+    pub integrity: Vec<String>,
+    /// The newest migration applied to the database; `None` without a schema.
+    pub schema_version: Option<i64>,
+    /// The newest migration this build knows.
+    pub supported_schema_version: i64,
+    /// SQLite: `page_size`, `page_count`, `freelist_count`, `auto_vacuum`,
+    /// `journal_mode`. Figures only this backend has; in JSON they stand
+    /// beside the others.
+    #[serde(flatten)]
+    pub details: BTreeMap<String, Value>,
+    pub database_bytes: u64,
+    pub wal_bytes: u64,
+    /// Admissions held by an active request.
+    pub held_admissions: Option<u64>,
+    /// Held admissions whose run is not live (see the module docs).
+    pub stuck_admissions: Option<u64>,
+    /// Checks that could not run, and why.
+    pub errors: Vec<String>,
+}
+
+/// What the store occupies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StorageReport {
+    /// Bytes holding data (SQLite: pages in use × page size, free pages
+    /// not counted).
+    pub bytes_in_use: u64,
+    /// The database's size on disk (SQLite: the file).
+    pub database_bytes: u64,
+    /// The write-ahead log's size (SQLite: the `-wal` file).
+    pub wal_bytes: u64,
+    /// SQLite: `page_size`, `page_count`, `freelist_count`.
+    #[serde(flatten)]
+    pub details: BTreeMap<String, Value>,
+}
+
+/// Whether an admission held by a run of `status`, last changed at
+/// `updated_at`, is stuck (see the module docs). A backend that selects
+/// stuck admissions in SQL says the same there.
+pub fn is_stuck(status: Option<RunStatus>, updated_at: i64, cutoff: i64) -> bool {
+    match status {
+        Some(RunStatus::Running) => updated_at < cutoff,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_or_unknown_owners_are_stuck_and_running_ones_only_when_stale() {
+        assert!(is_stuck(Some(RunStatus::Failed), 1_000, 0));
+        assert!(is_stuck(None, 1_000, 0));
+        assert!(!is_stuck(Some(RunStatus::Running), 1_000, 1_000));
+        assert!(is_stuck(Some(RunStatus::Running), 999, 1_000));
+    }
+}

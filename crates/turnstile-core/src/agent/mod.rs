@@ -1,0 +1,149 @@
+//! The agent: a model, its tools, a system prompt and limits. The loop that
+//! runs it turn by turn is the session's (`session/turns.rs`).
+
+mod context;
+mod model;
+mod scripted;
+mod tool;
+mod verifier;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+pub use context::{Budget, RunContext};
+pub use model::{Model, ModelRequest, ModelResponse, TextDeltas};
+pub use scripted::{ScriptedModel, ScriptedReply};
+pub use tool::{Tool, ToolContext, ToolError};
+pub use verifier::Verifier;
+
+use crate::message::ToolSpec;
+
+/// Limits of the agent itself (the caller's [`Budget`] may be tighter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentLimits {
+    /// Turns per request, across resumes.
+    pub max_turns: u32,
+    /// Tool calls one model answer may ask for; extra calls are answered
+    /// with an error result without running.
+    pub max_tool_calls_per_turn: u32,
+    /// How long one tool call may take before it is answered with a timeout
+    /// error result.
+    pub tool_timeout: Duration,
+}
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        Self {
+            max_turns: 32,
+            max_tool_calls_per_turn: 16,
+            tool_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A model with tools, a system prompt, limits and an optional verifier.
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) model: Arc<dyn Model>,
+    pub(crate) tools: Vec<Arc<dyn Tool>>,
+    pub(crate) specs: Vec<ToolSpec>,
+    pub(crate) system_prompt: String,
+    pub(crate) limits: AgentLimits,
+    pub(crate) verifier: Option<Arc<dyn Verifier>>,
+}
+
+impl Agent {
+    pub fn new(model: Arc<dyn Model>) -> Self {
+        Self {
+            model,
+            tools: Vec::new(),
+            specs: Vec::new(),
+            system_prompt: String::new(),
+            limits: AgentLimits::default(),
+            verifier: None,
+        }
+    }
+
+    pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = prompt.into();
+        self
+    }
+
+    /// Adds a tool. A later tool with the same name replaces the earlier one.
+    pub fn with_tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        let spec = tool.spec();
+        if let Some(i) = self.specs.iter().position(|s| s.name == spec.name) {
+            self.tools[i] = tool;
+            self.specs[i] = spec;
+        } else {
+            self.tools.push(tool);
+            self.specs.push(spec);
+        }
+        self
+    }
+
+    pub fn with_limits(mut self, limits: AgentLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn with_verifier(mut self, verifier: Arc<dyn Verifier>) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    pub fn limits(&self) -> AgentLimits {
+        self.limits
+    }
+
+    pub fn tool_specs(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+
+    pub(crate) fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.specs
+            .iter()
+            .position(|s| s.name == name)
+            .map(|i| &self.tools[i])
+    }
+
+    /// SHA-256 over what defines the agent's plan: model name, system
+    /// prompt, tool names and parameter schemas, plus `extra` (the summary
+    /// settings). A request admitted with one fingerprint is never continued
+    /// by an agent with another.
+    pub fn fingerprint(&self) -> String {
+        self.fingerprint_with(&serde_json::Value::Null)
+    }
+
+    pub(crate) fn fingerprint_with(&self, extra: &serde_json::Value) -> String {
+        let tools: Vec<_> = self
+            .specs
+            .iter()
+            .map(|s| json!({ "name": s.name, "parameters": s.parameters }))
+            .collect();
+        let canonical = json!({
+            "model": self.model.name(),
+            "system_prompt": self.system_prompt,
+            "tools": tools,
+            "extra": extra,
+        });
+        let digest = Sha256::digest(canonical.to_string().as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("model", &self.model.name())
+            .field(
+                "tools",
+                &self.specs.iter().map(|s| &s.name).collect::<Vec<_>>(),
+            )
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,269 @@
+//! The crate's error type. Every variant names the ids involved; none
+//! exposes a database driver type.
+
+use std::fmt;
+
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+
+/// Everything turnstile can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The conversation is held by an active request (possibly this one).
+    #[error(
+        "conversation {conversation_id} is busy with request {request_id} at revision {revision}"
+    )]
+    Busy {
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        revision: Revision,
+    },
+    /// The request id is bound to another input or another conversation.
+    #[error("request {request_id} does not match: {reason}")]
+    RequestMismatch {
+        request_id: RequestId,
+        reason: &'static str,
+    },
+    /// The request id was abandoned and cannot be used again.
+    #[error("request {request_id} was abandoned")]
+    RequestAbandoned { request_id: RequestId },
+    /// The request exists but holds no admission (it is not active).
+    #[error("request {request_id} is not active")]
+    NotActive { request_id: RequestId },
+    /// The conversation belongs to another namespace.
+    #[error("conversation {conversation_id} is not in namespace {namespace}")]
+    NamespaceMismatch {
+        conversation_id: ConversationId,
+        namespace: Namespace,
+    },
+    /// Bad caller input; nothing was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A conversation, request or run that does not exist (in this namespace).
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+    /// The run's last checkpoint has a turn in flight: a model or tool call may
+    /// have happened after it. Resume with `ResumePolicy::RetryInterruptedTurn`
+    /// to re-run the turn without repeating journaled tool calls.
+    #[error("run {run_id} stopped with turn {turn} in flight")]
+    AmbiguousCheckpoint { run_id: RunId, turn: u32 },
+    /// This owner was replaced: the admission moved past its revision.
+    #[error("run {run_id} was fenced: it owned revision {revision}, which is no longer current")]
+    Fenced { run_id: RunId, revision: Revision },
+    /// A compare-and-swap lost: the admission is not at the expected revision.
+    /// For a summary pass, `expected` and `actual` are conversation versions:
+    /// the transcript (or the summary chain) moved away from what the pass
+    /// read, so nothing was written.
+    #[error(
+        "conflict on conversation {conversation_id}: expected revision {expected}, found {actual}"
+    )]
+    Conflict {
+        conversation_id: ConversationId,
+        expected: Revision,
+        actual: Revision,
+    },
+
+    /// The agent differs from the one the request was admitted with.
+    #[error("request {request_id} was admitted with another agent configuration")]
+    ConfigurationMismatch { request_id: RequestId },
+    /// A budget ran out; the admission stays held.
+    #[error("run {run_id} exceeded its {kind} budget ({used} of {limit}) at revision {revision}")]
+    BudgetExceeded {
+        run_id: RunId,
+        revision: Revision,
+        kind: BudgetKind,
+        used: u64,
+        limit: u64,
+    },
+    /// More transcript entries are waiting to be summarized than the
+    /// request's summary passes can absorb: its passes are used up (they are
+    /// counted across recoveries). The summaries committed so far are kept;
+    /// the admission stays held. Abandon the request; a new request goes on
+    /// compacting from the latest summary.
+    #[error("run {run_id} used all {max_passes} summary passes with {remaining_entries} entries left to summarize, at revision {revision}")]
+    SummaryPassLimitExceeded {
+        run_id: RunId,
+        revision: Revision,
+        /// Entries older than the window not yet summarized.
+        remaining_entries: u64,
+        max_passes: u32,
+    },
+    /// The summary model's answer was refused (empty, or larger than
+    /// [`MAX_SUMMARY_BYTES`](crate::session::MAX_SUMMARY_BYTES)): nothing was
+    /// committed, the pass stays in flight and the admission held.
+    #[error("run {run_id} got an unusable summary at revision {revision}: {reason}")]
+    InvalidSummary {
+        run_id: RunId,
+        revision: Revision,
+        reason: String,
+    },
+    /// The run's deadline passed; the admission stays held.
+    #[error("run {run_id} passed its deadline at revision {revision}")]
+    DeadlineExceeded { run_id: RunId, revision: Revision },
+    /// The run was cancelled; the admission stays held.
+    #[error("run {run_id} was cancelled at revision {revision}")]
+    Cancelled { run_id: RunId, revision: Revision },
+    /// The model failed; the admission stays held.
+    #[error("model failed in run {run_id} at revision {revision}: {source}")]
+    Model {
+        run_id: RunId,
+        revision: Revision,
+        #[source]
+        source: ModelError,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A row could not be decoded.
+    #[error("corrupt row in {table} ({key}): {reason}")]
+    Corrupt {
+        table: &'static str,
+        key: String,
+        reason: String,
+    },
+    /// The database was written by a newer turnstile; it was not modified.
+    #[error("database schema version {found} is newer than the supported {supported}")]
+    SchemaTooNew { found: i64, supported: i64 },
+}
+
+impl Error {
+    /// The run id and revision an error of a stopped run carries, if any: what
+    /// `resume_run` needs.
+    pub fn stopped_run(&self) -> Option<(RunId, Revision)> {
+        match self {
+            Error::BudgetExceeded {
+                run_id, revision, ..
+            }
+            | Error::DeadlineExceeded { run_id, revision }
+            | Error::Cancelled { run_id, revision }
+            | Error::Model {
+                run_id, revision, ..
+            }
+            | Error::SummaryPassLimitExceeded {
+                run_id, revision, ..
+            }
+            | Error::InvalidSummary {
+                run_id, revision, ..
+            } => Some((*run_id, *revision)),
+            _ => None,
+        }
+    }
+}
+
+/// Which budget ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BudgetKind {
+    Turns,
+    Tokens,
+    ToolCalls,
+}
+
+impl fmt::Display for BudgetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BudgetKind::Turns => "turns",
+            BudgetKind::Tokens => "tokens",
+            BudgetKind::ToolCalls => "tool calls",
+        })
+    }
+}
+
+/// A database failure. The driver's error is kept as the source, as an
+/// opaque `dyn Error`; the backend that made it says, with [`Self::busy`]
+/// and [`Self::full`], whether it was contention or a full database.
+#[derive(Debug, thiserror::Error)]
+#[error("store error: {message}")]
+pub struct StoreError {
+    message: String,
+    busy: bool,
+    full: bool,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A failure described by `message`, with the driver's error as its
+    /// source when there is one.
+    pub fn new(
+        message: impl Into<String>,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            busy: false,
+            full: false,
+            source,
+        }
+    }
+
+    /// The same error, marked as contention with another connection.
+    pub fn busy(mut self) -> Self {
+        self.busy = true;
+        self
+    }
+
+    /// The same error, marked as a database with no room for the write.
+    pub fn full(mut self) -> Self {
+        self.full = true;
+        self
+    }
+
+    /// Whether another connection held the database longer than the busy
+    /// timeout: the same operation may succeed when retried.
+    pub fn is_busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Whether the database had no room for the write: a full disk, or a
+    /// size quota such as SQLite's `max_database_bytes`. The failed write
+    /// changed nothing; the same operation may succeed once
+    /// space is freed (for example with `prune`) or the quota is raised.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// What failed, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same error for one more caller (the source does not clone): the
+    /// message and what it says about busy and full, without the source.
+    pub fn replicate(&self) -> Self {
+        Self {
+            message: self.message.clone(),
+            busy: self.busy,
+            full: self.full,
+            source: None,
+        }
+    }
+}
+
+/// A model call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ModelError {
+    /// What went wrong.
+    pub message: String,
+    /// Whether the same call may succeed later (rate limit, 5xx, timeout).
+    pub retryable: bool,
+}
+
+impl ModelError {
+    /// A failure that will not go away by retrying.
+    pub fn fatal(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retryable: false,
+        }
+    }
+
+    /// A failure that may pass on retry.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retryable: true,
+        }
+    }
+}

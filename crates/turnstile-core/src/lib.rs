@@ -1,0 +1,64 @@
+//! turnstile-core: the engine of [turnstile](https://docs.rs/turnstile),
+//! without a database driver.
+//!
+//! Every request is **admitted** to its conversation exclusively before any
+//! model or tool work; the agent loop saves a **loop checkpoint** after every
+//! turn; a crashed, cancelled or failed run resumes from its last checkpoint
+//! with its usage, tool-call count and verification reports carried over;
+//! **revision** compare-and-swap decides every ownership change and fences a
+//! replaced owner's late writes; a completed request commits atomically with
+//! the release of its admission.
+//!
+//! Applications depend on the `turnstile` facade, which adds a backend
+//! (`SqliteStore` by default) and its quick start. A backend depends on this
+//! crate alone: it implements [`Store`] (and [`StoreAdmin`](admin::StoreAdmin)
+//! for the operations), builds [`StoreError`]s with its own classification
+//! of busy and full, and proves itself with the `turnstile-conformance` suite.
+//!
+//! # Where things are
+//!
+//! - [`session`]: [`AgentSession`] (`run`, `stream`, `resume_run`,
+//!   `recover_after_owner_exit`, `recovery_usage`, `abandon`) and the turn
+//!   protocol (`session/turns.rs`): how a request runs. Compaction
+//!   ([`ContextPolicy`], [`MaxPasses`]) lives there too.
+//! - [`store`]: the [`Store`] contract and its records: what must be durable.
+//!   [`admin`]: the operations contract (listings, retention, health).
+//! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets.
+//! - [`ids`], [`message`], [`checkpoint`], [`outcome`], [`events`]: the
+//!   vocabulary.
+//!
+//! The revision compare-and-swap fences competing recoverers and a replaced
+//! owner's writes to the database. It cannot fence external services a
+//! replaced owner may still call: tools get a stable
+//! [`ToolContext::idempotency_key`] to pass to services that deduplicate.
+
+pub mod admin;
+pub mod agent;
+pub mod checkpoint;
+mod error;
+pub mod events;
+pub mod ids;
+pub mod message;
+pub mod outcome;
+pub mod session;
+pub mod store;
+mod stored_name;
+
+pub use admin::StoreAdmin;
+pub use agent::{
+    Agent, AgentLimits, Budget, Model, RunContext, ScriptedModel, ScriptedReply, Tool, ToolContext,
+    ToolError, Verifier,
+};
+pub use checkpoint::{CheckpointPhase, LoopCheckpoint};
+pub use error::{BudgetKind, Error, ModelError, StoreError};
+pub use events::Event;
+pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
+pub use outcome::Outcome;
+pub use session::MaxPasses;
+pub use session::{AgentSession, ContextPolicy, ResumePolicy};
+pub use store::Store;
+
+/// Re-exported so implementations of [`Model`], [`Tool`] and [`Verifier`]
+/// need no extra dependency.
+pub use async_trait::async_trait;

@@ -1,0 +1,194 @@
+//! The store contract: every durable operation the session layer needs, each
+//! one transaction, each ownership change a compare-and-swap on the
+//! admission's revision, each write of a run's owner fenced by it.
+//!
+//! Backends live in crates of their own (`turnstile-sqlite`, the embedded
+//! default); the `turnstile-conformance` suite holds each of them to the
+//! same contract.
+
+mod records;
+
+use async_trait::async_trait;
+
+/// Re-exported: the contract journals tool results.
+pub use crate::message::ToolResult;
+pub use records::{
+    ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, InputHash, JournalEntry,
+    JournalStatus, NewRequest, RecoveryClaim, RequestRecord, RequestStatus, RunRecord, RunStatus,
+    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, SummaryProgress, TranscriptEntry,
+};
+
+use crate::checkpoint::LoopCheckpoint;
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::message::{Message, Usage};
+use crate::Error;
+
+/// The durable operations of turnstile. Object-safe: use it as
+/// `Arc<dyn Store>`.
+///
+/// # Cancel safety
+/// Every method is one transaction: dropping its future either leaves the
+/// transaction uncommitted (rolled back) or lets it finish whole.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates the conversation with its idle admission, or loads it if it
+    /// exists in `namespace`. [`Error::NamespaceMismatch`] if it exists in
+    /// another namespace.
+    async fn ensure_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error>;
+
+    /// Loads a conversation of `namespace`: [`Error::NotFound`] if it does not
+    /// exist, [`Error::NamespaceMismatch`] if it belongs to another namespace.
+    async fn conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error>;
+
+    /// The admission row of a conversation.
+    async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error>;
+
+    /// Claims an idle admission at `expected_revision` for a new request:
+    /// records the request, its first run and the user input as its first
+    /// message. A run has no checkpoint until its first turn starts.
+    async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error>;
+
+    /// Moves an active admission to a new run that continues `from_run`, at
+    /// `expected_revision`. The new run starts with a copy of `from_run`'s
+    /// latest checkpoint (if it has one); `from_run` is marked superseded.
+    async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error>;
+
+    /// A request by id, in any conversation.
+    async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error>;
+
+    /// A run by id.
+    async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error>;
+
+    /// Write-ahead record of a turn (phase `TurnInFlight`), or of a turn's
+    /// tool round that goes on after a settled stop (`ToolsInFlight`).
+    async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error>;
+
+    /// Records the model's answer for the turn at `checkpoint.message_count`,
+    /// journals its tool calls as requested and moves the checkpoint to
+    /// `ToolsInFlight` with `checkpoint.usage`.
+    async fn record_model_response(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        assistant: &Message,
+    ) -> Result<(), Error>;
+
+    /// Journals the result of one tool call.
+    async fn record_tool_result(
+        &self,
+        fence: &Fence,
+        turn: u32,
+        call_id: &str,
+        result: &ToolResult,
+    ) -> Result<(), Error>;
+
+    /// Completes a turn: appends `messages` after the turn's assistant message
+    /// and saves the `Ready` checkpoint, then, in the same transaction, the
+    /// `next` turn's write-ahead (phase `TurnInFlight`) when the loop goes on:
+    /// one commit instead of two.
+    async fn finish_turn(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        messages: &[Message],
+        next: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error>;
+
+    /// Commits a request in one transaction: appends `final_message` and moves
+    /// all the request's messages to the transcript, bumps the conversation
+    /// version, stores the outcome, releases the admission and completes the
+    /// run. Returns the stored outcome.
+    async fn commit(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        final_message: &Message,
+    ) -> Result<StoredOutcome, Error>;
+
+    /// Records why a run stopped, and saves `settled` (the turn's checkpoint
+    /// in a pending phase) when the run knows nothing was left in flight.
+    /// The admission stays held.
+    async fn fail_run(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error>;
+
+    /// Releases the admission without committing; the request id is burned.
+    async fn abandon(
+        &self,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        expected_revision: Revision,
+    ) -> Result<Revision, Error>;
+
+    /// The last `limit` committed messages of a conversation, oldest first.
+    async fn transcript_window(
+        &self,
+        conversation_id: ConversationId,
+        limit: u32,
+    ) -> Result<Vec<TranscriptEntry>, Error>;
+
+    /// Committed messages with `from <= seq < to`, oldest first.
+    async fn transcript_range(
+        &self,
+        conversation_id: ConversationId,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TranscriptEntry>, Error>;
+
+    /// The latest loop checkpoint of a run.
+    async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error>;
+
+    /// Every loop checkpoint of a run, by turn.
+    async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error>;
+
+    /// The first `count` pending messages of an uncommitted request.
+    async fn request_messages(
+        &self,
+        request_id: RequestId,
+        count: u64,
+    ) -> Result<Vec<Message>, Error>;
+
+    /// The tool-call journal of one turn of a request.
+    async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error>;
+
+    /// The latest persisted usage of an active request. [`Error::NotActive`]
+    /// if it holds no admission.
+    async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error>;
+
+    /// The summary with the highest `through_seq` of a conversation: it
+    /// summarizes every entry up to there.
+    async fn latest_summary(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<StoredSummary>, Error>;
+
+    /// Records a summary pass in the admission before its model call, fenced
+    /// by the owner's revision. The pass must start right after the latest
+    /// summary and read the current conversation version, and no other pass
+    /// may be in flight ([`Error::Conflict`] otherwise; recording the pass
+    /// already in flight again is a no-op).
+    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error>;
+
+    /// Commits the summary of the pass in flight in one transaction, fenced:
+    /// inserts the summary row, counts the pass, adds its usage to the
+    /// request's, and clears the pass in flight. Idempotent: a summary this
+    /// request already committed for the same range is returned as it is
+    /// (same row), nothing is written. A pass that is not the one in flight,
+    /// or a transcript that moved past its version, is [`Error::Conflict`].
+    async fn commit_summary(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error>;
+}

@@ -1,0 +1,277 @@
+//! Plain records the store reads and writes.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::LoopCheckpoint;
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::message::{Message, ToolResult, Usage, VerificationReport};
+use crate::stored_name::stored_names;
+
+/// SHA-256 of a request's input: what a request id is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InputHash(pub [u8; 32]);
+
+impl InputHash {
+    /// The hash of an input text.
+    pub fn of(input: &str) -> Self {
+        Self(Sha256::digest(input.as_bytes()).into())
+    }
+}
+
+/// A conversation's header row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conversation {
+    pub id: ConversationId,
+    pub namespace: Namespace,
+    /// Number of committed requests.
+    pub version: u64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// A conversation's admission: idle, or held by one active request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub conversation_id: ConversationId,
+    pub revision: Revision,
+    pub active: Option<ActiveAdmission>,
+}
+
+/// The request holding an admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveAdmission {
+    pub request_id: RequestId,
+    pub input_sha256: InputHash,
+    /// The run that owns the admission now.
+    pub run_id: RunId,
+    pub agent_fingerprint: String,
+    /// The latest persisted usage of the request (summary passes included).
+    pub usage: Usage,
+    /// The request's summary passes: committed, and the one in flight.
+    pub summary: SummaryProgress,
+}
+
+/// Summary progress of the active request, kept in its admission so the pass
+/// limit holds across retries and restarts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummaryProgress {
+    /// Summary passes the request committed.
+    pub passes: u32,
+    /// A pass recorded before its summary model call and not yet committed.
+    pub pending: Option<SummaryPass>,
+}
+
+/// One summary pass: which committed entries it summarizes, from which
+/// transcript version, with which prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SummaryPass {
+    /// The first transcript entry summarized: the previous summary's
+    /// `through_seq + 1`, or 0.
+    pub from_seq: u64,
+    /// The last transcript entry summarized (inclusive).
+    pub through_seq: u64,
+    /// The conversation version the pass read.
+    pub transcript_version: u64,
+    /// SHA-256 of the prompt sent to the summary model.
+    pub prompt_sha256: [u8; 32],
+}
+
+/// A committed summary row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredSummary {
+    /// The row id: stable, so a summary recognized after a lost
+    /// acknowledgement is the same row.
+    pub id: i64,
+    pub conversation_id: ConversationId,
+    /// The request whose pass made it.
+    pub request_id: RequestId,
+    pub from_seq: u64,
+    /// The last transcript entry it covers (inclusive). Each summary extends
+    /// the previous one: it summarizes every entry up to `through_seq`.
+    pub through_seq: u64,
+    pub content: String,
+    /// The conversation version the pass read.
+    pub made_from_version: u64,
+    /// What the pass cost.
+    pub usage: Usage,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// What [`Store::commit_summary`](super::Store::commit_summary) commits.
+#[derive(Clone, Debug)]
+pub struct SummaryCommit {
+    /// The recorded pass this summary answers.
+    pub pass: SummaryPass,
+    pub content: String,
+    /// Usage of this pass's model call; added to the request's usage.
+    pub usage: Usage,
+}
+
+/// What an owner proves on every write: the admission is still at the
+/// revision it claimed, for its run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub conversation_id: ConversationId,
+    pub request_id: RequestId,
+    pub run_id: RunId,
+    pub revision: Revision,
+}
+
+/// A claim of an idle admission by a new request.
+#[derive(Clone, Debug)]
+pub struct NewRequest {
+    pub conversation_id: ConversationId,
+    pub request_id: RequestId,
+    pub input_sha256: InputHash,
+    /// The user message, stored as the request's first message.
+    pub input: Message,
+    pub expected_revision: Revision,
+    pub run_id: RunId,
+    pub agent_fingerprint: String,
+    /// The write-ahead of the request's first turn (phase `TurnInFlight`),
+    /// saved with the claim when the run goes straight to its first turn:
+    /// one commit instead of two.
+    pub first_turn: Option<LoopCheckpoint>,
+}
+
+/// The result of [`Store::claim`](super::Store::claim).
+#[derive(Clone, Debug)]
+pub enum ClaimOutcome {
+    /// The admission is ours.
+    Admitted(Fence),
+    /// The request id is already known; nothing was written.
+    Existing(RequestRecord),
+}
+
+/// A claim of an active admission by a run that continues another.
+#[derive(Clone, Copy, Debug)]
+pub struct RecoveryClaim {
+    pub conversation_id: ConversationId,
+    pub request_id: RequestId,
+    pub expected_revision: Revision,
+    /// The run being continued: it must be the admission's current run.
+    pub from_run: RunId,
+    pub new_run: RunId,
+    /// Refuse with [`Error::AmbiguousCheckpoint`](crate::Error::AmbiguousCheckpoint)
+    /// if `from_run`'s latest checkpoint has a turn in flight, checked in
+    /// the same transaction as the compare-and-swap.
+    pub reject_in_flight: bool,
+}
+
+/// Lifecycle of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestStatus {
+    Active,
+    Completed,
+    Abandoned,
+}
+
+stored_names!(RequestStatus {
+    Active => "active",
+    Completed => "completed",
+    Abandoned => "abandoned",
+});
+
+/// A request row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestRecord {
+    pub request_id: RequestId,
+    pub conversation_id: ConversationId,
+    pub input_sha256: InputHash,
+    pub status: RequestStatus,
+    /// Set once completed.
+    pub outcome: Option<StoredOutcome>,
+    pub created_at: i64,
+    pub completed_at: Option<i64>,
+}
+
+/// What a commit keeps for replay: the committing run, the totals of its
+/// final checkpoint and where the request's messages are in the transcript
+/// (entries `first_seq..end_seq`, the final answer last).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredOutcome {
+    pub run_id: RunId,
+    pub usage: Usage,
+    pub turns: u32,
+    pub tool_calls: u64,
+    pub verification_reports: Vec<VerificationReport>,
+    pub conversation_version: u64,
+    pub first_seq: u64,
+    pub end_seq: u64,
+}
+
+/// Lifecycle of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Owns the admission (or did, until its process died).
+    Running,
+    Completed,
+    /// Stopped with an error; resumable.
+    Failed,
+    /// Continued by a newer run.
+    Superseded,
+    Abandoned,
+}
+
+stored_names!(RunStatus {
+    Running => "running",
+    Completed => "completed",
+    Failed => "failed",
+    Superseded => "superseded",
+    Abandoned => "abandoned",
+});
+
+/// A run row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunRecord {
+    pub run_id: RunId,
+    pub request_id: RequestId,
+    pub resumed_from: Option<RunId>,
+    pub status: RunStatus,
+    pub error: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+}
+
+/// One committed message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TranscriptEntry {
+    pub seq: u64,
+    pub request_id: RequestId,
+    pub message: Message,
+}
+
+/// Journal state of one tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalStatus {
+    Requested,
+    Completed,
+    Failed,
+}
+
+stored_names!(JournalStatus {
+    Requested => "requested",
+    Completed => "completed",
+    Failed => "failed",
+});
+
+/// One row of the tool-call journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub turn: u32,
+    pub call_id: String,
+    /// The run that journaled the call.
+    pub run_id: RunId,
+    pub name: String,
+    /// The raw JSON arguments; `None` once the turn is checkpointed (they are
+    /// in the assistant message).
+    pub arguments: Option<String>,
+    pub status: JournalStatus,
+    /// Set once completed or failed; `None` again once the turn is
+    /// checkpointed (the result is in the tool message).
+    pub result: Option<ToolResult>,
+}

@@ -1,0 +1,51 @@
+//! Closing a store: the write-ahead log folded into the database file, so
+//! the file alone is complete, and the connections closed.
+
+use sqlx::SqliteConnection;
+use turnstile_core::{Error, StoreError};
+
+use crate::codec::db;
+use crate::SqliteStore;
+
+impl SqliteStore {
+    /// Waits for the writes in progress, folds the write-ahead log into the
+    /// database file (`PRAGMA wal_checkpoint(TRUNCATE)`) and closes the
+    /// reader connections. Afterwards the database file alone holds every
+    /// committed step: it can be copied or moved. The writer connection
+    /// closes once the last clone of the store is dropped; clones must not
+    /// write after `close`.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the log could not be folded whole (another
+    /// process was reading; [`StoreError::is_busy`]) or the database failed.
+    /// Nothing committed is lost either way.
+    pub async fn close(self) -> Result<(), Error> {
+        let mut conn = self.writer.take().await?;
+        let busy = fold_log(&mut conn).await?;
+        drop(conn);
+        self.writer.close().await;
+        self.reader.close().await;
+        if busy {
+            return Err(Error::Store(
+                StoreError::new(
+                    "the write-ahead log was not folded whole: another connection was reading",
+                    None,
+                )
+                .busy(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)`: copies every logged page into the
+/// file and empties the log. Returns whether a reader blocked it. (A PRAGMA
+/// is a runtime query: the offline query macros cannot describe it.)
+pub(crate) async fn fold_log(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    let (busy, _log, _checkpointed): (i64, i64, i64) =
+        sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("checkpoint the log"))?;
+    Ok(busy != 0)
+}

@@ -1,0 +1,272 @@
+//! The embedded SQLite store: the only module that talks to sqlx.
+//!
+//! One writer connection takes every write transaction with
+//! `BEGIN IMMEDIATE` (so concurrent writers queue on the busy timeout instead
+//! of failing a read-to-write upgrade); reads go to a separate reader pool.
+//! Every write of the `Store` contract reaches that connection through the
+//! group writer (`writer.rs`), which commits the steps of concurrent
+//! sessions together; only the maintenance operations (`prune`) take it
+//! directly (`write_connection.rs`).
+
+mod admission;
+mod close;
+mod codec;
+mod commit;
+mod open;
+mod ops;
+mod reads;
+mod summaries;
+mod turns;
+mod write_connection;
+mod writer;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::SqlitePool;
+
+use turnstile_core::checkpoint::LoopCheckpoint;
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use turnstile_core::message::{Message, Usage};
+use turnstile_core::store::{
+    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
+    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    ToolResult, TranscriptEntry,
+};
+use turnstile_core::Error;
+
+/// How hard a commit insists on reaching the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: a committed step survives power loss. The default,
+    /// because a lost admission after power loss would let a retry repeat
+    /// external effects.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: survives a process crash; the last commits may be
+    /// lost on power loss. An explicit opt-in.
+    Normal,
+}
+
+/// Options for [`SqliteStore::open_with`].
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    pub durability: Durability,
+    /// How long a write waits for another process's write lock.
+    pub busy_timeout: Duration,
+    /// Size of the reader pool.
+    pub readers: u32,
+    /// A size quota for the database file, in bytes; `None` (the default)
+    /// sets none. A write that would grow the database past it fails with
+    /// [`Error::Store`], whose [`StoreError::is_full`](turnstile_core::StoreError::is_full)
+    /// is true, exactly as on a full disk, and loses nothing: the failed
+    /// step writes no row, an active request keeps its admission, and it can
+    /// be recovered once there is room again (space freed inside the file,
+    /// by `prune` for example, is reused first; or reopen with a larger
+    /// quota).
+    ///
+    /// SQLite counts the quota in whole pages (`PRAGMA max_page_count`): it
+    /// is rounded down to the database's page size (4 KiB unless the file
+    /// was created otherwise). It never shrinks an existing database: a file
+    /// already past the quota opens and reads as before, and only writes
+    /// that need a new page fail. The write-ahead log is not counted. A new
+    /// database needs about 100 KiB for its schema; a smaller quota makes
+    /// opening it fail with the same error.
+    pub max_database_bytes: Option<u64>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(30),
+            readers: 4,
+            max_database_bytes: None,
+        }
+    }
+}
+
+/// The SQLite implementation of [`Store`].
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    writer: write_connection::WriteConnection,
+    /// Commits runs' steps, batching concurrent sessions' steps.
+    group: writer::GroupWriter,
+    reader: SqlitePool,
+    /// The database file (`None` in memory): `prune` reports its size.
+    path: Option<PathBuf>,
+    /// Keeps a named in-memory database alive while any clone of the store
+    /// lives, whatever the pools do with their connections.
+    _memory_keeper: Option<std::sync::Arc<open::MemoryKeeper>>,
+}
+
+impl SqliteStore {
+    /// The database file, if the store has one (not in memory).
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ensure_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        self.ensure_conversation_impl(namespace, id).await
+    }
+
+    async fn conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        self.conversation_impl(namespace, id).await
+    }
+
+    async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
+        self.admission_impl(conversation_id).await
+    }
+
+    async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+        self.claim_impl(claim).await
+    }
+
+    async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
+        self.claim_recovery_impl(claim).await
+    }
+
+    async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
+        self.request_impl(request_id).await
+    }
+
+    async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
+        self.run_impl(run_id).await
+    }
+
+    async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
+        self.begin_turn_impl(fence, checkpoint).await
+    }
+
+    async fn record_model_response(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        assistant: &Message,
+    ) -> Result<(), Error> {
+        self.record_model_response_impl(fence, checkpoint, assistant)
+            .await
+    }
+
+    async fn record_tool_result(
+        &self,
+        fence: &Fence,
+        turn: u32,
+        call_id: &str,
+        result: &ToolResult,
+    ) -> Result<(), Error> {
+        self.record_tool_result_impl(fence, turn, call_id, result)
+            .await
+    }
+
+    async fn finish_turn(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        messages: &[Message],
+        next: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
+        self.finish_turn_impl(fence, checkpoint, messages, next)
+            .await
+    }
+
+    async fn commit(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        final_message: &Message,
+    ) -> Result<StoredOutcome, Error> {
+        self.commit_impl(fence, checkpoint, final_message).await
+    }
+
+    async fn fail_run(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
+        self.fail_run_impl(fence, error, settled).await
+    }
+
+    async fn abandon(
+        &self,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        expected_revision: Revision,
+    ) -> Result<Revision, Error> {
+        self.abandon_impl(conversation_id, request_id, expected_revision)
+            .await
+    }
+
+    async fn transcript_window(
+        &self,
+        conversation_id: ConversationId,
+        limit: u32,
+    ) -> Result<Vec<TranscriptEntry>, Error> {
+        self.transcript_window_impl(conversation_id, limit).await
+    }
+
+    async fn transcript_range(
+        &self,
+        conversation_id: ConversationId,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TranscriptEntry>, Error> {
+        self.transcript_range_impl(conversation_id, from, to).await
+    }
+
+    async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error> {
+        self.latest_checkpoint_impl(run_id).await
+    }
+
+    async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
+        self.checkpoints_impl(run_id).await
+    }
+
+    async fn request_messages(
+        &self,
+        request_id: RequestId,
+        count: u64,
+    ) -> Result<Vec<Message>, Error> {
+        self.request_messages_impl(request_id, count).await
+    }
+
+    async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error> {
+        self.journal_impl(request_id, turn).await
+    }
+
+    async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
+        self.recovery_usage_impl(request_id).await
+    }
+
+    async fn latest_summary(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<StoredSummary>, Error> {
+        self.latest_summary_impl(conversation_id).await
+    }
+
+    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
+        self.record_summary_pass_impl(fence, pass).await
+    }
+
+    async fn commit_summary(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error> {
+        self.commit_summary_impl(fence, summary).await
+    }
+}

@@ -1,0 +1,304 @@
+//! Opening a database: file creation, pragmas, the schema check and the
+//! embedded migrations.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use tracing::instrument;
+
+use super::codec::{self, db};
+use super::write_connection::WriteConnection;
+use super::writer::GroupWriter;
+use super::{Durability, SqliteOptions, SqliteStore};
+use turnstile_core::Error;
+use turnstile_core::StoreError;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// An idle connection that pins a shared-cache in-memory database.
+#[derive(Debug)]
+pub(super) struct MemoryKeeper {
+    _connection: tokio::sync::Mutex<SqliteConnection>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) a database file with the default options:
+    /// WAL, `synchronous=FULL`, a 30 s busy timeout, foreign keys on.
+    ///
+    /// # Errors
+    /// [`Error::SchemaTooNew`] for a database written by a newer turnstile
+    /// (left untouched); [`Error::Store`] when the file cannot be opened or is
+    /// not a SQLite database.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::open_with(path, SqliteOptions::default()).await
+    }
+
+    /// Opens (creating if needed) a database file. A new file is created
+    /// readable and writable by its owner only.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open`].
+    #[instrument(skip_all, fields(path = %path.as_ref().display()), err)]
+    pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, Error> {
+        let path = path.as_ref();
+        create_owner_only(path)?;
+        // Openers racing on a new file can meet a lock that SQLite reports
+        // without waiting for the busy timeout (the switch to WAL), or a
+        // migration another opener just applied (SQLite's migrator takes no
+        // lock): the loser checks the schema again and retries, briefly.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::open_once(path, &options).await {
+                Err(Error::Store(e)) if e.is_busy() && attempt < OPEN_ATTEMPTS => {
+                    tracing::debug!(attempt, error = %e, "opening raced another opener; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(10 * attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn open_once(path: &Path, options: &SqliteOptions) -> Result<Self, Error> {
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match options.durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(options.busy_timeout)
+            .foreign_keys(true);
+        // The schema check runs before anything could write to the file. The
+        // probe sets no journal mode: switching a rollback-journal database
+        // to WAL rewrites its header, and a refused database stays untouched.
+        let mut probe = SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(options.busy_timeout)
+            .connect()
+            .await
+            .map_err(db("open database"))?;
+        check_schema(&mut probe).await?;
+        let empty = is_empty(&mut probe).await?;
+        let connect = match options.max_database_bytes {
+            Some(bytes) => {
+                let pages = max_page_count(&mut probe, bytes).await?;
+                connect.pragma("max_page_count", pages.to_string())
+            }
+            None => connect,
+        };
+        probe.close().await.map_err(db("close probe"))?;
+
+        // A write waits for the connection as long as SQLite would wait for
+        // another process's lock, and then some: the step ahead of it may
+        // itself be waiting out the busy timeout.
+        let wait = options.busy_timeout.saturating_mul(2) + Duration::from_secs(5);
+        migrate(&connect, empty).await?;
+        let writer = WriteConnection::open(connect.clone(), wait).await?;
+        let reader = local_pool()
+            .max_connections(options.readers.max(1))
+            .connect_with(connect)
+            .await
+            .map_err(db("open readers"))?;
+        Ok(Self {
+            group: GroupWriter::spawn(writer.clone()),
+            writer,
+            reader,
+            path: Some(path.to_owned()),
+            _memory_keeper: None,
+        })
+    }
+
+    /// A private in-memory database for tests and harnesses. It lives exactly
+    /// as long as the store (and its clones): a pinned connection keeps it, so
+    /// it never vanishes mid-test.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if SQLite cannot create it.
+    pub async fn in_memory() -> Result<Self, Error> {
+        // A uniquely named shared-cache database: the keeper and the pool see
+        // the same data, and no two stores ever share one.
+        let uri = format!(
+            "sqlite:file:turnstile-{}?mode=memory&cache=shared",
+            uuid::Uuid::new_v4()
+        );
+        let connect = SqliteConnectOptions::from_str(&uri)
+            .map_err(db("in-memory uri"))?
+            .journal_mode(SqliteJournalMode::Memory)
+            .foreign_keys(true);
+        let keeper = connect
+            .connect()
+            .await
+            .map_err(db("open in-memory keeper"))?;
+        // One connection serves reads and writes: shared-cache databases lock
+        // whole tables, so a separate reader would only wait on the writer.
+        let pool = pinned_pool(1)
+            .connect_with(connect)
+            .await
+            .map_err(db("open in-memory pool"))?;
+        MIGRATOR.run(&pool).await.map_err(migrate_error)?;
+        let writer = WriteConnection::Pooled(pool.clone());
+        Ok(Self {
+            group: GroupWriter::spawn(writer.clone()),
+            writer,
+            reader: pool,
+            path: None,
+            _memory_keeper: Some(Arc::new(MemoryKeeper {
+                _connection: tokio::sync::Mutex::new(keeper),
+            })),
+        })
+    }
+
+    /// The newest schema version this build knows.
+    pub fn supported_schema_version() -> i64 {
+        MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+}
+
+/// A pool whose connections are never closed for being idle or old.
+fn pinned_pool(size: u32) -> SqlitePoolOptions {
+    local_pool()
+        .max_connections(size)
+        .min_connections(size)
+        .idle_timeout(None)
+        .max_lifetime(None)
+}
+
+/// A pool of local connections. No ping before a connection is handed
+/// out: it is a round trip to the connection's worker thread that can only
+/// fail if the process itself is failing, and it was half the cost of a
+/// small durable step.
+///
+/// A connection that comes back still inside a transaction is closed (the
+/// pool opens a fresh one). SQLite rolls a whole transaction back by itself
+/// on some errors (`SQLITE_FULL` in a single-row write, I/O errors); the
+/// `ROLLBACK` sent for the dropped transaction then fails, sqlx keeps
+/// counting the transaction as open, and every later `BEGIN` on that
+/// connection would be refused: one full disk would end the store's writes
+/// for good.
+fn local_pool() -> SqlitePoolOptions {
+    SqlitePoolOptions::new()
+        .test_before_acquire(false)
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                // Only after an error: a dropped transaction's rollback is
+                // queued on the connection's worker; wait for it.
+                if conn.is_in_transaction() {
+                    conn.ping().await?;
+                }
+                Ok(!conn.is_in_transaction())
+            })
+        })
+}
+
+/// Applies the embedded migrations on a connection of their own, closed
+/// before the store opens its writer and readers. `Migrator::run` wants a
+/// pool or a connection it can acquire for any lifetime, which a future
+/// that must be `Send` cannot give; sqlx's `run_direct` takes the
+/// connection itself (hidden from its docs, and there for this reason). A
+/// short-lived pool instead left a stray connection open now and then: one
+/// that keeps a minimum size may reopen one around its close.
+///
+/// An empty database (a new file) gets incremental auto-vacuum, which lets
+/// `prune` give freed pages back to the file system. The setting only takes
+/// effect before the first table, and on an existing file the pragma still
+/// rewrites the header page: asked on every connection, it was a commit for
+/// nothing each time one opened.
+async fn migrate(connect: &SqliteConnectOptions, empty: bool) -> Result<(), Error> {
+    let connect = match empty {
+        true => connect.clone().auto_vacuum(SqliteAutoVacuum::Incremental),
+        false => connect.clone(),
+    };
+    let mut conn = connect
+        .connect()
+        .await
+        .map_err(db("open migration connection"))?;
+    let migrated = MIGRATOR.run_direct(&mut conn).await.map_err(migrate_error);
+    conn.close()
+        .await
+        .map_err(db("close migration connection"))?;
+    migrated
+}
+
+/// Whether the database has no pages yet (a new or empty file).
+async fn is_empty(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    // A PRAGMA: a runtime query (the offline query macros cannot describe it).
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read page count"))?;
+    Ok(pages == 0)
+}
+
+/// Refuses a database whose applied migrations are newer than ours.
+async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
+    let has_table = sqlx::query_scalar!(
+        r#"SELECT COUNT(*) AS "n!: i64" FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'"#
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db("read schema"))?;
+    if has_table == 0 {
+        return Ok(());
+    }
+    let found = sqlx::query_scalar!(r#"SELECT MAX(version) AS "v: i64" FROM _sqlx_migrations"#)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read schema version"))?
+        .unwrap_or(0);
+    let supported = SqliteStore::supported_schema_version();
+    if found > supported {
+        return Err(Error::SchemaTooNew { found, supported });
+    }
+    Ok(())
+}
+
+/// The size quota in whole pages of the database (the page size a new
+/// database will get, for a new file); at least one page, as 0 would mean no
+/// quota to SQLite.
+async fn max_page_count(conn: &mut SqliteConnection, bytes: u64) -> Result<u64, Error> {
+    // A PRAGMA: a runtime query (the offline query macros cannot describe it).
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read page size"))?;
+    let page_size = u64::try_from(page_size).unwrap_or(0).max(512);
+    // SQLite's largest page count.
+    Ok((bytes / page_size).clamp(1, 0xffff_fffe))
+}
+
+/// How often an opener retries after racing another opener.
+const OPEN_ATTEMPTS: u64 = 10;
+
+/// A failed migration on a database whose schema check passed is taken as
+/// a race with another opener, and retried by [`SqliteStore::open_with`];
+/// except on a full database (or a quota below the schema's size), which no
+/// retry mends.
+fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
+    let error = codec::classified(format!("migrate: {e}"), Box::new(e));
+    Error::Store(if error.is_full() { error } else { error.busy() })
+}
+
+/// Creates a missing database file with mode 0600 before SQLite opens it;
+/// SQLite gives its -wal and -shm files the same mode.
+fn create_owner_only(path: &Path) -> Result<(), Error> {
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    match open.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::Store(StoreError::new(
+            format!("create database file {}: {e}", path.display()),
+            Some(Box::new(e)),
+        ))),
+    }
+}

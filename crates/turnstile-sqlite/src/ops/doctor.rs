@@ -1,0 +1,205 @@
+//! `doctor`: a health report of a database file. It opens one read-only
+//! connection (no migrations, no journal-mode change), writes nothing, and
+//! reports a check that cannot run instead of failing: a damaged file gets a
+//! report too.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
+
+use super::cutoff;
+use super::prune::file_sizes;
+use crate::codec::db;
+use crate::SqliteStore;
+use turnstile_core::admin::DoctorReport;
+use turnstile_core::Error;
+
+impl SqliteStore {
+    /// Checks a database file without changing it: integrity, schema
+    /// version, page and file sizes, held and stuck admissions (a `running`
+    /// owner counts as stuck after `stale_after` without a change).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if there is no file at `path`. A damaged or
+    /// unreadable file is not an error: the report says what failed.
+    pub async fn doctor(
+        path: impl AsRef<Path>,
+        stale_after: Duration,
+    ) -> Result<DoctorReport, Error> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(Error::NotFound {
+                what: "database",
+                id: path.display().to_string(),
+            });
+        }
+        let mut report = empty_report(path.display().to_string(), file_sizes(path));
+        // Read-only: no migration, no journal-mode change, and no checkpoint
+        // of the log when the connection closes.
+        let connected = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(5))
+            .connect()
+            .await;
+        let mut conn = match connected {
+            Ok(conn) => conn,
+            Err(e) => {
+                report.integrity = vec![format!("cannot open the database: {e}")];
+                return Ok(report);
+            }
+        };
+        examine(&mut conn, &mut report, stale_after).await;
+        let _ = conn.close().await;
+        Ok(report)
+    }
+}
+
+/// `doctor` on an open store: the same checks on one of its readers.
+pub(super) async fn of_store(
+    store: &SqliteStore,
+    stale_after: Duration,
+) -> Result<DoctorReport, Error> {
+    if let Some(path) = store.path() {
+        return SqliteStore::doctor(path, stale_after).await;
+    }
+    let mut report = empty_report("(in memory)".into(), (0, 0));
+    let mut conn = store.reader.acquire().await.map_err(db("acquire reader"))?;
+    examine(&mut conn, &mut report, stale_after).await;
+    Ok(report)
+}
+
+fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> DoctorReport {
+    DoctorReport {
+        path: location,
+        integrity_ok: false,
+        integrity: Vec::new(),
+        schema_version: None,
+        supported_schema_version: SqliteStore::supported_schema_version(),
+        details: Default::default(),
+        database_bytes,
+        wal_bytes,
+        held_admissions: None,
+        stuck_admissions: None,
+        errors: Vec::new(),
+    }
+}
+
+/// The page figures of `doctor` and of [`StorageReport`](turnstile_core::admin::StorageReport).
+pub(super) const PAGE_PRAGMAS: [(&str, &str); 3] = [
+    ("page_size", "PRAGMA page_size"),
+    ("page_count", "PRAGMA page_count"),
+    ("freelist_count", "PRAGMA freelist_count"),
+];
+
+async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_after: Duration) {
+    // PRAGMAs are runtime queries: the offline query macros cannot describe
+    // them.
+    match sqlx::query_scalar::<_, String>("PRAGMA integrity_check")
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(lines) => {
+            report.integrity_ok = lines.len() == 1 && lines[0] == "ok";
+            report.integrity = lines;
+        }
+        Err(e) => report.integrity = vec![format!("the integrity check could not run: {e}")],
+    }
+    for (name, pragma) in PAGE_PRAGMAS {
+        let value = pragma_number(conn, pragma, &mut report.errors).await;
+        report.details.insert(name.to_owned(), value.into());
+    }
+    let auto_vacuum = pragma_number(conn, "PRAGMA auto_vacuum", &mut report.errors)
+        .await
+        .map(|mode| match mode {
+            0 => "none".to_owned(),
+            1 => "full".to_owned(),
+            2 => "incremental".to_owned(),
+            other => other.to_string(),
+        });
+    report
+        .details
+        .insert("auto_vacuum".into(), auto_vacuum.into());
+    let journal_mode = match sqlx::query_scalar::<_, String>("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(mode) => Some(mode),
+        Err(e) => {
+            report.errors.push(format!("journal mode: {e}"));
+            None
+        }
+    };
+    report
+        .details
+        .insert("journal_mode".into(), journal_mode.into());
+
+    match schema_version(conn).await {
+        Ok(Some(version)) => report.schema_version = Some(version),
+        Ok(None) => {
+            report
+                .errors
+                .push("no turnstile schema: the file was never opened by turnstile".into());
+            return;
+        }
+        Err(e) => {
+            report.errors.push(format!("schema version: {e}"));
+            return;
+        }
+    }
+    let cutoff = cutoff(stale_after);
+    // The rule of `ops::is_stuck`, counted.
+    let counts = sqlx::query!(
+        r#"SELECT COUNT(*) AS "held!: i64",
+                  COALESCE(SUM(ru.status IS NULL OR ru.status <> 'running' OR a.updated_at < ?1), 0)
+                      AS "stuck!: i64"
+           FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
+           WHERE a.active_request_id IS NOT NULL"#,
+        cutoff
+    )
+    .fetch_one(&mut *conn)
+    .await;
+    match counts {
+        Ok(row) => {
+            report.held_admissions = u64::try_from(row.held).ok();
+            report.stuck_admissions = u64::try_from(row.stuck).ok();
+        }
+        Err(e) => report.errors.push(format!("admissions: {e}")),
+    }
+}
+
+pub(super) async fn pragma_number(
+    conn: &mut SqliteConnection,
+    pragma: &'static str,
+    errors: &mut Vec<String>,
+) -> Option<u64> {
+    match sqlx::query_scalar::<_, i64>(pragma)
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(value) => u64::try_from(value).ok(),
+        Err(e) => {
+            errors.push(format!("{}: {e}", pragma.trim_start_matches("PRAGMA ")));
+            None
+        }
+    }
+}
+
+/// The newest applied migration; `None` when the migrations table is
+/// missing.
+async fn schema_version(conn: &mut SqliteConnection) -> Result<Option<i64>, sqlx::Error> {
+    let has_table = sqlx::query_scalar!(
+        r#"SELECT COUNT(*) AS "n!: i64" FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'"#
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if has_table == 0 {
+        return Ok(None);
+    }
+    let version = sqlx::query_scalar!(r#"SELECT MAX(version) AS "v: i64" FROM _sqlx_migrations"#)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Some(version.unwrap_or(0)))
+}

@@ -1,0 +1,145 @@
+//! The one connection every write runs on.
+//!
+//! A file database's writer is a connection of its own behind a lock, not a
+//! pool: sqlx's pool pings a connection each time it comes back, a round
+//! trip to the connection's worker thread per write transaction, which was
+//! a third of the cost of a bare commit here. An in-memory database keeps
+//! its single pooled connection, because its reads share it (shared-cache
+//! databases lock whole tables, so a second connection would only fail on
+//! the writer's locks).
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use super::codec::db;
+use turnstile_core::Error;
+use turnstile_core::StoreError;
+
+#[derive(Clone, Debug)]
+pub(super) enum WriteConnection {
+    Owned(Arc<Owned>),
+    Pooled(SqlitePool),
+}
+
+#[derive(Debug)]
+pub(super) struct Owned {
+    conn: Arc<Mutex<SqliteConnection>>,
+    /// To open a replacement for a connection left inside a transaction.
+    connect: SqliteConnectOptions,
+    /// How long a write waits for the connection before it is told busy.
+    wait: Duration,
+}
+
+/// The write connection, held: nobody else writes until it is dropped.
+pub(super) enum Held {
+    Owned(OwnedMutexGuard<SqliteConnection>),
+    Pooled(PoolConnection<Sqlite>),
+}
+
+impl WriteConnection {
+    /// Opens the writer connection of a file database.
+    pub(super) async fn open(connect: SqliteConnectOptions, wait: Duration) -> Result<Self, Error> {
+        let conn = connect.connect().await.map_err(db("open writer"))?;
+        Ok(Self::Owned(Arc::new(Owned {
+            conn: Arc::new(Mutex::new(conn)),
+            connect,
+            wait,
+        })))
+    }
+
+    /// Closes a pooled writer (an in-memory database's); a dedicated one
+    /// closes when its last handle is dropped.
+    pub(super) async fn close(&self) {
+        if let Self::Pooled(pool) = self {
+            pool.close().await;
+        }
+    }
+
+    /// The connection if nobody holds it.
+    pub(super) fn try_take(&self) -> Option<Held> {
+        match self {
+            Self::Owned(owned) => owned.conn.clone().try_lock_owned().ok().map(Held::Owned),
+            Self::Pooled(pool) => pool.try_acquire().map(Held::Pooled),
+        }
+    }
+
+    /// The connection, once the writes ahead have let it go, fit for a new
+    /// transaction.
+    pub(super) async fn take(&self) -> Result<Held, Error> {
+        match self {
+            Self::Owned(owned) => {
+                let guard = tokio::time::timeout(owned.wait, owned.conn.clone().lock_owned())
+                    .await
+                    .map_err(|_| {
+                        Error::Store(
+                            StoreError::new("the writer connection stayed busy too long", None)
+                                .busy(),
+                        )
+                    })?;
+                let mut held = Held::Owned(guard);
+                self.repair(&mut held).await?;
+                Ok(held)
+            }
+            Self::Pooled(pool) => Ok(Held::Pooled(
+                pool.acquire().await.map_err(db("acquire writer"))?,
+            )),
+        }
+    }
+
+    /// Makes a held connection fit for a new transaction. SQLite rolls a
+    /// whole transaction back by itself on some errors (`SQLITE_FULL` in a
+    /// single-row write, I/O errors); the `ROLLBACK` sqlx then sends fails,
+    /// sqlx keeps counting the transaction as open and would refuse every
+    /// later `BEGIN`: one full disk would end the store's writes for good.
+    /// Such a connection is replaced. (A pooled one is checked by the
+    /// pool when it comes back, in `open.rs`.)
+    pub(super) async fn repair(&self, held: &mut Held) -> Result<(), Error> {
+        let (Self::Owned(owned), Held::Owned(conn)) = (self, held) else {
+            return Ok(());
+        };
+        if !conn.is_in_transaction() {
+            return Ok(());
+        }
+        // A dropped transaction's rollback is queued on the worker; wait
+        // for it.
+        if conn.ping().await.is_ok() && !conn.is_in_transaction() {
+            return Ok(());
+        }
+        tracing::warn!("replacing the writer connection, left inside a transaction");
+        let fresh = tokio::time::timeout(owned.wait, owned.connect.connect())
+            .await
+            .map_err(|_| {
+                Error::Store(StoreError::new("reopening the writer took too long", None).busy())
+            })?
+            .map_err(db("reopen writer"))?;
+        let stale = std::mem::replace(&mut **conn, fresh);
+        drop(stale);
+        Ok(())
+    }
+}
+
+impl Deref for Held {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        match self {
+            Self::Owned(conn) => conn,
+            Self::Pooled(conn) => conn,
+        }
+    }
+}
+
+impl DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match self {
+            Self::Owned(conn) => conn,
+            Self::Pooled(conn) => conn,
+        }
+    }
+}

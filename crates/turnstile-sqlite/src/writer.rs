@@ -1,0 +1,291 @@
+//! Group commit. Every durable step of a run goes to one writer task, which
+//! commits the steps that are waiting together in one transaction: under
+//! concurrency many sessions share one commit (one fsync) instead of taking
+//! turns for the write lock. Each step still runs its own fence, inside its
+//! own savepoint, so a fenced or failing step is rolled back alone. Every
+//! caller, the failed ones included, is answered only once the transaction
+//! has ended: an error computed from a batch that then failed to commit
+//! would describe something that never happened.
+//!
+//! A step that finds the writer idle and nobody queued runs at once in a
+//! plain transaction (no savepoint, no writer task), on a task of its own:
+//! a caller that pauses or drops its future never holds the write lock.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures_core::future::BoxFuture;
+use sqlx::{Connection, SqliteConnection};
+use tokio::sync::{mpsc, oneshot};
+
+use super::codec::db;
+use super::write_connection::{Held, WriteConnection};
+use turnstile_core::Error;
+
+/// The most steps one transaction takes, so one batch cannot hold the write
+/// lock (and the callers behind it) for long.
+const MAX_BATCH: usize = 256;
+
+/// Answers a caller once its step's transaction has ended: `None` if it
+/// committed (the caller gets its step's own result), or the error that
+/// ended it (the step's writes, if any, are undone).
+type Reply = Box<dyn FnOnce(Option<Error>) + Send>;
+
+/// How a step ended inside its transaction.
+struct Ran {
+    reply: Reply,
+    /// A copy of the step's error when it failed: its writes are rolled
+    /// back, and if SQLite ended the whole transaction on it (a full disk),
+    /// it is what every other caller of the transaction is told.
+    failed: Option<Error>,
+}
+
+/// What a job is given: the connection to run on, or the error that kept
+/// it from running.
+enum Attempt<'c> {
+    Run(&'c mut SqliteConnection),
+    Fail(Error),
+}
+
+/// A step with its result type erased.
+type Job = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Ran> + Send>;
+
+/// The handle through which the store's writes reach the writer task. The
+/// task ends when the last handle is dropped.
+#[derive(Clone, Debug)]
+pub(super) struct GroupWriter {
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Steps sent to the writer task and not yet taken by it.
+    queued: Arc<AtomicUsize>,
+    writer: WriteConnection,
+}
+
+impl GroupWriter {
+    /// Starts the writer task on the current Tokio runtime; it takes the
+    /// write connection for each batch, so writes that bypass it (prune)
+    /// still exclude it.
+    pub(super) fn spawn(writer: WriteConnection) -> Self {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(writer.clone(), queue, queued.clone()));
+        Self {
+            jobs,
+            queued,
+            writer,
+        }
+    }
+
+    /// Runs `step` in the next group transaction and returns its result once
+    /// that transaction has ended. The step runs inside a transaction it
+    /// must not end itself.
+    pub(super) async fn write<T, F>(&self, step: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, Error>>
+            + Send
+            + 'static,
+    {
+        let (answer, answered) = oneshot::channel::<Result<T, Error>>();
+        let job: Job = Box::new(move |attempt| {
+            Box::pin(async move {
+                let ran = match attempt {
+                    Attempt::Run(conn) => step(conn).await,
+                    Attempt::Fail(e) => Err(e),
+                };
+                match ran {
+                    Ok(value) => Ran {
+                        reply: Box::new(move |ended: Option<Error>| {
+                            let _ = answer.send(ended.map_or(Ok(value), Err));
+                        }),
+                        failed: None,
+                    },
+                    Err(e) => Ran {
+                        failed: Some(copy_of(&e)),
+                        reply: Box::new(move |ended: Option<Error>| {
+                            let _ = answer.send(Err(ended.unwrap_or(e)));
+                        }),
+                    },
+                }
+            })
+        });
+        // Nobody to group with: a batch of one, at once, on a task of its
+        // own; otherwise the writer task's next batch.
+        let idle = match self.queued.load(Ordering::Acquire) {
+            0 => self.writer.try_take(),
+            _ => None,
+        };
+        if let Some(conn) = idle {
+            tokio::spawn(commit_batch(
+                self.writer.clone(),
+                conn,
+                VecDeque::from([job]),
+            ));
+        } else {
+            self.queued.fetch_add(1, Ordering::AcqRel);
+            if self.jobs.send(job).is_err() {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(writer_gone());
+            }
+        }
+        answered.await.map_err(|_| writer_gone())?
+    }
+}
+
+async fn run(
+    writer: WriteConnection,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    queued: Arc<AtomicUsize>,
+) {
+    while let Some(first) = queue.recv().await {
+        let mut batch = VecDeque::from([first]);
+        // The connection first, then the batch: steps that queued while
+        // the connection was busy join this transaction.
+        let conn = writer.take().await;
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push_back(job),
+                Err(_) => break,
+            }
+        }
+        queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        match conn {
+            Ok(conn) => commit_batch(writer.clone(), conn, batch).await,
+            Err(e) => fail_all(batch, &e).await,
+        }
+    }
+}
+
+/// Commits a batch; a transaction that breaks mid-batch is answered with
+/// its error and the steps it had not reached go on in a new one, on a
+/// connection repaired or replaced if the break left it in a bad state.
+async fn commit_batch(writer: WriteConnection, mut conn: Held, mut batch: VecDeque<Job>) {
+    if let Err(e) = writer.repair(&mut conn).await {
+        return fail_all(batch, &e).await;
+    }
+    loop {
+        let broken = one_transaction(&mut conn, &mut batch).await;
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = broken {
+            tracing::warn!(error = %e, "group transaction failed");
+        }
+        drop(conn);
+        conn = match writer.take().await {
+            Ok(conn) => conn,
+            Err(e) => return fail_all(batch, &e).await,
+        };
+    }
+}
+
+/// Runs steps from the front of `batch` in one transaction and answers
+/// them. Returns early, with the steps not yet run left in `batch`, if the
+/// transaction itself breaks.
+async fn one_transaction(
+    conn: &mut SqliteConnection,
+    batch: &mut VecDeque<Job>,
+) -> Result<(), Error> {
+    let mut tx = match conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(db("begin write transaction"))
+    {
+        Ok(tx) => tx,
+        Err(e) => {
+            fail_all(std::mem::take(batch), &e).await;
+            return Err(e);
+        }
+    };
+    // Alone, a step needs no savepoint: its failure rolls back everything.
+    let isolated = batch.len() > 1;
+    let mut ended: Vec<Reply> = Vec::with_capacity(batch.len());
+    let mut failed = 0;
+    while let Some(job) = batch.pop_front() {
+        // One statement per step: savepoints of one name stack up, `ROLLBACK
+        // TO` undoes only the latest (this step's), and the commit releases
+        // them all; a RELEASE per step would be a round trip for nothing.
+        if isolated {
+            if let Err(e) = sqlx::query("SAVEPOINT step")
+                .execute(&mut *tx)
+                .await
+                .map_err(db("savepoint"))
+            {
+                batch.push_front(job);
+                answer_all(ended, Some(&e));
+                return Err(e);
+            }
+        }
+        let ran = job(Attempt::Run(&mut tx)).await;
+        let Some(cause) = ran.failed else {
+            ended.push(ran.reply);
+            continue;
+        };
+        failed += 1;
+        let undone = match isolated {
+            true => sqlx::query("ROLLBACK TO step")
+                .execute(&mut *tx)
+                .await
+                .map(drop)
+                .map_err(db("roll back to savepoint")),
+            // Alone: the transaction is the step's, and ends with it.
+            false => {
+                drop(tx);
+                (ran.reply)(None);
+                return Ok(());
+            }
+        };
+        if undone.is_err() {
+            // SQLite ended the whole transaction on this step's error (a
+            // full disk, say): the steps before it are undone too, and
+            // their callers learn why.
+            (ran.reply)(None);
+            answer_all(ended, Some(&cause));
+            return Err(cause);
+        }
+        ended.push(ran.reply);
+    }
+    match tx.commit().await.map_err(db("commit")) {
+        Ok(()) => {
+            tracing::trace!(steps = ended.len(), failed, "group transaction committed");
+            answer_all(ended, None);
+            Ok(())
+        }
+        Err(e) => {
+            answer_all(ended, Some(&e));
+            Err(e)
+        }
+    }
+}
+
+/// Answers the callers of a transaction that ended: committed (`None`), or
+/// with (a copy of) the error that ended it.
+fn answer_all(ended: Vec<Reply>, error: Option<&Error>) {
+    for reply in ended {
+        reply(error.map(copy_of));
+    }
+}
+
+/// Answers steps that never ran.
+async fn fail_all(batch: VecDeque<Job>, error: &Error) {
+    for job in batch {
+        let ran = job(Attempt::Fail(copy_of(error))).await;
+        (ran.reply)(None);
+    }
+}
+
+/// One error, answered to several callers (`Error` does not clone: its
+/// source is a boxed error).
+fn copy_of(error: &Error) -> Error {
+    match error {
+        Error::Store(e) => Error::Store(e.replicate()),
+        other => Error::Store(turnstile_core::StoreError::new(other.to_string(), None)),
+    }
+}
+
+fn writer_gone() -> Error {
+    Error::Store(turnstile_core::StoreError::new(
+        "the store's writer stopped before answering",
+        None,
+    ))
+}
