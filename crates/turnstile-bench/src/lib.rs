@@ -390,8 +390,8 @@ pub struct Lookup {
     output: String,
 }
 
-impl Lookup {
-    pub fn new() -> Self {
+impl Default for Lookup {
+    fn default() -> Self {
         Self {
             output: text("tool", MESSAGE_BYTES),
         }
@@ -438,7 +438,7 @@ pub fn agent(turns: usize) -> Agent {
         })
         .collect();
     script.push(ScriptedReply::text(text("answer", MESSAGE_BYTES)).with_usage(usage));
-    Agent::new(Arc::new(ScriptedModel::new(script))).with_tool(Arc::new(Lookup::new()))
+    Agent::new(Arc::new(ScriptedModel::new(script))).with_tool(Arc::new(Lookup::default()))
 }
 
 /// A session on a new conversation.

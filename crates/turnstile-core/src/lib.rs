@@ -11,7 +11,7 @@
 //!
 //! Applications depend on the `turnstile` facade, which adds a backend
 //! (`SqliteStore` by default) and its quick start. A backend depends on this
-//! crate alone: it implements [`Store`] (and [`StoreAdmin`](admin::StoreAdmin)
+//! crate alone: it implements [`Store`] (and [`StoreAdmin`]
 //! for the operations), builds [`StoreError`]s with its own classification
 //! of busy and full, and proves itself with the `turnstile-conformance` suite.
 //!

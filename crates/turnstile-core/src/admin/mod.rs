@@ -1,9 +1,8 @@
-//! Operations on a SQLite database, for people and scripts: listings
-//! (`ls`, `show`), retention (`prune`) and health checks (`doctor`).
-//!
-//! These are SQLite operations, not part of the backend-neutral
-//! [`Store`](turnstile_core::store::Store) contract: inherent methods of
-//! [`SqliteStore`](super::SqliteStore), returning the small records below.
+//! The operations contract, [`StoreAdmin`]: what people and scripts need to
+//! look at and look after a store on any backend. Listings (`ls`, `show`),
+//! retention (`prune`), health (`doctor`) and storage figures, as the small
+//! records below. The `turnstile-conformance` suite holds every backend to
+//! it.
 //!
 //! # Stuck admissions
 //! The database cannot know whether the process running a run is alive. An

@@ -163,7 +163,7 @@ impl AgentSession {
     /// batch by batch (see [`ContextPolicy`]), and the model's context becomes
     /// the system prompt, the latest summary, the later entries and the
     /// request. The summary model gets the summary agent's system prompt (or
-    /// [`DEFAULT_SUMMARY_PROMPT`](crate::session::DEFAULT_SUMMARY_PROMPT)),
+    /// [`DEFAULT_SUMMARY_PROMPT`]),
     /// the previous summary and the batch as text; its tools are not offered.
     ///
     /// Each pass is durable: recorded in the admission, then the summary
