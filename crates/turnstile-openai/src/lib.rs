@@ -13,7 +13,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures_core::Stream;
+use futures_util::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use serde::Deserialize;
@@ -420,8 +420,7 @@ impl OpenAiModel {
         let mut assembly = StreamAssembly::default();
         let mut events = Vec::new();
         loop {
-            let next = std::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await;
-            let ended = match next {
+            let ended = match body.next().await {
                 Some(Ok(bytes)) => {
                     parser.push(&bytes, &mut events)?;
                     false
