@@ -1,6 +1,6 @@
 //! An OpenAI-compatible chat-completions [`Model`] (cargo feature `openai`):
-//! [`OpenAiModel`] and its [`OpenAiConfig`], re-exported from
-//! [`turnstile_core::agent`].
+//! [`OpenAiModel`] and its [`OpenAiConfig`], re-exported by the `turnstile`
+//! crate as `turnstile::OpenAiModel` and `turnstile::OpenAiConfig`.
 //!
 //! The request is built from the transcript as JSON values; the response is
 //! read leniently (missing or null fields are defaults) into wire structs;
@@ -192,8 +192,7 @@ impl fmt::Debug for Redacted {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use turnstile::agent::{OpenAiConfig, OpenAiModel};
-/// use turnstile::Agent;
+/// use turnstile::{Agent, OpenAiConfig, OpenAiModel};
 ///
 /// # fn main() -> Result<(), turnstile::ModelError> {
 /// let config = OpenAiConfig::from_env(
