@@ -1,0 +1,136 @@
+//! [`OpenAiConfig`]: where and how to reach the endpoint, and keeping its
+//! API key out of `Debug` output and error messages.
+
+use std::fmt;
+use std::time::Duration;
+
+use turnstile_core::ModelError;
+
+/// Where and how to reach an OpenAI-compatible endpoint.
+///
+/// Build it with [`OpenAiConfig::new`] or [`OpenAiConfig::from_env`] and the
+/// `with_*` methods. `Debug` prints the key as `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OpenAiConfig {
+    /// The API root, e.g. `https://api.openai.com/v1` or
+    /// `http://127.0.0.1:8080/v1`; `/chat/completions` is appended.
+    pub base_url: String,
+    /// The model name sent with every request, e.g. `gpt-4o-mini`.
+    pub model: String,
+    /// Sent as `Authorization: Bearer <key>` when set and not empty.
+    pub api_key: Option<String>,
+    /// Bounds connecting and every wait for data; see
+    /// [timeouts](crate::OpenAiModel#timeouts). Default 120 s.
+    pub timeout: Duration,
+    /// Sent as `max_tokens` when set.
+    pub max_output_tokens: Option<u32>,
+}
+
+impl OpenAiConfig {
+    /// The default [`OpenAiConfig::timeout`].
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+    /// A configuration without an API key (enough for most local servers),
+    /// with the default timeout and no output limit.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            timeout: Self::DEFAULT_TIMEOUT,
+            max_output_tokens: None,
+        }
+    }
+
+    /// Like [`OpenAiConfig::new`], with the API key read from the
+    /// environment variable `key_var` (surrounding whitespace trimmed). Keys
+    /// are taken from the environment, never from arguments, so they stay out
+    /// of shell histories and process listings.
+    ///
+    /// # Errors
+    /// A fatal [`ModelError`] naming the variable (never its value) when the
+    /// name is not a valid variable name, or the variable is unset, empty or
+    /// not valid Unicode.
+    pub fn from_env(
+        base_url: impl Into<String>,
+        model: impl Into<String>,
+        key_var: &str,
+    ) -> Result<Self, ModelError> {
+        if key_var.is_empty() || key_var.contains(['=', '\0']) {
+            return Err(ModelError::fatal(format!(
+                "invalid environment variable name {key_var:?} for the api key"
+            )));
+        }
+        let key = match std::env::var(key_var) {
+            Ok(key) => key,
+            Err(std::env::VarError::NotPresent) => {
+                return Err(ModelError::fatal(format!(
+                    "environment variable {key_var} (the api key) is not set"
+                )))
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(ModelError::fatal(format!(
+                    "environment variable {key_var} (the api key) is not valid unicode"
+                )))
+            }
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(ModelError::fatal(format!(
+                "environment variable {key_var} (the api key) is empty"
+            )));
+        }
+        Ok(Self::new(base_url, model).with_api_key(key))
+    }
+
+    /// Sets the API key.
+    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// Sets the timeout (see [timeouts](crate::OpenAiModel#timeouts)).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Limits the tokens of one answer (`max_tokens`).
+    pub fn with_max_output_tokens(mut self, max: u32) -> Self {
+        self.max_output_tokens = Some(max);
+        self
+    }
+
+    /// The key, when set and not empty.
+    pub(crate) fn key(&self) -> Option<&str> {
+        self.api_key.as_deref().filter(|k| !k.is_empty())
+    }
+
+    /// `text` with every occurrence of the key replaced by `[redacted]`.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        match self.key() {
+            Some(key) => text.replace(key, "[redacted]"),
+            None => text.to_owned(),
+        }
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| Redacted))
+            .field("timeout", &self.timeout)
+            .field("max_output_tokens", &self.max_output_tokens)
+            .finish()
+    }
+}
+
+struct Redacted;
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}

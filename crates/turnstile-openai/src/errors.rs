@@ -1,0 +1,195 @@
+//! Turning failures into [`ModelError`]s: non-2xx answers, `error` objects,
+//! transport failures and undecodable JSON, each classified as retryable or
+//! not, and described without the API key or any model output.
+
+use reqwest::header::RETRY_AFTER;
+use reqwest::StatusCode;
+use serde_json::error::Category;
+use serde_json::{json, Value};
+
+use turnstile_core::ModelError;
+
+use crate::OpenAiConfig;
+
+/// How much of an error body is read.
+const MAX_ERROR_BODY_BYTES: usize = 16 << 10;
+/// How many characters of a server's error text go into a [`ModelError`].
+const EXCERPT_CHARS: usize = 300;
+
+/// The error for a non-2xx answer.
+pub(crate) async fn status_error(
+    config: &OpenAiConfig,
+    mut response: reqwest::Response,
+) -> ModelError {
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| format!(" (retry after {})", excerpt(v, 40)))
+        .unwrap_or_default();
+    let mut body = Vec::new();
+    // A body that cannot be read only costs the excerpt.
+    while let Ok(Some(chunk)) = response.chunk().await {
+        let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= MAX_ERROR_BODY_BYTES {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    let detail = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| error_text(&v))
+        .unwrap_or_else(|| text.into_owned());
+    let detail = excerpt(&config.redact(&detail), EXCERPT_CHARS);
+    let mut message = format!("chat completions endpoint answered {status}{retry_after}");
+    if !detail.is_empty() {
+        message.push_str(": ");
+        message.push_str(&detail);
+    }
+    let retryable = status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status.is_server_error();
+    ModelError { message, retryable }
+}
+
+/// The error for an `error` object in a successful answer or a stream.
+pub(crate) fn error_object(config: &OpenAiConfig, error: &Value, place: &str) -> ModelError {
+    let detail = error_text(&json!({ "error": error })).unwrap_or_default();
+    let message = format!(
+        "{place} reported an error: {}",
+        excerpt(&config.redact(&detail), EXCERPT_CHARS)
+    );
+    // Such errors are mostly the server failing mid-answer; only a
+    // refusal of the request itself is final.
+    let code = error.get("code");
+    let client_error = error.get("type").and_then(Value::as_str) == Some("invalid_request_error")
+        || code
+            .and_then(Value::as_u64)
+            .is_some_and(|c| (400..500).contains(&c) && c != 408 && c != 429);
+    ModelError {
+        message,
+        retryable: !client_error,
+    }
+}
+
+/// The error for a failure of the HTTP exchange itself.
+pub(crate) fn transport_error(
+    config: &OpenAiConfig,
+    e: reqwest::Error,
+    during: &str,
+) -> ModelError {
+    let e = e.without_url();
+    if e.is_timeout() {
+        return ModelError::retryable(format!(
+            "the chat completions endpoint timed out while {during} (timeout {:?})",
+            config.timeout
+        ));
+    }
+    let detail = config.redact(&chain(&e));
+    if e.is_builder() || e.is_redirect() || e.is_decode() {
+        ModelError::fatal(format!(
+            "chat completion request failed while {during}: {detail}"
+        ))
+    } else if e.is_connect() {
+        ModelError::retryable(format!(
+            "cannot connect to the chat completions endpoint: {detail}"
+        ))
+    } else {
+        ModelError::retryable(format!("the connection failed while {during}: {detail}"))
+    }
+}
+
+/// The human-readable part of an error body: `error.message`, `error` as a
+/// string, or `message`.
+pub(crate) fn error_text(body: &Value) -> Option<String> {
+    let error = body.get("error");
+    error
+        .and_then(|e| e.get("message"))
+        .or_else(|| error.filter(|e| e.is_string()))
+        .or_else(|| body.get("message"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| error.map(Value::to_string))
+}
+
+/// Describes a decoding error by its category and position and by what was
+/// `expected`. Never by serde's own message: it quotes the offending value,
+/// which is model output, and errors are logged and stored.
+pub(crate) fn decode_error(e: &serde_json::Error, expected: &str) -> String {
+    let what = match e.classify() {
+        Category::Io => "read error",
+        Category::Syntax => "invalid json",
+        Category::Data => "invalid type or value",
+        Category::Eof => "unexpected end of input",
+    };
+    format!(
+        "{what} at line {} column {} (expected {expected})",
+        e.line(),
+        e.column()
+    )
+}
+
+/// How a value's kind is named in an error (never the value itself).
+pub(crate) fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// At most `max` characters of `text`, whitespace collapsed.
+pub(crate) fn excerpt(text: &str, max: usize) -> String {
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match collapsed.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &collapsed[..cut]),
+        None => collapsed,
+    }
+}
+
+/// An error and its sources, joined by `: `.
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_errors_do_not_quote_the_input() {
+        const MARK: &str = "MALFORMED-CHUNK-MARK";
+        let serde = serde_json::from_str::<crate::wire::Completion>(
+            &json!({ "choices": [{ "message": format!("private {MARK}") }] }).to_string(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        let detail = decode_error(&serde, "a chat completion object");
+        assert!(
+            detail.starts_with("invalid type or value at line 1 column "),
+            "{detail}"
+        );
+        assert!(!detail.contains(MARK), "{detail}");
+    }
+
+    #[test]
+    fn excerpts_cut_on_char_boundaries() {
+        assert_eq!(excerpt("  é\n\té  é ", 3), "é é…");
+        assert_eq!(excerpt("short", 10), "short");
+    }
+}

@@ -1,0 +1,315 @@
+//! The streamed answer: a server-sent-events parser and the assembly of
+//! text deltas and tool-call fragments into a [`ModelResponse`].
+//!
+//! The parser is hand-written on purpose: it bounds every event
+//! ([`MAX_EVENT_BYTES`]), which eventsource-stream does not offer, and it has
+//! no reconnection semantics, which a non-idempotent POST must not have.
+
+use std::collections::BTreeMap;
+
+use futures_util::StreamExt;
+
+use turnstile_core::agent::{ModelResponse, TextDeltas};
+use turnstile_core::message::Usage;
+use turnstile_core::ModelError;
+
+use crate::errors::{decode_error, error_object, transport_error};
+use crate::wire::{finish_call, push_arguments, StreamChunk};
+use crate::OpenAiConfig;
+
+/// The largest single server-sent event accepted.
+const MAX_EVENT_BYTES: usize = 8 << 20;
+
+/// Reads a streamed answer: its text deltas go to `deltas` as they arrive.
+pub(crate) async fn read_stream(
+    config: &OpenAiConfig,
+    response: reqwest::Response,
+    deltas: TextDeltas<'_>,
+) -> Result<ModelResponse, ModelError> {
+    let mut body = std::pin::pin!(response.bytes_stream());
+    let mut parser = SseParser::default();
+    let mut assembly = StreamAssembly::default();
+    let mut events = Vec::new();
+    loop {
+        let ended = match body.next().await {
+            Some(Ok(bytes)) => {
+                parser.push(&bytes, &mut events)?;
+                false
+            }
+            Some(Err(e)) => {
+                return Err(transport_error(config, e, "reading the event stream"));
+            }
+            None => {
+                parser.finish(&mut events)?;
+                true
+            }
+        };
+        for data in events.drain(..) {
+            if assembly.apply(&data, deltas, config)? {
+                tracing::debug!(events = assembly.events, "event stream done");
+                return assembly.finish();
+            }
+        }
+        if ended {
+            return Err(ModelError::fatal(format!(
+                "truncated chat completion stream: it ended after {} events without data: [DONE]",
+                assembly.events
+            )));
+        }
+    }
+}
+
+/// Splits a byte stream into server-sent events and yields their `data`.
+#[derive(Default)]
+struct SseParser {
+    buffer: Vec<u8>,
+    /// Bytes at the start of `buffer` known to hold no line end.
+    scanned: usize,
+    data: Option<String>,
+}
+
+impl SseParser {
+    fn push(&mut self, bytes: &[u8], events: &mut Vec<String>) -> Result<(), ModelError> {
+        self.buffer.extend_from_slice(bytes);
+        let mut start = 0;
+        while let Some(offset) = self.buffer[start + self.scanned..]
+            .iter()
+            .position(|&b| b == b'\n')
+        {
+            let end = start + self.scanned + offset;
+            Self::line(&mut self.data, &self.buffer[start..end], events)?;
+            start = end + 1;
+            self.scanned = 0;
+        }
+        self.buffer.drain(..start);
+        self.scanned = self.buffer.len();
+        if self.buffer.len() > MAX_EVENT_BYTES {
+            return Err(ModelError::fatal(format!(
+                "malformed chat completion stream: a line exceeds {} MiB",
+                MAX_EVENT_BYTES >> 20
+            )));
+        }
+        Ok(())
+    }
+
+    /// The end of the stream. An event cut off by it is a truncated stream,
+    /// except a final `[DONE]` that only lacks its line ends.
+    fn finish(&mut self, events: &mut Vec<String>) -> Result<(), ModelError> {
+        let rest = std::mem::take(&mut self.buffer);
+        self.scanned = 0;
+        if !rest.is_empty() {
+            Self::line(&mut self.data, &rest, events)?;
+        }
+        match self.data.take() {
+            Some(data) if data.trim() == "[DONE]" => events.push(data),
+            Some(_) => {
+                return Err(ModelError::fatal(
+                    "truncated chat completion stream: it ended in the middle of an event",
+                ))
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// One line: a `data` field is added to the pending event, an empty line
+    /// dispatches it; comments and other fields are ignored.
+    fn line(
+        pending: &mut Option<String>,
+        line: &[u8],
+        events: &mut Vec<String>,
+    ) -> Result<(), ModelError> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            if let Some(data) = pending.take() {
+                events.push(data);
+            }
+            return Ok(());
+        }
+        let line = std::str::from_utf8(line).map_err(|_| {
+            ModelError::fatal("malformed chat completion stream: an event is not valid utf-8")
+        })?;
+        if line.starts_with(':') {
+            return Ok(()); // a comment, e.g. a keep-alive
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (line, ""),
+        };
+        if field == "data" {
+            match pending {
+                Some(data) => {
+                    if data.len() + value.len() > MAX_EVENT_BYTES {
+                        return Err(ModelError::fatal(format!(
+                            "malformed chat completion stream: an event exceeds {} MiB",
+                            MAX_EVENT_BYTES >> 20
+                        )));
+                    }
+                    data.push('\n');
+                    data.push_str(value);
+                }
+                None => *pending = Some(value.to_owned()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a stream has said so far.
+#[derive(Default)]
+struct StreamAssembly {
+    content: String,
+    calls: BTreeMap<u64, PartialCall>,
+    usage: Option<Usage>,
+    events: usize,
+}
+
+#[derive(Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+impl StreamAssembly {
+    /// Applies one event; true at `[DONE]`.
+    fn apply(
+        &mut self,
+        data: &str,
+        deltas: TextDeltas<'_>,
+        config: &OpenAiConfig,
+    ) -> Result<bool, ModelError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            return Ok(true);
+        }
+        if data.is_empty() {
+            return Ok(false);
+        }
+        self.events += 1;
+        let chunk: StreamChunk = serde_json::from_str(data).map_err(|e| {
+            ModelError::fatal(format!(
+                "malformed chat completion stream: event {} is not a valid chunk: {}",
+                self.events,
+                decode_error(&e, "a chat completion chunk object")
+            ))
+        })?;
+        if let Some(error) = &chunk.error {
+            if !error.is_null() {
+                return Err(error_object(config, error, "the chat completion stream"));
+            }
+        }
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage.into_usage());
+        }
+        for choice in chunk.choices.unwrap_or_default() {
+            if choice.index.unwrap_or(0) != 0 {
+                continue;
+            }
+            let Some(delta) = choice.delta else { continue };
+            if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                deltas(&text);
+                self.content.push_str(&text);
+            }
+            for (position, fragment) in delta.tool_calls.unwrap_or_default().into_iter().enumerate()
+            {
+                let index = fragment.index.unwrap_or(position as u64);
+                let call = self.calls.entry(index).or_default();
+                if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
+                    if call.id.is_empty() {
+                        call.id = id;
+                    }
+                }
+                let function = fragment.function.unwrap_or_default();
+                if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+                    if call.name.is_empty() {
+                        call.name = name;
+                    }
+                }
+                push_arguments(&mut call.arguments, function.arguments);
+            }
+        }
+        Ok(false)
+    }
+
+    fn finish(self) -> Result<ModelResponse, ModelError> {
+        let tool_calls = self
+            .calls
+            .into_values()
+            .enumerate()
+            .map(|(position, call)| finish_call(position, call.id, call.name, call.arguments))
+            .collect::<Result<_, _>>()?;
+        Ok(ModelResponse {
+            content: self.content,
+            tool_calls,
+            usage: self.usage.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn parse(chunks: &[&[u8]]) -> Vec<String> {
+        let mut parser = SseParser::default();
+        let mut events = Vec::new();
+        for chunk in chunks {
+            parser.push(chunk, &mut events).unwrap();
+        }
+        parser.finish(&mut events).unwrap();
+        events
+    }
+
+    #[test]
+    fn sse_events_are_split_across_chunk_boundaries() {
+        let events = parse(&[
+            b"data: {\"a\"",
+            b":1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n",
+            b"\ndata: [DO",
+            b"NE]\n\n",
+        ]);
+        assert_eq!(events, ["{\"a\":1}", "x\ny", "[DONE]"]);
+    }
+
+    #[test]
+    fn a_stream_may_end_right_after_done() {
+        assert_eq!(parse(&[b"data: x\n\ndata: [DONE]"]), ["x", "[DONE]"]);
+        assert_eq!(parse(&[b"data: [DONE]\n"]), ["[DONE]"]);
+    }
+
+    #[test]
+    fn an_event_cut_off_by_the_end_of_the_stream_is_truncated() {
+        for tail in [&b"data: {\"cho"[..], b"data: {}\n"] {
+            let mut parser = SseParser::default();
+            let mut events = Vec::new();
+            parser.push(tail, &mut events).unwrap();
+            let error = parser.finish(&mut events).unwrap_err();
+            assert!(error.message.contains("truncated"), "{error}");
+        }
+    }
+
+    #[test]
+    fn malformed_chunks_are_not_quoted_into_errors() {
+        const MARK: &str = "MALFORMED-CHUNK-MARK";
+        let config = OpenAiConfig::new("http://127.0.0.1:9/v1", "m");
+        let chunks = [
+            json!({ "choices": [{ "delta": format!("private {MARK}") }] }).to_string(),
+            json!({ "choices": [{ "delta": { "content": ["a", MARK] } }] }).to_string(),
+            json!({ "choices": [{ "index": MARK }] }).to_string(),
+            json!({ "usage": { "prompt_tokens": -1 } }).to_string(),
+            format!("{{\"choices\": {MARK}"),
+            format!("{{\"choices\": \"{MARK}"),
+        ];
+        for chunk in chunks {
+            let error = StreamAssembly::default()
+                .apply(&chunk, &|_| {}, &config)
+                .unwrap_err();
+            assert!(!error.message.contains(MARK), "{error}");
+            assert!(error.message.contains("malformed"), "{error}");
+            assert!(error.message.contains(" at line 1 column "), "{error}");
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! The chat-completions wire format: the request built from the transcript
+//! and tool specs, and the lenient structs the answers are read into.
+//!
+//! Read leniently on purpose: OpenAI-compatible servers send null or missing
+//! fields, `content` as a string, null or an array of parts, and `arguments`
+//! as a string or an object. The strict generated types of crates like
+//! async-openai refuse such answers, and their decoding errors quote the
+//! offending value, which is model output; errors here never do (see
+//! [`decode_error`](crate::errors::decode_error)).
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use turnstile_core::agent::{ModelRequest, ModelResponse};
+use turnstile_core::message::{Message, ToolCall, ToolSpec, Usage};
+use turnstile_core::ModelError;
+
+use crate::errors::{error_object, json_kind};
+use crate::OpenAiConfig;
+
+/// The request body: the transcript, the tools, and the stream options when
+/// `stream`.
+pub(crate) fn request_body(
+    config: &OpenAiConfig,
+    request: &ModelRequest<'_>,
+    stream: bool,
+) -> Value {
+    let mut body = Map::new();
+    body.insert("model".into(), Value::String(config.model.clone()));
+    body.insert(
+        "messages".into(),
+        request.messages.iter().map(wire_message).collect(),
+    );
+    if !request.tools.is_empty() {
+        body.insert(
+            "tools".into(),
+            request.tools.iter().map(wire_tool).collect(),
+        );
+    }
+    if let Some(max) = config.max_output_tokens {
+        body.insert("max_tokens".into(), json!(max));
+    }
+    if stream {
+        body.insert("stream".into(), Value::Bool(true));
+        body.insert("stream_options".into(), json!({ "include_usage": true }));
+    }
+    Value::Object(body)
+}
+
+fn wire_message(message: &Message) -> Value {
+    match message {
+        Message::System { content } => json!({ "role": "system", "content": content }),
+        Message::User { content } => json!({ "role": "user", "content": content }),
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
+            let mut wire = Map::new();
+            wire.insert("role".into(), "assistant".into());
+            let content = if content.is_empty() && !tool_calls.is_empty() {
+                Value::Null
+            } else {
+                Value::String(content.clone())
+            };
+            wire.insert("content".into(), content);
+            if !tool_calls.is_empty() {
+                let calls = tool_calls
+                    .iter()
+                    .map(|call| {
+                        json!({
+                            "id": call.id,
+                            "type": "function",
+                            "function": { "name": call.name, "arguments": call.arguments },
+                        })
+                    })
+                    .collect();
+                wire.insert("tool_calls".into(), Value::Array(calls));
+            }
+            Value::Object(wire)
+        }
+        // The protocol has no error flag: the tool's text says what failed.
+        Message::Tool {
+            call_id, content, ..
+        } => json!({ "role": "tool", "tool_call_id": call_id, "content": content }),
+    }
+}
+
+fn wire_tool(spec: &ToolSpec) -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    })
+}
+
+// The answer; every field may be missing or null.
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct Completion {
+    choices: Option<Vec<Choice>>,
+    usage: Option<WireUsage>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Choice {
+    index: Option<u64>,
+    message: Option<WireMessage>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WireMessage {
+    content: Option<Value>,
+    tool_calls: Option<Vec<WireToolCall>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct WireToolCall {
+    pub(crate) index: Option<u64>,
+    pub(crate) id: Option<String>,
+    pub(crate) function: Option<WireFunction>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct WireFunction {
+    pub(crate) name: Option<String>,
+    pub(crate) arguments: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct WireUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PromptTokensDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    pub(crate) fn into_usage(self) -> Usage {
+        Usage {
+            input_tokens: self.prompt_tokens.unwrap_or(0),
+            output_tokens: self.completion_tokens.unwrap_or(0),
+            cache_read_tokens: self
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+            cache_write_tokens: 0,
+        }
+    }
+}
+
+impl Completion {
+    /// The answer of the first choice, or the error the server reported.
+    pub(crate) fn into_response(self, config: &OpenAiConfig) -> Result<ModelResponse, ModelError> {
+        if let Some(error) = &self.error {
+            if !error.is_null() {
+                return Err(error_object(config, error, "the chat completion response"));
+            }
+        }
+        let choice = self
+            .choices
+            .unwrap_or_default()
+            .into_iter()
+            .min_by_key(|c| c.index.unwrap_or(0))
+            .ok_or_else(|| ModelError::fatal("the chat completion response has no choices"))?;
+        let message = choice
+            .message
+            .ok_or_else(|| ModelError::fatal("the chat completion choice has no message"))?;
+        let content = text_content(message.content)?;
+        let mut tool_calls = Vec::new();
+        for (position, call) in message
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
+            let function = call.function.unwrap_or_default();
+            let mut arguments = String::new();
+            push_arguments(&mut arguments, function.arguments);
+            tool_calls.push(finish_call(
+                position,
+                call.id.unwrap_or_default(),
+                function.name.unwrap_or_default(),
+                arguments,
+            )?);
+        }
+        Ok(ModelResponse {
+            content,
+            tool_calls,
+            usage: self.usage.map(WireUsage::into_usage).unwrap_or_default(),
+        })
+    }
+}
+
+/// A message's `content`: a string, null, or an array of text parts.
+fn text_content(content: Option<Value>) -> Result<String, ModelError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(text)) => Ok(text),
+        Some(Value::Array(parts)) => Ok(parts
+            .iter()
+            .filter_map(|part| match part {
+                Value::String(text) => Some(text.as_str()),
+                part => part.get("text").and_then(Value::as_str),
+            })
+            .collect()),
+        Some(other) => Err(ModelError::fatal(format!(
+            "malformed chat completion response: message content is {}",
+            json_kind(&other)
+        ))),
+    }
+}
+
+/// Appends a tool call's `arguments` (normally a JSON string; some servers
+/// send the object itself).
+pub(crate) fn push_arguments(arguments: &mut String, fragment: Option<Value>) {
+    match fragment {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => arguments.push_str(&text),
+        Some(other) => arguments.push_str(&other.to_string()),
+    }
+}
+
+/// A complete tool call. A call without an id gets a generated one; a call
+/// without arguments gets `{}`.
+pub(crate) fn finish_call(
+    position: usize,
+    id: String,
+    name: String,
+    arguments: String,
+) -> Result<ToolCall, ModelError> {
+    if name.is_empty() {
+        return Err(ModelError::fatal(format!(
+            "malformed chat completion response: tool call {position} has no function name"
+        )));
+    }
+    let id = if id.is_empty() {
+        format!("call_{}", uuid::Uuid::new_v4().simple())
+    } else {
+        id
+    };
+    let arguments = if arguments.trim().is_empty() {
+        "{}".to_owned()
+    } else {
+        arguments
+    };
+    Ok(ToolCall {
+        id,
+        name,
+        arguments,
+    })
+}
+
+// A streamed answer: chunks of deltas, read as leniently.
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct StreamChunk {
+    pub(crate) choices: Option<Vec<StreamChoice>>,
+    pub(crate) usage: Option<WireUsage>,
+    pub(crate) error: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct StreamChoice {
+    pub(crate) index: Option<u64>,
+    pub(crate) delta: Option<StreamDelta>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct StreamDelta {
+    pub(crate) content: Option<String>,
+    pub(crate) tool_calls: Option<Vec<WireToolCall>>,
+}
