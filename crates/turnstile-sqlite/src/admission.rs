@@ -16,19 +16,6 @@ use turnstile_core::store::{
 use turnstile_core::Error;
 
 impl SqliteStore {
-    pub(super) async fn ensure_conversation_impl(
-        &self,
-        namespace: &Namespace,
-        id: ConversationId,
-    ) -> Result<Conversation, Error> {
-        let namespace = namespace.clone();
-        self.group
-            .write(move |tx| {
-                Box::pin(async move { ensure_conversation_in(tx, &namespace, id).await })
-            })
-            .await
-    }
-
     pub(super) async fn conversation_impl(
         &self,
         namespace: &Namespace,
@@ -44,35 +31,6 @@ impl SqliteStore {
     ) -> Result<Admission, Error> {
         let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
         load_admission(&mut conn, conversation_id).await
-    }
-
-    pub(super) async fn claim_impl(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        let claim = claim.clone();
-        self.group
-            .write(move |conn| Box::pin(async move { claim_in(conn, &claim).await }))
-            .await
-    }
-
-    pub(super) async fn claim_recovery_impl(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
-        let claim = *claim;
-        self.group
-            .write(move |tx| Box::pin(async move { claim_recovery_in(tx, &claim).await }))
-            .await
-    }
-
-    pub(super) async fn abandon_impl(
-        &self,
-        conversation_id: ConversationId,
-        request_id: RequestId,
-        expected_revision: Revision,
-    ) -> Result<Revision, Error> {
-        self.group
-            .write(move |tx| {
-                Box::pin(async move {
-                    abandon_in(tx, conversation_id, request_id, expected_revision).await
-                })
-            })
-            .await
     }
 
     pub(super) async fn recovery_usage_impl(&self, request_id: RequestId) -> Result<Usage, Error> {
@@ -103,7 +61,7 @@ impl SqliteStore {
 
 /// A conversation and its idle admission, created unless they exist,
 /// inside the group transaction.
-async fn ensure_conversation_in(
+pub(super) async fn ensure_conversation_in(
     tx: &mut SqliteConnection,
     namespace: &Namespace,
     id: ConversationId,
@@ -292,7 +250,10 @@ async fn diagnose(
 }
 
 /// The claim's writes, inside the group transaction.
-async fn claim_in(tx: &mut SqliteConnection, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+pub(super) async fn claim_in(
+    tx: &mut SqliteConnection,
+    claim: &NewRequest,
+) -> Result<ClaimOutcome, Error> {
     if let Some(existing) = super::reads::load_request(&mut *tx, claim.request_id).await? {
         return Ok(ClaimOutcome::Existing(existing));
     }
@@ -374,7 +335,7 @@ async fn claim_in(tx: &mut SqliteConnection, claim: &NewRequest) -> Result<Claim
 }
 
 /// The recovery claim's writes, inside the group transaction.
-async fn claim_recovery_in(
+pub(super) async fn claim_recovery_in(
     tx: &mut SqliteConnection,
     claim: &RecoveryClaim,
 ) -> Result<Fence, Error> {
@@ -486,7 +447,7 @@ async fn claim_recovery_in(
 }
 
 /// The abandon's writes, inside the group transaction.
-async fn abandon_in(
+pub(super) async fn abandon_in(
     tx: &mut SqliteConnection,
     conversation_id: ConversationId,
     request_id: RequestId,

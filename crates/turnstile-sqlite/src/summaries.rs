@@ -74,32 +74,10 @@ impl SqliteStore {
         .map(|row| row.decode(conversation_id))
         .transpose()
     }
-
-    pub(super) async fn record_summary_pass_impl(
-        &self,
-        fence: &Fence,
-        pass: &SummaryPass,
-    ) -> Result<(), Error> {
-        let (fence, pass) = (*fence, pass.clone());
-        self.group
-            .write(move |tx| Box::pin(async move { record_pass_in(tx, &fence, &pass).await }))
-            .await
-    }
-
-    pub(super) async fn commit_summary_impl(
-        &self,
-        fence: &Fence,
-        summary: &SummaryCommit,
-    ) -> Result<StoredSummary, Error> {
-        let (fence, summary) = (*fence, summary.clone());
-        self.group
-            .write(move |tx| Box::pin(async move { commit_in(tx, &fence, &summary).await }))
-            .await
-    }
 }
 
 /// A pass's record, inside the group transaction.
-async fn record_pass_in(
+pub(super) async fn record_summary_pass_in(
     tx: &mut SqliteConnection,
     fence: &Fence,
     pass: &SummaryPass,
@@ -146,7 +124,7 @@ async fn record_pass_in(
 }
 
 /// A pass's commit, inside the group transaction.
-async fn commit_in(
+pub(super) async fn commit_summary_in(
     tx: &mut SqliteConnection,
     fence: &Fence,
     summary: &SummaryCommit,

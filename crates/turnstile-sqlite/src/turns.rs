@@ -9,114 +9,13 @@
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, to_i64, to_json};
-use super::SqliteStore;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
 
-impl SqliteStore {
-    pub(super) async fn begin_turn_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-    ) -> Result<(), Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        self.group
-            .write(move |conn| {
-                Box::pin(async move { begin_turn_in(conn, &fence, &checkpoint).await })
-            })
-            .await
-    }
-
-    pub(super) async fn record_model_response_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        assistant: &Message,
-    ) -> Result<(), Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let assistant = assistant.clone();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    record_model_response_in(conn, &fence, &checkpoint, &assistant).await
-                })
-            })
-            .await
-    }
-
-    pub(super) async fn record_tool_result_impl(
-        &self,
-        fence: &Fence,
-        turn: u32,
-        call_id: &str,
-        result: &ToolResult,
-    ) -> Result<(), Error> {
-        let fence = *fence;
-        let call_id = call_id.to_owned();
-        let result = result.clone();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    record_tool_result_in(conn, &fence, turn, &call_id, &result).await
-                })
-            })
-            .await
-    }
-
-    pub(super) async fn finish_turn_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        messages: &[Message],
-        next: Option<&LoopCheckpoint>,
-    ) -> Result<(), Error> {
-        let first_seq = checkpoint
-            .message_count
-            .checked_sub(messages.len() as u64)
-            .ok_or_else(|| {
-                Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
-            })?;
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let messages = messages.to_vec();
-        let next = next.cloned();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    finish_turn_in(
-                        conn,
-                        &fence,
-                        &checkpoint,
-                        first_seq,
-                        &messages,
-                        next.as_ref(),
-                    )
-                    .await
-                })
-            })
-            .await
-    }
-
-    pub(super) async fn fail_run_impl(
-        &self,
-        fence: &Fence,
-        error: &str,
-        settled: Option<&LoopCheckpoint>,
-    ) -> Result<(), Error> {
-        let fence = *fence;
-        let error = error.to_owned();
-        let settled = settled.cloned();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move { fail_run_in(conn, &fence, &error, settled.as_ref()).await })
-            })
-            .await
-    }
-}
-
 /// A turn's write-ahead checkpoint, inside the group transaction.
-async fn begin_turn_in(
+pub(super) async fn begin_turn_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
@@ -126,7 +25,7 @@ async fn begin_turn_in(
 
 /// The model's answer, its checkpoint and its tool calls journaled as
 /// requested, inside the group transaction.
-async fn record_model_response_in(
+pub(super) async fn record_model_response_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
@@ -165,7 +64,7 @@ async fn record_model_response_in(
 }
 
 /// One tool call's result, inside the group transaction.
-async fn record_tool_result_in(
+pub(super) async fn record_tool_result_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
     turn: u32,
@@ -219,7 +118,7 @@ async fn record_tool_result_in(
 
 /// A turn's end, inside the group transaction: its checkpoint, the next
 /// turn's write-ahead if any, and the turn's `messages` at `first_seq..`.
-async fn finish_turn_in(
+pub(super) async fn finish_turn_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
@@ -251,7 +150,7 @@ async fn finish_turn_in(
 }
 
 /// A run's failure, inside the group transaction.
-async fn fail_run_in(
+pub(super) async fn fail_run_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
     error: &str,
