@@ -1,11 +1,11 @@
 //! Conversations and ownership changes: claim, recovery claim, abandon.
 //! Each ownership change is one compare-and-swap on `admissions.revision`.
 
+use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::{insert_messages, save_checkpoints};
-use super::SqliteStore;
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
@@ -15,47 +15,31 @@ use turnstile_core::store::{
 };
 use turnstile_core::Error;
 
-impl SqliteStore {
-    pub(super) async fn conversation_impl(
-        &self,
-        namespace: &Namespace,
-        id: ConversationId,
-    ) -> Result<Conversation, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
-        load_conversation(&mut conn, namespace, id).await
-    }
-
-    pub(super) async fn admission_impl(
-        &self,
-        conversation_id: ConversationId,
-    ) -> Result<Admission, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
-        load_admission(&mut conn, conversation_id).await
-    }
-
-    pub(super) async fn recovery_usage_impl(&self, request_id: RequestId) -> Result<Usage, Error> {
-        let request = request_id.as_uuid();
-        let row = sqlx::query!(
-            "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
-             FROM admissions WHERE active_request_id = ?1",
-            request
-        )
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(db("read recovery usage"))?;
-        match row {
-            Some(r) => Row {
-                table: "admissions",
-                key: &request_id,
-            }
-            .usage(
-                r.input_tokens,
-                r.output_tokens,
-                r.cache_read_tokens,
-                r.cache_write_tokens,
-            ),
-            None => Err(Error::NotActive { request_id }),
+pub(super) async fn load_recovery_usage(
+    reader: &SqlitePool,
+    request_id: RequestId,
+) -> Result<Usage, Error> {
+    let request = request_id.as_uuid();
+    let row = sqlx::query!(
+        "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
+         FROM admissions WHERE active_request_id = ?1",
+        request
+    )
+    .fetch_optional(reader)
+    .await
+    .map_err(db("read recovery usage"))?;
+    match row {
+        Some(r) => Row {
+            table: "admissions",
+            key: &request_id,
         }
+        .usage(
+            r.input_tokens,
+            r.output_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+        ),
+        None => Err(Error::NotActive { request_id }),
     }
 }
 

@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::SqlitePool;
 
+use codec::db;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
@@ -132,11 +133,13 @@ impl Store for SqliteStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<Conversation, Error> {
-        self.conversation_impl(namespace, id).await
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        admission::load_conversation(&mut conn, namespace, id).await
     }
 
     async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
-        self.admission_impl(conversation_id).await
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        admission::load_admission(&mut conn, conversation_id).await
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
@@ -156,11 +159,12 @@ impl Store for SqliteStore {
     }
 
     async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
-        self.request_impl(request_id).await
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        reads::load_request(&mut conn, request_id).await
     }
 
     async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
-        self.run_impl(run_id).await
+        reads::load_run(&self.reader, run_id).await
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
@@ -297,7 +301,7 @@ impl Store for SqliteStore {
         conversation_id: ConversationId,
         limit: u32,
     ) -> Result<Vec<TranscriptEntry>, Error> {
-        self.transcript_window_impl(conversation_id, limit).await
+        reads::load_transcript_window(&self.reader, conversation_id, limit).await
     }
 
     async fn transcript_range(
@@ -306,15 +310,17 @@ impl Store for SqliteStore {
         from: u64,
         to: u64,
     ) -> Result<Vec<TranscriptEntry>, Error> {
-        self.transcript_range_impl(conversation_id, from, to).await
+        reads::load_transcript_range(&self.reader, conversation_id, from, to).await
     }
 
     async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error> {
-        self.latest_checkpoint_impl(run_id).await
+        Ok(reads::load_checkpoints(&self.reader, run_id, true)
+            .await?
+            .pop())
     }
 
     async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
-        self.checkpoints_impl(run_id).await
+        reads::load_checkpoints(&self.reader, run_id, false).await
     }
 
     async fn request_messages(
@@ -322,22 +328,22 @@ impl Store for SqliteStore {
         request_id: RequestId,
         count: u64,
     ) -> Result<Vec<Message>, Error> {
-        self.request_messages_impl(request_id, count).await
+        reads::load_request_messages(&self.reader, request_id, count).await
     }
 
     async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error> {
-        self.journal_impl(request_id, turn).await
+        reads::load_journal(&self.reader, request_id, turn).await
     }
 
     async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
-        self.recovery_usage_impl(request_id).await
+        admission::load_recovery_usage(&self.reader, request_id).await
     }
 
     async fn latest_summary(
         &self,
         conversation_id: ConversationId,
     ) -> Result<Option<StoredSummary>, Error> {
-        self.latest_summary_impl(conversation_id).await
+        summaries::load_latest_summary(&self.reader, conversation_id).await
     }
 
     async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {

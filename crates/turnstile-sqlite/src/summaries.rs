@@ -4,12 +4,12 @@
 //! and guarded by the conversation version the pass read, so a transcript
 //! that moved under a pass fails closed instead of being summarized wrongly.
 
+use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::check_fence;
-use super::SqliteStore;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};
 use turnstile_core::Error;
@@ -55,25 +55,23 @@ impl SummaryRow {
     }
 }
 
-impl SqliteStore {
-    pub(super) async fn latest_summary_impl(
-        &self,
-        conversation_id: ConversationId,
-    ) -> Result<Option<StoredSummary>, Error> {
-        let conversation = conversation_id.as_uuid();
-        sqlx::query_as!(
-            SummaryRow,
-            r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
-                      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, created_at
-               FROM summaries WHERE conversation_id = ?1 ORDER BY through_seq DESC LIMIT 1"#,
-            conversation
-        )
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(db("load latest summary"))?
-        .map(|row| row.decode(conversation_id))
-        .transpose()
-    }
+pub(super) async fn load_latest_summary(
+    reader: &SqlitePool,
+    conversation_id: ConversationId,
+) -> Result<Option<StoredSummary>, Error> {
+    let conversation = conversation_id.as_uuid();
+    sqlx::query_as!(
+        SummaryRow,
+        r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
+                  input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, created_at
+           FROM summaries WHERE conversation_id = ?1 ORDER BY through_seq DESC LIMIT 1"#,
+        conversation
+    )
+    .fetch_optional(reader)
+    .await
+    .map_err(db("load latest summary"))?
+    .map(|row| row.decode(conversation_id))
+    .transpose()
 }
 
 /// A pass's record, inside the group transaction.
