@@ -229,7 +229,7 @@ pub(super) async fn one_run(
 }
 
 fn in_namespace(filter: &ListFilter, namespace: &Namespace) -> bool {
-    filter.namespace.as_ref().map_or(true, |ns| ns == namespace)
+    filter.namespace.as_ref().is_none_or(|ns| ns == namespace)
 }
 
 /// The keys of stuck admissions, stalest first: held, and owned by a run
