@@ -1,11 +1,11 @@
 //! Conversations and ownership changes: claim, recovery claim, abandon.
 //! Each ownership change is one compare-and-swap on `admissions.revision`.
 
+use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::{insert_messages, save_checkpoints};
-use super::SqliteStore;
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
@@ -15,95 +15,37 @@ use turnstile_core::store::{
 };
 use turnstile_core::Error;
 
-impl SqliteStore {
-    pub(super) async fn ensure_conversation_impl(
-        &self,
-        namespace: &Namespace,
-        id: ConversationId,
-    ) -> Result<Conversation, Error> {
-        let namespace = namespace.clone();
-        self.group
-            .write(move |tx| {
-                Box::pin(async move { ensure_conversation_in(tx, &namespace, id).await })
-            })
-            .await
-    }
-
-    pub(super) async fn conversation_impl(
-        &self,
-        namespace: &Namespace,
-        id: ConversationId,
-    ) -> Result<Conversation, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
-        load_conversation(&mut conn, namespace, id).await
-    }
-
-    pub(super) async fn admission_impl(
-        &self,
-        conversation_id: ConversationId,
-    ) -> Result<Admission, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
-        load_admission(&mut conn, conversation_id).await
-    }
-
-    pub(super) async fn claim_impl(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        let claim = claim.clone();
-        self.group
-            .write(move |conn| Box::pin(async move { claim_in(conn, &claim).await }))
-            .await
-    }
-
-    pub(super) async fn claim_recovery_impl(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
-        let claim = *claim;
-        self.group
-            .write(move |tx| Box::pin(async move { claim_recovery_in(tx, &claim).await }))
-            .await
-    }
-
-    pub(super) async fn abandon_impl(
-        &self,
-        conversation_id: ConversationId,
-        request_id: RequestId,
-        expected_revision: Revision,
-    ) -> Result<Revision, Error> {
-        self.group
-            .write(move |tx| {
-                Box::pin(async move {
-                    abandon_in(tx, conversation_id, request_id, expected_revision).await
-                })
-            })
-            .await
-    }
-
-    pub(super) async fn recovery_usage_impl(&self, request_id: RequestId) -> Result<Usage, Error> {
-        let request = request_id.as_uuid();
-        let row = sqlx::query!(
-            "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
-             FROM admissions WHERE active_request_id = ?1",
-            request
-        )
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(db("read recovery usage"))?;
-        match row {
-            Some(r) => Row {
-                table: "admissions",
-                key: &request_id,
-            }
-            .usage(
-                r.input_tokens,
-                r.output_tokens,
-                r.cache_read_tokens,
-                r.cache_write_tokens,
-            ),
-            None => Err(Error::NotActive { request_id }),
+pub(super) async fn load_recovery_usage(
+    reader: &SqlitePool,
+    request_id: RequestId,
+) -> Result<Usage, Error> {
+    let request = request_id.as_uuid();
+    let row = sqlx::query!(
+        "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
+         FROM admissions WHERE active_request_id = ?1",
+        request
+    )
+    .fetch_optional(reader)
+    .await
+    .map_err(db("read recovery usage"))?;
+    match row {
+        Some(r) => Row {
+            table: "admissions",
+            key: &request_id,
         }
+        .usage(
+            r.input_tokens,
+            r.output_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+        ),
+        None => Err(Error::NotActive { request_id }),
     }
 }
 
 /// A conversation and its idle admission, created unless they exist,
 /// inside the group transaction.
-async fn ensure_conversation_in(
+pub(super) async fn ensure_conversation_in(
     tx: &mut SqliteConnection,
     namespace: &Namespace,
     id: ConversationId,
@@ -292,7 +234,10 @@ async fn diagnose(
 }
 
 /// The claim's writes, inside the group transaction.
-async fn claim_in(tx: &mut SqliteConnection, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+pub(super) async fn claim_in(
+    tx: &mut SqliteConnection,
+    claim: &NewRequest,
+) -> Result<ClaimOutcome, Error> {
     if let Some(existing) = super::reads::load_request(&mut *tx, claim.request_id).await? {
         return Ok(ClaimOutcome::Existing(existing));
     }
@@ -374,7 +319,7 @@ async fn claim_in(tx: &mut SqliteConnection, claim: &NewRequest) -> Result<Claim
 }
 
 /// The recovery claim's writes, inside the group transaction.
-async fn claim_recovery_in(
+pub(super) async fn claim_recovery_in(
     tx: &mut SqliteConnection,
     claim: &RecoveryClaim,
 ) -> Result<Fence, Error> {
@@ -486,7 +431,7 @@ async fn claim_recovery_in(
 }
 
 /// The abandon's writes, inside the group transaction.
-async fn abandon_in(
+pub(super) async fn abandon_in(
     tx: &mut SqliteConnection,
     conversation_id: ConversationId,
     request_id: RequestId,

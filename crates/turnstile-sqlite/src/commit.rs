@@ -7,31 +7,13 @@ use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, to_i64, to_json, Row};
 use super::turns::{fenced, save_checkpoints};
-use super::SqliteStore;
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, StoredOutcome};
 use turnstile_core::Error;
 
-impl SqliteStore {
-    pub(super) async fn commit_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        final_message: &Message,
-    ) -> Result<StoredOutcome, Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let final_message = final_message.clone();
-        self.group
-            .write(move |tx| {
-                Box::pin(async move { commit_in(tx, &fence, &checkpoint, &final_message).await })
-            })
-            .await
-    }
-}
-
 /// The commit's writes, inside the group transaction.
-async fn commit_in(
+pub(super) async fn commit_in(
     tx: &mut SqliteConnection,
     fence: &Fence,
     checkpoint: &LoopCheckpoint,

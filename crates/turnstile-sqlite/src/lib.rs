@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::SqlitePool;
 
+use codec::db;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
@@ -108,6 +109,8 @@ impl SqliteStore {
     }
 }
 
+// Each write moves its inputs into one step of the group writer, which runs
+// the write's `*_in` function on the group transaction's connection.
 #[async_trait]
 impl Store for SqliteStore {
     async fn ensure_conversation(
@@ -115,7 +118,14 @@ impl Store for SqliteStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<Conversation, Error> {
-        self.ensure_conversation_impl(namespace, id).await
+        let namespace = namespace.clone();
+        self.group
+            .write(move |conn| {
+                Box::pin(
+                    async move { admission::ensure_conversation_in(conn, &namespace, id).await },
+                )
+            })
+            .await
     }
 
     async fn conversation(
@@ -123,31 +133,47 @@ impl Store for SqliteStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<Conversation, Error> {
-        self.conversation_impl(namespace, id).await
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        admission::load_conversation(&mut conn, namespace, id).await
     }
 
     async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
-        self.admission_impl(conversation_id).await
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        admission::load_admission(&mut conn, conversation_id).await
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        self.claim_impl(claim).await
+        let claim = claim.clone();
+        self.group
+            .write(move |conn| Box::pin(async move { admission::claim_in(conn, &claim).await }))
+            .await
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
-        self.claim_recovery_impl(claim).await
+        let claim = *claim;
+        self.group
+            .write(move |conn| {
+                Box::pin(async move { admission::claim_recovery_in(conn, &claim).await })
+            })
+            .await
     }
 
     async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
-        self.request_impl(request_id).await
+        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        reads::load_request(&mut conn, request_id).await
     }
 
     async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
-        self.run_impl(run_id).await
+        reads::load_run(&self.reader, run_id).await
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        self.begin_turn_impl(fence, checkpoint).await
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
+        self.group
+            .write(move |conn| {
+                Box::pin(async move { turns::begin_turn_in(conn, &fence, &checkpoint).await })
+            })
+            .await
     }
 
     async fn record_model_response(
@@ -156,7 +182,14 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        self.record_model_response_impl(fence, checkpoint, assistant)
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
+        let assistant = assistant.clone();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    turns::record_model_response_in(conn, &fence, &checkpoint, &assistant).await
+                })
+            })
             .await
     }
 
@@ -167,7 +200,15 @@ impl Store for SqliteStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
-        self.record_tool_result_impl(fence, turn, call_id, result)
+        let fence = *fence;
+        let call_id = call_id.to_owned();
+        let result = result.clone();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    turns::record_tool_result_in(conn, &fence, turn, &call_id, &result).await
+                })
+            })
             .await
     }
 
@@ -178,7 +219,29 @@ impl Store for SqliteStore {
         messages: &[Message],
         next: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        self.finish_turn_impl(fence, checkpoint, messages, next)
+        let first_seq = checkpoint
+            .message_count
+            .checked_sub(messages.len() as u64)
+            .ok_or_else(|| {
+                Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
+            })?;
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
+        let messages = messages.to_vec();
+        let next = next.cloned();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    turns::finish_turn_in(
+                        conn,
+                        &fence,
+                        &checkpoint,
+                        first_seq,
+                        &messages,
+                        next.as_ref(),
+                    )
+                    .await
+                })
+            })
             .await
     }
 
@@ -188,7 +251,15 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         final_message: &Message,
     ) -> Result<StoredOutcome, Error> {
-        self.commit_impl(fence, checkpoint, final_message).await
+        let (fence, checkpoint) = (*fence, checkpoint.clone());
+        let final_message = final_message.clone();
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    commit::commit_in(conn, &fence, &checkpoint, &final_message).await
+                })
+            })
+            .await
     }
 
     async fn fail_run(
@@ -197,7 +268,16 @@ impl Store for SqliteStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        self.fail_run_impl(fence, error, settled).await
+        let fence = *fence;
+        let error = error.to_owned();
+        let settled = settled.cloned();
+        self.group
+            .write(move |conn| {
+                Box::pin(
+                    async move { turns::fail_run_in(conn, &fence, &error, settled.as_ref()).await },
+                )
+            })
+            .await
     }
 
     async fn abandon(
@@ -206,7 +286,13 @@ impl Store for SqliteStore {
         request_id: RequestId,
         expected_revision: Revision,
     ) -> Result<Revision, Error> {
-        self.abandon_impl(conversation_id, request_id, expected_revision)
+        self.group
+            .write(move |conn| {
+                Box::pin(async move {
+                    admission::abandon_in(conn, conversation_id, request_id, expected_revision)
+                        .await
+                })
+            })
             .await
     }
 
@@ -215,7 +301,7 @@ impl Store for SqliteStore {
         conversation_id: ConversationId,
         limit: u32,
     ) -> Result<Vec<TranscriptEntry>, Error> {
-        self.transcript_window_impl(conversation_id, limit).await
+        reads::load_transcript_window(&self.reader, conversation_id, limit).await
     }
 
     async fn transcript_range(
@@ -224,15 +310,17 @@ impl Store for SqliteStore {
         from: u64,
         to: u64,
     ) -> Result<Vec<TranscriptEntry>, Error> {
-        self.transcript_range_impl(conversation_id, from, to).await
+        reads::load_transcript_range(&self.reader, conversation_id, from, to).await
     }
 
     async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error> {
-        self.latest_checkpoint_impl(run_id).await
+        Ok(reads::load_checkpoints(&self.reader, run_id, true)
+            .await?
+            .pop())
     }
 
     async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
-        self.checkpoints_impl(run_id).await
+        reads::load_checkpoints(&self.reader, run_id, false).await
     }
 
     async fn request_messages(
@@ -240,26 +328,33 @@ impl Store for SqliteStore {
         request_id: RequestId,
         count: u64,
     ) -> Result<Vec<Message>, Error> {
-        self.request_messages_impl(request_id, count).await
+        reads::load_request_messages(&self.reader, request_id, count).await
     }
 
     async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error> {
-        self.journal_impl(request_id, turn).await
+        reads::load_journal(&self.reader, request_id, turn).await
     }
 
     async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
-        self.recovery_usage_impl(request_id).await
+        admission::load_recovery_usage(&self.reader, request_id).await
     }
 
     async fn latest_summary(
         &self,
         conversation_id: ConversationId,
     ) -> Result<Option<StoredSummary>, Error> {
-        self.latest_summary_impl(conversation_id).await
+        summaries::load_latest_summary(&self.reader, conversation_id).await
     }
 
     async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
-        self.record_summary_pass_impl(fence, pass).await
+        let (fence, pass) = (*fence, pass.clone());
+        self.group
+            .write(move |conn| {
+                Box::pin(
+                    async move { summaries::record_summary_pass_in(conn, &fence, &pass).await },
+                )
+            })
+            .await
     }
 
     async fn commit_summary(
@@ -267,6 +362,11 @@ impl Store for SqliteStore {
         fence: &Fence,
         summary: &SummaryCommit,
     ) -> Result<StoredSummary, Error> {
-        self.commit_summary_impl(fence, summary).await
+        let (fence, summary) = (*fence, summary.clone());
+        self.group
+            .write(move |conn| {
+                Box::pin(async move { summaries::commit_summary_in(conn, &fence, &summary).await })
+            })
+            .await
     }
 }

@@ -1,9 +1,9 @@
 //! Reads: requests, runs, transcript, checkpoints, pending messages, journal.
 
+use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, decode_message, to_i64, Row};
-use super::SqliteStore;
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
@@ -13,279 +13,251 @@ use turnstile_core::store::{
 };
 use turnstile_core::Error;
 
-impl SqliteStore {
-    pub(super) async fn request_impl(
-        &self,
-        request_id: RequestId,
-    ) -> Result<Option<RequestRecord>, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
-        load_request(&mut conn, request_id).await
-    }
+pub(super) async fn load_run(
+    reader: &SqlitePool,
+    run_id: RunId,
+) -> Result<Option<RunRecord>, Error> {
+    let uuid = run_id.as_uuid();
+    let Some(row) = sqlx::query!(
+        "SELECT request_id, resumed_from, status, error, started_at, ended_at FROM runs WHERE run_id = ?1",
+        uuid
+    )
+    .fetch_optional(reader)
+    .await
+    .map_err(db("load run"))?
+    else {
+        return Ok(None);
+    };
+    let key = Row {
+        table: "runs",
+        key: &run_id,
+    };
+    Ok(Some(RunRecord {
+        run_id,
+        request_id: key.id::<RequestId>("request_id", &row.request_id)?,
+        resumed_from: row
+            .resumed_from
+            .map(|r| key.id("resumed_from", &r))
+            .transpose()?,
+        status: RunStatus::parse(&row.status)
+            .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?,
+        error: row.error,
+        started_at: row.started_at,
+        ended_at: row.ended_at,
+    }))
+}
 
-    pub(super) async fn run_impl(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
-        let uuid = run_id.as_uuid();
-        let Some(row) = sqlx::query!(
-            "SELECT request_id, resumed_from, status, error, started_at, ended_at FROM runs WHERE run_id = ?1",
-            uuid
-        )
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(db("load run"))?
-        else {
-            return Ok(None);
-        };
-        let key = Row {
-            table: "runs",
-            key: &run_id,
-        };
-        Ok(Some(RunRecord {
-            run_id,
-            request_id: key.id::<RequestId>("request_id", &row.request_id)?,
-            resumed_from: row
-                .resumed_from
-                .map(|r| key.id("resumed_from", &r))
-                .transpose()?,
-            status: RunStatus::parse(&row.status)
-                .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?,
-            error: row.error,
-            started_at: row.started_at,
-            ended_at: row.ended_at,
-        }))
-    }
+pub(super) async fn load_transcript_window(
+    reader: &SqlitePool,
+    conversation_id: ConversationId,
+    limit: u32,
+) -> Result<Vec<TranscriptEntry>, Error> {
+    let uuid = conversation_id.as_uuid();
+    let limit = i64::from(limit);
+    let rows = sqlx::query!(
+        "SELECT seq, request_id, role, content, meta FROM transcript WHERE conversation_id = ?1
+         ORDER BY seq DESC LIMIT ?2",
+        uuid,
+        limit
+    )
+    .fetch_all(reader)
+    .await
+    .map_err(db("load transcript window"))?;
+    let mut entries = rows
+        .into_iter()
+        .map(|r| {
+            transcript_entry(
+                conversation_id,
+                r.seq,
+                &r.request_id,
+                &r.role,
+                r.content,
+                r.meta.as_deref(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    entries.reverse();
+    Ok(entries)
+}
 
-    pub(super) async fn transcript_window_impl(
-        &self,
-        conversation_id: ConversationId,
-        limit: u32,
-    ) -> Result<Vec<TranscriptEntry>, Error> {
-        let uuid = conversation_id.as_uuid();
-        let limit = i64::from(limit);
-        let rows = sqlx::query!(
-            "SELECT seq, request_id, role, content, meta FROM transcript WHERE conversation_id = ?1
-             ORDER BY seq DESC LIMIT ?2",
-            uuid,
-            limit
-        )
-        .fetch_all(&self.reader)
-        .await
-        .map_err(db("load transcript window"))?;
-        let mut entries = rows
-            .into_iter()
-            .map(|r| {
-                transcript_entry(
-                    conversation_id,
-                    r.seq,
-                    &r.request_id,
-                    &r.role,
-                    r.content,
-                    r.meta.as_deref(),
-                )
+pub(super) async fn load_transcript_range(
+    reader: &SqlitePool,
+    conversation_id: ConversationId,
+    from: u64,
+    to: u64,
+) -> Result<Vec<TranscriptEntry>, Error> {
+    let uuid = conversation_id.as_uuid();
+    let (from, to) = (to_i64(from), to_i64(to));
+    let rows = sqlx::query!(
+        "SELECT seq, request_id, role, content, meta FROM transcript
+         WHERE conversation_id = ?1 AND seq >= ?2 AND seq < ?3 ORDER BY seq",
+        uuid,
+        from,
+        to
+    )
+    .fetch_all(reader)
+    .await
+    .map_err(db("load transcript range"))?;
+    rows.into_iter()
+        .map(|r| {
+            transcript_entry(
+                conversation_id,
+                r.seq,
+                &r.request_id,
+                &r.role,
+                r.content,
+                r.meta.as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// A run's checkpoints, oldest first; only the latest if `latest_only`.
+pub(super) async fn load_checkpoints(
+    reader: &SqlitePool,
+    run_id: RunId,
+    latest_only: bool,
+) -> Result<Vec<LoopCheckpoint>, Error> {
+    let uuid = run_id.as_uuid();
+    // Latest first, so LIMIT 1 is the latest; all rows when not limited.
+    let limit: i64 = if latest_only { 1 } else { -1 };
+    let rows = sqlx::query!(
+        "SELECT c.turn, c.phase, c.input_tokens, c.output_tokens, c.cache_read_tokens,
+                c.cache_write_tokens, c.tool_calls_count, c.reports_count, c.message_count,
+                c.created_at, r.request_id
+         FROM loop_checkpoints c JOIN runs r ON r.run_id = c.run_id
+         WHERE c.run_id = ?1 ORDER BY c.turn DESC LIMIT ?2",
+        uuid,
+        limit
+    )
+    .fetch_all(reader)
+    .await
+    .map_err(db("load checkpoints"))?;
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let run_key = Row {
+        table: "runs",
+        key: &run_id,
+    };
+    let request_id = run_key.id::<RequestId>("request_id", &first.request_id)?;
+    let most = rows.iter().map(|r| r.reports_count).max().unwrap_or(0);
+    let reports = if most > 0 {
+        let mut conn = reader.acquire().await.map_err(db("acquire reader"))?;
+        load_reports(&mut conn, request_id, most).await?
+    } else {
+        Vec::new()
+    };
+    let mut checkpoints = rows
+        .into_iter()
+        .map(|r| {
+            let key = format!("{run_id}/{}", r.turn);
+            let row = Row {
+                table: "loop_checkpoints",
+                key: &key,
+            };
+            let count = usize::try_from(row.u64("reports_count", r.reports_count)?)
+                .map_err(|_| row.corrupt("reports_count out of range"))?;
+            Ok(LoopCheckpoint {
+                run_id,
+                turn: row.u32("turn", r.turn)?,
+                phase: CheckpointPhase::parse(&r.phase)
+                    .ok_or_else(|| row.corrupt(format!("unknown phase {:?}", r.phase)))?,
+                usage: row.usage(
+                    r.input_tokens,
+                    r.output_tokens,
+                    r.cache_read_tokens,
+                    r.cache_write_tokens,
+                )?,
+                tool_calls_count: row.u64("tool_calls_count", r.tool_calls_count)?,
+                // `reports` holds the most any row counts: each row's prefix.
+                verification_reports: reports.iter().take(count).cloned().collect(),
+                message_count: row.u64("message_count", r.message_count)?,
+                created_at: r.created_at,
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        entries.reverse();
-        Ok(entries)
-    }
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    checkpoints.reverse();
+    Ok(checkpoints)
+}
 
-    pub(super) async fn transcript_range_impl(
-        &self,
-        conversation_id: ConversationId,
-        from: u64,
-        to: u64,
-    ) -> Result<Vec<TranscriptEntry>, Error> {
-        let uuid = conversation_id.as_uuid();
-        let (from, to) = (to_i64(from), to_i64(to));
-        let rows = sqlx::query!(
-            "SELECT seq, request_id, role, content, meta FROM transcript
-             WHERE conversation_id = ?1 AND seq >= ?2 AND seq < ?3 ORDER BY seq",
-            uuid,
-            from,
-            to
-        )
-        .fetch_all(&self.reader)
-        .await
-        .map_err(db("load transcript range"))?;
-        rows.into_iter()
-            .map(|r| {
-                transcript_entry(
-                    conversation_id,
-                    r.seq,
-                    &r.request_id,
-                    &r.role,
-                    r.content,
-                    r.meta.as_deref(),
-                )
+pub(super) async fn load_request_messages(
+    reader: &SqlitePool,
+    request_id: RequestId,
+    count: u64,
+) -> Result<Vec<Message>, Error> {
+    let uuid = request_id.as_uuid();
+    let count = to_i64(count);
+    let rows = sqlx::query!(
+        "SELECT seq, role, content, meta FROM run_messages
+         WHERE request_id = ?1 AND seq < ?2 ORDER BY seq",
+        uuid,
+        count
+    )
+    .fetch_all(reader)
+    .await
+    .map_err(db("load run messages"))?;
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let key = format!("{request_id}/{}", r.seq);
+            let row = Row {
+                table: "run_messages",
+                key: &key,
+            };
+            // A gap means a message of the request is missing: never
+            // resume from a transcript with a hole in it.
+            if r.seq != i as i64 {
+                return Err(row.corrupt(format!("expected seq {i}")));
+            }
+            decode_message(&row, &r.role, r.content, r.meta.as_deref())
+        })
+        .collect()
+}
+
+pub(super) async fn load_journal(
+    reader: &SqlitePool,
+    request_id: RequestId,
+    turn: u32,
+) -> Result<Vec<JournalEntry>, Error> {
+    let uuid = request_id.as_uuid();
+    let turn = i64::from(turn);
+    let rows = sqlx::query!(
+        "SELECT turn, call_id, run_id, name, arguments, status, result FROM tool_calls
+         WHERE request_id = ?1 AND turn = ?2 ORDER BY position",
+        uuid,
+        turn
+    )
+    .fetch_all(reader)
+    .await
+    .map_err(db("load tool journal"))?;
+    rows.into_iter()
+        .map(|r| {
+            let key = format!("{request_id}/{}/{}", r.turn, r.call_id);
+            let row = Row {
+                table: "tool_calls",
+                key: &key,
+            };
+            let status = JournalStatus::parse(&r.status)
+                .ok_or_else(|| row.corrupt(format!("unknown status {:?}", r.status)))?;
+            let result = match (status, r.result) {
+                (JournalStatus::Requested, _) | (_, None) => None,
+                (_, Some(content)) => Some(ToolResult {
+                    content,
+                    is_error: status == JournalStatus::Failed,
+                }),
+            };
+            Ok(JournalEntry {
+                turn: row.u32("turn", r.turn)?,
+                call_id: r.call_id,
+                run_id: row.id::<RunId>("run_id", &r.run_id)?,
+                name: r.name,
+                arguments: r.arguments,
+                status,
+                result,
             })
-            .collect()
-    }
-
-    pub(super) async fn latest_checkpoint_impl(
-        &self,
-        run_id: RunId,
-    ) -> Result<Option<LoopCheckpoint>, Error> {
-        Ok(self.checkpoint_rows(run_id, true).await?.pop())
-    }
-
-    pub(super) async fn checkpoints_impl(
-        &self,
-        run_id: RunId,
-    ) -> Result<Vec<LoopCheckpoint>, Error> {
-        self.checkpoint_rows(run_id, false).await
-    }
-
-    async fn checkpoint_rows(
-        &self,
-        run_id: RunId,
-        latest_only: bool,
-    ) -> Result<Vec<LoopCheckpoint>, Error> {
-        let uuid = run_id.as_uuid();
-        // Latest first, so LIMIT 1 is the latest; all rows when not limited.
-        let limit: i64 = if latest_only { 1 } else { -1 };
-        let rows = sqlx::query!(
-            "SELECT c.turn, c.phase, c.input_tokens, c.output_tokens, c.cache_read_tokens,
-                    c.cache_write_tokens, c.tool_calls_count, c.reports_count, c.message_count,
-                    c.created_at, r.request_id
-             FROM loop_checkpoints c JOIN runs r ON r.run_id = c.run_id
-             WHERE c.run_id = ?1 ORDER BY c.turn DESC LIMIT ?2",
-            uuid,
-            limit
-        )
-        .fetch_all(&self.reader)
-        .await
-        .map_err(db("load checkpoints"))?;
-        let Some(first) = rows.first() else {
-            return Ok(Vec::new());
-        };
-        let run_key = Row {
-            table: "runs",
-            key: &run_id,
-        };
-        let request_id = run_key.id::<RequestId>("request_id", &first.request_id)?;
-        let most = rows.iter().map(|r| r.reports_count).max().unwrap_or(0);
-        let reports = self.reports(request_id, most).await?;
-        let mut checkpoints = rows
-            .into_iter()
-            .map(|r| {
-                let key = format!("{run_id}/{}", r.turn);
-                let row = Row {
-                    table: "loop_checkpoints",
-                    key: &key,
-                };
-                let count = usize::try_from(row.u64("reports_count", r.reports_count)?)
-                    .map_err(|_| row.corrupt("reports_count out of range"))?;
-                Ok(LoopCheckpoint {
-                    run_id,
-                    turn: row.u32("turn", r.turn)?,
-                    phase: CheckpointPhase::parse(&r.phase)
-                        .ok_or_else(|| row.corrupt(format!("unknown phase {:?}", r.phase)))?,
-                    usage: row.usage(
-                        r.input_tokens,
-                        r.output_tokens,
-                        r.cache_read_tokens,
-                        r.cache_write_tokens,
-                    )?,
-                    tool_calls_count: row.u64("tool_calls_count", r.tool_calls_count)?,
-                    // `reports` holds the most any row counts: each row's prefix.
-                    verification_reports: reports.iter().take(count).cloned().collect(),
-                    message_count: row.u64("message_count", r.message_count)?,
-                    created_at: r.created_at,
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-        checkpoints.reverse();
-        Ok(checkpoints)
-    }
-
-    /// The first `count` verification reports of a request.
-    async fn reports(
-        &self,
-        request_id: RequestId,
-        count: i64,
-    ) -> Result<Vec<VerificationReport>, Error> {
-        if count <= 0 {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
-        load_reports(&mut conn, request_id, count).await
-    }
-
-    pub(super) async fn request_messages_impl(
-        &self,
-        request_id: RequestId,
-        count: u64,
-    ) -> Result<Vec<Message>, Error> {
-        let uuid = request_id.as_uuid();
-        let count = to_i64(count);
-        let rows = sqlx::query!(
-            "SELECT seq, role, content, meta FROM run_messages
-             WHERE request_id = ?1 AND seq < ?2 ORDER BY seq",
-            uuid,
-            count
-        )
-        .fetch_all(&self.reader)
-        .await
-        .map_err(db("load run messages"))?;
-        rows.into_iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let key = format!("{request_id}/{}", r.seq);
-                let row = Row {
-                    table: "run_messages",
-                    key: &key,
-                };
-                // A gap means a message of the request is missing: never
-                // resume from a transcript with a hole in it.
-                if r.seq != i as i64 {
-                    return Err(row.corrupt(format!("expected seq {i}")));
-                }
-                decode_message(&row, &r.role, r.content, r.meta.as_deref())
-            })
-            .collect()
-    }
-
-    pub(super) async fn journal_impl(
-        &self,
-        request_id: RequestId,
-        turn: u32,
-    ) -> Result<Vec<JournalEntry>, Error> {
-        let uuid = request_id.as_uuid();
-        let turn = i64::from(turn);
-        let rows = sqlx::query!(
-            "SELECT turn, call_id, run_id, name, arguments, status, result FROM tool_calls
-             WHERE request_id = ?1 AND turn = ?2 ORDER BY position",
-            uuid,
-            turn
-        )
-        .fetch_all(&self.reader)
-        .await
-        .map_err(db("load tool journal"))?;
-        rows.into_iter()
-            .map(|r| {
-                let key = format!("{request_id}/{}/{}", r.turn, r.call_id);
-                let row = Row {
-                    table: "tool_calls",
-                    key: &key,
-                };
-                let status = JournalStatus::parse(&r.status)
-                    .ok_or_else(|| row.corrupt(format!("unknown status {:?}", r.status)))?;
-                let result = match (status, r.result) {
-                    (JournalStatus::Requested, _) | (_, None) => None,
-                    (_, Some(content)) => Some(ToolResult {
-                        content,
-                        is_error: status == JournalStatus::Failed,
-                    }),
-                };
-                Ok(JournalEntry {
-                    turn: row.u32("turn", r.turn)?,
-                    call_id: r.call_id,
-                    run_id: row.id::<RunId>("run_id", &r.run_id)?,
-                    name: r.name,
-                    arguments: r.arguments,
-                    status,
-                    result,
-                })
-            })
-            .collect()
-    }
+        })
+        .collect()
 }
 
 pub(super) async fn load_request(

@@ -4,12 +4,12 @@
 //! and guarded by the conversation version the pass read, so a transcript
 //! that moved under a pass fails closed instead of being summarized wrongly.
 
+use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::check_fence;
-use super::SqliteStore;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};
 use turnstile_core::Error;
@@ -55,51 +55,27 @@ impl SummaryRow {
     }
 }
 
-impl SqliteStore {
-    pub(super) async fn latest_summary_impl(
-        &self,
-        conversation_id: ConversationId,
-    ) -> Result<Option<StoredSummary>, Error> {
-        let conversation = conversation_id.as_uuid();
-        sqlx::query_as!(
-            SummaryRow,
-            r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
-                      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, created_at
-               FROM summaries WHERE conversation_id = ?1 ORDER BY through_seq DESC LIMIT 1"#,
-            conversation
-        )
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(db("load latest summary"))?
-        .map(|row| row.decode(conversation_id))
-        .transpose()
-    }
-
-    pub(super) async fn record_summary_pass_impl(
-        &self,
-        fence: &Fence,
-        pass: &SummaryPass,
-    ) -> Result<(), Error> {
-        let (fence, pass) = (*fence, pass.clone());
-        self.group
-            .write(move |tx| Box::pin(async move { record_pass_in(tx, &fence, &pass).await }))
-            .await
-    }
-
-    pub(super) async fn commit_summary_impl(
-        &self,
-        fence: &Fence,
-        summary: &SummaryCommit,
-    ) -> Result<StoredSummary, Error> {
-        let (fence, summary) = (*fence, summary.clone());
-        self.group
-            .write(move |tx| Box::pin(async move { commit_in(tx, &fence, &summary).await }))
-            .await
-    }
+pub(super) async fn load_latest_summary(
+    reader: &SqlitePool,
+    conversation_id: ConversationId,
+) -> Result<Option<StoredSummary>, Error> {
+    let conversation = conversation_id.as_uuid();
+    sqlx::query_as!(
+        SummaryRow,
+        r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
+                  input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, created_at
+           FROM summaries WHERE conversation_id = ?1 ORDER BY through_seq DESC LIMIT 1"#,
+        conversation
+    )
+    .fetch_optional(reader)
+    .await
+    .map_err(db("load latest summary"))?
+    .map(|row| row.decode(conversation_id))
+    .transpose()
 }
 
 /// A pass's record, inside the group transaction.
-async fn record_pass_in(
+pub(super) async fn record_summary_pass_in(
     tx: &mut SqliteConnection,
     fence: &Fence,
     pass: &SummaryPass,
@@ -146,7 +122,7 @@ async fn record_pass_in(
 }
 
 /// A pass's commit, inside the group transaction.
-async fn commit_in(
+pub(super) async fn commit_summary_in(
     tx: &mut SqliteConnection,
     fence: &Fence,
     summary: &SummaryCommit,

@@ -9,214 +9,173 @@
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, to_i64, to_json};
-use super::SqliteStore;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
 
-impl SqliteStore {
-    pub(super) async fn begin_turn_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-    ) -> Result<(), Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        self.group
-            .write(move |conn| {
-                Box::pin(async move { save_checkpoints(conn, &fence, &[&checkpoint]).await })
-            })
-            .await
-    }
+/// A turn's write-ahead checkpoint, inside the group transaction.
+pub(super) async fn begin_turn_in(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+) -> Result<(), Error> {
+    save_checkpoints(conn, fence, &[checkpoint]).await
+}
 
-    pub(super) async fn record_model_response_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        assistant: &Message,
-    ) -> Result<(), Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let calls = to_json(assistant.tool_calls())?;
-        let assistant = assistant.clone();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    save_checkpoints(conn, &fence, &[&checkpoint]).await?;
-                    insert_messages(
-                        conn,
-                        &fence,
-                        checkpoint.turn,
-                        checkpoint.message_count,
-                        std::slice::from_ref(&assistant),
-                    )
-                    .await?;
-                    let request = fence.request_id.as_uuid();
-                    let run = fence.run_id.as_uuid();
-                    let turn = i64::from(checkpoint.turn);
-                    let now = now_ms();
-                    sqlx::query!(
-                        "INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name,
-                             arguments, status, created_at)
-                         SELECT ?1, ?2, value ->> '$.id', key, ?3, value ->> '$.name',
-                             value ->> '$.arguments', 'requested', ?4
-                         FROM json_each(?5)",
-                        request,
-                        turn,
-                        run,
-                        now,
-                        calls
-                    )
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db("journal tool calls"))?;
-                    Ok(())
-                })
-            })
-            .await
-    }
+/// The model's answer, its checkpoint and its tool calls journaled as
+/// requested, inside the group transaction.
+pub(super) async fn record_model_response_in(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+    assistant: &Message,
+) -> Result<(), Error> {
+    save_checkpoints(conn, fence, &[checkpoint]).await?;
+    insert_messages(
+        conn,
+        fence,
+        checkpoint.turn,
+        checkpoint.message_count,
+        std::slice::from_ref(assistant),
+    )
+    .await?;
+    let request = fence.request_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let turn = i64::from(checkpoint.turn);
+    let calls = to_json(assistant.tool_calls())?;
+    let now = now_ms();
+    sqlx::query!(
+        "INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name,
+             arguments, status, created_at)
+         SELECT ?1, ?2, value ->> '$.id', key, ?3, value ->> '$.name',
+             value ->> '$.arguments', 'requested', ?4
+         FROM json_each(?5)",
+        request,
+        turn,
+        run,
+        now,
+        calls
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("journal tool calls"))?;
+    Ok(())
+}
 
-    pub(super) async fn record_tool_result_impl(
-        &self,
-        fence: &Fence,
-        turn: u32,
-        call_id: &str,
-        result: &ToolResult,
-    ) -> Result<(), Error> {
-        let fence = *fence;
-        let call_id = call_id.to_owned();
-        let result = result.clone();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    let conversation = fence.conversation_id.as_uuid();
-                    let request = fence.request_id.as_uuid();
-                    let run = fence.run_id.as_uuid();
-                    let revision = to_i64(fence.revision.0);
-                    let turn = i64::from(turn);
-                    let status = if result.is_error {
-                        "failed"
-                    } else {
-                        "completed"
-                    };
-                    let now = now_ms();
-                    // Fenced in the same statement: the result lands only
-                    // while the admission still names this run.
-                    let journaled = sqlx::query!(
-                        "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
-                         WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
-                             AND status = 'requested'
-                             AND EXISTS (SELECT 1 FROM admissions
-                                 WHERE conversation_id = ?7 AND revision = ?8 AND run_id = ?9
-                                     AND active_request_id = ?4)",
-                        status,
-                        result.content,
-                        now,
-                        request,
-                        turn,
-                        call_id,
-                        conversation,
-                        revision,
-                        run
-                    )
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db("journal tool result"))?;
-                    if journaled.rows_affected() == 1 {
-                        return Ok(());
-                    }
-                    // Nothing written: either the owner was replaced, or
-                    // there is no such call waiting for its result.
-                    check_fence(conn, &fence).await?;
-                    Err(Error::InvalidInput(format!(
-                        "no requested tool call {call_id:?} in turn {turn} of request {}",
-                        fence.request_id
-                    )))
-                })
-            })
-            .await
+/// One tool call's result, inside the group transaction.
+pub(super) async fn record_tool_result_in(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    turn: u32,
+    call_id: &str,
+    result: &ToolResult,
+) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let turn = i64::from(turn);
+    let status = if result.is_error {
+        "failed"
+    } else {
+        "completed"
+    };
+    let now = now_ms();
+    // Fenced in the same statement: the result lands only while the
+    // admission still names this run.
+    let journaled = sqlx::query!(
+        "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
+         WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
+             AND status = 'requested'
+             AND EXISTS (SELECT 1 FROM admissions
+                 WHERE conversation_id = ?7 AND revision = ?8 AND run_id = ?9
+                     AND active_request_id = ?4)",
+        status,
+        result.content,
+        now,
+        request,
+        turn,
+        call_id,
+        conversation,
+        revision,
+        run
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("journal tool result"))?;
+    if journaled.rows_affected() == 1 {
+        return Ok(());
     }
+    // Nothing written: either the owner was replaced, or there is no such
+    // call waiting for its result.
+    check_fence(conn, fence).await?;
+    Err(Error::InvalidInput(format!(
+        "no requested tool call {call_id:?} in turn {turn} of request {}",
+        fence.request_id
+    )))
+}
 
-    pub(super) async fn finish_turn_impl(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        messages: &[Message],
-        next: Option<&LoopCheckpoint>,
-    ) -> Result<(), Error> {
-        let first_seq = checkpoint
-            .message_count
-            .checked_sub(messages.len() as u64)
-            .ok_or_else(|| {
-                Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
-            })?;
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let messages = messages.to_vec();
-        let next = next.cloned();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    // The turn's checkpoint and the next turn's write-ahead,
-                    // in one fenced statement.
-                    match &next {
-                        Some(next) => save_checkpoints(conn, &fence, &[&checkpoint, next]).await?,
-                        None => save_checkpoints(conn, &fence, &[&checkpoint]).await?,
-                    }
-                    insert_messages(conn, &fence, checkpoint.turn, first_seq, &messages).await?;
-                    // The turn's calls and results are messages now: keep
-                    // only the journal's record of what ran.
-                    let request = fence.request_id.as_uuid();
-                    let turn = i64::from(checkpoint.turn);
-                    sqlx::query!(
-                        "UPDATE tool_calls SET arguments = NULL, result = NULL
-                         WHERE request_id = ?1 AND turn = ?2",
-                        request,
-                        turn
-                    )
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db("compact tool journal"))?;
-                    Ok(())
-                })
-            })
-            .await
+/// A turn's end, inside the group transaction: its checkpoint, the next
+/// turn's write-ahead if any, and the turn's `messages` at `first_seq..`.
+pub(super) async fn finish_turn_in(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+    first_seq: u64,
+    messages: &[Message],
+    next: Option<&LoopCheckpoint>,
+) -> Result<(), Error> {
+    // The turn's checkpoint and the next turn's write-ahead, in one fenced
+    // statement.
+    match next {
+        Some(next) => save_checkpoints(conn, fence, &[checkpoint, next]).await?,
+        None => save_checkpoints(conn, fence, &[checkpoint]).await?,
     }
+    insert_messages(conn, fence, checkpoint.turn, first_seq, messages).await?;
+    // The turn's calls and results are messages now: keep only the
+    // journal's record of what ran.
+    let request = fence.request_id.as_uuid();
+    let turn = i64::from(checkpoint.turn);
+    sqlx::query!(
+        "UPDATE tool_calls SET arguments = NULL, result = NULL
+         WHERE request_id = ?1 AND turn = ?2",
+        request,
+        turn
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("compact tool journal"))?;
+    Ok(())
+}
 
-    pub(super) async fn fail_run_impl(
-        &self,
-        fence: &Fence,
-        error: &str,
-        settled: Option<&LoopCheckpoint>,
-    ) -> Result<(), Error> {
-        let fence = *fence;
-        let error = error.to_owned();
-        let settled = settled.cloned();
-        self.group
-            .write(move |conn| {
-                Box::pin(async move {
-                    // A settled checkpoint may count usage the last write did
-                    // not (an answer refused as malformed): saving it is the
-                    // fence, and the admission reports its usage.
-                    match &settled {
-                        Some(checkpoint) => save_checkpoints(conn, &fence, &[checkpoint]).await?,
-                        None => check_fence(conn, &fence).await?,
-                    }
-                    let run = fence.run_id.as_uuid();
-                    let now = now_ms();
-                    sqlx::query!(
-                        "UPDATE runs SET status = 'failed', error = ?1, ended_at = ?2
-                         WHERE run_id = ?3",
-                        error,
-                        now,
-                        run
-                    )
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db("record run failure"))?;
-                    Ok(())
-                })
-            })
-            .await
+/// A run's failure, inside the group transaction.
+pub(super) async fn fail_run_in(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    error: &str,
+    settled: Option<&LoopCheckpoint>,
+) -> Result<(), Error> {
+    // A settled checkpoint may count usage the last write did not (an
+    // answer refused as malformed): saving it is the fence, and the
+    // admission reports its usage.
+    match settled {
+        Some(checkpoint) => save_checkpoints(conn, fence, &[checkpoint]).await?,
+        None => check_fence(conn, fence).await?,
     }
+    let run = fence.run_id.as_uuid();
+    let now = now_ms();
+    sqlx::query!(
+        "UPDATE runs SET status = 'failed', error = ?1, ended_at = ?2
+         WHERE run_id = ?3",
+        error,
+        now,
+        run
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("record run failure"))?;
+    Ok(())
 }
 
 /// The fence on its own, for writes that save no checkpoint: touches the
