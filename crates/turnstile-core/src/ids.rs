@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::Error;
+use crate::error::Error;
 
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident, $what:literal, $new:expr) => {

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use crate::message::{Message, ToolCall, ToolSpec, Usage};
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// Receives text deltas while a model streams its answer.
 pub type TextDeltas<'a> = &'a (dyn Fn(&str) + Send + Sync);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{Model, ModelRequest, ModelResponse};
 use crate::message::{Message, ToolCall, Usage};
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// One scripted answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
