@@ -793,6 +793,29 @@ async fn doctor_reports_a_healthy_database() {
     assert!(!missing.exists());
 }
 
+#[test]
+fn doctor_that_cannot_open_the_database_says_so_with_exit_7_and_no_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let directory = dir.path().join("a-directory.db");
+    std::fs::create_dir(&directory).unwrap();
+    let fifo = dir.path().join("a-fifo.db");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    for db in [&directory, &fifo] {
+        let path = db.to_str().unwrap();
+        let human = turnstile(&["doctor", "--db", path]);
+        human.assert_error(7, "cannot open");
+        assert!(!human.stderr.contains("integrity"), "{human:#?}");
+
+        let json = turnstile(&["doctor", "--db", path, "--json"]);
+        assert_eq!(json.code, 7, "{json:#?}");
+        let report = json.json();
+        assert_eq!(report["integrity_ok"], Value::Null, "{report:#}");
+        assert!(report["cannot_open"].is_string(), "{report:#}");
+    }
+    assert!(fifo.exists() && directory.is_dir());
+}
+
 #[tokio::test]
 async fn doctor_reports_a_corrupted_database_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();

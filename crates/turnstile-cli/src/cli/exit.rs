@@ -8,6 +8,7 @@
 //! | 3 | busy: the conversation is held by an active request |
 //! | 4 | not found: database file, conversation, request or run |
 //! | 5 | fenced, conflict (stale `--revision`), ambiguous checkpoint, request not active |
+//! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory): nothing is known about its health |
 //!
 //! Scripts can tell "retry later" (3), "fix the command" (2), "look it up"
 //! (4) and "re-read the state and decide" (5) apart without parsing text.
@@ -26,6 +27,10 @@ pub const BUSY: u8 = 3;
 pub const NOT_FOUND: u8 = 4;
 /// The state moved: fenced, conflicting revision, ambiguous checkpoint.
 pub const CONFLICT: u8 = 5;
+/// The database could not be opened to be checked (`doctor`): no
+/// permission, not a regular file, a read-only directory. Says nothing
+/// about its health.
+pub const CANNOT_OPEN: u8 = 7;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +55,9 @@ pub enum CliError {
     /// Anything else, in words.
     #[error("{0}")]
     Failed(String),
+    /// A database that could not be opened to be examined.
+    #[error("{0}")]
+    CannotOpen(String),
     /// A run stopped with its admission held (cancelled, budget, deadline,
     /// model error): the error, and the command that continues it.
     #[error("{source}; continue it with: {resume}")]
@@ -81,6 +89,7 @@ impl CliError {
             CliError::MissingDatabase(_) => NOT_FOUND,
             CliError::Turnstile(e) | CliError::Stopped { source: e, .. } => code_for(e),
             CliError::Io { .. } | CliError::Failed(_) => FAILURE,
+            CliError::CannotOpen(_) => CANNOT_OPEN,
             CliError::ForRequest { source, .. } => source.exit_code(),
         }
     }

@@ -39,7 +39,8 @@ use turnstile::ids::{ConversationId, Namespace, Revision};
 #[command(name = "turnstile", version, about, max_term_width = 100)]
 #[command(
     after_help = "Exit codes: 0 success, 1 failure, 2 usage or mismatch, 3 busy, \
-                        4 not found, 5 fenced, conflict or ambiguous checkpoint.\n\
+                        4 not found, 5 fenced, conflict or ambiguous checkpoint, \
+                        7 doctor cannot open the database.\n\
                         Logging: RUST_LOG (default warn), on stderr."
 )]
 pub struct Cli {

@@ -325,8 +325,13 @@ pub struct DoctorReport {
     /// Where the database is: a file path, or a server address without its
     /// password.
     pub path: String,
-    /// The backend's integrity check passed.
-    pub integrity_ok: bool,
+    /// Whether the backend's integrity check passed; `None` when it could
+    /// not run because the database could not be opened (see
+    /// [`DoctorReport::cannot_open`]): that says nothing about its health.
+    pub integrity_ok: Option<bool>,
+    /// Why the database could not be opened for the check (not a file, no
+    /// permission, a read-only directory its log needs, …).
+    pub cannot_open: Option<String>,
     /// What the integrity check said (`["ok"]` when healthy), or why it
     /// could not run.
     pub integrity: Vec<String>,

@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 
-use crate::message::{Message, ToolCall, ToolSpec, Usage};
 use crate::error::ModelError;
+use crate::message::{Message, ToolCall, ToolSpec, Usage};
 
 /// Receives text deltas while a model streams its answer.
 pub type TextDeltas<'a> = &'a (dyn Fn(&str) + Send + Sync);

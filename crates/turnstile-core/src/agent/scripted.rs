@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::model::{Model, ModelRequest, ModelResponse};
-use crate::message::{Message, ToolCall, Usage};
 use crate::error::ModelError;
+use crate::message::{Message, ToolCall, Usage};
 
 /// One scripted answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,9 +19,9 @@ pub use records::{
 };
 
 use crate::checkpoint::LoopCheckpoint;
+use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::{Message, Usage};
-use crate::error::Error;
 
 /// The durable operations of turnstile. Object-safe: use it as
 /// `Arc<dyn Store>`.

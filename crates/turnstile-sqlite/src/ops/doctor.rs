@@ -36,6 +36,12 @@ impl SqliteStore {
             });
         }
         let mut report = empty_report(path.display().to_string(), file_sizes(path));
+        // A FIFO or a device would block the open or read without end;
+        // only a regular file can be a database.
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            report.cannot_open = Some("not a regular file".into());
+            return Ok(report);
+        }
         // Read-only: no migration, no journal-mode change, and no checkpoint
         // of the log when the connection closes.
         let connected = SqliteConnectOptions::new()
@@ -47,7 +53,7 @@ impl SqliteStore {
         let mut conn = match connected {
             Ok(conn) => conn,
             Err(e) => {
-                report.integrity = vec![format!("cannot open the database: {e}")];
+                fail_to_check(&mut report, &e);
                 return Ok(report);
             }
         };
@@ -74,7 +80,8 @@ pub(super) async fn of_store(
 fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> DoctorReport {
     DoctorReport {
         path: location,
-        integrity_ok: false,
+        integrity_ok: None,
+        cannot_open: None,
         integrity: Vec::new(),
         schema_version: None,
         supported_schema_version: SqliteStore::supported_schema_version(),
@@ -102,10 +109,13 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         .await
     {
         Ok(lines) => {
-            report.integrity_ok = lines.len() == 1 && lines[0] == "ok";
+            report.integrity_ok = Some(lines.len() == 1 && lines[0] == "ok");
             report.integrity = lines;
         }
-        Err(e) => report.integrity = vec![format!("the integrity check could not run: {e}")],
+        Err(e) => {
+            fail_to_check(report, &e);
+            return;
+        }
     }
     for (name, pragma) in PAGE_PRAGMAS {
         let value = pragma_number(conn, pragma, &mut report.errors).await;
@@ -167,6 +177,28 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
             report.stuck_admissions = u64::try_from(row.stuck).ok();
         }
         Err(e) => report.errors.push(format!("admissions: {e}")),
+    }
+}
+
+/// A check that could not start: a file SQLite cannot open (no permission,
+/// a read-only directory its log needs) says nothing about the database's
+/// health; any other failure (not a database, corrupt) is a failed check.
+fn fail_to_check(report: &mut DoctorReport, error: &sqlx::Error) {
+    const SQLITE_PERM: i32 = 3;
+    const SQLITE_READONLY: i32 = 8;
+    const SQLITE_CANTOPEN: i32 = 14;
+    let code = error
+        .as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .map(|code| code & 0xff);
+    let unopenable = matches!(error, sqlx::Error::Io(_))
+        || matches!(code, Some(SQLITE_PERM | SQLITE_READONLY | SQLITE_CANTOPEN));
+    if unopenable {
+        report.cannot_open = Some(error.to_string());
+    } else {
+        report.integrity_ok = Some(false);
+        report.integrity = vec![format!("the integrity check could not run: {error}")];
     }
 }
 

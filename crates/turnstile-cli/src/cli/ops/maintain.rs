@@ -104,8 +104,8 @@ pub(in crate::cli) async fn doctor(
     let report = SqliteStore::doctor(&args.db, args.stale_after).await?;
     if json {
         output::json(out, &report)?;
-    } else {
-        let integrity = if report.integrity_ok {
+    } else if report.cannot_open.is_none() {
+        let integrity = if report.integrity_ok == Some(true) {
             style.green("ok")
         } else {
             style.red(&format!(
@@ -171,7 +171,12 @@ pub(in crate::cli) async fn doctor(
             writeln!(out, "{} {error}", style.yellow("could not check:"))?;
         }
     }
-    if report.integrity_ok {
+    if let Some(why) = report.cannot_open {
+        Err(CliError::CannotOpen(format!(
+            "cannot open {} to check it: {why}",
+            report.path
+        )))
+    } else if report.integrity_ok == Some(true) {
         Ok(())
     } else {
         Err(CliError::Failed(format!(
