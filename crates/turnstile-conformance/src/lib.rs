@@ -14,11 +14,13 @@
 //! A new backend proves itself by adding that one file to its tests.
 
 pub mod activity;
+pub mod admin;
 pub mod admission;
 pub mod concurrency;
 pub mod fencing;
 pub mod lifecycle;
 pub mod logs;
+pub mod summaries;
 pub mod support;
 
 /// Instantiates every behaviour of the suite as a `#[tokio::test]` in a
@@ -55,6 +57,23 @@ macro_rules! suite {
     lifecycle::hostile_strings_round_trip_verbatim_through_commit,
     concurrency::concurrent_claims_at_one_revision_admit_exactly_one,
     concurrency::concurrent_recovery_claims_at_one_revision_admit_exactly_one,
+    summaries::summary_pass_that_does_not_fit_the_transcript_conflicts_and_changes_nothing,
+    summaries::summary_commit_at_a_stale_version_or_for_another_pass_conflicts_and_changes_nothing,
+    summaries::summary_commit_counts_once_and_a_repeat_after_a_lost_acknowledgement_returns_the_stored_row,
+    summaries::summary_writes_of_a_replaced_owner_are_fenced_and_write_nothing,
+    summaries::latest_summary_is_the_newest_with_its_through_seq,
+    summaries::abandon_clears_the_pass_in_flight_and_keeps_the_committed_summaries,
+    admin::conversation_listing_is_newest_first_filtered_and_limited,
+    admin::request_listing_is_newest_first_filtered_and_limited,
+    admin::run_listing_is_newest_first_filtered_and_limited,
+    admin::summaries_of_unknown_ids_are_none_and_of_known_ones_match_the_listings,
+    admin::stuck_only_lists_a_failed_owner_and_a_running_one_only_once_stale,
+    admin::doctor_on_a_healthy_store_reports_integrity_and_admission_counts,
+    admin::storage_reports_bytes_in_use_that_grow_with_commits,
+    admin::prune_deletes_what_no_replay_needs_and_a_completed_request_still_replays,
+    admin::prune_dry_run_counts_exactly_and_deletes_nothing,
+    admin::prune_spares_requests_finished_within_older_than_and_filters_by_status,
+    admin::prune_with_transcripts_deletes_idle_conversations_whole_and_spares_held_ones,
             );
         }
     };
