@@ -439,7 +439,12 @@ pub async fn doctor_on_a_healthy_store_reports_integrity_and_admission_counts(
         (report.held_admissions, report.stuck_admissions)
     };
     let report = store.doctor(PATIENT).await?;
-    assert!(report.integrity_ok, "integrity: {:?}", report.integrity);
+    assert_eq!(
+        report.integrity_ok,
+        Some(true),
+        "integrity: {:?}",
+        report.integrity
+    );
     assert_eq!(report.integrity, ["ok"]);
     assert!(report.errors.is_empty(), "errors: {:?}", report.errors);
     assert!(report.supported_schema_version > 0);
@@ -451,7 +456,8 @@ pub async fn doctor_on_a_healthy_store_reports_integrity_and_admission_counts(
     store.fail_run(&failed, "tool crashed", None).await?;
     complete_request(&*store, new_conversation(&*store).await?, "idle", 0, "done").await?;
     let report = store.doctor(PATIENT).await?;
-    assert!(report.integrity_ok);
+    assert_eq!(report.integrity_ok, Some(true));
+    assert_eq!(report.cannot_open, None);
     assert_eq!(counts(&report), (Some(2), Some(1)));
 
     commit_answer(&*store, &running, 1, 1, "answer").await?;
@@ -461,7 +467,7 @@ pub async fn doctor_on_a_healthy_store_reports_integrity_and_admission_counts(
         .await?;
     let report = store.doctor(PATIENT).await?;
     assert_eq!(counts(&report), (Some(0), Some(0)));
-    assert!(report.integrity_ok && report.errors.is_empty());
+    assert!(report.integrity_ok == Some(true) && report.errors.is_empty());
     Ok(())
 }
 
