@@ -24,8 +24,11 @@ fn main() -> ExitCode {
     };
     match cli::main(cli, &mut stdout.lock(), style) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): nothing is wrong, and nobody is
+        // left to tell.
+        Err(error) if error.is_closed_output() => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", error.one_line());
+            cli::report(&format!("error: {}", error.one_line()));
             ExitCode::from(error.exit_code())
         }
     }

@@ -864,6 +864,99 @@ async fn doctor_reports_a_corrupted_database_and_exits_1() {
     assert_eq!(report["database_bytes"], size);
 }
 
+#[test]
+fn a_closed_stdout_is_a_quiet_exit_and_closed_pipes_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("pipes.db");
+    let fast = scripted(&add_script(dir.path()));
+    let conversation = uuid();
+    commit(&db, &conversation, &fast, None);
+    let db_arg = db.to_str().unwrap();
+    for args in [
+        vec!["ls", "conversations", "--db", db_arg],
+        vec!["export", conversation.as_str(), "--db", db_arg],
+    ] {
+        let mut child = command(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before anything is written
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+    // Both outputs closed and a failing command: its exit code, no panic.
+    let missing = dir.path().join("missing.db");
+    let mut child = command(&["ls", "runs", "--db", missing.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(4));
+}
+
+#[tokio::test]
+async fn sigterm_and_sighup_stop_a_run_cleanly_like_ctrl_c() {
+    for signal in ["TERM", "HUP"] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("signal.db");
+        let conversation = uuid();
+        let slow = scripted(&slow_script(dir.path()));
+        let mut args = on("run", &db, &conversation);
+        args.extend(["--model", &slow, INPUT]);
+        let mut child = command(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start turnstile");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "exited early");
+            if line.contains("write-ahead checkpoint saved") {
+                break;
+            }
+        }
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "SIG{signal}: {stderr}\n{rest}"
+        );
+        assert!(stderr.contains("was cancelled at revision"), "{stderr}");
+        assert!(
+            stderr.contains("continue it with: turnstile resume"),
+            "{stderr}"
+        );
+
+        let held = admission(&db, &conversation).await;
+        let active = held.active.expect("the admission stays held");
+        let store = open(&db).await;
+        let latest = store
+            .latest_checkpoint(active.run_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(latest.phase, CheckpointPhase::ModelPending, "SIG{signal}");
+    }
+}
+
 #[tokio::test]
 async fn ctrl_c_cancels_a_run_cleanly_and_resume_finishes_it() {
     let dir = tempfile::tempdir().unwrap();

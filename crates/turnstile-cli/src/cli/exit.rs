@@ -21,7 +21,8 @@ use turnstile::Error;
 pub const FAILURE: u8 = 1;
 /// Bad usage or input, or a mismatch with what is stored.
 pub const USAGE: u8 = 2;
-/// The conversation is busy with an active request.
+/// The conversation is busy with an active request, or another process held
+/// the database's write lock past the busy timeout.
 pub const BUSY: u8 = 3;
 /// Something named does not exist.
 pub const NOT_FOUND: u8 = 4;
@@ -94,6 +95,12 @@ impl CliError {
         }
     }
 
+    /// Whether the command failed only because its standard output was
+    /// closed (a pipe's reader exited).
+    pub fn is_closed_output(&self) -> bool {
+        matches!(self, CliError::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+
     /// The message on one line, with the causes a summary would hide
     /// (a database error's driver message) appended.
     pub fn one_line(&self) -> String {
@@ -134,6 +141,9 @@ pub fn code_for(error: &Error) -> u8 {
         | Error::Conflict { .. }
         | Error::AmbiguousCheckpoint { .. }
         | Error::NotActive { .. } => CONFLICT,
+        // Another process held the database past the busy timeout: retry
+        // later, like a busy conversation.
+        Error::Store(e) if e.is_busy() => BUSY,
         _ => FAILURE,
     }
 }

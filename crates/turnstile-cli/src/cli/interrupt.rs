@@ -1,13 +1,14 @@
-//! Ctrl-C during `run`, `resume` and `recover`: the first SIGINT cancels the
-//! run's [`CancellationToken`], so the loop stops at a clean point, settles
-//! the turn's checkpoint and returns `Cancelled` (the command prints how to
-//! resume); a second SIGINT exits at once with 130, as an impatient user
+//! Ctrl-C, SIGTERM and SIGHUP during `run`, `resume` and `recover`: the
+//! first of them cancels the run's [`CancellationToken`], so the loop stops
+//! at a clean point, settles the turn's checkpoint and returns `Cancelled`
+//! (the command prints how to resume); a second one exits at once with
+//! 128 + its number (130 for Ctrl-C), as an impatient user or a supervisor
 //! expects (the run is then resumable like a crashed one).
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-/// Watches for SIGINT while it lives.
+/// Watches for the stopping signals while it lives.
 pub(super) struct Interrupt {
     token: CancellationToken,
     _watch: AbortOnDropHandle<()>,
@@ -19,14 +20,17 @@ impl Interrupt {
         let token = CancellationToken::new();
         let cancel = token.clone();
         let watch = tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_err() {
-                return; // no signal handling here: Ctrl-C keeps its default
-            }
-            tracing::info!("interrupted: cancelling the run at its next clean point");
+            let Some(mut stops) = Stops::install() else {
+                return; // no signal handling here: the signals keep their defaults
+            };
+            let first = stops.next().await;
+            tracing::info!(
+                signal = first,
+                "stopping: cancelling the run at its next clean point"
+            );
             cancel.cancel();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                std::process::exit(130);
-            }
+            let second = stops.next().await;
+            std::process::exit(128 + second);
         });
         Self {
             token,
@@ -37,5 +41,53 @@ impl Interrupt {
     /// The token to put in the run's `RunContext`.
     pub(super) fn token(&self) -> CancellationToken {
         self.token.clone()
+    }
+}
+
+/// The signals that ask a command to stop.
+struct Stops {
+    #[cfg(unix)]
+    unix: [(tokio::signal::unix::Signal, i32); 3],
+}
+
+impl Stops {
+    #[cfg(unix)]
+    fn install() -> Option<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        const SIGHUP: i32 = 1;
+        const SIGINT: i32 = 2;
+        const SIGTERM: i32 = 15;
+        Some(Self {
+            unix: [
+                (signal(SignalKind::interrupt()).ok()?, SIGINT),
+                (signal(SignalKind::terminate()).ok()?, SIGTERM),
+                (signal(SignalKind::hangup()).ok()?, SIGHUP),
+            ],
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn install() -> Option<Self> {
+        Some(Self {})
+    }
+
+    /// The number of the next stopping signal.
+    #[cfg(unix)]
+    async fn next(&mut self) -> i32 {
+        let [(int, n_int), (term, n_term), (hup, n_hup)] = &mut self.unix;
+        tokio::select! {
+            _ = int.recv() => *n_int,
+            _ = term.recv() => *n_term,
+            _ = hup.recv() => *n_hup,
+        }
+    }
+
+    #[cfg(not(unix))]
+    async fn next(&mut self) -> i32 {
+        const SIGINT: i32 = 2;
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => SIGINT,
+            Err(_) => std::future::pending().await,
+        }
     }
 }

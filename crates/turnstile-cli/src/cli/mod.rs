@@ -162,10 +162,17 @@ pub fn parse_failure(error: clap::Error) -> ExitCode {
             ExitCode::from(exit::USAGE)
         }
         _ => {
-            eprintln!("error: {}", usage_line(&error));
+            report(&format!("error: {}", usage_line(&error)));
             ExitCode::from(exit::USAGE)
         }
     }
+}
+
+/// Writes one line to stderr; an unwritable stderr is ignored (`eprintln!`
+/// would panic).
+pub fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Clap's message without its usage and tip paragraphs, on one line.
