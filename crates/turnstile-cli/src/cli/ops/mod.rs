@@ -194,7 +194,7 @@ pub(super) fn columns(
             }
             text.push_str(cell);
             let pad = widths[i].saturating_sub(visible_width(cell));
-            text.extend(std::iter::repeat(' ').take(pad));
+            text.extend(std::iter::repeat_n(' ', pad));
         }
         text.trim_end().to_owned()
     };
