@@ -186,9 +186,16 @@ async fn the_largest_accepted_input_commits_verbatim() {
 async fn unknown_ids_and_wrong_revisions_are_typed_errors() {
     let f = Fixture::new().await;
     let ctx = RunContext::default;
+    let admission = f.session.admission().await;
+    assert!(
+        matches!(admission, Err(Error::NotFound { .. })),
+        "an unknown conversation: {admission:?}"
+    );
     let done = RequestId::new();
     f.session.run(done, "hello", ctx()).await.unwrap();
     let revision = f.store.admission(f.conversation).await.unwrap().revision;
+    let idle = f.session.admission().await.unwrap();
+    assert_eq!((idle.revision, idle.active), (revision, None));
     let unknown = RequestId::new();
 
     let resume = f
@@ -519,6 +526,17 @@ async fn bad_recover_input_is_refused_before_anything_is_written() {
 #[tokio::test]
 async fn wrong_revisions_for_a_held_request_are_conflicts_and_change_nothing() {
     let (f, request, run, revision) = held().await;
+    let state = f.session.admission().await.unwrap();
+    let active = state.active.expect("the request holds the admission");
+    assert_eq!(
+        (state.revision, active.request_id, active.run_id),
+        (revision, request, run)
+    );
+    assert_eq!(
+        active.usage,
+        f.session.recovery_usage(request).await.unwrap()
+    );
+    assert_eq!(active.checkpoint, None, "cancelled before its first turn");
     let before = held_state(&f, request, run).await;
     let rows: [(&str, Revision); 5] = [
         ("stale", Revision(revision.0 - 1)),

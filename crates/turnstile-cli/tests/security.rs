@@ -618,6 +618,7 @@ fn only<T: std::fmt::Debug>(mut items: Vec<Result<T, Error>>) -> Result<T, Error
 
 #[tokio::test]
 async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
+    use futures_util::StreamExt;
     use turnstile::admin::ListFilter;
     use turnstile::StoreAdmin;
     use turnstile::{Budget, ResumePolicy};
@@ -683,6 +684,13 @@ async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
             .recover_after_owner_exit(held, &held_input, ctx(), revision, policy)
             .await;
         assert_namespace_mismatch("recover_after_owner_exit", recovered, c);
+        let items = b
+            .resume_stream(run, ctx(), revision, policy)
+            .collect()
+            .await;
+        assert_namespace_mismatch("resume_stream", only(items), c);
+        let stream = b.recover_stream(held, held_input.clone(), ctx(), revision, policy);
+        assert_namespace_mismatch("recover_stream", only(stream.collect().await), c);
     }
     let committed_run = outcome.run_id;
     let resumed = b
@@ -691,6 +699,7 @@ async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
     assert_namespace_mismatch("resume_run of a committed run", resumed, c);
     assert_namespace_mismatch("recovery_usage", b.recovery_usage(held).await, c);
     assert_namespace_mismatch("abandon", b.abandon(held, revision).await, c);
+    assert_namespace_mismatch("admission", b.admission().await, c);
     // The store's own namespace-scoped reads.
     assert_namespace_mismatch(
         "Store::conversation",

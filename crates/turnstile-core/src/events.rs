@@ -46,15 +46,23 @@ pub enum Event {
         usage: Usage,
         tool_calls: usize,
     },
+    /// A tool call is about to run (not sent for a result reused from the
+    /// journal).
     ToolStarted {
         turn: u32,
         call_id: String,
         name: String,
+        /// The call's arguments as the model gave them (JSON text).
+        arguments: String,
     },
+    /// A tool call is answered and its result journaled.
     ToolFinished {
         turn: u32,
         call_id: String,
         name: String,
+        /// The result the model is given: the tool's output, or what went
+        /// wrong when `is_error`.
+        content: String,
         is_error: bool,
         /// The result came from the journal of an earlier run: the tool was
         /// not executed again.

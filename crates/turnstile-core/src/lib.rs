@@ -17,10 +17,11 @@
 //!
 //! # Where things are
 //!
-//! - [`session`]: [`AgentSession`] (`run`, `stream`, `resume_run`,
-//!   `recover_after_owner_exit`, `recovery_usage`, `abandon`) and the turn
-//!   protocol (`session/turns.rs`): how a request runs. Compaction
-//!   ([`ContextPolicy`], [`MaxPasses`]) lives there too.
+//! - [`session`]: [`AgentSession`] (`run`, `resume_run`,
+//!   `recover_after_owner_exit`, each also as an [`EventStream`]: `stream`,
+//!   `resume_stream`, `recover_stream`; `admission`, `recovery_usage`,
+//!   `abandon`) and the turn protocol (`session/turns.rs`): how a request
+//!   runs. Compaction ([`ContextPolicy`], [`MaxPasses`]) lives there too.
 //! - [`store`]: the [`Store`] contract and its records: what must be durable.
 //!   [`admin`]: the operations contract (listings, retention, health).
 //! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets.
@@ -56,7 +57,9 @@ pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
 pub use outcome::Outcome;
 pub use session::MaxPasses;
-pub use session::{AgentSession, ContextPolicy, ResumePolicy};
+pub use session::{
+    ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream, ResumePolicy,
+};
 pub use store::Store;
 
 /// Re-exported so implementations of [`Model`], [`Tool`] and [`Verifier`]

@@ -12,7 +12,6 @@ mod demo;
 pub mod exit;
 mod interrupt;
 mod model;
-mod observe;
 mod ops;
 pub mod output;
 mod progress;

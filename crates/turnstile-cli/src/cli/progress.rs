@@ -4,29 +4,24 @@
 //! the model's answer appears word by word; otherwise every line is plain
 //! text, written once and flushed (so a pipe reader sees it immediately).
 
-use std::collections::HashMap;
 use std::io::Write;
 
 use super::exit::CliError;
-use super::observe::Note;
 use super::output::{clip, Style};
 use turnstile::events::Event;
 use turnstile::message::Usage;
 
-/// Prints events and notes of one run.
+/// Prints the events of one run.
 pub struct Progress {
     style: Style,
     indent: String,
-    /// Arguments and results of finished tool calls, until their
+    /// The call id and arguments of the tool call running, until its
     /// `ToolFinished` event is printed.
-    held: HashMap<String, (String, Result<String, String>)>,
+    running: Option<(String, String)>,
     /// A replaceable line is on screen.
     transient: bool,
     /// Text deltas are being written on the current line.
     speaking: bool,
-    /// The turn of the next model answer reported by a note (notes carry
-    /// no turn of their own).
-    next_model_turn: Option<u32>,
 }
 
 impl Progress {
@@ -34,17 +29,10 @@ impl Progress {
         Self {
             style,
             indent: indent.into(),
-            held: HashMap::new(),
+            running: None,
             transient: false,
             speaking: false,
-            next_model_turn: None,
         }
-    }
-
-    /// Numbers the model answers reported by notes from `turn` on.
-    pub fn counting_turns_from(mut self, turn: u32) -> Self {
-        self.next_model_turn = Some(turn);
-        self
     }
 
     /// One event of a streamed run.
@@ -101,24 +89,33 @@ impl Progress {
                     &format!("turn {turn} · model {what} · {}", tokens(usage)),
                 )
             }
-            Event::ToolStarted { name, .. } if s.terminal => {
-                self.transient_line(out, &s.dim(&format!("    running {name}…")))
+            Event::ToolStarted {
+                call_id,
+                name,
+                arguments,
+                ..
+            } => {
+                self.running = Some((call_id.clone(), arguments.clone()));
+                match s.terminal {
+                    true => self.transient_line(out, &s.dim(&format!("    running {name}…"))),
+                    false => Ok(()),
+                }
             }
             Event::ToolFinished {
                 call_id,
                 name,
+                content,
                 is_error,
                 reused,
                 ..
             } => {
-                let held = self.held.remove(call_id);
-                let text = match (reused, held) {
-                    (true, _) => format!("{name} · result reused from the journal, not run again"),
-                    (false, Some((arguments, result))) => tool_line(name, &arguments, &result),
-                    // Answered without running (unknown tool, bad
-                    // arguments, timeout, panic): no note was sent.
-                    (false, None) if *is_error => format!("{name} → error result"),
-                    (false, None) => format!("{name} finished"),
+                let arguments = match self.running.take() {
+                    Some((running, arguments)) if running == *call_id => arguments,
+                    _ => String::new(),
+                };
+                let text = match reused {
+                    true => format!("{name} · result reused from the journal, not run again"),
+                    false => tool_line(name, &arguments, content, *is_error),
                 };
                 let mark = if *is_error {
                     s.red("✗")
@@ -133,77 +130,17 @@ impl Progress {
                     "    checkpoint saved · turn {turn} · revision {revision}"
                 )),
             ),
+            // A replay did no work: the outcome shows it.
             Event::ConversationCommitted {
+                outcome,
                 conversation_version,
-                ..
-            } => self.line(
+            } if !outcome.replayed => self.line(
                 out,
                 &s.green(&format!(
                     "committed · conversation version {conversation_version}"
                 )),
             ),
             _ => Ok(()),
-        }
-    }
-
-    /// A note from the observed model or tools. With an event stream the
-    /// tool notes are held for their `ToolFinished` event and model notes are
-    /// redundant; without one (resume, recovery) each note is a line.
-    pub fn note(
-        &mut self,
-        out: &mut dyn Write,
-        note: Note,
-        streamed: bool,
-    ) -> Result<(), CliError> {
-        match (note, streamed) {
-            (
-                Note::Tool {
-                    call_id,
-                    arguments,
-                    result,
-                    ..
-                },
-                true,
-            ) => {
-                self.held.insert(call_id, (arguments, result));
-                Ok(())
-            }
-            (Note::Model { .. }, true) => Ok(()),
-            (Note::Model { tool_calls, usage }, false) => {
-                let what = match tool_calls {
-                    0 => "answered".to_owned(),
-                    1 => "asked for 1 tool call".to_owned(),
-                    n => format!("asked for {n} tool calls"),
-                };
-                let turn = match self.next_model_turn.as_mut() {
-                    Some(turn) => {
-                        *turn += 1;
-                        format!("turn {} · ", *turn - 1)
-                    }
-                    None => String::new(),
-                };
-                self.line(out, &format!("{turn}model {what} · {}", tokens(&usage)))
-            }
-            (
-                Note::Tool {
-                    turn,
-                    name,
-                    arguments,
-                    result,
-                    ..
-                },
-                false,
-            ) => {
-                let mark = if result.is_ok() {
-                    self.style.green("✓")
-                } else {
-                    self.style.red("✗")
-                };
-                // A tool round ends its turn: the next answer is the next turn.
-                self.next_model_turn = Some(turn + 1);
-                let text = tool_line(&name, &arguments, &result);
-                self.line(out, &format!("    {mark} {text}"))
-            }
         }
     }
 
@@ -242,13 +179,13 @@ impl Progress {
     }
 }
 
-fn tool_line(name: &str, arguments: &str, result: &Result<String, String>) -> String {
-    match result {
-        Ok(value) => format!("{name} {} → {}", clip(arguments, 60), clip(value, 40)),
-        Err(error) => format!(
+fn tool_line(name: &str, arguments: &str, content: &str, is_error: bool) -> String {
+    match is_error {
+        false => format!("{name} {} → {}", clip(arguments, 60), clip(content, 40)),
+        true => format!(
             "{name} {} → error: {}",
             clip(arguments, 60),
-            clip(error, 60)
+            clip(content, 60)
         ),
     }
 }
@@ -270,30 +207,38 @@ mod tests {
     fn plain_progress_is_one_flushed_line_per_step() {
         let mut out = Vec::new();
         let mut progress = Progress::new(Style::default(), "  ");
-        progress
-            .note(
-                &mut out,
-                Note::Tool {
-                    turn: 1,
-                    call_id: "c1".into(),
-                    name: "add".into(),
-                    arguments: r#"{"a":1,"b":2}"#.into(),
-                    result: Ok("3".into()),
-                },
-                true,
-            )
-            .unwrap();
         for event in [
             Event::TurnStarted { turn: 1 },
             Event::TextDelta {
                 turn: 1,
                 text: "ignored ".into(),
             },
+            Event::ToolStarted {
+                turn: 1,
+                call_id: "c1".into(),
+                name: "add".into(),
+                arguments: r#"{"a":1,"b":2}"#.into(),
+            },
             Event::ToolFinished {
                 turn: 1,
                 call_id: "c1".into(),
                 name: "add".into(),
+                content: "3".into(),
                 is_error: false,
+                reused: false,
+            },
+            Event::ToolStarted {
+                turn: 1,
+                call_id: "c2".into(),
+                name: "nope".into(),
+                arguments: "{}".into(),
+            },
+            Event::ToolFinished {
+                turn: 1,
+                call_id: "c2".into(),
+                name: "nope".into(),
+                content: "unknown tool \"nope\"".into(),
+                is_error: true,
                 reused: false,
             },
             Event::CheckpointSaved {
@@ -310,6 +255,7 @@ mod tests {
             [
                 "  turn 1 · write-ahead checkpoint saved, calling the model",
                 r#"      ✓ add {"a":1,"b":2} → 3"#,
+                r#"      ✗ nope {} → error: unknown tool "nope""#,
                 "      checkpoint saved · turn 1 · revision 4",
             ]
         );

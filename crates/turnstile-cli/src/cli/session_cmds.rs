@@ -3,32 +3,26 @@
 //! Every argument, the script and the input are checked before the database
 //! is opened, so bad input writes nothing (not even a new database file).
 
-use std::future::Future;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::pin::pin;
 use std::sync::Arc;
 
 use clap::Args;
-use futures_util::Stream;
+use futures_util::StreamExt;
 use serde::Serialize;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::exit::CliError;
 use super::interrupt::Interrupt;
 use super::model::{self, ModelArgs, ModelSpec};
-use super::observe::{Note, Notes, ObservedModel, ObservedTool};
 use super::output::{self, Style};
 use super::progress::Progress;
 use super::{parse_revision, tools, SessionArgs};
-use turnstile::agent::{Agent, Model, RunContext, ScriptedModel, Tool};
-use turnstile::checkpoint::{CheckpointPhase, LoopCheckpoint};
+use turnstile::agent::{Agent, Model, RunContext, ScriptedModel};
 use turnstile::events::Event;
 use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;
-use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
+use turnstile::session::{AgentSession, ContextPolicy, EventStream, ResumePolicy};
 use turnstile::store::Store;
-use turnstile::Error;
 use turnstile::{SqliteStore, StoreAdmin};
 
 /// The system prompt of the command-line agent. It is part of the agent
@@ -103,28 +97,11 @@ pub struct AbandonArgs {
     pub session: SessionArgs,
 }
 
-/// The command-line agent: `model`, the real tools and [`SYSTEM_PROMPT`];
-/// with `notes`, the model and tools report what they do.
-pub(super) fn agent(model: Arc<dyn Model>, notes: Option<&Notes>) -> Agent {
-    let model: Arc<dyn Model> = match notes {
-        Some(notes) => Arc::new(ObservedModel {
-            inner: model,
-            notes: notes.clone(),
-        }),
-        None => model,
-    };
+/// The command-line agent: `model`, the real tools and [`SYSTEM_PROMPT`].
+pub(super) fn agent(model: Arc<dyn Model>) -> Agent {
     tools::toolbox()
         .into_iter()
-        .fold(Agent::new(model), |agent, tool| {
-            let tool: Arc<dyn Tool> = match notes {
-                Some(notes) => Arc::new(ObservedTool {
-                    inner: tool,
-                    notes: notes.clone(),
-                }),
-                None => tool,
-            };
-            agent.with_tool(tool)
-        })
+        .fold(Agent::new(model), Agent::with_tool)
         .with_system_prompt(SYSTEM_PROMPT)
 }
 
@@ -164,14 +141,9 @@ fn read_input(arg: Option<String>) -> Result<String, CliError> {
     Ok(input)
 }
 
-fn session(
-    args: &SessionArgs,
-    store: Arc<dyn StoreAdmin>,
-    model: Arc<dyn Model>,
-    notes: Option<&Notes>,
-) -> AgentSession {
+fn session(args: &SessionArgs, store: Arc<dyn StoreAdmin>, model: Arc<dyn Model>) -> AgentSession {
     AgentSession::new(
-        agent(model, notes),
+        agent(model),
         store,
         args.conversation,
         args.namespace.clone(),
@@ -205,24 +177,19 @@ pub(super) async fn run(
     let store = open_store(&args.session.db, true).await?;
     let interrupt = Interrupt::watch();
     let ctx = RunContext::default().with_cancel(interrupt.token());
-    let outcome = if json {
-        session(&args.session, store.clone(), model, None)
-            .run(request_id, &input, ctx)
-            .await
-            .map_err(CliError::from)
-    } else {
-        if generated {
-            writeln!(
-                out,
-                "request {request_id} (generated: pass --request {request_id} to retry it)"
-            )?;
-        }
-        let (notes, received) = unbounded_channel();
-        let session = session(&args.session, store.clone(), model, Some(&notes));
-        let events = session.stream(request_id, input, ctx);
-        stream_outcome(events, received, &mut Progress::new(style, "  "), out).await
-    };
-    let outcome = outcome
+    if generated && !json {
+        writeln!(
+            out,
+            "request {request_id} (generated: pass --request {request_id} to retry it)"
+        )?;
+    }
+    let session = session(&args.session, store.clone(), model);
+    let events = session.stream(request_id, input, ctx);
+    // With --json the output is the outcome alone.
+    let mut quiet = std::io::sink();
+    let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
+    let outcome = follow(events, &mut Progress::new(style, "  "), shown)
+        .await
         .map_err(|e| resumable(e, &args.session, &args.model))
         .map_err(|e| match generated {
             true => CliError::ForRequest {
@@ -300,39 +267,22 @@ async fn take_over(
 ) -> Result<(), CliError> {
     let model = model::load(target.model)?;
     let store = open_store(&target.session.db, false).await?;
-    let owner = match &what {
-        TakeOver::Resume(run) => Some(*run),
-        TakeOver::Recover(request, _) => match store.admission(target.session.conversation).await {
-            Ok(admission) => admission
-                .active
-                .filter(|active| active.request_id == *request)
-                .map(|active| active.run_id),
-            Err(_) => None,
-        },
-    };
-    let mut progress = progress_from(style, &*store, owner).await;
-    let (notes, received) = unbounded_channel();
-    let session = session(
-        target.session,
-        store.clone(),
-        model,
-        (!json).then_some(&notes),
-    );
+    let session = session(target.session, store.clone(), model);
     let interrupt = Interrupt::watch();
     let ctx = RunContext::default().with_cancel(interrupt.token());
     let policy = policy(target.retry_interrupted);
-    let outcome = match &what {
-        TakeOver::Resume(run) => {
-            let work = session.resume_run(*run, ctx, target.revision, policy);
-            observe_outcome(work, received, &mut progress, json, out).await
-        }
+    let events = match what {
+        TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
         TakeOver::Recover(request, input) => {
-            let work =
-                session.recover_after_owner_exit(*request, input, ctx, target.revision, policy);
-            observe_outcome(work, received, &mut progress, json, out).await
+            session.recover_stream(request, input, ctx, target.revision, policy)
         }
-    }
-    .map_err(|e| resumable(e, target.session, target.model))?;
+    };
+    // With --json the output is the outcome alone.
+    let mut quiet = std::io::sink();
+    let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
+    let outcome = follow(events, &mut Progress::new(style, "  "), shown)
+        .await
+        .map_err(|e| resumable(e, target.session, target.model))?;
     show_outcome(
         out,
         style,
@@ -360,7 +310,7 @@ pub(super) async fn abandon(
     let store = open_store(&args.session.db, false).await?;
     // Abandoning calls no model: any agent will do.
     let idle: Arc<dyn Model> = Arc::new(ScriptedModel::new(Vec::new()));
-    let revision = session(&args.session, store, idle, None)
+    let revision = session(&args.session, store, idle)
         .abandon(args.request, args.revision)
         .await?;
     let abandoned = Abandoned {
@@ -436,95 +386,31 @@ fn quote(word: &str) -> String {
     }
 }
 
-/// Progress lines for a run that continues `run`, numbering turns from the
-/// one its latest checkpoint says comes next. The lookup is cosmetic: if it
-/// fails, the turns are simply not numbered (the command reports errors).
-pub(super) async fn progress_from(style: Style, store: &dyn Store, run: Option<RunId>) -> Progress {
-    let progress = Progress::new(style, "  ");
-    let Some(run) = run else { return progress };
-    match store.latest_checkpoint(run).await {
-        Ok(Some(checkpoint)) => progress.counting_turns_from(next_model_turn(&checkpoint)),
-        Ok(None) => progress.counting_turns_from(1),
-        Err(_) => progress,
-    }
-}
-
-/// The turn whose model answer comes next after `checkpoint`.
-pub(super) fn next_model_turn(checkpoint: &LoopCheckpoint) -> u32 {
-    match checkpoint.phase {
-        CheckpointPhase::TurnInFlight | CheckpointPhase::ModelPending => checkpoint.turn,
-        _ => checkpoint.turn + 1,
-    }
-}
-
-/// Drives a streamed request, printing its events, to its outcome.
-pub(super) async fn stream_outcome(
-    events: impl Stream<Item = Result<Event, Error>>,
-    mut notes: UnboundedReceiver<Note>,
+/// Drives a streamed execution, printing its events, to its outcome.
+pub(super) async fn follow(
+    mut events: EventStream<'_>,
     progress: &mut Progress,
     out: &mut dyn Write,
 ) -> Result<Outcome, CliError> {
-    let mut events = pin!(events);
     let mut outcome = None;
-    while let Some(item) = std::future::poll_fn(|cx| events.as_mut().poll_next(cx)).await {
-        // A tool's note is sent before its result is journaled, so it is
-        // here by the time its `ToolFinished` event is.
-        while let Ok(note) = notes.try_recv() {
-            progress.note(out, note, true)?;
-        }
-        match item {
-            Ok(Event::ConversationCommitted {
-                outcome: committed,
-                conversation_version,
-            }) => {
-                if !committed.replayed {
-                    let event = Event::ConversationCommitted {
-                        outcome: committed.clone(),
-                        conversation_version,
-                    };
-                    progress.event(out, &event)?;
-                }
-                outcome = Some(*committed);
-            }
-            Ok(event) => progress.event(out, &event)?,
+    while let Some(item) = events.next().await {
+        let event = match item {
+            Ok(event) => event,
             Err(error) => {
                 progress.finish(out)?;
                 return Err(error.into());
             }
+        };
+        progress.event(out, &event)?;
+        if let Event::ConversationCommitted {
+            outcome: committed, ..
+        } = event
+        {
+            outcome = Some(*committed);
         }
     }
     progress.finish(out)?;
     outcome.ok_or_else(|| CliError::Failed("the run ended without an outcome".into()))
-}
-
-/// Awaits a resume or recovery, printing what its observed model and tools
-/// report (unless `json`).
-pub(super) async fn observe_outcome(
-    work: impl Future<Output = Result<Outcome, Error>>,
-    mut notes: UnboundedReceiver<Note>,
-    progress: &mut Progress,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<Outcome, CliError> {
-    let mut work = pin!(work);
-    let result = loop {
-        tokio::select! {
-            biased;
-            Some(note) = notes.recv() => {
-                if !json {
-                    progress.note(out, note, false)?;
-                }
-            }
-            result = &mut work => break result,
-        }
-    };
-    while let Ok(note) = notes.try_recv() {
-        if !json {
-            progress.note(out, note, false)?;
-        }
-    }
-    progress.finish(out)?;
-    Ok(result?)
 }
 
 async fn show_outcome(

@@ -7,16 +7,19 @@ mod admit;
 mod compact;
 mod drive;
 mod resume;
+mod state;
 mod stream;
 mod turns;
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_core::Stream;
-use tracing::{instrument, Instrument};
+use tracing::instrument;
 
 pub use crate::outcome::Outcome;
 pub use admit::MAX_INPUT_BYTES;
+pub use state::{ActiveRequest, AdmissionState};
 
 use crate::agent::{Agent, RunContext};
 use crate::events::Event;
@@ -122,6 +125,11 @@ pub enum ResumePolicy {
     RetryInterruptedTurn,
 }
 
+/// The events of a streamed execution ([`AgentSession::stream`],
+/// [`AgentSession::resume_stream`], [`AgentSession::recover_stream`]). It is
+/// pinned already: `futures_util::StreamExt::next` works on it as it is.
+pub type EventStream<'a> = Pin<Box<dyn Stream<Item = Result<Event, Error>> + Send + 'a>>;
+
 /// One conversation, driven by one agent, on one store.
 pub struct AgentSession {
     agent: Agent,
@@ -185,29 +193,29 @@ impl AgentSession {
         self
     }
 
+    /// The conversation this session drives.
     pub fn conversation_id(&self) -> ConversationId {
         self.conversation_id
     }
 
+    /// The namespace the conversation belongs to.
     pub fn namespace(&self) -> &Namespace {
         &self.namespace
     }
 
+    /// The agent that answers the requests (not the summary agent).
     pub fn agent(&self) -> &Agent {
         &self.agent
     }
 
+    /// The store everything is durable in.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
 
+    /// How much committed history the model sees.
     pub fn policy(&self) -> ContextPolicy {
         self.policy
-    }
-
-    /// The summary agent and its pass limit, if compaction is on.
-    pub fn summary_agent(&self) -> Option<(&Agent, MaxPasses)> {
-        self.summary.as_ref().map(|s| (&s.agent, s.max_passes))
     }
 
     /// Runs a request to its commit, or replays its stored answer.
@@ -242,14 +250,23 @@ impl AgentSession {
     /// Like [`AgentSession::run`], as a stream of [`Event`]s ending with
     /// [`Event::ConversationCommitted`] (sent only after the commit and the
     /// release are durable) or with the error. A replayed request yields only
-    /// its committed result. Dropping the stream stops the run and keeps the
-    /// admission for recovery.
+    /// its committed result. The stream is an [`EventStream`], pinned
+    /// already: `futures_util::StreamExt::next` works on it without pinning
+    /// by hand.
+    ///
+    /// # Errors
+    /// As [`AgentSession::run`], as the stream's last item.
+    ///
+    /// # Cancel safety
+    /// The run goes on only while the stream is polled: a consumer that
+    /// stops polling freezes it right after the event it last took. Dropping
+    /// the stream is dropping the future of [`AgentSession::run`].
     pub fn stream(
         &self,
         request_id: RequestId,
         input: impl Into<String>,
         ctx: RunContext,
-    ) -> impl Stream<Item = Result<Event, Error>> + Send + '_ {
+    ) -> EventStream<'_> {
         let input = input.into();
         let span = tracing::info_span!(
             "stream",
@@ -257,8 +274,8 @@ impl AgentSession {
             request_id = %request_id,
             run_id = tracing::field::Empty,
         );
-        stream::events(move |events| {
-            async move { self.execute(request_id, &input, &ctx, &events).await }.instrument(span)
+        stream::events(span, move |events| async move {
+            self.execute(request_id, &input, &ctx, &events).await
         })
     }
 
@@ -271,7 +288,12 @@ impl AgentSession {
     /// [`Error::AmbiguousCheckpoint`] under [`ResumePolicy::RejectAmbiguous`]
     /// when a turn was in flight; [`Error::Conflict`] or [`Error::Busy`] when
     /// another owner won; [`Error::ConfigurationMismatch`] when the agent
-    /// changed; [`Error::NotFound`] for an unknown run. Then as `run`.
+    /// changed; [`Error::NotFound`] for an unknown run;
+    /// [`Error::RequestAbandoned`] when its request was abandoned. Then as
+    /// `run`. A run whose request is already committed is not an error: the
+    /// request's stored outcome is returned, marked
+    /// [`replayed`](Outcome::replayed), with no model or tool work and
+    /// whatever `expected_revision` and `policy`.
     ///
     /// # Cancel safety
     /// As [`AgentSession::run`].
@@ -285,6 +307,36 @@ impl AgentSession {
     ) -> Result<Outcome, Error> {
         self.resume(run_id, &ctx, expected_revision, policy, &Emitter::default())
             .await
+    }
+
+    /// Like [`AgentSession::resume_run`], as an [`EventStream`] like
+    /// [`AgentSession::stream`]'s: the new run's events from
+    /// [`Event::RunStarted`] (with `resumed_from`) to
+    /// [`Event::ConversationCommitted`]. A committed request yields only its
+    /// replayed result.
+    ///
+    /// # Errors
+    /// As [`AgentSession::resume_run`], as the stream's last item.
+    ///
+    /// # Cancel safety
+    /// As [`AgentSession::stream`].
+    pub fn resume_stream(
+        &self,
+        run_id: RunId,
+        ctx: RunContext,
+        expected_revision: Revision,
+        policy: ResumePolicy,
+    ) -> EventStream<'_> {
+        let span = tracing::info_span!(
+            "resume_stream",
+            conversation_id = %self.conversation_id,
+            from_run = %run_id,
+            run_id = tracing::field::Empty,
+        );
+        stream::events(span, move |events| async move {
+            self.resume(run_id, &ctx, expected_revision, policy, &events)
+                .await
+        })
     }
 
     /// Takes over a request whose owner is gone (the host says so): one
@@ -320,6 +372,39 @@ impl AgentSession {
             &Emitter::default(),
         )
         .await
+    }
+
+    /// Like [`AgentSession::recover_after_owner_exit`], as an
+    /// [`EventStream`] like [`AgentSession::stream`]'s: the new run's events
+    /// from [`Event::RunStarted`] (with `resumed_from`) to
+    /// [`Event::ConversationCommitted`]. A committed request yields only its
+    /// replayed result.
+    ///
+    /// # Errors
+    /// As [`AgentSession::recover_after_owner_exit`], as the stream's last
+    /// item.
+    ///
+    /// # Cancel safety
+    /// As [`AgentSession::stream`].
+    pub fn recover_stream(
+        &self,
+        request_id: RequestId,
+        input: impl Into<String>,
+        ctx: RunContext,
+        expected_revision: Revision,
+        policy: ResumePolicy,
+    ) -> EventStream<'_> {
+        let input = input.into();
+        let span = tracing::info_span!(
+            "recover_stream",
+            conversation_id = %self.conversation_id,
+            request_id = %request_id,
+            run_id = tracing::field::Empty,
+        );
+        stream::events(span, move |events| async move {
+            self.recover(request_id, &input, &ctx, expected_revision, policy, &events)
+                .await
+        })
     }
 
     /// The latest persisted usage of an active request: a lower bound, since

@@ -2,23 +2,24 @@
 
 use std::future::Future;
 
-use futures_core::Stream;
+use tracing::Instrument;
 
+use super::EventStream;
 use crate::events::Event;
 use crate::outcome::Outcome;
 use crate::Error;
 
-/// Runs `work` inside the stream, yielding its events as they happen and
-/// then its commit (or its error). The work is polled only while the stream
-/// is: dropping the stream drops the work at its next await point.
-pub(super) fn events<'a, F, Fut>(work: F) -> impl Stream<Item = Result<Event, Error>> + Send + 'a
+/// Runs `work` inside the stream (in `span`), yielding its events as they
+/// happen and then its commit (or its error). The work is polled only while
+/// the stream is: dropping the stream drops the work at its next await point.
+pub(super) fn events<'a, F, Fut>(span: tracing::Span, work: F) -> EventStream<'a>
 where
     F: FnOnce(Emitter) -> Fut + Send + 'a,
     Fut: Future<Output = Result<Outcome, Error>> + Send + 'a,
 {
-    async_stream::stream! {
+    Box::pin(async_stream::stream! {
         let (emitter, mut received) = Emitter::channel();
-        let work = work(emitter);
+        let work = work(emitter).instrument(span);
         tokio::pin!(work);
         let result = loop {
             tokio::select! {
@@ -46,7 +47,7 @@ where
             }
             Err(error) => yield Err(error),
         }
-    }
+    })
 }
 
 /// An event and, for events sent between durable steps, the acknowledgement

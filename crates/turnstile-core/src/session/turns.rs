@@ -237,6 +237,7 @@ impl RunLoop<'_> {
                             turn,
                             call_id: call.id.clone(),
                             name: call.name.clone(),
+                            arguments: call.arguments.clone(),
                         })
                         .await;
                     let result = if index < self.agent.limits.max_tool_calls_per_turn as usize {
@@ -258,6 +259,7 @@ impl RunLoop<'_> {
                     turn,
                     call_id: call.id.clone(),
                     name: call.name.clone(),
+                    content: result.content.clone(),
                     is_error: result.is_error,
                     reused,
                 })

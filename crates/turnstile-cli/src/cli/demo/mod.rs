@@ -3,9 +3,9 @@
 //!
 //! 1. A three-turn, tool-using request commits, its events printed live.
 //! 2. A second request runs in a worker process that is killed with SIGKILL
-//!    after its turn-2 checkpoint; the stuck admission and the recovery
-//!    usage are shown; `recover_after_owner_exit` finishes the request with
-//!    usage and tool-call count carried over.
+//!    after its turn-2 checkpoint; the stuck admission (`admission`) and the
+//!    recovery usage are shown; `recover_stream` finishes the request with
+//!    usage and tool-call count carried over, its events printed live.
 //! 3. The first request is retried: replayed from the store, no model work.
 //! 4. A summary: turns, tool calls, usage, checkpoints, database size.
 
@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use tokio::sync::mpsc::unbounded_channel;
 
 pub use worker::{worker, WorkerArgs};
 
@@ -27,7 +26,7 @@ use self::report::{DemoReport, FirstRequest, RecoveredRequest, Replay, Totals};
 use super::exit::CliError;
 use super::output::{self, Style};
 use super::progress::Progress;
-use super::session_cmds::{agent, next_model_turn, observe_outcome, open_store, stream_outcome};
+use super::session_cmds::{agent, follow, open_store};
 use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
 use turnstile::RunContext;
@@ -62,14 +61,11 @@ pub async fn run(
     } else {
         Duration::ZERO
     };
+    let demo = Demo::new(&args.db, store, pace, style)?;
     let report = if json {
-        Demo::new(&args.db, store, pace, style, true)?
-            .play(&mut std::io::sink())
-            .await?
+        demo.play(&mut std::io::sink()).await?
     } else {
-        Demo::new(&args.db, store, pace, style, false)?
-            .play(out)
-            .await?
+        demo.play(out).await?
     };
     if json {
         output::json(out, &report)
@@ -103,8 +99,6 @@ struct Demo<'a> {
     namespace: Namespace,
     pace: Duration,
     style: Style,
-    /// No progress notes are collected (the output is JSON).
-    quiet: bool,
 }
 
 impl<'a> Demo<'a> {
@@ -113,7 +107,6 @@ impl<'a> Demo<'a> {
         store: Arc<dyn StoreAdmin>,
         pace: Duration,
         style: Style,
-        quiet: bool,
     ) -> Result<Self, CliError> {
         Ok(Self {
             db,
@@ -122,17 +115,12 @@ impl<'a> Demo<'a> {
             namespace: Namespace::new(script::NAMESPACE)?,
             pace,
             style,
-            quiet,
         })
     }
 
-    fn session(
-        &self,
-        model: Arc<dyn turnstile::Model>,
-        notes: Option<&super::observe::Notes>,
-    ) -> AgentSession {
+    fn session(&self, model: Arc<dyn turnstile::Model>) -> AgentSession {
         AgentSession::new(
-            agent(model, notes.filter(|_| !self.quiet)),
+            agent(model),
             self.store.clone(),
             self.conversation,
             self.namespace.clone(),
@@ -160,8 +148,7 @@ impl<'a> Demo<'a> {
         // 1. A multi-turn, tool-using request.
         self.heading(out, "1. A tool-using request, saved turn by turn")?;
         let first_model = script::first_model(self.pace);
-        let (notes, received) = unbounded_channel();
-        let first_session = self.session(first_model.clone(), Some(&notes));
+        let first_session = self.session(first_model.clone());
         let first_request = RequestId::new();
         writeln!(out, "   request {first_request}")?;
         writeln!(
@@ -171,7 +158,7 @@ impl<'a> Demo<'a> {
         )?;
         let events =
             first_session.stream(first_request, script::FIRST_INPUT, RunContext::default());
-        let first = stream_outcome(events, received, &mut Progress::new(s, "   "), out).await?;
+        let first = follow(events, &mut Progress::new(s, "   "), out).await?;
         if !s.terminal {
             // On a terminal the answer was streamed word by word above.
             writeln!(out, "   {} {}", s.dim("answer:"), first.final_text)?;
@@ -216,19 +203,16 @@ impl<'a> Demo<'a> {
             killed.revision
         )?;
 
-        let admission = self.store.admission(self.conversation).await?;
+        let second_model = script::second_model(self.pace);
+        let second_session = self.session(second_model.clone());
+        let admission = second_session.admission().await?;
         let active = admission.active.ok_or_else(|| {
             CliError::Failed("the killed worker's request no longer holds the admission".into())
         })?;
         let killed_run = active.run_id;
-        let checkpoint = self
-            .store
-            .latest_checkpoint(killed_run)
-            .await?
+        let checkpoint = active
+            .checkpoint
             .ok_or_else(|| CliError::Failed("the killed run left no checkpoint".into()))?;
-        let (recover_notes, recover_received) = unbounded_channel();
-        let second_model = script::second_model(self.pace);
-        let second_session = self.session(second_model.clone(), Some(&recover_notes));
         let recovery_usage = second_session.recovery_usage(second_request).await?;
         writeln!(out)?;
         writeln!(
@@ -267,20 +251,17 @@ impl<'a> Demo<'a> {
         // default policy would refuse it as ambiguous.
         writeln!(
             out,
-            "   recover_after_owner_exit(request, input, revision {}, RetryInterruptedTurn) continues from turn {}:",
+            "   recover_stream(request, input, revision {}, RetryInterruptedTurn) continues from turn {}:",
             admission.revision, checkpoint.turn
         )?;
-        let work = second_session.recover_after_owner_exit(
+        let events = second_session.recover_stream(
             second_request,
             script::SECOND_INPUT,
             RunContext::default(),
             admission.revision,
             ResumePolicy::RetryInterruptedTurn,
         );
-        let mut progress =
-            Progress::new(s, "   ").counting_turns_from(next_model_turn(&checkpoint));
-        let second =
-            observe_outcome(work, recover_received, &mut progress, self.quiet, out).await?;
+        let second = follow(events, &mut Progress::new(s, "   "), out).await?;
         let recovered_run = self.store.run(second.run_id).await?.ok_or_else(|| {
             CliError::Failed(format!("run {} of the recovery not found", second.run_id))
         })?;

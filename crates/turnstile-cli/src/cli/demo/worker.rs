@@ -9,12 +9,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::pin::pin;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
-use futures_util::Stream;
+use futures_util::StreamExt;
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::script;
@@ -54,21 +53,16 @@ pub struct WorkerArgs {
 pub async fn worker(args: WorkerArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
     let model = script::second_model(Duration::from_millis(args.pace_ms));
-    let (notes, mut received) = unbounded_channel();
     let session = AgentSession::new(
-        agent(model.clone(), Some(&notes)),
+        agent(model.clone()),
         store,
         args.conversation,
         Namespace::new(script::NAMESPACE)?,
         ContextPolicy::default(),
     );
-    let events = session.stream(args.request, script::SECOND_INPUT, RunContext::default());
-    let mut events = pin!(events);
+    let mut events = session.stream(args.request, script::SECOND_INPUT, RunContext::default());
     let mut progress = Progress::new(Style::default(), "");
-    while let Some(item) = std::future::poll_fn(|cx| events.as_mut().poll_next(cx)).await {
-        while let Ok(note) = received.try_recv() {
-            progress.note(out, note, true)?;
-        }
+    while let Some(item) = events.next().await {
         let event = item?;
         progress.event(out, &event)?;
         if let Event::CheckpointSaved { turn, revision } = event {
