@@ -11,7 +11,6 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use turnstile::store::Store;
 use turnstile::{
     async_trait, Agent, AgentSession, ContextPolicy, ConversationId, Error, Namespace, RequestId,
     ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall,
@@ -86,16 +85,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("second process:");
     let store = Arc::new(SqliteStore::open(&path).await?);
-    let admission = store.admission(conversation).await?;
+    let session = session(store, conversation, false);
+    let admission = session.admission().await?;
     let held = admission
         .active
         .as_ref()
         .ok_or("the admission should be held")?;
     println!(
-        "  held by request {} (run {}) at revision {}",
-        held.request_id, held.run_id, admission.revision
+        "  held by request {} (run {}) at revision {}, last checkpoint {:?}",
+        held.request_id,
+        held.run_id,
+        admission.revision,
+        held.checkpoint.as_ref().map(|c| (c.turn, c.phase.as_str()))
     );
-    let session = session(store.clone(), conversation, false);
+    // What was spent already: the host restores its budget from it.
     let spent = session.recovery_usage(request).await?;
     println!("  already spent {} tokens", spent.total());
     let outcome = session

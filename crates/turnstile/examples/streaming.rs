@@ -43,8 +43,8 @@ async fn main() -> Result<(), turnstile::Error> {
         Namespace::new("examples")?,
         ContextPolicy::default(),
     );
-    let events = session.stream(RequestId::new(), "what time is it?", RunContext::default());
-    let mut events = std::pin::pin!(events);
+    // An `EventStream` is boxed and pinned: `StreamExt::next` works as is.
+    let mut events = session.stream(RequestId::new(), "what time is it?", RunContext::default());
     while let Some(event) = events.next().await {
         match event? {
             Event::ConversationCommitted { outcome, .. } => {

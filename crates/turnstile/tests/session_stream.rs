@@ -90,11 +90,13 @@ async fn stream_yields_events_in_protocol_order_and_commits_last_after_the_datab
             turn: 1,
             call_id: "c1".into(),
             name: "count".into(),
+            arguments: "{}".into(),
         },
         Event::ToolFinished {
             turn: 1,
             call_id: "c1".into(),
             name: "count".into(),
+            content: "count call 1".into(),
             is_error: false,
             reused: false,
         },

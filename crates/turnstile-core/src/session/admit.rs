@@ -6,11 +6,11 @@ use super::turns::first_turn;
 use super::turns::first_turn_may_start;
 use super::AgentSession;
 use crate::agent::RunContext;
+use crate::error::Error;
 use crate::ids::{RequestId, RunId};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
-use crate::Error;
 
 /// The largest input accepted, in bytes.
 pub const MAX_INPUT_BYTES: usize = 1 << 20;

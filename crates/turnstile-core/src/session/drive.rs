@@ -7,12 +7,12 @@ use super::turns::{first_turn, start_of, RunLoop};
 use super::AgentSession;
 use crate::agent::RunContext;
 use crate::checkpoint::LoopCheckpoint;
+use crate::error::Error;
 use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::store::Fence;
-use crate::Error;
 
 impl AgentSession {
     /// A fresh claim: the request is at its start, or at its first turn

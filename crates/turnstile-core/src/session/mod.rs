@@ -22,11 +22,11 @@ pub use admit::MAX_INPUT_BYTES;
 pub use state::{ActiveRequest, AdmissionState};
 
 use crate::agent::{Agent, RunContext};
+use crate::error::Error;
 use crate::events::Event;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::Usage;
 use crate::store::Store;
-use crate::Error;
 pub use compact::{MaxPasses, DEFAULT_SUMMARY_PROMPT, MAX_SUMMARY_BYTES, SUMMARY_HEADING};
 pub(crate) use stream::Emitter;
 pub use turns::MAX_TOOL_OUTPUT_BYTES;

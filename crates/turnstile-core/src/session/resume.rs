@@ -4,10 +4,10 @@
 use super::stream::Emitter;
 use super::{AgentSession, ResumePolicy};
 use crate::agent::RunContext;
+use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::outcome::Outcome;
 use crate::store::{InputHash, RecoveryClaim, RequestStatus};
-use crate::Error;
 
 impl AgentSession {
     pub(super) async fn resume(

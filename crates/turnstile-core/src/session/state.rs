@@ -4,9 +4,9 @@ use tracing::instrument;
 
 use super::AgentSession;
 use crate::checkpoint::LoopCheckpoint;
+use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::message::Usage;
-use crate::Error;
 
 /// A conversation's admission: idle, or held by one request.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use std::future::Future;
 use tracing::Instrument;
 
 use super::EventStream;
+use crate::error::Error;
 use crate::events::Event;
 use crate::outcome::Outcome;
-use crate::Error;
 
 /// Runs `work` inside the stream (in `span`), yielding its events as they
 /// happen and then its commit (or its error). The work is polled only while

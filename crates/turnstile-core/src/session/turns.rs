@@ -20,12 +20,12 @@ use super::stream::Emitter;
 use crate::agent::{Agent, ModelRequest, RunContext, ToolContext};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::BudgetKind;
+use crate::error::{Error, ModelError};
 use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::ToolResult;
 use crate::message::{Message, ToolCall, VerificationReport};
 use crate::store::{Fence, JournalStatus, Store, StoredOutcome};
-use crate::{Error, ModelError};
 
 /// The largest tool output fed back to the model.
 pub const MAX_TOOL_OUTPUT_BYTES: usize = 1 << 20;

@@ -19,11 +19,11 @@ use super::turns::{check_stop, guarded, turn_limit};
 use super::{AgentSession, SummarySettings};
 use crate::agent::{ModelRequest, RunContext};
 use crate::error::BudgetKind;
+use crate::error::Error;
 use crate::events::Event;
 use crate::ids::Revision;
 use crate::message::{Message, Usage};
 use crate::store::{Fence, StoredSummary, SummaryCommit, SummaryPass, TranscriptEntry};
-use crate::Error;
 
 /// The request's state before its first turn.
 #[derive(Clone, Copy, Debug, Default)]

@@ -9,9 +9,9 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+use crate::error::Error;
 use crate::message::Message;
 use crate::store::TranscriptEntry;
-use crate::Error;
 
 /// The largest summary accepted, in bytes (256 KiB). A larger or empty
 /// answer of the summary model is refused with [`Error::InvalidSummary`].
