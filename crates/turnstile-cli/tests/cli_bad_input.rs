@@ -297,3 +297,33 @@ async fn an_unknown_conversation_or_namespace_is_refused_without_writing() {
     missing.assert_error(4, "not found");
     assert_eq!(admission(&db, &conversation).await, before);
 }
+
+#[test]
+fn input_over_the_limit_is_refused_before_any_file_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let model = scripted(&add_script(dir.path()));
+    let conversation = uuid();
+    let args = [
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+    ];
+    // On stdin: read only up to the limit, however much more comes (an
+    // argument cannot be that long: the kernel caps one at 128 KiB).
+    for len in [(1 << 20) + 1, 8 << 20] {
+        let huge = "x".repeat(len);
+        cli_support::turnstile_with_stdin(&args, &huge)
+            .assert_error(2, "over the 1048576-byte limit");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("never.db"))
+        .collect();
+    assert!(left.is_empty(), "nothing written: {left:?}");
+}

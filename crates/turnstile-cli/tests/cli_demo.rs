@@ -212,3 +212,55 @@ async fn demo_runs_twice_on_one_database_and_fresh_starts_over() {
         2
     );
 }
+
+#[test]
+fn demo_fresh_deletes_only_a_turnstile_database_no_live_run_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "my notes").unwrap();
+    turnstile(&["demo", "--fresh", "--db", text.to_str().unwrap()])
+        .assert_error(2, "not a SQLite database");
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "my notes");
+
+    let directory = dir.path().join("a-directory");
+    std::fs::create_dir(&directory).unwrap();
+    turnstile(&["demo", "--fresh", "--db", directory.to_str().unwrap()])
+        .assert_error(2, "not a regular file");
+    assert!(directory.is_dir());
+
+    // A live run: a `run` whose model answers in a minute holds the
+    // admission while the demo is asked to start over.
+    let db = dir.path().join("busy.db");
+    let slow = cli_support::script(
+        dir.path(),
+        "slow.json",
+        serde_json::json!([{"text": "late", "delay_ms": 60000}]),
+    );
+    let conversation = cli_support::uuid();
+    let mut child = cli_support::command(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &cli_support::scripted(&slow),
+        "hello",
+    ])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("write-ahead checkpoint saved") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0);
+    }
+    let refused = turnstile(&["demo", "--fresh", "--db", db.to_str().unwrap()]);
+    child.kill().unwrap();
+    let _ = child.wait();
+    refused.assert_error(2, "a live run holds");
+    assert!(db.exists());
+}

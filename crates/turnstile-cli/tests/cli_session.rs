@@ -372,3 +372,66 @@ async fn a_failed_run_exits_1_and_resume_continues_it_with_usage_carried_over() 
     let run = store.run(outcome.run_id).await.unwrap().unwrap();
     assert_eq!(run.resumed_from, Some(active.run_id));
 }
+
+#[tokio::test]
+async fn a_closed_stdout_stops_the_printing_but_the_run_commits_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("pipe.db");
+    let conversation = uuid();
+    let request = RequestId::new().to_string();
+    let model = scripted(&add_script(dir.path()));
+    let mut args = on("run", &db, &conversation);
+    args.extend(["--request", &request, "--model", &model, INPUT]);
+    let mut child = cli_support::command(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // `| head -0`: the reader is gone at once
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+
+    let store = open(&db).await;
+    let record = store
+        .request(request.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, RequestStatus::Completed);
+    assert!(admission(&db, &conversation).await.active.is_none());
+    drop(store);
+    let again = turnstile(&[args.as_slice(), &["--json"]].concat());
+    again.assert_success();
+    assert_eq!(again.json()["replayed"], true);
+}
+
+#[test]
+fn a_finished_command_leaves_the_database_file_complete_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("closed.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let mut args = on("run", &db, &conversation);
+    args.extend(["--model", &model, "--json", INPUT]);
+    turnstile(&args).assert_success();
+    let mut wal = db.clone().into_os_string();
+    wal.push("-wal");
+    let wal_bytes = std::fs::metadata(&wal).map_or(0, |m| m.len());
+    assert_eq!(wal_bytes, 0, "the write-ahead log was folded into the file");
+
+    // The file alone, copied elsewhere, holds the committed answer.
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&db, &copy).unwrap();
+    let shown = turnstile(&[
+        "show",
+        &conversation,
+        "--db",
+        copy.to_str().unwrap(),
+        "--json",
+    ]);
+    shown.assert_success();
+    assert!(shown.stdout.contains("2 + 3 = 5"), "{shown:#?}");
+}

@@ -11,15 +11,16 @@ impl SqliteStore {
     /// Waits for the writes in progress, folds the write-ahead log into the
     /// database file (`PRAGMA wal_checkpoint(TRUNCATE)`) and closes the
     /// reader connections. Afterwards the database file alone holds every
-    /// committed step: it can be copied or moved. The writer connection
-    /// closes once the last clone of the store is dropped; clones must not
-    /// write after `close`.
+    /// committed step: it can be copied or moved. Every clone of the store
+    /// is closed with it: use none afterwards (reads fail; the dedicated
+    /// writer connection itself closes when the last clone is dropped).
+    /// The same as [`StoreAdmin::close`](turnstile_core::StoreAdmin::close).
     ///
     /// # Errors
     /// [`Error::Store`] if the log could not be folded whole (another
     /// process was reading; [`StoreError::is_busy`]) or the database failed.
     /// Nothing committed is lost either way.
-    pub async fn close(self) -> Result<(), Error> {
+    pub async fn close(&self) -> Result<(), Error> {
         let mut conn = self.writer.take().await?;
         let busy = fold_log(&mut conn).await?;
         drop(conn);

@@ -81,7 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(error @ Error::Model { .. }) => println!("  stopped: {error}"),
         other => return Err(format!("expected a model failure, got {other:?}").into()),
     }
-    Arc::unwrap_or_clone(store).close().await?;
+    store.close().await?;
 
     println!("second process:");
     let store = Arc::new(SqliteStore::open(&path).await?);

@@ -21,7 +21,7 @@ use turnstile::agent::{Agent, Model, RunContext, ScriptedModel};
 use turnstile::events::Event;
 use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;
-use turnstile::session::{AgentSession, ContextPolicy, EventStream, ResumePolicy};
+use turnstile::session::{AgentSession, ContextPolicy, EventStream, ResumePolicy, MAX_INPUT_BYTES};
 use turnstile::store::Store;
 use turnstile::{SqliteStore, StoreAdmin};
 
@@ -105,6 +105,20 @@ pub(super) fn agent(model: Arc<dyn Model>) -> Agent {
         .with_system_prompt(SYSTEM_PROMPT)
 }
 
+/// Closes the store after a command, whatever the command's result, so the
+/// database file alone is complete when the process exits. A close that
+/// fails is logged: the command's own result stands (nothing committed is
+/// lost either way).
+pub(super) async fn closed<T>(
+    store: &dyn StoreAdmin,
+    result: Result<T, CliError>,
+) -> Result<T, CliError> {
+    if let Err(error) = store.close().await {
+        tracing::warn!(%error, "the database was not closed cleanly");
+    }
+    result
+}
+
 /// Opens the database; unless `create`, a missing file is not found (and
 /// is not created).
 pub(super) async fn open_store(db: &Path, create: bool) -> Result<Arc<dyn StoreAdmin>, CliError> {
@@ -119,8 +133,11 @@ fn read_input(arg: Option<String>) -> Result<String, CliError> {
     let input = match arg {
         Some(input) => input,
         None => {
+            // One byte past the limit is enough to refuse: `yes | turnstile
+            // run …` must not read without end.
             let mut input = String::new();
             std::io::stdin()
+                .take(MAX_INPUT_BYTES as u64 + 1)
                 .read_to_string(&mut input)
                 .map_err(|e| match e.kind() {
                     std::io::ErrorKind::InvalidData => {
@@ -137,6 +154,12 @@ fn read_input(arg: Option<String>) -> Result<String, CliError> {
         return Err(CliError::Usage(
             "the input is empty: give it as an argument or on stdin".into(),
         ));
+    }
+    // Refused here, before the database is opened (or created).
+    if input.len() > MAX_INPUT_BYTES {
+        return Err(CliError::Usage(format!(
+            "the input is over the {MAX_INPUT_BYTES}-byte limit"
+        )));
     }
     Ok(input)
 }
@@ -175,38 +198,42 @@ pub(super) async fn run(
         ));
     }
     let store = open_store(&args.session.db, true).await?;
-    let interrupt = Interrupt::watch();
-    let ctx = RunContext::default().with_cancel(interrupt.token());
-    if generated && !json {
-        writeln!(
+    let result = async {
+        let interrupt = Interrupt::watch();
+        let ctx = RunContext::default().with_cancel(interrupt.token());
+        if generated && !json {
+            writeln!(
+                out,
+                "request {request_id} (generated: pass --request {request_id} to retry it)"
+            )?;
+        }
+        let session = session(&args.session, store.clone(), model);
+        let events = session.stream(request_id, input, ctx);
+        // With --json the output is the outcome alone.
+        let mut quiet = std::io::sink();
+        let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
+        let outcome = follow(events, &mut Progress::new(style, "  "), shown)
+            .await
+            .map_err(|e| resumable(e, &args.session, &args.model))
+            .map_err(|e| match generated {
+                true => CliError::ForRequest {
+                    request_id,
+                    source: Box::new(e),
+                },
+                false => e,
+            })?;
+        show_outcome(
             out,
-            "request {request_id} (generated: pass --request {request_id} to retry it)"
-        )?;
-    }
-    let session = session(&args.session, store.clone(), model);
-    let events = session.stream(request_id, input, ctx);
-    // With --json the output is the outcome alone.
-    let mut quiet = std::io::sink();
-    let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
-    let outcome = follow(events, &mut Progress::new(style, "  "), shown)
+            style,
+            json,
+            store.as_ref(),
+            args.session.conversation,
+            &outcome,
+        )
         .await
-        .map_err(|e| resumable(e, &args.session, &args.model))
-        .map_err(|e| match generated {
-            true => CliError::ForRequest {
-                request_id,
-                source: Box::new(e),
-            },
-            false => e,
-        })?;
-    show_outcome(
-        out,
-        style,
-        json,
-        &*store,
-        args.session.conversation,
-        &outcome,
-    )
-    .await
+    }
+    .await;
+    closed(store.as_ref(), result).await
 }
 
 pub(super) async fn resume(
@@ -267,31 +294,35 @@ async fn take_over(
 ) -> Result<(), CliError> {
     let model = model::load(target.model)?;
     let store = open_store(&target.session.db, false).await?;
-    let session = session(target.session, store.clone(), model);
-    let interrupt = Interrupt::watch();
-    let ctx = RunContext::default().with_cancel(interrupt.token());
-    let policy = policy(target.retry_interrupted);
-    let events = match what {
-        TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
-        TakeOver::Recover(request, input) => {
-            session.recover_stream(request, input, ctx, target.revision, policy)
-        }
-    };
-    // With --json the output is the outcome alone.
-    let mut quiet = std::io::sink();
-    let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
-    let outcome = follow(events, &mut Progress::new(style, "  "), shown)
+    let result = async {
+        let session = session(target.session, store.clone(), model);
+        let interrupt = Interrupt::watch();
+        let ctx = RunContext::default().with_cancel(interrupt.token());
+        let policy = policy(target.retry_interrupted);
+        let events = match what {
+            TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
+            TakeOver::Recover(request, input) => {
+                session.recover_stream(request, input, ctx, target.revision, policy)
+            }
+        };
+        // With --json the output is the outcome alone.
+        let mut quiet = std::io::sink();
+        let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
+        let outcome = follow(events, &mut Progress::new(style, "  "), shown)
+            .await
+            .map_err(|e| resumable(e, target.session, target.model))?;
+        show_outcome(
+            out,
+            style,
+            json,
+            store.as_ref(),
+            target.session.conversation,
+            &outcome,
+        )
         .await
-        .map_err(|e| resumable(e, target.session, target.model))?;
-    show_outcome(
-        out,
-        style,
-        json,
-        &*store,
-        target.session.conversation,
-        &outcome,
-    )
-    .await
+    }
+    .await;
+    closed(store.as_ref(), result).await
 }
 
 #[derive(Serialize)]
@@ -310,9 +341,10 @@ pub(super) async fn abandon(
     let store = open_store(&args.session.db, false).await?;
     // Abandoning calls no model: any agent will do.
     let idle: Arc<dyn Model> = Arc::new(ScriptedModel::new(Vec::new()));
-    let revision = session(&args.session, store, idle)
+    let abandoned = session(&args.session, store.clone(), idle)
         .abandon(args.request, args.revision)
-        .await?;
+        .await;
+    let revision = closed(&*store, abandoned.map_err(CliError::from)).await?;
     let abandoned = Abandoned {
         conversation_id: args.session.conversation,
         request_id: args.request,
@@ -387,21 +419,27 @@ fn quote(word: &str) -> String {
 }
 
 /// Drives a streamed execution, printing its events, to its outcome.
+///
+/// Output that cannot be written (a closed pipe, a full disk) only stops
+/// the printing: the run goes on to its commit or its stop, and the output
+/// error is reported after it, so a retry with the same request id
+/// replays instead of finding the conversation held.
 pub(super) async fn follow(
     mut events: EventStream<'_>,
     progress: &mut Progress,
     out: &mut dyn Write,
 ) -> Result<Outcome, CliError> {
+    let mut printing = Printing::To(out);
     let mut outcome = None;
     while let Some(item) = events.next().await {
         let event = match item {
             Ok(event) => event,
             Err(error) => {
-                progress.finish(out)?;
+                printing.write(|out| progress.finish(out));
                 return Err(error.into());
             }
         };
-        progress.event(out, &event)?;
+        printing.write(|out| progress.event(out, &event));
         if let Event::ConversationCommitted {
             outcome: committed, ..
         } = event
@@ -409,8 +447,29 @@ pub(super) async fn follow(
             outcome = Some(*committed);
         }
     }
-    progress.finish(out)?;
-    outcome.ok_or_else(|| CliError::Failed("the run ended without an outcome".into()))
+    printing.write(|out| progress.finish(out));
+    let outcome =
+        outcome.ok_or_else(|| CliError::Failed("the run ended without an outcome".into()))?;
+    match printing {
+        Printing::Failed(error) => Err(error),
+        Printing::To(_) => Ok(outcome),
+    }
+}
+
+/// Where progress goes: the output, until a write to it fails.
+enum Printing<'a> {
+    To(&'a mut dyn Write),
+    Failed(CliError),
+}
+
+impl Printing<'_> {
+    fn write(&mut self, print: impl FnOnce(&mut dyn Write) -> Result<(), CliError>) {
+        if let Printing::To(out) = self {
+            if let Err(error) = print(&mut **out) {
+                *self = Printing::Failed(error);
+            }
+        }
+    }
 }
 
 async fn show_outcome(

@@ -101,6 +101,17 @@ pub trait StoreAdmin: Store {
     /// # Errors
     /// [`Error::Store`] if the database fails.
     async fn storage(&self) -> Result<StorageReport, Error>;
+
+    /// Waits for the writes in progress, makes the database complete on its
+    /// own (SQLite: folds the write-ahead log into the file) and releases
+    /// the connections. Every clone of the store is closed with it: use
+    /// none afterwards.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the last step could not finish (SQLite: another
+    /// process was reading, so the log was not folded whole). Nothing
+    /// committed is lost either way.
+    async fn close(&self) -> Result<(), Error>;
 }
 
 /// Where a run stands: its latest checkpoint row.

@@ -64,6 +64,10 @@ impl StoreAdmin for SqliteStore {
     async fn storage(&self) -> Result<StorageReport, Error> {
         storage::storage(self).await
     }
+
+    async fn close(&self) -> Result<(), Error> {
+        SqliteStore::close(self).await
+    }
 }
 
 /// Unix milliseconds `age` ago.

@@ -186,7 +186,7 @@ async fn measure(
     let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
     let replay = reads::replays(&shared, &written.samples, params.message_bytes).await?;
     drop(shared);
-    let storage = storage::measure(store, location.db(), written.message_text_bytes).await?;
+    let storage = storage::measure(&store, location.db(), written.message_text_bytes).await?;
     Ok(Figures {
         written,
         latest_checkpoint,

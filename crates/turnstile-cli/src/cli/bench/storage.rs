@@ -10,7 +10,7 @@ use super::report::Storage;
 use crate::cli::exit::CliError;
 
 pub(super) async fn measure(
-    store: SqliteStore,
+    store: &SqliteStore,
     db: &Path,
     message_text_bytes: u64,
 ) -> Result<Storage, CliError> {

@@ -13,7 +13,7 @@ mod report;
 mod script;
 mod worker;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ use super::session_cmds::{agent, follow, open_store};
 use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
 use turnstile::RunContext;
-use turnstile::StoreAdmin;
+use turnstile::{SqliteStore, StoreAdmin};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -53,6 +53,7 @@ pub async fn run(
     json: bool,
 ) -> Result<(), CliError> {
     if args.fresh {
+        refuse_foreign_or_live(&args.db).await?;
         remove_database(&args.db)?;
     }
     let store = open_store(&args.db, true).await?;
@@ -61,17 +62,59 @@ pub async fn run(
     } else {
         Duration::ZERO
     };
-    let demo = Demo::new(&args.db, store, pace, style)?;
-    let report = if json {
-        demo.play(&mut std::io::sink()).await?
-    } else {
-        demo.play(out).await?
-    };
-    if json {
-        output::json(out, &report)
-    } else {
-        Ok(())
+    let result = async {
+        let demo = Demo::new(&args.db, store.clone(), pace, style)?;
+        let report = if json {
+            demo.play(&mut std::io::sink()).await?
+        } else {
+            demo.play(out).await?
+        };
+        if json {
+            output::json(out, &report)
+        } else {
+            Ok(())
+        }
     }
+    .await;
+    super::session_cmds::closed(store.as_ref(), result).await
+}
+
+/// `--fresh` deletes only a turnstile database that no live run holds: not
+/// a file of anything else, and not a database another process is working
+/// in (an admission held by a `running` run that changed within the last
+/// five minutes).
+async fn refuse_foreign_or_live(db: &Path) -> Result<(), CliError> {
+    let metadata = match std::fs::symlink_metadata(db) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(CliError::io(format!("inspect {}", db.display()))(e)),
+    };
+    let refuse = |why: &str| {
+        Err(CliError::Usage(format!(
+            "--fresh refuses to delete {}: {why}",
+            db.display()
+        )))
+    };
+    if !metadata.is_file() {
+        return refuse("it is not a regular file");
+    }
+    let mut header = [0u8; 16];
+    let read = std::fs::File::open(db).and_then(|mut f| f.read_exact(&mut header));
+    if read.is_err() || &header != b"SQLite format 3\0" {
+        return refuse("it is not a SQLite database");
+    }
+    let report = SqliteStore::doctor(db, Duration::from_secs(300)).await?;
+    if report.schema_version.is_none() {
+        return refuse("it is not a turnstile database");
+    }
+    let (held, stuck) = (
+        report.held_admissions.unwrap_or(0),
+        report.stuck_admissions.unwrap_or(0),
+    );
+    if held > stuck {
+        return refuse("a live run holds one of its conversations");
+    }
+    Ok(())
 }
 
 fn remove_database(db: &Path) -> Result<(), CliError> {

@@ -63,89 +63,93 @@ pub(in crate::cli) async fn show(
     json: bool,
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
-    let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
-    let summary = store
-        .latest_summary(conversation.id)
-        .await
-        .map_err(CliError::from)?
-        .map(|s| SummaryPointer {
-            id: s.id,
-            through_seq: s.through_seq,
-        });
-    let mut transcript = Vec::new();
-    for_each_page(store.as_ref(), &conversation, |page| {
-        transcript.extend(page);
-        Ok(())
-    })
-    .await?;
-    if json {
-        let shown = Shown {
-            conversation: &conversation,
-            summary,
-            transcript: transcript.iter().map(Entry::from).collect(),
-        };
-        return output::json(out, &shown);
-    }
-    let admission = match &conversation.held {
-        None => format!("{} · idle", conversation.revision),
-        Some(held) => {
-            let mut text = format!(
-                "{} · held by request {} (run {}, {}, {})",
-                held.revision,
-                held.request_id,
-                held.run_id,
-                held.run_status
-                    .map_or("no run row".into(), |s| s.as_str().to_owned()),
-                mark(held.last_checkpoint.as_ref())
-            );
-            if held.stuck {
-                text.push_str(&style.red(" · stuck"));
+    let result = async {
+        let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
+        let summary = store
+            .latest_summary(conversation.id)
+            .await
+            .map_err(CliError::from)?
+            .map(|s| SummaryPointer {
+                id: s.id,
+                through_seq: s.through_seq,
+            });
+        let mut transcript = Vec::new();
+        for_each_page(store.as_ref(), &conversation, |page| {
+            transcript.extend(page);
+            Ok(())
+        })
+        .await?;
+        if json {
+            let shown = Shown {
+                conversation: &conversation,
+                summary,
+                transcript: transcript.iter().map(Entry::from).collect(),
+            };
+            return output::json(out, &shown);
+        }
+        let admission = match &conversation.held {
+            None => format!("{} · idle", conversation.revision),
+            Some(held) => {
+                let mut text = format!(
+                    "{} · held by request {} (run {}, {}, {})",
+                    held.revision,
+                    held.request_id,
+                    held.run_id,
+                    held.run_status
+                        .map_or("no run row".into(), |s| s.as_str().to_owned()),
+                    mark(held.last_checkpoint.as_ref())
+                );
+                if held.stuck {
+                    text.push_str(&style.red(" · stuck"));
+                }
+                text
             }
-            text
+        };
+        output::table(
+            out,
+            "",
+            &[
+                ("conversation", conversation.id.to_string()),
+                ("namespace", conversation.namespace.to_string()),
+                (
+                    "version",
+                    format!("{} (committed requests)", conversation.version),
+                ),
+                ("revision", admission),
+                (
+                    "transcript",
+                    format!("{} messages", conversation.transcript_entries),
+                ),
+                (
+                    "summary",
+                    summary.map_or("none".into(), |s| {
+                        format!("#{} · covers entries up to {}", s.id, s.through_seq)
+                    }),
+                ),
+                ("created", format!("{} UTC", utc(conversation.created_at))),
+                (
+                    "last activity",
+                    format!("{} UTC", utc(conversation.last_activity_at)),
+                ),
+            ],
+        )?;
+        let mut request = None;
+        for entry in &transcript {
+            if request != Some(entry.request_id) {
+                request = Some(entry.request_id);
+                writeln!(out)?;
+                writeln!(
+                    out,
+                    "{}",
+                    style.dim(&format!("request {}", entry.request_id))
+                )?;
+            }
+            message(out, style, entry)?;
         }
-    };
-    output::table(
-        out,
-        "",
-        &[
-            ("conversation", conversation.id.to_string()),
-            ("namespace", conversation.namespace.to_string()),
-            (
-                "version",
-                format!("{} (committed requests)", conversation.version),
-            ),
-            ("revision", admission),
-            (
-                "transcript",
-                format!("{} messages", conversation.transcript_entries),
-            ),
-            (
-                "summary",
-                summary.map_or("none".into(), |s| {
-                    format!("#{} · covers entries up to {}", s.id, s.through_seq)
-                }),
-            ),
-            ("created", format!("{} UTC", utc(conversation.created_at))),
-            (
-                "last activity",
-                format!("{} UTC", utc(conversation.last_activity_at)),
-            ),
-        ],
-    )?;
-    let mut request = None;
-    for entry in &transcript {
-        if request != Some(entry.request_id) {
-            request = Some(entry.request_id);
-            writeln!(out)?;
-            writeln!(
-                out,
-                "{}",
-                style.dim(&format!("request {}", entry.request_id))
-            )?;
-        }
-        message(out, style, entry)?;
+        Ok(())
     }
-    Ok(())
+    .await;
+    crate::cli::session_cmds::closed(store.as_ref(), result).await
 }
 
 /// `#seq role  text`; tool calls as `→ name(arguments) [id]`; continuation
@@ -194,16 +198,20 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
 
 pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
-    let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
-    for_each_page(store.as_ref(), &conversation, |page| {
-        for entry in &page {
-            output::json(out, &Entry::from(entry))?;
-        }
+    let result = async {
+        let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
+        for_each_page(store.as_ref(), &conversation, |page| {
+            for entry in &page {
+                output::json(out, &Entry::from(entry))?;
+            }
+            Ok(())
+        })
+        .await?;
+        out.flush()?;
         Ok(())
-    })
-    .await?;
-    out.flush()?;
-    Ok(())
+    }
+    .await;
+    crate::cli::session_cmds::closed(store.as_ref(), result).await
 }
 
 #[derive(Serialize)]
@@ -219,90 +227,96 @@ pub(in crate::cli) async fn checkpoints(
     json: bool,
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
-    let run = store
-        .run_summary(args.run, STALE_AFTER)
-        .await?
-        .ok_or_else(|| Error::NotFound {
-            what: "run",
-            id: args.run.to_string(),
-        })?;
-    let rows = store.checkpoints(args.run).await?;
-    if json {
-        let shown = RunCheckpoints {
-            run: &run,
-            checkpoints: &rows,
+    let result = async {
+        let run = store
+            .run_summary(args.run, STALE_AFTER)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "run",
+                id: args.run.to_string(),
+            })?;
+        let rows = store.checkpoints(args.run).await?;
+        if json {
+            let shown = RunCheckpoints {
+                run: &run,
+                checkpoints: &rows,
+            };
+            return output::json(out, &shown);
+        }
+        let admission = match &run.held {
+            Some(held) if held.stuck => {
+                style.red(&format!("holds revision {}, stuck", held.revision))
+            }
+            Some(held) => format!("holds revision {}", held.revision),
+            None => "-".into(),
         };
-        return output::json(out, &shown);
-    }
-    let admission = match &run.held {
-        Some(held) if held.stuck => style.red(&format!("holds revision {}, stuck", held.revision)),
-        Some(held) => format!("holds revision {}", held.revision),
-        None => "-".into(),
-    };
-    output::table(
-        out,
-        "",
-        &[
-            ("run", run.run_id.to_string()),
-            ("request", run.request_id.to_string()),
-            ("conversation", run.conversation_id.to_string()),
-            ("status", run.status.as_str().to_owned()),
-            (
-                "resumed from",
-                run.resumed_from.map_or("-".into(), |r| r.to_string()),
-            ),
-            ("admission", admission),
-            (
-                "error",
-                run.error
-                    .as_deref()
-                    .map_or("-".into(), |e| output::clip(e, 200)),
-            ),
-        ],
-    )?;
-    writeln!(out)?;
-    if rows.is_empty() {
-        writeln!(
+        output::table(
             out,
-            "no checkpoints (the run stopped before its first turn)"
-        )?;
-        return Ok(());
-    }
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|c| {
-            let passed = c.verification_reports.iter().filter(|r| r.passed).count();
-            vec![
-                c.turn.to_string(),
-                c.phase.as_str().to_owned(),
-                c.usage.input_tokens.to_string(),
-                c.usage.output_tokens.to_string(),
-                format!(
-                    "{}/{}",
-                    c.usage.cache_read_tokens, c.usage.cache_write_tokens
+            "",
+            &[
+                ("run", run.run_id.to_string()),
+                ("request", run.request_id.to_string()),
+                ("conversation", run.conversation_id.to_string()),
+                ("status", run.status.as_str().to_owned()),
+                (
+                    "resumed from",
+                    run.resumed_from.map_or("-".into(), |r| r.to_string()),
                 ),
-                c.tool_calls_count.to_string(),
-                format!("{} ({passed} passed)", c.verification_reports.len()),
-                c.message_count.to_string(),
-                utc(c.created_at),
-            ]
-        })
-        .collect();
-    columns(
-        out,
-        &[
-            "TURN",
-            "PHASE",
-            "INPUT",
-            "OUTPUT",
-            "CACHE R/W",
-            "TOOL CALLS",
-            "REPORTS",
-            "MESSAGES",
-            "SAVED (UTC)",
-        ],
-        &table,
-    )
+                ("admission", admission),
+                (
+                    "error",
+                    run.error
+                        .as_deref()
+                        .map_or("-".into(), |e| output::clip(e, 200)),
+                ),
+            ],
+        )?;
+        writeln!(out)?;
+        if rows.is_empty() {
+            writeln!(
+                out,
+                "no checkpoints (the run stopped before its first turn)"
+            )?;
+            return Ok(());
+        }
+        let table: Vec<Vec<String>> = rows
+            .iter()
+            .map(|c| {
+                let passed = c.verification_reports.iter().filter(|r| r.passed).count();
+                vec![
+                    c.turn.to_string(),
+                    c.phase.as_str().to_owned(),
+                    c.usage.input_tokens.to_string(),
+                    c.usage.output_tokens.to_string(),
+                    format!(
+                        "{}/{}",
+                        c.usage.cache_read_tokens, c.usage.cache_write_tokens
+                    ),
+                    c.tool_calls_count.to_string(),
+                    format!("{} ({passed} passed)", c.verification_reports.len()),
+                    c.message_count.to_string(),
+                    utc(c.created_at),
+                ]
+            })
+            .collect();
+        columns(
+            out,
+            &[
+                "TURN",
+                "PHASE",
+                "INPUT",
+                "OUTPUT",
+                "CACHE R/W",
+                "TOOL CALLS",
+                "REPORTS",
+                "MESSAGES",
+                "SAVED (UTC)",
+            ],
+            &table,
+        )
+    }
+    .await;
+    crate::cli::session_cmds::closed(store.as_ref(), result).await
 }
 
 /// The conversation, in `namespace` when one is given.

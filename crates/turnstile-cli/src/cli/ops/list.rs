@@ -18,36 +18,40 @@ pub(in crate::cli) async fn ls(
     json: bool,
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
-    let filter = ListFilter {
-        namespace: args.namespace,
-        conversation_id: args.conversation,
-        stuck_only: args.stuck,
-        stale_after: args.stale_after,
-        limit: args.limit,
-    };
-    match args.kind {
-        ListKind::Conversations => {
-            let rows = store.list_conversations(&filter).await?;
-            if json {
-                return output::json(out, &rows);
+    let result = async {
+        let filter = ListFilter {
+            namespace: args.namespace,
+            conversation_id: args.conversation,
+            stuck_only: args.stuck,
+            stale_after: args.stale_after,
+            limit: args.limit,
+        };
+        match args.kind {
+            ListKind::Conversations => {
+                let rows = store.list_conversations(&filter).await?;
+                if json {
+                    return output::json(out, &rows);
+                }
+                conversations(out, style, &rows)
             }
-            conversations(out, style, &rows)
-        }
-        ListKind::Requests => {
-            let rows = store.list_requests(&filter).await?;
-            if json {
-                return output::json(out, &rows);
+            ListKind::Requests => {
+                let rows = store.list_requests(&filter).await?;
+                if json {
+                    return output::json(out, &rows);
+                }
+                requests(out, style, &rows)
             }
-            requests(out, style, &rows)
-        }
-        ListKind::Runs => {
-            let rows = store.list_runs(&filter).await?;
-            if json {
-                return output::json(out, &rows);
+            ListKind::Runs => {
+                let rows = store.list_runs(&filter).await?;
+                if json {
+                    return output::json(out, &rows);
+                }
+                runs(out, style, &rows)
             }
-            runs(out, style, &rows)
         }
     }
+    .await;
+    crate::cli::session_cmds::closed(store.as_ref(), result).await
 }
 
 fn conversations(

@@ -18,78 +18,82 @@ pub(in crate::cli) async fn prune(
     json: bool,
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, false).await?;
-    let options = PruneOptions {
-        older_than: args.older_than,
-        status: args.status.map(|status| match status {
-            PruneStatus::Completed => RequestStatus::Completed,
-            PruneStatus::Abandoned => RequestStatus::Abandoned,
-        }),
-        include_transcripts: args.include_transcripts,
-        dry_run: args.dry_run,
-    };
-    let report = store.prune(&options).await?;
-    if json {
-        return output::json(out, &report);
-    }
-    let verb = if report.dry_run {
-        style.yellow("dry run: would delete")
-    } else {
-        style.green("deleted")
-    };
-    let mut what = match args.status {
-        Some(PruneStatus::Completed) => "completed requests".to_owned(),
-        Some(PruneStatus::Abandoned) => "abandoned requests".to_owned(),
-        None => "completed and abandoned requests".to_owned(),
-    };
-    if args.include_transcripts {
-        what.push_str(" and idle conversations");
-    }
-    writeln!(
-        out,
-        "{verb} from {what} finished before {} UTC ({} examined)",
-        utc(report.cutoff),
-        report.requests_examined
-    )?;
-    let mut rows: Vec<(&str, String)> = report
-        .deleted
-        .rows()
-        .into_iter()
-        .map(|(table, n)| (table, n.to_string()))
-        .collect();
-    rows.push(("total rows", report.deleted.total().to_string()));
-    output::table(out, "  ", &rows)?;
-    let database = if report.dry_run {
-        format!(
-            "{} + {} log (unchanged: nothing deleted)",
-            bytes(report.database_bytes_before),
-            bytes(report.wal_bytes_before)
-        )
-    } else {
-        format!(
-            "{} + {} log → {} + {} log · {} pages given back",
-            bytes(report.database_bytes_before),
-            bytes(report.wal_bytes_before),
-            bytes(report.database_bytes_after),
-            bytes(report.wal_bytes_after),
-            report.pages_freed
-        )
-    };
-    output::table(out, "", &[("file", database)])?;
-    if report.free_pages_after > 0 && !report.dry_run {
+    let result = async {
+        let options = PruneOptions {
+            older_than: args.older_than,
+            status: args.status.map(|status| match status {
+                PruneStatus::Completed => RequestStatus::Completed,
+                PruneStatus::Abandoned => RequestStatus::Abandoned,
+            }),
+            include_transcripts: args.include_transcripts,
+            dry_run: args.dry_run,
+        };
+        let report = store.prune(&options).await?;
+        if json {
+            return output::json(out, &report);
+        }
+        let verb = if report.dry_run {
+            style.yellow("dry run: would delete")
+        } else {
+            style.green("deleted")
+        };
+        let mut what = match args.status {
+            Some(PruneStatus::Completed) => "completed requests".to_owned(),
+            Some(PruneStatus::Abandoned) => "abandoned requests".to_owned(),
+            None => "completed and abandoned requests".to_owned(),
+        };
+        if args.include_transcripts {
+            what.push_str(" and idle conversations");
+        }
         writeln!(
             out,
-            "{} free pages stay in the file (it was created without incremental auto-vacuum; \
-             a full VACUUM returns them)",
-            report.free_pages_after
+            "{verb} from {what} finished before {} UTC ({} examined)",
+            utc(report.cutoff),
+            report.requests_examined
         )?;
+        let mut rows: Vec<(&str, String)> = report
+            .deleted
+            .rows()
+            .into_iter()
+            .map(|(table, n)| (table, n.to_string()))
+            .collect();
+        rows.push(("total rows", report.deleted.total().to_string()));
+        output::table(out, "  ", &rows)?;
+        let database = if report.dry_run {
+            format!(
+                "{} + {} log (unchanged: nothing deleted)",
+                bytes(report.database_bytes_before),
+                bytes(report.wal_bytes_before)
+            )
+        } else {
+            format!(
+                "{} + {} log → {} + {} log · {} pages given back",
+                bytes(report.database_bytes_before),
+                bytes(report.wal_bytes_before),
+                bytes(report.database_bytes_after),
+                bytes(report.wal_bytes_after),
+                report.pages_freed
+            )
+        };
+        output::table(out, "", &[("file", database)])?;
+        if report.free_pages_after > 0 && !report.dry_run {
+            writeln!(
+                out,
+                "{} free pages stay in the file (it was created without incremental auto-vacuum; \
+                 a full VACUUM returns them)",
+                report.free_pages_after
+            )?;
+        }
+        if report.wal_checkpoint_busy {
+            writeln!(
+                out,
+                "the write-ahead log was not truncated: another connection was reading"
+            )?;
+        }
+        Ok(())
     }
-    if report.wal_checkpoint_busy {
-        writeln!(
-            out,
-            "the write-ahead log was not truncated: another connection was reading"
-        )?;
-    }
-    Ok(())
+    .await;
+    crate::cli::session_cmds::closed(store.as_ref(), result).await
 }
 
 pub(in crate::cli) async fn doctor(
