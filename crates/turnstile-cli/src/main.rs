@@ -28,7 +28,8 @@ fn main() -> ExitCode {
         // left to tell.
         Err(error) if error.is_closed_output() => ExitCode::SUCCESS,
         Err(error) => {
-            cli::report(&format!("error: {}", error.one_line()));
+            // An error can quote an endpoint's body or a tool's name.
+            cli::report(&format!("error: {}", cli::output::plain(&error.one_line())));
             ExitCode::from(error.exit_code())
         }
     }

@@ -435,3 +435,64 @@ fn a_finished_command_leaves_the_database_file_complete_on_its_own() {
     shown.assert_success();
     assert!(shown.stdout.contains("2 + 3 = 5"), "{shown:#?}");
 }
+
+#[test]
+fn terminal_control_sequences_in_model_and_user_text_are_shown_escaped_and_kept_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("escape.db");
+    let conversation = uuid();
+    let hostile = "ok \u{1b}]0;OWNED\u{7}\u{1b}]52;c;ZXZpbA==\u{7}\u{1b}[2J \u{202e}done";
+    let model = scripted(&script(
+        dir.path(),
+        "hostile.json",
+        json!([{ "text": hostile }]),
+    ));
+    let input = "hi \u{1b}[1A\u{1b}[2Kforged";
+    let request = RequestId::new().to_string();
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--request", &request, "--model", &model, input]);
+    let human = turnstile(&run);
+    human.assert_success();
+    let shown = turnstile(&["show", &conversation, "--db", db.to_str().unwrap()]);
+    shown.assert_success();
+    for out in [&human.stdout, &shown.stdout] {
+        assert!(!out.contains('\u{1b}'), "{out:?}");
+        assert!(!out.contains('\u{7}'), "{out:?}");
+        assert!(!out.contains('\u{202e}'), "{out:?}");
+        assert!(out.contains("\\u{1b}]0;OWNED\\u{7}"), "{out:?}");
+    }
+    assert!(
+        shown.stdout.contains("hi \\u{1b}[1A\\u{1b}[2Kforged"),
+        "{}",
+        shown.stdout
+    );
+
+    // Scripts get the exact text.
+    let json_run = turnstile(&[run.as_slice(), &["--json"]].concat());
+    json_run.assert_success();
+    assert_eq!(json_run.json()["final_text"], hostile);
+    let export = turnstile(&["export", &conversation, "--db", db.to_str().unwrap()]);
+    export.assert_success();
+    let lines: Vec<serde_json::Value> = export
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["message"]["content"], input);
+    assert_eq!(lines[1]["message"]["content"], hostile);
+}
+
+#[test]
+fn the_error_line_shows_control_sequences_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("error.db");
+    let conversation = uuid();
+    let failing =
+        json!([{ "text": "x", "failure": "down \u{1b}]0;OWNED\u{7}\u{1b}[2J", "fail_times": 1 }]);
+    let model = scripted(&script(dir.path(), "failing.json", failing));
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--json", INPUT]);
+    let failed = turnstile(&run);
+    failed.assert_error(1, "down \\u{1b}]0;OWNED\\u{7}\\u{1b}[2J");
+    assert!(!failed.stderr.contains('\u{1b}'), "{failed:#?}");
+}

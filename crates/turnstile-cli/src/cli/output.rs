@@ -85,8 +85,35 @@ pub fn usage(usage: &Usage) -> String {
     text
 }
 
-/// `text` cut to `max` characters, on one line.
+/// Text from a model, a tool, a user or an endpoint, made safe for a
+/// terminal: every control character but newline and tab, and every
+/// character that reorders text (bidirectional overrides and isolates), is
+/// written visibly as `\u{…}`, so no such text can set a window title,
+/// write the clipboard, move the cursor or forge earlier lines. `--json`
+/// and `export` print text exactly; only human output goes through this.
+pub fn plain(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(unsafe_for_terminal) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut safe = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_for_terminal(c) {
+            safe.extend(c.escape_unicode());
+        } else {
+            safe.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(safe)
+}
+
+fn unsafe_for_terminal(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` cut to `max` characters, on one line, made [`plain`].
 pub fn clip(text: &str, max: usize) -> String {
+    let text = plain(text);
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.chars().count() <= max {
         flat
@@ -125,7 +152,7 @@ pub fn outcome(
             ("status", status),
             ("request", outcome.request_id.to_string()),
             ("run", run),
-            ("answer", outcome.final_text.clone()),
+            ("answer", plain(&outcome.final_text).into_owned()),
             ("turns", outcome.turns.to_string()),
             ("tool calls", outcome.tool_calls.to_string()),
             ("usage", usage(&outcome.usage)),
@@ -137,6 +164,17 @@ pub fn outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_escapes_control_and_reordering_characters_and_keeps_the_rest() {
+        assert_eq!(plain("héllo\n\tworld"), "héllo\n\tworld");
+        assert_eq!(plain("a\u{1b}]52;c;x\u{7}b"), "a\\u{1b}]52;c;x\\u{7}b");
+        assert_eq!(
+            plain("\r\u{7f}\u{9b}\u{202e}"),
+            "\\u{d}\\u{7f}\\u{9b}\\u{202e}"
+        );
+        assert!(matches!(plain("safe"), std::borrow::Cow::Borrowed(_)));
+    }
 
     #[test]
     fn clip_flattens_and_cuts() {

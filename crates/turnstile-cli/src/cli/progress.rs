@@ -7,7 +7,7 @@
 use std::io::Write;
 
 use super::exit::CliError;
-use super::output::{clip, Style};
+use super::output::{clip, plain, Style};
 use turnstile::events::Event;
 use turnstile::message::Usage;
 
@@ -70,7 +70,7 @@ impl Progress {
                     write!(out, "{}turn {turn} · {}", self.indent, s.dim("answer: "))?;
                     self.speaking = true;
                 }
-                write!(out, "{text}")?;
+                write!(out, "{}", plain(text))?;
                 out.flush()?;
                 Ok(())
             }
@@ -97,7 +97,8 @@ impl Progress {
             } => {
                 self.running = Some((call_id.clone(), arguments.clone()));
                 match s.terminal {
-                    true => self.transient_line(out, &s.dim(&format!("    running {name}…"))),
+                    true => self
+                        .transient_line(out, &s.dim(&format!("    running {}…", clip(name, 60)))),
                     false => Ok(()),
                 }
             }
@@ -114,7 +115,10 @@ impl Progress {
                     _ => String::new(),
                 };
                 let text = match reused {
-                    true => format!("{name} · result reused from the journal, not run again"),
+                    true => format!(
+                        "{} · result reused from the journal, not run again",
+                        clip(name, 60)
+                    ),
                     false => tool_line(name, &arguments, content, *is_error),
                 };
                 let mark = if *is_error {
@@ -180,6 +184,7 @@ impl Progress {
 }
 
 fn tool_line(name: &str, arguments: &str, content: &str, is_error: bool) -> String {
+    let name = clip(name, 60);
     match is_error {
         false => format!("{name} {} → {}", clip(arguments, 60), clip(content, 40)),
         true => format!(

@@ -161,19 +161,21 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
         entry.message.role()
     );
     let pad = " ".repeat(head.chars().count());
-    let mut lines: Vec<String> = entry.message.content().lines().map(str::to_owned).collect();
+    let content = output::plain(entry.message.content());
+    let mut lines: Vec<String> = content.lines().map(str::to_owned).collect();
     match &entry.message {
         Message::Assistant { tool_calls, .. } => {
             lines.extend(tool_calls.iter().map(|call| {
-                style.cyan(&format!(
+                style.cyan(&output::plain(&format!(
                     "→ {}({}) [{}]",
                     call.name, call.arguments, call.id
-                ))
+                )))
             }));
         }
         Message::Tool {
             call_id, is_error, ..
         } => {
+            let call_id = output::plain(call_id);
             let tag = if *is_error {
                 style.red(&format!("[{call_id}] error:"))
             } else {
