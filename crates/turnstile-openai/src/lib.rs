@@ -44,6 +44,12 @@ const MAX_BODY_BYTES: usize = 32 << 20;
 ///   from their fragments, and usage comes from the final chunk
 ///   (`stream_options.include_usage`). A stream that ends without
 ///   `data: [DONE]` is a truncated response and fails.
+/// - An answer the model was not let finish is a fatal error, not an
+///   answer: `finish_reason` `length` (cut off at
+///   [`max_output_tokens`](OpenAiConfig::max_output_tokens) or the context
+///   size) or `content_filter`. Its text may stop mid-sentence and its last
+///   tool call mid-arguments, so it is discarded whole and none of its tool
+///   calls runs; an agent run stops with the model error, resumable.
 /// - The API key is sent as `Authorization: Bearer …`. It never appears in
 ///   `Debug` output, logs or error messages; a server that echoes it back in
 ///   an error body has it replaced by `[redacted]`.
@@ -249,9 +255,10 @@ impl Model for OpenAiModel {
     /// # Errors
     /// A retryable [`ModelError`] for 429, 408 and 5xx answers, connection
     /// failures, dropped connections and timeouts; a fatal one for other
-    /// answers, malformed or truncated responses and tool calls without a
-    /// name. Messages carry the status and a short excerpt of the server's
-    /// error text, never the API key.
+    /// answers, malformed or truncated responses, tool calls without a name,
+    /// and answers cut off (`finish_reason` `length`) or filtered
+    /// (`content_filter`). Messages carry the status and a short excerpt of
+    /// the server's error text, never the API key.
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let started = Instant::now();
         tracing::debug!(
