@@ -50,6 +50,8 @@ const MAX_BODY_BYTES: usize = 32 << 20;
 ///   size) or `content_filter`. Its text may stop mid-sentence and its last
 ///   tool call mid-arguments, so it is discarded whole and none of its tool
 ///   calls runs; an agent run stops with the model error, resumable.
+/// - [`OpenAiConfig::extra_body`] adds members to every request, e.g.
+///   `temperature` or `tool_choice`.
 /// - The API key is sent as `Authorization: Bearer …`. It never appears in
 ///   `Debug` output, logs or error messages; a server that echoes it back in
 ///   an error body has it replaced by `[redacted]`.
@@ -103,14 +105,24 @@ impl OpenAiModel {
     ///
     /// # Errors
     /// A fatal [`ModelError`] when the model name is empty, the timeout is
-    /// zero, the base URL is not an `http`/`https` URL, the key cannot be
-    /// sent in an HTTP header, or the HTTP client cannot be built.
+    /// zero, the extra body names a
+    /// [reserved member](OpenAiConfig::RESERVED_BODY_MEMBERS), the base URL
+    /// is not an `http`/`https` URL, the key cannot be sent in an HTTP
+    /// header, or the HTTP client cannot be built.
     pub fn new(config: OpenAiConfig) -> Result<Self, ModelError> {
         if config.model.trim().is_empty() {
             return Err(ModelError::fatal("the openai model name is empty"));
         }
         if config.timeout.is_zero() {
             return Err(ModelError::fatal("the openai timeout must be positive"));
+        }
+        if let Some(name) = OpenAiConfig::RESERVED_BODY_MEMBERS
+            .into_iter()
+            .find(|name| config.extra_body.contains_key(*name))
+        {
+            return Err(ModelError::fatal(format!(
+                "the extra request body member {name:?} is set by the openai model itself"
+            )));
         }
         let endpoint = endpoint_url(&config.base_url)?;
         let authorization = match config.key() {

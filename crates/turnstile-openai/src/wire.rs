@@ -18,8 +18,11 @@ use turnstile_core::ModelError;
 use crate::errors::{error_object, json_kind};
 use crate::OpenAiConfig;
 
-/// The request body: the transcript, the tools, and the stream options when
-/// `stream`.
+/// Extra body members that only mean something with tools.
+const TOOL_MEMBERS: [&str; 2] = ["tool_choice", "parallel_tool_calls"];
+
+/// The request body: the transcript, the tools, the stream options when
+/// `stream`, and the configuration's extra members.
 pub(crate) fn request_body(
     config: &OpenAiConfig,
     request: &ModelRequest<'_>,
@@ -43,6 +46,13 @@ pub(crate) fn request_body(
     if stream {
         body.insert("stream".into(), Value::Bool(true));
         body.insert("stream_options".into(), json!({ "include_usage": true }));
+    }
+    // The reserved members are refused by `OpenAiModel::new`.
+    for (name, value) in &config.extra_body {
+        if request.tools.is_empty() && TOOL_MEMBERS.contains(&name.as_str()) {
+            continue;
+        }
+        body.insert(name.clone(), value.clone());
     }
     Value::Object(body)
 }

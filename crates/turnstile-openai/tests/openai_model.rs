@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use support::*;
 use turnstile::agent::ModelRequest;
 use turnstile::{
@@ -376,4 +376,63 @@ fn invalid_configurations_are_refused() {
     );
     assert_eq!(model.config().timeout, OpenAiConfig::DEFAULT_TIMEOUT);
     assert_eq!(OpenAiConfig::DEFAULT_TIMEOUT, Duration::from_secs(120));
+}
+
+#[tokio::test]
+async fn extra_body_members_are_sent_and_reserved_ones_refused() {
+    let server = Server::start(vec![
+        text_completion("with tools", 1, 1),
+        text_completion("without tools", 1, 1),
+    ])
+    .await;
+    let extra = json!({
+        "temperature": 0,
+        "tool_choice": "required",
+        "parallel_tool_calls": false,
+        "logit_bias": { "261": 20 },
+        "user": "extra-body-mark",
+    });
+    let config = server
+        .config()
+        .with_extra_body(extra.as_object().unwrap().clone())
+        .with_extra_body(json!({ "temperature": 0.5 }).as_object().unwrap().clone());
+    let debug = format!("{config:?}");
+    // Debug output names the members but shows no value.
+    assert!(debug.contains("\"user\""), "{debug}");
+    assert!(!debug.contains("extra-body-mark"), "{debug}");
+    let model = OpenAiModel::new(config).unwrap();
+
+    let tools = [add_spec()];
+    model
+        .respond(ModelRequest {
+            messages: &hello(),
+            tools: &tools,
+            deltas: None,
+        })
+        .await
+        .unwrap();
+    ask(&model, &hello()).await.unwrap();
+    let bodies = server.bodies();
+    assert_eq!(bodies[0]["temperature"], 0.5);
+    assert_eq!(bodies[0]["tool_choice"], "required");
+    assert_eq!(bodies[0]["parallel_tool_calls"], false);
+    assert_eq!(bodies[0]["logit_bias"], json!({ "261": 20 }));
+    assert_eq!(bodies[0]["user"], "extra-body-mark");
+    assert_eq!(bodies[0]["model"], "test-model");
+    // Without tools, the members about tools are left out.
+    assert_eq!(bodies[1]["temperature"], 0.5);
+    assert!(bodies[1].get("tool_choice").is_none(), "{}", bodies[1]);
+    assert!(
+        bodies[1].get("parallel_tool_calls").is_none(),
+        "{}",
+        bodies[1]
+    );
+
+    for name in OpenAiConfig::RESERVED_BODY_MEMBERS {
+        let mut member = serde_json::Map::new();
+        member.insert(name.to_owned(), Value::Bool(true));
+        let error = OpenAiModel::new(server.config().with_extra_body(member)).unwrap_err();
+        assert!(!error.retryable);
+        assert!(error.message.contains(name), "{}", error.message);
+    }
 }
