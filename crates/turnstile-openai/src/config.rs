@@ -4,12 +4,14 @@
 use std::fmt;
 use std::time::Duration;
 
+use serde_json::{Map, Value};
 use turnstile_core::ModelError;
 
 /// Where and how to reach an OpenAI-compatible endpoint.
 ///
 /// Build it with [`OpenAiConfig::new`] or [`OpenAiConfig::from_env`] and the
-/// `with_*` methods. `Debug` prints the key as `<redacted>`.
+/// `with_*` methods. `Debug` prints the key as `<redacted>` and of
+/// [`OpenAiConfig::extra_body`] only the member names.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
     /// The API root, e.g. `https://api.openai.com/v1` or
@@ -24,9 +26,24 @@ pub struct OpenAiConfig {
     pub timeout: Duration,
     /// Sent as `max_tokens` when set.
     pub max_output_tokens: Option<u32>,
+    /// Further members of every request body, sent as they are: sampling
+    /// parameters (`temperature`, `seed`), `tool_choice`, `logit_bias`, or a
+    /// server's own extensions. See [`OpenAiConfig::with_extra_body`].
+    pub extra_body: Map<String, Value>,
 }
 
 impl OpenAiConfig {
+    /// The request-body members the model sets itself, which
+    /// [`OpenAiConfig::extra_body`] may not name.
+    pub const RESERVED_BODY_MEMBERS: [&'static str; 6] = [
+        "model",
+        "messages",
+        "tools",
+        "max_tokens",
+        "stream",
+        "stream_options",
+    ];
+
     /// The default [`OpenAiConfig::timeout`].
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -39,6 +56,7 @@ impl OpenAiConfig {
             api_key: None,
             timeout: Self::DEFAULT_TIMEOUT,
             max_output_tokens: None,
+            extra_body: Map::new(),
         }
     }
 
@@ -101,6 +119,23 @@ impl OpenAiConfig {
         self
     }
 
+    /// Adds members to every request body (a member already added is
+    /// replaced), e.g. `{"temperature": 0, "tool_choice": "required"}`.
+    /// They are sent unchecked, so a server may refuse them; the answer is
+    /// read the usual way whatever they ask for (with `n` above 1, the first
+    /// choice is the answer). `tool_choice` and `parallel_tool_calls` are
+    /// left out of a request without tools, which servers refuse.
+    ///
+    /// The members the model sets itself
+    /// ([`RESERVED_BODY_MEMBERS`](Self::RESERVED_BODY_MEMBERS)) cannot be
+    /// replaced: [`OpenAiModel::new`](crate::OpenAiModel::new) refuses a
+    /// configuration that names one. `max_tokens` is set with
+    /// [`OpenAiConfig::with_max_output_tokens`].
+    pub fn with_extra_body(mut self, members: Map<String, Value>) -> Self {
+        self.extra_body.extend(members);
+        self
+    }
+
     /// The key, when set and not empty.
     pub(crate) fn key(&self) -> Option<&str> {
         self.api_key.as_deref().filter(|k| !k.is_empty())
@@ -123,6 +158,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| Redacted))
             .field("timeout", &self.timeout)
             .field("max_output_tokens", &self.max_output_tokens)
+            .field("extra_body", &self.extra_body.keys().collect::<Vec<_>>())
             .finish()
     }
 }

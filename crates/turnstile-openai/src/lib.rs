@@ -44,6 +44,14 @@ const MAX_BODY_BYTES: usize = 32 << 20;
 ///   from their fragments, and usage comes from the final chunk
 ///   (`stream_options.include_usage`). A stream that ends without
 ///   `data: [DONE]` is a truncated response and fails.
+/// - An answer the model was not let finish is a fatal error, not an
+///   answer: `finish_reason` `length` (cut off at
+///   [`max_output_tokens`](OpenAiConfig::max_output_tokens) or the context
+///   size) or `content_filter`. Its text may stop mid-sentence and its last
+///   tool call mid-arguments, so it is discarded whole and none of its tool
+///   calls runs; an agent run stops with the model error, resumable.
+/// - [`OpenAiConfig::extra_body`] adds members to every request, e.g.
+///   `temperature` or `tool_choice`.
 /// - The API key is sent as `Authorization: Bearer …`. It never appears in
 ///   `Debug` output, logs or error messages; a server that echoes it back in
 ///   an error body has it replaced by `[redacted]`.
@@ -97,14 +105,24 @@ impl OpenAiModel {
     ///
     /// # Errors
     /// A fatal [`ModelError`] when the model name is empty, the timeout is
-    /// zero, the base URL is not an `http`/`https` URL, the key cannot be
-    /// sent in an HTTP header, or the HTTP client cannot be built.
+    /// zero, the extra body names a
+    /// [reserved member](OpenAiConfig::RESERVED_BODY_MEMBERS), the base URL
+    /// is not an `http`/`https` URL, the key cannot be sent in an HTTP
+    /// header, or the HTTP client cannot be built.
     pub fn new(config: OpenAiConfig) -> Result<Self, ModelError> {
         if config.model.trim().is_empty() {
             return Err(ModelError::fatal("the openai model name is empty"));
         }
         if config.timeout.is_zero() {
             return Err(ModelError::fatal("the openai timeout must be positive"));
+        }
+        if let Some(name) = OpenAiConfig::RESERVED_BODY_MEMBERS
+            .into_iter()
+            .find(|name| config.extra_body.contains_key(*name))
+        {
+            return Err(ModelError::fatal(format!(
+                "the extra request body member {name:?} is set by the openai model itself"
+            )));
         }
         let endpoint = endpoint_url(&config.base_url)?;
         let authorization = match config.key() {
@@ -249,9 +267,10 @@ impl Model for OpenAiModel {
     /// # Errors
     /// A retryable [`ModelError`] for 429, 408 and 5xx answers, connection
     /// failures, dropped connections and timeouts; a fatal one for other
-    /// answers, malformed or truncated responses and tool calls without a
-    /// name. Messages carry the status and a short excerpt of the server's
-    /// error text, never the API key.
+    /// answers, malformed or truncated responses, tool calls without a name,
+    /// and answers cut off (`finish_reason` `length`) or filtered
+    /// (`content_filter`). Messages carry the status and a short excerpt of
+    /// the server's error text, never the API key.
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let started = Instant::now();
         tracing::debug!(

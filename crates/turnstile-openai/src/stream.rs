@@ -8,13 +8,14 @@
 use std::collections::BTreeMap;
 
 use futures_util::StreamExt;
+use serde_json::Value;
 
 use turnstile_core::agent::{ModelResponse, TextDeltas};
 use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 
 use crate::errors::{decode_error, error_object, transport_error};
-use crate::wire::{finish_call, push_arguments, StreamChunk};
+use crate::wire::{check_finish, finish_call, push_arguments, StreamChunk};
 use crate::OpenAiConfig;
 
 /// The largest single server-sent event accepted.
@@ -161,6 +162,8 @@ struct StreamAssembly {
     content: String,
     calls: BTreeMap<u64, PartialCall>,
     usage: Option<Usage>,
+    /// The last `finish_reason` of the first choice.
+    finish_reason: Option<String>,
     events: usize,
 }
 
@@ -206,6 +209,9 @@ impl StreamAssembly {
             if choice.index.unwrap_or(0) != 0 {
                 continue;
             }
+            if let Some(reason) = choice.finish_reason.as_ref().and_then(Value::as_str) {
+                self.finish_reason = Some(reason.to_owned());
+            }
             let Some(delta) = choice.delta else { continue };
             if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                 deltas(&text);
@@ -233,6 +239,7 @@ impl StreamAssembly {
     }
 
     fn finish(self) -> Result<ModelResponse, ModelError> {
+        check_finish(self.finish_reason.as_deref())?;
         let tool_calls = self
             .calls
             .into_values()

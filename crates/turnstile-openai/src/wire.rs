@@ -18,8 +18,11 @@ use turnstile_core::ModelError;
 use crate::errors::{error_object, json_kind};
 use crate::OpenAiConfig;
 
-/// The request body: the transcript, the tools, and the stream options when
-/// `stream`.
+/// Extra body members that only mean something with tools.
+const TOOL_MEMBERS: [&str; 2] = ["tool_choice", "parallel_tool_calls"];
+
+/// The request body: the transcript, the tools, the stream options when
+/// `stream`, and the configuration's extra members.
 pub(crate) fn request_body(
     config: &OpenAiConfig,
     request: &ModelRequest<'_>,
@@ -43,6 +46,13 @@ pub(crate) fn request_body(
     if stream {
         body.insert("stream".into(), Value::Bool(true));
         body.insert("stream_options".into(), json!({ "include_usage": true }));
+    }
+    // The reserved members are refused by `OpenAiModel::new`.
+    for (name, value) in &config.extra_body {
+        if request.tools.is_empty() && TOOL_MEMBERS.contains(&name.as_str()) {
+            continue;
+        }
+        body.insert(name.clone(), value.clone());
     }
     Value::Object(body)
 }
@@ -111,6 +121,7 @@ pub(crate) struct Completion {
 struct Choice {
     index: Option<u64>,
     message: Option<WireMessage>,
+    finish_reason: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -177,6 +188,7 @@ impl Completion {
             .into_iter()
             .min_by_key(|c| c.index.unwrap_or(0))
             .ok_or_else(|| ModelError::fatal("the chat completion response has no choices"))?;
+        check_finish(choice.finish_reason.as_ref().and_then(Value::as_str))?;
         let message = choice
             .message
             .ok_or_else(|| ModelError::fatal("the chat completion choice has no message"))?;
@@ -204,6 +216,28 @@ impl Completion {
             usage: self.usage.map(WireUsage::into_usage).unwrap_or_default(),
         })
     }
+}
+
+/// Refuses an answer the server did not let the model finish: one cut off
+/// at the output limit or the context size (`finish_reason` `length`), or
+/// withheld by a content filter (`content_filter`). Such an answer is
+/// discarded whole: its text may stop mid-sentence and its last tool call
+/// mid-arguments, so none of its tool calls may run. Not retryable: the same
+/// request meets the same limit. Any other reason, or none, is a complete
+/// answer.
+pub(crate) fn check_finish(reason: Option<&str>) -> Result<(), ModelError> {
+    let why = match reason {
+        Some("length") => {
+            "was cut off at the output token limit or the context size (finish_reason length)"
+        }
+        Some("content_filter") => {
+            "was stopped by the server's content filter (finish_reason content_filter)"
+        }
+        _ => return Ok(()),
+    };
+    Err(ModelError::fatal(format!(
+        "the chat completion {why}; the incomplete answer was discarded, its tool calls not run"
+    )))
 }
 
 /// A message's `content`: a string, null, or an array of text parts.
@@ -280,6 +314,7 @@ pub(crate) struct StreamChunk {
 pub(crate) struct StreamChoice {
     pub(crate) index: Option<u64>,
     pub(crate) delta: Option<StreamDelta>,
+    pub(crate) finish_reason: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
