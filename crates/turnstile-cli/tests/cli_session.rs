@@ -496,3 +496,68 @@ fn the_error_line_shows_control_sequences_escaped() {
     failed.assert_error(1, "down \\u{1b}]0;OWNED\\u{7}\\u{1b}[2J");
     assert!(!failed.stderr.contains('\u{1b}'), "{failed:#?}");
 }
+
+#[test]
+fn the_resume_hint_pastes_and_runs_for_paths_with_odd_whitespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join("two  spaces\tand 'quote'");
+    std::fs::create_dir(&odd).unwrap();
+    let db = odd.join("odd.db");
+    let conversation = uuid();
+    let script_path = script(
+        &odd,
+        "model.json",
+        json!([{ "text": "x", "failure": "down", "fail_times": 1 }]),
+    );
+    let model = scripted(&script_path);
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--json", INPUT]);
+    let failed = turnstile(&run);
+    failed.assert_error(1, "continue it with: turnstile resume");
+    // The request id was generated, so the line ends with it.
+    let (_, after) = failed.stderr.split_once("continue it with: ").unwrap();
+    let (hint, _) = after.rsplit_once(" (request ").unwrap();
+    assert!(hint.starts_with("turnstile resume "), "{hint}");
+
+    // The same script path now answers: the pasted hint finishes the run.
+    std::fs::write(&script_path, r#"[{"text": "2 + 3 = 5"}]"#).unwrap();
+    let binary = env!("CARGO_BIN_EXE_turnstile");
+    let pasted = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{} --json",
+            hint.replacen("turnstile", &format!("'{binary}'"), 1)
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&pasted.stderr);
+    assert!(pasted.status.success(), "{hint}\n{stderr}");
+    assert!(
+        String::from_utf8_lossy(&pasted.stdout).contains("2 + 3 = 5"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_password_in_the_base_url_never_reaches_the_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("secret.db");
+    let conversation = uuid();
+    let mut run = on("run", &db, &conversation);
+    // Nothing listens on port 9 of the loopback: the model call fails fast.
+    run.extend([
+        "--model",
+        "openai:m",
+        "--base-url",
+        "http://user:hunter2@127.0.0.1:9/v1",
+        "--json",
+        INPUT,
+    ]);
+    let failed = turnstile(&run);
+    failed.assert_error(1, "continue it with: turnstile resume");
+    assert!(!failed.stderr.contains("hunter2"), "{failed:#?}");
+    assert!(
+        failed.stderr.contains("user:REDACTED@127.0.0.1:9"),
+        "{failed:#?}"
+    );
+}

@@ -150,10 +150,21 @@ impl OpenAiConfig {
     }
 }
 
+/// A URL without the password it may carry (`https://user:secret@host`).
+pub(crate) fn redacted_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("REDACTED"));
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
 impl fmt::Debug for OpenAiConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
+            .field("base_url", &redacted_url(&self.base_url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| Redacted))
             .field("timeout", &self.timeout)

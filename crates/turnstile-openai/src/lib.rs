@@ -250,7 +250,7 @@ impl fmt::Debug for OpenAiModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiModel")
             .field("name", &self.name)
-            .field("endpoint", &self.endpoint.as_str())
+            .field("endpoint", &config::redacted_url(self.endpoint.as_str()))
             .field("config", &self.config)
             .finish_non_exhaustive()
     }

@@ -40,3 +40,13 @@ fn from_env_reads_the_key_from_the_named_variable_and_never_shows_it() {
     let debug = format!("{model:?} {model:#?}");
     assert!(!debug.contains(KEY), "{debug}");
 }
+
+#[test]
+fn a_password_in_the_base_url_stays_out_of_debug_output() {
+    let config = OpenAiConfig::new("https://user:hunter2@llm.internal/v1", "m");
+    let model = OpenAiModel::new(config.clone()).expect("valid config");
+    for shown in [format!("{config:?}"), format!("{model:?}")] {
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("user:REDACTED@llm.internal"), "{shown}");
+    }
+}

@@ -114,7 +114,12 @@ impl CliError {
             }
             source = cause.source();
         }
-        line.split_whitespace().collect::<Vec<_>>().join(" ")
+        // Line breaks (a driver's multi-line message) become spaces; runs of
+        // spaces stay, since the resume hint's quoted words keep theirs.
+        line.split(['\n', '\r'])
+            .filter(|part| !part.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 

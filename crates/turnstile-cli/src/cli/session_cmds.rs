@@ -397,7 +397,7 @@ fn resumable(error: CliError, session: &SessionArgs, model: &ModelArgs) -> CliEr
     };
     words.extend(["--model".into(), quote(&spec)]);
     if let Some(url) = &model.base_url {
-        words.extend(["--base-url".into(), quote(url)]);
+        words.extend(["--base-url".into(), quote(&model::redact_url(url))]);
     }
     if let Some(var) = &model.api_key_env {
         words.extend(["--api-key-env".into(), quote(var)]);
@@ -408,11 +408,31 @@ fn resumable(error: CliError, session: &SessionArgs, model: &ModelArgs) -> CliEr
     }
 }
 
-/// A shell word: as it is when it is plain, else single-quoted.
+/// A shell word that pastes and runs: as it is when it is plain,
+/// single-quoted when it has spaces or shell characters, and ANSI-C quoted
+/// (`$'…'`, bash and zsh) when it has control characters, so that a path
+/// with a newline or a tab still fits the one-line error.
 fn quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         word.to_owned()
+    } else if word.chars().any(char::is_control) {
+        let mut quoted = String::from("$'");
+        for c in word.chars() {
+            match c {
+                '\'' => quoted.push_str("\\'"),
+                '\\' => quoted.push_str("\\\\"),
+                '\n' => quoted.push_str("\\n"),
+                '\t' => quoted.push_str("\\t"),
+                c if u32::from(c) < 0x80 && c.is_control() => {
+                    quoted.push_str(&format!("\\x{:02x}", u32::from(c)))
+                }
+                c if c.is_control() => quoted.push_str(&format!("\\u{:04x}", u32::from(c))),
+                c => quoted.push(c),
+            }
+        }
+        quoted.push('\'');
+        quoted
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))
     }
