@@ -138,6 +138,18 @@ fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
     let broken = dir.path().join("broken.json");
     std::fs::write(&broken, "[{\"text\": ").unwrap();
     run(&scripted(&broken)).assert_error(2, "not a JSON array of replies");
+    // Misspelt fields are named, not ignored.
+    for (field, reply) in [
+        ("delay", r#"{"text": "x", "delay": 5000}"#),
+        ("input", r#"{"text": "x", "usage": {"input": 3}}"#),
+        ("args", r#"{"tool_calls": [{"id": "c", "name": "add", "args": {}}]}"#),
+    ] {
+        let misspelt = dir.path().join(format!("{field}.json"));
+        std::fs::write(&misspelt, format!("[{reply}]")).unwrap();
+        run(&scripted(&misspelt)).assert_error(2, &format!("unknown field `{field}`"));
+    }
+    // A script that never ends is read only up to its limit.
+    run("scripted:/dev/zero").assert_error(2, "over the 16777216-byte limit");
     run("gpt-4").assert_error(2, "expected scripted:FILE or openai:MODEL_NAME");
     let key_flag = turnstile(&[
         "run",

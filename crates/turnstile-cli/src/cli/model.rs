@@ -1,6 +1,7 @@
 //! `--model scripted:FILE` (a JSON script of replies) or `--model
 //! openai:NAME` (an OpenAI-compatible endpoint, key from the environment).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -88,14 +89,23 @@ pub fn redact_url(url: &str) -> String {
 /// `usage` may omit token kinds (they count 0) and a tool call's
 /// `arguments` may be a JSON object instead of a string.
 pub fn load_script(path: &Path) -> Result<Vec<ScriptedReply>, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Usage(format!("cannot read script file {}: {e}", path.display())))?;
+    let unreadable = |e: std::io::Error| {
+        CliError::Usage(format!("cannot read script file {}: {e}", path.display()))
+    };
+    // Bounded: `scripted:/dev/zero` must not read without end.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_SCRIPT_BYTES + 1).read_to_string(&mut text))
+        .map_err(unreadable)?;
     let bad = |why: String| {
         CliError::Usage(format!(
             "script file {} is not a JSON array of replies: {why}",
             path.display()
         ))
     };
+    if text.len() as u64 > MAX_SCRIPT_BYTES {
+        return Err(bad(format!("it is over the {MAX_SCRIPT_BYTES}-byte limit")));
+    }
     let mut value: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let replies = value
         .as_array_mut()
@@ -104,9 +114,43 @@ pub fn load_script(path: &Path) -> Result<Vec<ScriptedReply>, CliError> {
         return Err(bad("it holds no reply".into()));
     }
     for reply in replies.iter_mut() {
+        refuse_unknown_fields(reply).map_err(bad)?;
         normalize(reply);
     }
     serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+}
+
+/// The largest script file read.
+const MAX_SCRIPT_BYTES: u64 = 16 << 20;
+
+/// A tool call's and a usage's fields, checked here because their types are
+/// also read from stored transcripts, where they stay lenient.
+fn refuse_unknown_fields(reply: &Value) -> Result<(), String> {
+    let check = |what: &str, object: &Value, known: &[&str]| match object.as_object() {
+        Some(fields) => match fields.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(unknown) => Err(format!("unknown field `{unknown}` in {what}")),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    };
+    if let Some(usage) = reply.get("usage") {
+        check(
+            "a usage",
+            usage,
+            &[
+                "input_tokens",
+                "output_tokens",
+                "cache_read_tokens",
+                "cache_write_tokens",
+            ],
+        )?;
+    }
+    if let Some(calls) = reply.get("tool_calls").and_then(Value::as_array) {
+        for call in calls {
+            check("a tool call", call, &["id", "name", "arguments"])?;
+        }
+    }
+    Ok(())
 }
 
 fn normalize(reply: &mut Value) {

@@ -11,8 +11,10 @@ use super::model::{Model, ModelRequest, ModelResponse};
 use crate::error::ModelError;
 use crate::message::{Message, ToolCall, Usage};
 
-/// One scripted answer.
+/// One scripted answer. Unknown fields are refused when it is read from
+/// JSON: a misspelt `delay_ms` must not be ignored silently.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScriptedReply {
     #[serde(default)]
     pub text: String,
