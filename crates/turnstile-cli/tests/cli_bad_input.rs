@@ -142,7 +142,10 @@ fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
     for (field, reply) in [
         ("delay", r#"{"text": "x", "delay": 5000}"#),
         ("input", r#"{"text": "x", "usage": {"input": 3}}"#),
-        ("args", r#"{"tool_calls": [{"id": "c", "name": "add", "args": {}}]}"#),
+        (
+            "args",
+            r#"{"tool_calls": [{"id": "c", "name": "add", "args": {}}]}"#,
+        ),
     ] {
         let misspelt = dir.path().join(format!("{field}.json"));
         std::fs::write(&misspelt, format!("[{reply}]")).unwrap();
@@ -338,4 +341,88 @@ fn input_over_the_limit_is_refused_before_any_file_is_created() {
         .filter(|name| name.starts_with("never.db"))
         .collect();
     assert!(left.is_empty(), "nothing written: {left:?}");
+}
+
+#[test]
+fn read_commands_never_create_or_migrate_and_refuse_what_is_not_a_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let conversation = uuid();
+    for args in [
+        vec!["ls", "conversations", "--db", empty.to_str().unwrap()],
+        vec!["show", &conversation, "--db", empty.to_str().unwrap()],
+        vec!["export", &conversation, "--db", empty.to_str().unwrap()],
+    ] {
+        turnstile(&args).assert_error(4, "turnstile database");
+    }
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "not migrated");
+    let beside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(beside, ["empty.db"], "no journal or log beside it");
+
+    let journal = Path::new("/dev/null-journal");
+    let journal_before = journal.exists();
+    let model = scripted(&add_script(dir.path()));
+    for args in [
+        vec!["ls", "conversations", "--db", "/dev/null"],
+        vec![
+            "run",
+            "--db",
+            "/dev/null",
+            "--conversation",
+            &conversation,
+            "--model",
+            &model,
+            "hi",
+        ],
+    ] {
+        turnstile(&args).assert_error(2, "not a database file");
+    }
+    assert_eq!(journal.exists(), journal_before, "/dev/null-journal");
+}
+
+#[test]
+fn a_write_past_max_db_bytes_fails_like_a_full_disk_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("quota.db");
+    let model = scripted(&add_script(dir.path()));
+    let conversation = uuid();
+    let run = |input: &str, quota: Option<&str>| {
+        let mut args = vec![
+            "run",
+            "--db",
+            db.to_str().unwrap(),
+            "--conversation",
+            &conversation,
+            "--model",
+            &model,
+            "--json",
+        ];
+        if let Some(quota) = quota {
+            args.extend(["--max-db-bytes", quota]);
+        }
+        cli_support::turnstile_with_stdin(&args, input)
+    };
+    run("first", None).assert_success();
+    let size = std::fs::metadata(&db).unwrap().len().to_string();
+    let refused = run(&"x".repeat(600_000), Some(&size));
+    assert_eq!(refused.code, 1, "{refused:#?}");
+    assert!(refused.stderr.contains("full"), "{refused:#?}");
+    let (active, version) = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let held = admission(&db, &conversation).await;
+        let store = cli_support::open(&db).await;
+        let namespace = turnstile::Namespace::new("default").unwrap();
+        let conversation: turnstile::ConversationId = conversation.parse().unwrap();
+        let version = turnstile::Store::conversation(&store, &namespace, conversation)
+            .await
+            .unwrap()
+            .version;
+        (held.active, version)
+    });
+    assert!(active.is_none(), "the refused claim wrote nothing");
+    assert_eq!(version, 1);
+    run("second", None).assert_success();
 }

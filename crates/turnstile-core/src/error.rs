@@ -124,6 +124,11 @@ pub enum Error {
     /// The database was written by a newer turnstile; it was not modified.
     #[error("database schema version {found} is newer than the supported {supported}")]
     SchemaTooNew { found: i64, supported: i64 },
+    /// The database was opened to be read as it is, and its schema is older
+    /// than this build's: it was not migrated. Opening it for writing
+    /// migrates it.
+    #[error("database schema version {found} is older than the supported {supported}; open it for writing to migrate it")]
+    SchemaTooOld { found: i64, supported: i64 },
 }
 
 impl Error {

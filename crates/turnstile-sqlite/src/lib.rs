@@ -75,6 +75,12 @@ pub struct SqliteOptions {
     /// database needs about 100 KiB for its schema; a smaller quota makes
     /// opening it fail with the same error.
     pub max_database_bytes: Option<u64>,
+    /// Open only an existing database at this build's schema, as it is:
+    /// create no file and migrate nothing. A missing file (or one that is
+    /// not a regular file, or has no turnstile schema) is
+    /// [`Error::NotFound`]; an older schema is [`Error::SchemaTooOld`]. For
+    /// tools that only look.
+    pub existing_only: bool,
 }
 
 impl Default for SqliteOptions {
@@ -84,6 +90,7 @@ impl Default for SqliteOptions {
             busy_timeout: Duration::from_secs(30),
             readers: 4,
             max_database_bytes: None,
+            existing_only: false,
         }
     }
 }

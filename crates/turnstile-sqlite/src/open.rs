@@ -48,7 +48,18 @@ impl SqliteStore {
     #[instrument(skip_all, fields(path = %path.as_ref().display()), err)]
     pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref();
-        create_owner_only(path)?;
+        if options.existing_only {
+            // Not a directory, a FIFO or a device either: SQLite would
+            // create a journal beside it, or wait for it.
+            if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+                return Err(Error::NotFound {
+                    what: "database",
+                    id: path.display().to_string(),
+                });
+            }
+        } else {
+            create_owner_only(path)?;
+        }
         // Openers racing on a new file can meet a lock that SQLite reports
         // without waiting for the busy timeout (the switch to WAL), or a
         // migration another opener just applied (SQLite's migrator takes no
@@ -85,7 +96,18 @@ impl SqliteStore {
             .connect()
             .await
             .map_err(db("open database"))?;
-        check_schema(&mut probe).await?;
+        let found = check_schema(&mut probe).await?;
+        let supported = Self::supported_schema_version();
+        if options.existing_only && found != Some(supported) {
+            let _ = probe.close().await;
+            return Err(match found {
+                None => Error::NotFound {
+                    what: "turnstile database",
+                    id: path.display().to_string(),
+                },
+                Some(found) => Error::SchemaTooOld { found, supported },
+            });
+        }
         let empty = is_empty(&mut probe).await?;
         let connect = match options.max_database_bytes {
             Some(bytes) => {
@@ -238,7 +260,8 @@ async fn is_empty(conn: &mut SqliteConnection) -> Result<bool, Error> {
 }
 
 /// Refuses a database whose applied migrations are newer than ours.
-async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
+/// The schema version a database has (`None`: no turnstile schema yet).
+async fn check_schema(conn: &mut SqliteConnection) -> Result<Option<i64>, Error> {
     let has_table = sqlx::query_scalar!(
         r#"SELECT COUNT(*) AS "n!: i64" FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'"#
     )
@@ -246,7 +269,7 @@ async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
     .await
     .map_err(db("read schema"))?;
     if has_table == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let found = sqlx::query_scalar!(r#"SELECT MAX(version) AS "v: i64" FROM _sqlx_migrations"#)
         .fetch_one(&mut *conn)
@@ -257,7 +280,7 @@ async fn check_schema(conn: &mut SqliteConnection) -> Result<(), Error> {
     if found > supported {
         return Err(Error::SchemaTooNew { found, supported });
     }
-    Ok(())
+    Ok(Some(found))
 }
 
 /// The size quota in whole pages of the database (the page size a new

@@ -100,6 +100,11 @@ pub struct SessionArgs {
     /// The tenant namespace of the conversation.
     #[arg(long, value_name = "NS", default_value = "default")]
     pub namespace: Namespace,
+    /// A size quota for the database file, in bytes: a write past it fails
+    /// like a full disk and loses nothing (the run stops, resumable once
+    /// there is room).
+    #[arg(long, value_name = "BYTES")]
+    pub max_db_bytes: Option<u64>,
 }
 
 /// Parses a `--revision`: a non-negative integer.

@@ -23,7 +23,7 @@ use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;
 use turnstile::session::{AgentSession, ContextPolicy, EventStream, ResumePolicy, MAX_INPUT_BYTES};
 use turnstile::store::Store;
-use turnstile::{SqliteStore, StoreAdmin};
+use turnstile::{SqliteOptions, SqliteStore, StoreAdmin};
 
 /// The system prompt of the command-line agent. It is part of the agent
 /// fingerprint: `resume` and `recover` accept a request only from the agent
@@ -121,11 +121,49 @@ pub(super) async fn closed<T>(
 
 /// Opens the database; unless `create`, a missing file is not found (and
 /// is not created).
-pub(super) async fn open_store(db: &Path, create: bool) -> Result<Arc<dyn StoreAdmin>, CliError> {
-    if !create && !db.exists() {
-        return Err(CliError::MissingDatabase(db.to_owned()));
+pub(super) async fn open_store(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, CliError> {
+    match std::fs::metadata(db) {
+        Err(_) if !matches!(access, Access::Create(_)) => {
+            return Err(CliError::MissingDatabase(db.to_owned()));
+        }
+        // `--db /dev/null`, a directory or a FIFO: SQLite would make a
+        // journal beside it, or block on it.
+        Ok(metadata) if !metadata.is_file() => {
+            return Err(CliError::Usage(format!(
+                "{} is not a database file",
+                db.display()
+            )));
+        }
+        _ => {}
     }
-    Ok(Arc::new(SqliteStore::open(db).await?))
+    let options = SqliteOptions {
+        existing_only: access == Access::Read,
+        max_database_bytes: access.max_database_bytes(),
+        ..SqliteOptions::default()
+    };
+    Ok(Arc::new(SqliteStore::open_with(db, options).await?))
+}
+
+/// What a command does with its database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Access {
+    /// Creates it when missing (`run`, `demo`); an optional size quota.
+    Create(Option<u64>),
+    /// Writes to an existing one, migrating an older schema (`resume`,
+    /// `recover`, `abandon`, `prune`).
+    Write(Option<u64>),
+    /// Only reads: never creates, never migrates (`ls`, `show`,
+    /// `checkpoints`, `export`).
+    Read,
+}
+
+impl Access {
+    fn max_database_bytes(self) -> Option<u64> {
+        match self {
+            Access::Create(quota) | Access::Write(quota) => quota,
+            Access::Read => None,
+        }
+    }
 }
 
 /// The input from the argument or stdin; empty input is refused.
@@ -197,7 +235,7 @@ pub(super) async fn run(
             "the request id must differ from the conversation id".into(),
         ));
     }
-    let store = open_store(&args.session.db, true).await?;
+    let store = open_store(&args.session.db, Access::Create(args.session.max_db_bytes)).await?;
     let result = async {
         let interrupt = Interrupt::watch();
         let ctx = RunContext::default().with_cancel(interrupt.token());
@@ -293,7 +331,11 @@ async fn take_over(
     json: bool,
 ) -> Result<(), CliError> {
     let model = model::load(target.model)?;
-    let store = open_store(&target.session.db, false).await?;
+    let store = open_store(
+        &target.session.db,
+        Access::Write(target.session.max_db_bytes),
+    )
+    .await?;
     let result = async {
         let session = session(target.session, store.clone(), model);
         let interrupt = Interrupt::watch();
@@ -338,7 +380,7 @@ pub(super) async fn abandon(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let store = open_store(&args.session.db, false).await?;
+    let store = open_store(&args.session.db, Access::Write(args.session.max_db_bytes)).await?;
     // Abandoning calls no model: any agent will do.
     let idle: Arc<dyn Model> = Arc::new(ScriptedModel::new(Vec::new()));
     let abandoned = session(&args.session, store.clone(), idle)
@@ -390,6 +432,9 @@ fn resumable(error: CliError, session: &SessionArgs, model: &ModelArgs) -> CliEr
     ];
     if session.namespace.as_str() != "default" {
         words.extend(["--namespace".into(), quote(session.namespace.as_str())]);
+    }
+    if let Some(bytes) = session.max_db_bytes {
+        words.extend(["--max-db-bytes".into(), bytes.to_string()]);
     }
     let spec = match &model.model {
         ModelSpec::Scripted(path) => format!("scripted:{}", path.display()),

@@ -26,7 +26,7 @@ use self::report::{DemoReport, FirstRequest, RecoveredRequest, Replay, Totals};
 use super::exit::CliError;
 use super::output::{self, Style};
 use super::progress::Progress;
-use super::session_cmds::{agent, follow, open_store};
+use super::session_cmds::{agent, follow, open_store, Access};
 use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
 use turnstile::RunContext;
@@ -56,7 +56,7 @@ pub async fn run(
         refuse_foreign_or_live(&args.db).await?;
         remove_database(&args.db)?;
     }
-    let store = open_store(&args.db, true).await?;
+    let store = open_store(&args.db, Access::Create(None)).await?;
     let pace = if style.terminal && !json {
         TERMINAL_PACE
     } else {

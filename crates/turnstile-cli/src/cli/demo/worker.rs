@@ -20,7 +20,7 @@ use super::script;
 use crate::cli::exit::CliError;
 use crate::cli::output::Style;
 use crate::cli::progress::Progress;
-use crate::cli::session_cmds::{agent, open_store};
+use crate::cli::session_cmds::{agent, open_store, Access};
 use turnstile::events::Event;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
 use turnstile::session::{AgentSession, ContextPolicy};
@@ -51,7 +51,7 @@ pub struct WorkerArgs {
 /// The child: runs the demo's second request and freezes after
 /// `stop_after_turn`.
 pub async fn worker(args: WorkerArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let store = open_store(&args.db, false).await?;
+    let store = open_store(&args.db, Access::Write(None)).await?;
     let model = script::second_model(Duration::from_millis(args.pace_ms));
     let session = AgentSession::new(
         agent(model.clone()),

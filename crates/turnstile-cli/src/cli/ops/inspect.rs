@@ -9,7 +9,7 @@ use super::list::mark;
 use super::{columns, utc, CheckpointsArgs, ExportArgs, ShowArgs};
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::open_store;
+use crate::cli::session_cmds::{open_store, Access};
 use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
@@ -62,7 +62,7 @@ pub(in crate::cli) async fn show(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let store = open_store(&args.db, false).await?;
+    let store = open_store(&args.db, Access::Read).await?;
     let result = async {
         let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
         let summary = store
@@ -199,7 +199,7 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
 }
 
 pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let store = open_store(&args.db, false).await?;
+    let store = open_store(&args.db, Access::Read).await?;
     let result = async {
         let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
         for_each_page(store.as_ref(), &conversation, |page| {
@@ -228,7 +228,7 @@ pub(in crate::cli) async fn checkpoints(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let store = open_store(&args.db, false).await?;
+    let store = open_store(&args.db, Access::Read).await?;
     let result = async {
         let run = store
             .run_summary(args.run, STALE_AFTER)

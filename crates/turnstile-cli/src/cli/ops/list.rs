@@ -6,7 +6,7 @@ use std::io::Write;
 use super::{columns, utc, ListKind, LsArgs};
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::open_store;
+use crate::cli::session_cmds::{open_store, Access};
 use turnstile::admin::{
     CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary, RunSummary,
 };
@@ -17,7 +17,7 @@ pub(in crate::cli) async fn ls(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let store = open_store(&args.db, false).await?;
+    let store = open_store(&args.db, Access::Read).await?;
     let result = async {
         let filter = ListFilter {
             namespace: args.namespace,

@@ -6,7 +6,7 @@ use std::io::Write;
 use super::{utc, DoctorArgs, PruneArgs, PruneStatus};
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::open_store;
+use crate::cli::session_cmds::{open_store, Access};
 use turnstile::admin::PruneOptions;
 use turnstile::store::RequestStatus;
 use turnstile::SqliteStore;
@@ -17,7 +17,7 @@ pub(in crate::cli) async fn prune(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let store = open_store(&args.db, false).await?;
+    let store = open_store(&args.db, Access::Write(None)).await?;
     let result = async {
         let options = PruneOptions {
             older_than: args.older_than,
