@@ -426,3 +426,81 @@ fn a_write_past_max_db_bytes_fails_like_a_full_disk_and_writes_nothing() {
     assert_eq!(version, 1);
     run("second", None).assert_success();
 }
+
+#[test]
+fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that_continues_it() {
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("full.db");
+    let small = scripted(&add_script(dir.path()));
+    let conversation = uuid();
+    let on = |model: &str| {
+        vec![
+            "run".to_owned(),
+            "--db".into(),
+            db.to_str().unwrap().to_owned(),
+            "--conversation".into(),
+            conversation.clone(),
+            "--model".into(),
+            model.to_owned(),
+        ]
+    };
+    turnstile(&args(&[on(&small), vec!["first".into()]].concat())).assert_success();
+    // The answer is too big for the quota; the claim and the input are not.
+    let big = cli_support::script(
+        dir.path(),
+        "big.json",
+        serde_json::json!([{ "text": "y".repeat(600_000) }]),
+    );
+    let quota = (std::fs::metadata(&db).unwrap().len() + 64 * 1024).to_string();
+    let mut full = on(&cli_support::scripted(&big));
+    full.extend([
+        "--max-db-bytes".into(),
+        quota,
+        "--json".into(),
+        "second".into(),
+    ]);
+    let failed = turnstile(&args(&full));
+    failed.assert_error(1, "full");
+    assert!(
+        failed
+            .stderr
+            .contains("continue it with: turnstile resume "),
+        "{failed:#?}"
+    );
+
+    // The stop was recorded: the request is stuck at once, and resuming it
+    // (with room now) commits with the default policy.
+    let stuck = turnstile(&[
+        "ls",
+        "requests",
+        "--stuck",
+        "--db",
+        db.to_str().unwrap(),
+        "--json",
+    ]);
+    stuck.assert_success();
+    let rows = stuck.json();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows:#}");
+    let held = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(admission(&db, &conversation));
+    let active = held.active.expect("held");
+    let (run, revision) = (active.run_id.to_string(), held.revision.to_string());
+    let resumed = turnstile(&[
+        "resume",
+        &run,
+        "--revision",
+        &revision,
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &cli_support::scripted(&big),
+        "--json",
+    ]);
+    resumed.assert_success();
+}

@@ -35,7 +35,10 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{SqliteConnection, SqlitePool};
-use turnstile::store::{JournalStatus, RequestStatus};
+use turnstile::store::{JournalStatus, RequestStatus, RunStatus};
+
+/// Every row of every table, as text, table by table.
+type Snapshot = Vec<(String, Vec<String>)>;
 use turnstile::{
     Agent, AgentSession, Budget, CheckpointPhase, ContextPolicy, ConversationId, Error, Event,
     MaxPasses, Message, Namespace, RequestId, ResumePolicy, RunContext, ScriptedModel,
@@ -302,7 +305,7 @@ impl Disk {
     }
 
     /// Every row of every table of the store, in a stable order.
-    async fn snapshot(&self) -> Vec<(String, Vec<String>)> {
+    async fn snapshot(&self) -> Snapshot {
         let tables: Vec<String> = sqlx::query_scalar(
             "SELECT name FROM sqlite_master WHERE type = 'table'
                AND name NOT LIKE 'sqlite_%' AND name NOT IN ('_sqlx_migrations', 'filler')
@@ -526,7 +529,10 @@ struct Site {
     at: fn(&Event) -> bool,
     payloads: Payloads,
     crowd: Option<&'static Pad>,
-    /// The run's latest checkpoint after the failure.
+    /// The run's latest checkpoint after the failure, as the failed step
+    /// left it and then as the recorded stop settled it (a pending phase
+    /// when nothing was ambiguous; unchanged when a tool's effect may be
+    /// unjournaled).
     checkpoint: (u32, CheckpointPhase),
     /// The request's pending (uncommitted) messages after the failure.
     pending: usize,
@@ -544,7 +550,7 @@ fn in_run_sites() -> Vec<Site> {
             at: |e| matches!(e, Event::ToolFinished { turn: 1, .. }),
             payloads: SMALL,
             crowd: Some(&CHECKPOINTS),
-            checkpoint: (1, CheckpointPhase::ToolsInFlight),
+            checkpoint: (1, CheckpointPhase::ToolsPending),
             pending: 2,
             journal: None,
         },
@@ -556,7 +562,7 @@ fn in_run_sites() -> Vec<Site> {
                 ..SMALL
             },
             crowd: None,
-            checkpoint: (2, CheckpointPhase::TurnInFlight),
+            checkpoint: (2, CheckpointPhase::ModelPending),
             pending: 3,
             journal: None,
         },
@@ -580,7 +586,7 @@ fn in_run_sites() -> Vec<Site> {
                 ..SMALL
             },
             crowd: None,
-            checkpoint: (2, CheckpointPhase::ToolsInFlight),
+            checkpoint: (2, CheckpointPhase::ToolsPending),
             pending: 4,
             journal: Some(JournalStatus::Completed),
         },
@@ -592,7 +598,7 @@ fn in_run_sites() -> Vec<Site> {
                 ..SMALL
             },
             crowd: None,
-            checkpoint: (3, CheckpointPhase::TurnInFlight),
+            checkpoint: (3, CheckpointPhase::ModelPending),
             pending: 5,
             journal: Some(JournalStatus::Completed),
         },
@@ -606,7 +612,7 @@ fn in_run_sites() -> Vec<Site> {
             at: |e| matches!(e, Event::ModelResponded { turn: 3, .. }),
             payloads: SMALL,
             crowd: Some(&REQUESTS),
-            checkpoint: (3, CheckpointPhase::TurnInFlight),
+            checkpoint: (3, CheckpointPhase::ModelPending),
             pending: 5,
             journal: Some(JournalStatus::Completed),
         },
@@ -662,9 +668,29 @@ async fn every_write_site_of_a_run_fails_cleanly_on_a_full_disk_and_recovers() {
             .stream_into_fault(&session, request, &input, site.at, site.crowd, name)
             .await;
         assert_full(name, Err::<(), _>(error));
+        // The failed step wrote nothing. The stop recorded after it changes
+        // only the run's row, its latest checkpoint's phase and the
+        // admission's activity time (checked below).
+        let stop_record = ["runs", "loop_checkpoints", "admissions"];
+        let without_stop = |rows: Snapshot| {
+            rows.into_iter()
+                .filter(|(table, _)| !stop_record.contains(&table.as_str()))
+                .collect::<Vec<_>>()
+        };
+        let after = f.disk.snapshot().await;
+        let checkpoint_rows = |rows: &Snapshot| {
+            rows.iter()
+                .find(|(table, _)| *table == "loop_checkpoints")
+                .map(|(_, rows)| rows.len())
+        };
         assert_eq!(
-            f.disk.snapshot().await,
-            snapshot,
+            checkpoint_rows(&after),
+            checkpoint_rows(&snapshot),
+            "{name}: checkpoint rows"
+        );
+        assert_eq!(
+            without_stop(after),
+            without_stop(snapshot),
             "{name}: the failed step changed rows"
         );
 
@@ -703,6 +729,17 @@ async fn every_write_site_of_a_run_fails_cleanly_on_a_full_disk_and_recovers() {
             (checkpoint.turn, checkpoint.phase),
             site.checkpoint,
             "{name}: latest checkpoint"
+        );
+        let run = f.store.run(active.run_id).await.unwrap().unwrap();
+        assert_eq!(
+            run.status,
+            RunStatus::Failed,
+            "{name}: the stop is recorded"
+        );
+        assert!(
+            run.error.as_deref().is_some_and(|e| e.contains("full")),
+            "{name}: {:?}",
+            run.error
         );
         let pending = f.store.request_messages(request, 1 << 20).await.unwrap();
         assert_eq!(pending.len(), site.pending, "{name}: pending messages");

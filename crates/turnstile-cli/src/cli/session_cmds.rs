@@ -250,16 +250,22 @@ pub(super) async fn run(
         // With --json the output is the outcome alone.
         let mut quiet = std::io::sink();
         let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
-        let outcome = follow(events, &mut Progress::new(style, "  "), shown)
-            .await
-            .map_err(|e| resumable(e, &args.session, &args.model))
-            .map_err(|e| match generated {
-                true => CliError::ForRequest {
-                    request_id,
-                    source: Box::new(e),
-                },
-                false => e,
-            })?;
+        let followed = follow(events, &mut Progress::new(style, "  "), shown).await;
+        let outcome = with_hint(
+            followed,
+            &session,
+            Some(request_id),
+            &args.session,
+            &args.model,
+        )
+        .await
+        .map_err(|e| match generated {
+            true => CliError::ForRequest {
+                request_id,
+                source: Box::new(e),
+            },
+            false => e,
+        })?;
         show_outcome(
             out,
             style,
@@ -341,18 +347,24 @@ async fn take_over(
         let interrupt = Interrupt::watch();
         let ctx = RunContext::default().with_cancel(interrupt.token());
         let policy = policy(target.retry_interrupted);
-        let events = match what {
-            TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
-            TakeOver::Recover(request, input) => {
-                session.recover_stream(request, input, ctx, target.revision, policy)
+        let (events, request) = match what {
+            TakeOver::Resume(run) => {
+                let request = store.run(run).await.ok().flatten().map(|r| r.request_id);
+                (
+                    session.resume_stream(run, ctx, target.revision, policy),
+                    request,
+                )
             }
+            TakeOver::Recover(request, input) => (
+                session.recover_stream(request, input, ctx, target.revision, policy),
+                Some(request),
+            ),
         };
         // With --json the output is the outcome alone.
         let mut quiet = std::io::sink();
         let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
-        let outcome = follow(events, &mut Progress::new(style, "  "), shown)
-            .await
-            .map_err(|e| resumable(e, target.session, target.model))?;
+        let followed = follow(events, &mut Progress::new(style, "  "), shown).await;
+        let outcome = with_hint(followed, &session, request, target.session, target.model).await?;
         show_outcome(
             out,
             style,
@@ -412,13 +424,48 @@ pub(super) async fn abandon(
 
 /// A stopped run's error with the command that continues it (the run id
 /// and revision it carries; the same database, conversation and model).
-fn resumable(error: CliError, session: &SessionArgs, model: &ModelArgs) -> CliError {
-    let CliError::Turnstile(source) = error else {
-        return error;
+///
+/// A run that failed in the store (a full disk, an I/O error) carries no
+/// run id: if its request still holds the admission, the admission says
+/// which run and revision continue it.
+async fn with_hint<T>(
+    result: Result<T, CliError>,
+    agent_session: &AgentSession,
+    request: Option<RequestId>,
+    session: &SessionArgs,
+    model: &ModelArgs,
+) -> Result<T, CliError> {
+    let error = match result {
+        Ok(value) => return Ok(value),
+        Err(error) => error,
     };
-    let Some((run, revision)) = source.stopped_run() else {
-        return CliError::Turnstile(source);
+    let stopped = match &error {
+        CliError::Turnstile(source @ turnstile::Error::Store(_)) => match request {
+            Some(request) => held_by(agent_session, request).await,
+            None => source.stopped_run(),
+        },
+        CliError::Turnstile(source) => source.stopped_run(),
+        _ => None,
     };
+    Err(match (error, stopped) {
+        (CliError::Turnstile(source), Some(stopped)) => resumable(source, stopped, session, model),
+        (error, _) => error,
+    })
+}
+
+/// The run and revision holding the admission, while `request` holds it.
+async fn held_by(session: &AgentSession, request: RequestId) -> Option<(RunId, Revision)> {
+    let state = session.admission().await.ok()?;
+    let active = state.active?;
+    (active.request_id == request).then_some((active.run_id, state.revision))
+}
+
+fn resumable(
+    source: turnstile::Error,
+    (run, revision): (RunId, Revision),
+    session: &SessionArgs,
+    model: &ModelArgs,
+) -> CliError {
     let mut words = vec![
         "turnstile".to_owned(),
         "resume".into(),

@@ -20,7 +20,7 @@ use super::stream::Emitter;
 use crate::agent::{Agent, ModelRequest, RunContext, ToolContext};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::BudgetKind;
-use crate::error::{Error, ModelError};
+use crate::error::{Error, ModelError, StoreError};
 use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::ToolResult;
@@ -44,7 +44,8 @@ pub(super) struct RunLoop<'a> {
     /// Set when resuming inside a tool round: results already journaled by
     /// the run being continued are reused, not executed again.
     pub reuse_journal: bool,
-    /// A tool call is executing: a stop now leaves the turn ambiguous.
+    /// A tool call is executing, or has run and its result is not journaled
+    /// yet: a stop now leaves the turn ambiguous.
     pub tool_running: bool,
 }
 
@@ -57,6 +58,8 @@ impl RunLoop<'_> {
             Err(error) => {
                 if error.stopped_run().is_some() {
                     self.record_stop(&error).await;
+                } else if let Error::Store(failure) = &error {
+                    self.record_failed_step(failure).await;
                 }
                 Err(error)
             }
@@ -86,6 +89,49 @@ impl RunLoop<'_> {
             .await
         {
             tracing::warn!(run_id = %self.fence.run_id, error = %e, "could not record run failure");
+        }
+    }
+
+    /// Records a durable step that failed in the store (a full disk, an I/O
+    /// error), when the store still takes a small write: the run is marked
+    /// failed, so it counts as stuck at once, and unless a tool's effect
+    /// may be unjournaled, its latest durable checkpoint is settled to a
+    /// pending phase, so the default policy resumes it. What the database
+    /// holds decides, not the loop's own state, which the failed step may
+    /// have moved ahead.
+    async fn record_failed_step(&mut self, failure: &StoreError) {
+        let durable = match self.store.latest_checkpoint(self.fence.run_id).await {
+            Ok(durable) => durable,
+            Err(_) => None,
+        };
+        let settled = durable.and_then(|durable| {
+            let phase = match durable.phase {
+                // The model may have answered; its answer was not recorded
+                // and no tool ran: calling it again repeats no effect.
+                CheckpointPhase::TurnInFlight => CheckpointPhase::ModelPending,
+                CheckpointPhase::ToolsInFlight if !self.tool_running => {
+                    CheckpointPhase::ToolsPending
+                }
+                _ => return None,
+            };
+            // The usage of a model call whose answer was lost still counts.
+            let usage = match durable.turn == self.checkpoint.turn {
+                true => self.checkpoint.usage,
+                false => durable.usage,
+            };
+            Some(LoopCheckpoint {
+                phase,
+                usage,
+                ..durable
+            })
+        });
+        let message = format!("a durable step failed: {failure}");
+        if let Err(e) = self
+            .store
+            .fail_run(&self.fence, &message, settled.as_ref())
+            .await
+        {
+            tracing::warn!(run_id = %self.fence.run_id, error = %e, "could not record the failed step");
         }
     }
 
@@ -251,6 +297,7 @@ impl RunLoop<'_> {
                     self.store
                         .record_tool_result(&self.fence, turn, &call.id, &result)
                         .await?;
+                    self.tool_running = false;
                     (result, false)
                 }
             };
@@ -369,7 +416,6 @@ impl RunLoop<'_> {
         let timeout = self.agent.limits.tool_timeout;
         let finished =
             until_deadline(self.ctx, &self.fence, tokio::time::timeout(timeout, task)).await?;
-        self.tool_running = false;
         Ok(match finished {
             Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
             Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
