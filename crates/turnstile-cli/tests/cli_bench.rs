@@ -218,3 +218,33 @@ fn invalid_arguments_are_usage_errors_that_write_nothing() {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "nothing written: {left:?}");
 }
+
+#[test]
+fn a_bench_stopped_by_sigterm_or_sighup_removes_its_temp_directory() {
+    for signal in ["TERM", "HUP", "INT"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = command(&["bench", "--conversations", "200", "--turns", "200"])
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let made = || std::fs::read_dir(tmp.path()).unwrap().count() > 0;
+        while !made() {
+            assert!(std::time::Instant::now() < deadline, "no bench directory");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "SIG{signal}: {stderr}");
+        assert!(stderr.contains("interrupted"), "{stderr}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(left.is_empty(), "SIG{signal}: {left:?}");
+    }
+}

@@ -44,6 +44,21 @@ impl Interrupt {
     }
 }
 
+/// Resolves on the first stopping signal (SIGINT, SIGTERM, SIGHUP) after
+/// the call; never where signals cannot be watched. The handlers are in
+/// place when it returns, before the future is first polled.
+pub(super) fn stopping() -> impl std::future::Future<Output = ()> {
+    let stops = Stops::install();
+    async move {
+        match stops {
+            Some(mut stops) => {
+                stops.next().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
 /// The signals that ask a command to stop.
 struct Stops {
     #[cfg(unix)]

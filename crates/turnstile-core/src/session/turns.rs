@@ -100,10 +100,11 @@ impl RunLoop<'_> {
     /// holds decides, not the loop's own state, which the failed step may
     /// have moved ahead.
     async fn record_failed_step(&mut self, failure: &StoreError) {
-        let durable = match self.store.latest_checkpoint(self.fence.run_id).await {
-            Ok(durable) => durable,
-            Err(_) => None,
-        };
+        let durable: Option<LoopCheckpoint> = self
+            .store
+            .latest_checkpoint(self.fence.run_id)
+            .await
+            .unwrap_or_default();
         let settled = durable.and_then(|durable| {
             let phase = match durable.phase {
                 // The model may have answered; its answer was not recorded

@@ -6,28 +6,25 @@
 
 use std::path::{Path, PathBuf};
 
-use uuid::Uuid;
-
 use crate::cli::exit::CliError;
 
 pub(super) struct Location {
     db: PathBuf,
-    /// The temp directory to remove, when the database is not kept.
-    temp_dir: Option<PathBuf>,
+    /// The temp directory (removed when dropped), when the database is not
+    /// kept.
+    temp_dir: Option<tempfile::TempDir>,
 }
 
 impl Location {
     /// A new database file in a new directory under `std::env::temp_dir()`.
+    /// Owner-only (`tempfile` makes it 0700).
     pub(super) fn temp() -> Result<Self, CliError> {
-        let dir = std::env::temp_dir().join(format!("turnstile-bench-{}", Uuid::new_v4()));
-        let mut builder = std::fs::DirBuilder::new();
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder
-            .create(&dir)
-            .map_err(CliError::io(format!("create {}", dir.display())))?;
+        let dir = tempfile::Builder::new()
+            .prefix("turnstile-bench-")
+            .tempdir()
+            .map_err(CliError::io("create the bench's temp directory"))?;
         Ok(Self {
-            db: dir.join("bench.db"),
+            db: dir.path().join("bench.db"),
             temp_dir: Some(dir),
         })
     }
@@ -68,9 +65,10 @@ impl Location {
 
 impl Drop for Location {
     fn drop(&mut self) {
-        if let Some(dir) = &self.temp_dir {
-            if let Err(e) = std::fs::remove_dir_all(dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "could not remove the bench directory");
+        if let Some(dir) = self.temp_dir.take() {
+            let path = dir.path().to_owned();
+            if let Err(e) = dir.close() {
+                tracing::warn!(dir = %path.display(), error = %e, "could not remove the bench directory");
             }
         }
     }

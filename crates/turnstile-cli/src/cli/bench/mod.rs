@@ -102,6 +102,7 @@ pub(super) async fn run(
     json: bool,
 ) -> Result<(), CliError> {
     let params = validate(&args)?;
+    let stop = super::interrupt::stopping();
     let location = match args.db {
         Some(path) => Location::new_file(path)?,
         None => Location::temp()?,
@@ -109,11 +110,11 @@ pub(super) async fn run(
     if !json {
         report::heading(out, style, &params)?;
     }
-    // Ctrl-C stops the bench: dropping the work aborts its tasks, and the
-    // temp directory is removed on the way out.
+    // Ctrl-C, SIGTERM or SIGHUP stops the bench: dropping the work aborts
+    // its tasks, and the temp directory is removed on the way out.
     let figures = tokio::select! {
         figures = measure(&params, args.durability, &location) => figures?,
-        () = interrupted() => {
+        () = stop => {
             return Err(CliError::Failed("interrupted: the bench stopped".into()));
         }
     };
@@ -124,13 +125,6 @@ pub(super) async fn run(
         output::json(out, &report)
     } else {
         report.print(out, style)
-    }
-}
-
-/// Resolves on Ctrl-C; never where signals cannot be watched.
-async fn interrupted() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 
