@@ -35,13 +35,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `warn`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`, sqlx's queries
+/// `error`).
 fn install_tracing() {
     let configured = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
     let filter = configured
         .as_deref()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new("warn"));
+        // sqlx warns of any statement over a second; here that is a write
+        // waiting out another process's lock, which the exit code reports.
+        .unwrap_or_else(|| EnvFilter::new("warn,sqlx::query=error"));
     // The library logs every error it returns (`#[instrument(err)]`); the
     // command prints that same error as its `error:` line, so by default
     // those events are dropped to keep failures to one line. Set RUST_LOG

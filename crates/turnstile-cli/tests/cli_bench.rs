@@ -223,7 +223,7 @@ fn invalid_arguments_are_usage_errors_that_write_nothing() {
 fn a_bench_stopped_by_sigterm_or_sighup_removes_its_temp_directory() {
     for signal in ["TERM", "HUP", "INT"] {
         let tmp = tempfile::tempdir().unwrap();
-        let mut child = command(&["bench", "--conversations", "200", "--turns", "200"])
+        let child = command(&["bench", "--conversations", "200", "--turns", "200"])
             .env("TMPDIR", tmp.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

@@ -1059,7 +1059,7 @@ fn bad_operations_arguments_are_one_line_usage_errors_and_create_nothing() {
     for (args, mentions) in [
         (vec!["ls", "tables", "--db", db_arg], "tables"),
         (
-            vec!["ls", "runs", "--db", db_arg, "--stale-after", "5w"],
+            vec!["ls", "runs", "--db", db_arg, "--stale-after", "5x"],
             "duration",
         ),
         (vec!["ls", "runs", "--db", db_arg, "--limit", "0"], "0"),

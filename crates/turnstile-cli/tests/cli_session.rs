@@ -561,3 +561,42 @@ fn a_password_in_the_base_url_never_reaches_the_hint() {
         "{failed:#?}"
     );
 }
+
+#[tokio::test]
+async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
+    use sqlx::{Connection, Executor};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locked.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let mut first = on("run", &db, &conversation);
+    first.extend(["--model", &model, "--json", INPUT]);
+    turnstile(&first).assert_success();
+
+    // Another process's write transaction, held for the whole command.
+    let mut holder = sqlx::SqliteConnection::connect(&format!("sqlite:{}", db.display()))
+        .await
+        .unwrap();
+    holder.execute("BEGIN IMMEDIATE").await.unwrap();
+    let mut second = on("run", &db, &conversation);
+    second.extend(["--model", &model, "--busy-timeout", "1s", "--json", "again"]);
+    let started = std::time::Instant::now();
+    let second: Vec<String> = second.into_iter().map(str::to_owned).collect();
+    let busy = tokio::task::spawn_blocking(move || {
+        turnstile(&second.iter().map(String::as_str).collect::<Vec<_>>())
+    });
+    let busy = busy.await.unwrap();
+    holder.execute("ROLLBACK").await.unwrap();
+    busy.assert_error(3, "busy");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let version = open(&db)
+        .await
+        .conversation(
+            &turnstile::Namespace::new("default").unwrap(),
+            conversation.parse().unwrap(),
+        )
+        .await
+        .unwrap()
+        .version;
+    assert_eq!(version, 1, "the refused request wrote nothing");
+}

@@ -95,6 +95,16 @@ impl CliError {
         }
     }
 
+    /// Whether another process kept the database locked past the busy
+    /// timeout.
+    fn is_locked_out(&self) -> bool {
+        match self {
+            CliError::Turnstile(Error::Store(e)) => e.is_busy(),
+            CliError::ForRequest { source, .. } => source.is_locked_out(),
+            _ => false,
+        }
+    }
+
     /// Whether the command failed only because its standard output was
     /// closed (a pipe's reader exited).
     pub fn is_closed_output(&self) -> bool {
@@ -105,6 +115,13 @@ impl CliError {
     /// (a database error's driver message) appended.
     pub fn one_line(&self) -> String {
         let mut line = self.to_string();
+        if self.is_locked_out() {
+            line.insert_str(
+                0,
+                "busy: another process held the database's write lock past the busy \
+                 timeout (--busy-timeout); nothing was written, retry later: ",
+            );
+        }
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
             let text = cause.to_string();

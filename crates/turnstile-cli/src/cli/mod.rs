@@ -105,6 +105,20 @@ pub struct SessionArgs {
     /// there is room).
     #[arg(long, value_name = "BYTES")]
     pub max_db_bytes: Option<u64>,
+    /// How long a write waits for another process's lock on the database
+    /// before the command exits busy (3). Default 30s.
+    #[arg(long, value_name = "DURATION", value_parser = ops::parse_duration)]
+    pub busy_timeout: Option<std::time::Duration>,
+}
+
+impl SessionArgs {
+    /// The store settings these flags ask for.
+    pub(crate) fn limits(&self) -> session_cmds::Limits {
+        session_cmds::Limits {
+            max_db_bytes: self.max_db_bytes,
+            busy_timeout: self.busy_timeout,
+        }
+    }
 }
 
 /// Parses a `--revision`: a non-negative integer.

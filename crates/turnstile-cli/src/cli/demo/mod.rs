@@ -56,7 +56,7 @@ pub async fn run(
         refuse_foreign_or_live(&args.db).await?;
         remove_database(&args.db)?;
     }
-    let store = open_store(&args.db, Access::Create(None)).await?;
+    let store = open_store(&args.db, Access::Create(Default::default())).await?;
     let pace = if style.terminal && !json {
         TERMINAL_PACE
     } else {

@@ -51,7 +51,7 @@ pub struct WorkerArgs {
 /// The child: runs the demo's second request and freezes after
 /// `stop_after_turn`.
 pub async fn worker(args: WorkerArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let store = open_store(&args.db, Access::Write(None)).await?;
+    let store = open_store(&args.db, Access::Write(Default::default())).await?;
     let model = script::second_model(Duration::from_millis(args.pace_ms));
     let session = AgentSession::new(
         agent(model.clone()),

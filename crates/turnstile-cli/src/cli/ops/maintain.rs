@@ -17,7 +17,7 @@ pub(in crate::cli) async fn prune(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let store = open_store(&args.db, Access::Write(None)).await?;
+    let store = open_store(&args.db, Access::Write(Default::default())).await?;
     let result = async {
         let options = PruneOptions {
             older_than: args.older_than,

@@ -135,43 +135,24 @@ pub struct DoctorArgs {
 
 /// Parses `30s`, `5m`, `2h` or `7d` (a whole number and a unit).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("expected a duration like 30s, 5m, 2h or 7d, got {s:?}");
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(digits);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    number
-        .checked_mul(seconds)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("the duration {s:?} is too long"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("expected a duration like 30s, 5m, 2h or 7d, got {s:?}: {e}"))
 }
 
-/// Unix milliseconds as `YYYY-MM-DD hh:mm:ss` UTC.
+/// Unix milliseconds as `YYYY-MM-DD hh:mm:ss` UTC. A time outside what an
+/// RFC 3339 date can say (before 1970, after 9999: database content is not
+/// trusted) is shown at the nearest end of that range.
 pub(super) fn utc(ms: i64) -> String {
-    let seconds = ms.div_euclid(1_000);
-    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    // Howard Hinnant's civil-from-days: days since 1970-01-01 to a date.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        of_day / 3_600,
-        of_day % 3_600 / 60,
-        of_day % 60
-    )
+    const LAST_SECOND_OF_9999: u64 = 253_402_300_799;
+    let seconds = u64::try_from(ms.div_euclid(1_000))
+        .unwrap_or(0)
+        .min(LAST_SECOND_OF_9999);
+    let time = std::time::UNIX_EPOCH + Duration::from_secs(seconds);
+    humantime::format_rfc3339_seconds(time)
+        .to_string()
+        .replace('T', " ")
+        .trim_end_matches('Z')
+        .to_owned()
 }
 
 /// Writes rows under a header, each column as wide as its widest cell.
@@ -235,16 +216,8 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7_200)));
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        for bad in [
-            "",
-            "5",
-            "m",
-            "-5m",
-            "5 m",
-            "1.5h",
-            "5w",
-            "99999999999999999999d",
-        ] {
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5_400)));
+        for bad in ["", "5", "m", "-5m", "5x", "99999999999999999999d"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }
@@ -260,6 +233,7 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
         assert_eq!(utc(1_700_000_000_999), "2023-11-14 22:13:20");
-        assert_eq!(utc(-1_000), "1969-12-31 23:59:59");
+        assert_eq!(utc(-1_000), "1970-01-01 00:00:00");
+        assert_eq!(utc(i64::MAX), "9999-12-31 23:59:59");
     }
 }
