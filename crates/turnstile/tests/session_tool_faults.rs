@@ -215,3 +215,61 @@ async fn calls_beyond_the_per_turn_limit_are_answered_with_errors_without_runnin
     assert!(results[2].1.contains("not run"), "{:?}", results[2]);
     assert_one_result_per_call(&outcome.messages);
 }
+
+/// A counting tool that declares integer parameters `a` and `b`.
+struct Adder(Arc<CountingTool>);
+
+#[turnstile::async_trait]
+impl Tool for Adder {
+    fn spec(&self) -> turnstile::ToolSpec {
+        turnstile::ToolSpec {
+            name: "add".into(),
+            description: "adds".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": { "a": { "type": "integer" }, "b": { "type": "integer" } },
+                "required": ["a", "b"]
+            }),
+        }
+    }
+
+    async fn call(
+        &self,
+        arguments: serde_json::Value,
+        context: turnstile::ToolContext,
+    ) -> Result<String, turnstile::ToolError> {
+        self.0.call(arguments, context).await
+    }
+}
+
+#[tokio::test]
+async fn arguments_that_do_not_match_the_tools_schema_never_reach_the_tool() {
+    let counter = CountingTool::new("add");
+    let adder: Arc<dyn Tool> = Arc::new(Adder(counter.clone()));
+    let calls = vec![
+        ToolCall::new("wrong-type", "add", serde_json::json!({"a": "two", "b": 3})),
+        ToolCall::new("missing", "add", serde_json::json!({"a": 2})),
+        ToolCall::new("fits", "add", serde_json::json!({"a": 2, "b": 3})),
+    ];
+    let (outcome, model, journal) = run_turn(calls, vec![adder], AgentLimits::default()).await;
+    assert_eq!(counter.calls(), 1, "only the call that fits ran");
+    assert_eq!(
+        journal,
+        [
+            JournalStatus::Failed,
+            JournalStatus::Failed,
+            JournalStatus::Completed
+        ]
+    );
+    let results = tool_results(&outcome.messages);
+    assert_eq!(results[0].0, "wrong-type");
+    assert!(
+        results[0].2 && results[0].1.contains("/a"),
+        "{:?}",
+        results[0]
+    );
+    assert!(results[0].1.contains("do not match the tool's parameters"));
+    assert!(results[1].2 && results[1].1.contains("\"b\" is a required property"));
+    assert_eq!(results[2], ("fits".into(), "add call 1".into(), false));
+    assert_eq!(model.calls(), 2);
+}

@@ -1,6 +1,7 @@
 //! The agent: a model, its tools, a system prompt and limits. The loop that
 //! runs it turn by turn is the session's (`session/turns.rs`).
 
+mod arguments;
 mod context;
 mod model;
 mod scripted;
@@ -20,6 +21,7 @@ pub use tool::{Tool, ToolContext, ToolError};
 pub use verifier::Verifier;
 
 use crate::message::ToolSpec;
+use arguments::ArgumentCheck;
 
 /// Limits of the agent itself (the caller's [`Budget`] may be tighter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +52,8 @@ pub struct Agent {
     pub(crate) model: Arc<dyn Model>,
     pub(crate) tools: Vec<Arc<dyn Tool>>,
     pub(crate) specs: Vec<ToolSpec>,
+    /// Each tool's compiled parameter schema, beside it.
+    checks: Vec<ArgumentCheck>,
     pub(crate) system_prompt: String,
     pub(crate) limits: AgentLimits,
     pub(crate) verifier: Option<Arc<dyn Verifier>>,
@@ -61,6 +65,7 @@ impl Agent {
             model,
             tools: Vec::new(),
             specs: Vec::new(),
+            checks: Vec::new(),
             system_prompt: String::new(),
             limits: AgentLimits::default(),
             verifier: None,
@@ -73,14 +78,20 @@ impl Agent {
     }
 
     /// Adds a tool. A later tool with the same name replaces the earlier one.
+    /// Every call's arguments are checked against its parameter schema
+    /// before it runs: a mismatch (or a schema that is not valid JSON
+    /// Schema) is an error result to the model, and the tool is not called.
     pub fn with_tool(mut self, tool: Arc<dyn Tool>) -> Self {
         let spec = tool.spec();
+        let check = ArgumentCheck::compile(&spec.parameters);
         if let Some(i) = self.specs.iter().position(|s| s.name == spec.name) {
             self.tools[i] = tool;
             self.specs[i] = spec;
+            self.checks[i] = check;
         } else {
             self.tools.push(tool);
             self.specs.push(spec);
+            self.checks.push(check);
         }
         self
     }
@@ -103,11 +114,11 @@ impl Agent {
         &self.specs
     }
 
-    pub(crate) fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+    pub(crate) fn tool(&self, name: &str) -> Option<(&Arc<dyn Tool>, &ArgumentCheck)> {
         self.specs
             .iter()
             .position(|s| s.name == name)
-            .map(|i| &self.tools[i])
+            .map(|i| (&self.tools[i], &self.checks[i]))
     }
 
     /// SHA-256 over what defines the agent's plan: model name, system

@@ -391,13 +391,17 @@ impl RunLoop<'_> {
     /// Runs one tool. Whatever goes wrong with the tool becomes an error
     /// result; only cancellation and the deadline stop the run.
     async fn execute(&mut self, call: &ToolCall, turn: u32) -> Result<ToolResult, Error> {
-        let Some(tool) = self.agent.tool(&call.name).cloned() else {
+        let Some((tool, check)) = self.agent.tool(&call.name) else {
             return Ok(error_result(format!("unknown tool {:?}", call.name)));
         };
+        let tool = tool.clone();
         let arguments: serde_json::Value = match serde_json::from_str(&call.arguments) {
             Ok(arguments) => arguments,
             Err(e) => return Ok(error_result(format!("invalid JSON arguments: {e}"))),
         };
+        if let Err(why) = check.check(&arguments) {
+            return Ok(error_result(why));
+        }
         let context = ToolContext {
             run_id: self.fence.run_id,
             request_id: self.fence.request_id,
