@@ -20,6 +20,7 @@ pub mod concurrency;
 pub mod fencing;
 pub mod lifecycle;
 pub mod logs;
+pub mod retention;
 pub mod summaries;
 pub mod support;
 
@@ -70,10 +71,10 @@ macro_rules! suite {
     admin::stuck_only_lists_a_failed_owner_and_a_running_one_only_once_stale,
     admin::doctor_on_a_healthy_store_reports_integrity_and_admission_counts,
     admin::storage_reports_bytes_in_use_that_grow_with_commits,
-    admin::prune_deletes_what_no_replay_needs_and_a_completed_request_still_replays,
-    admin::prune_dry_run_counts_exactly_and_deletes_nothing,
-    admin::prune_spares_requests_finished_within_older_than_and_filters_by_status,
-    admin::prune_with_transcripts_deletes_idle_conversations_whole_and_spares_held_ones,
+    retention::prune_deletes_what_no_replay_needs_and_a_completed_request_still_replays,
+    retention::prune_dry_run_counts_exactly_and_deletes_nothing,
+    retention::prune_spares_requests_finished_within_older_than_and_filters_by_status,
+    retention::prune_with_transcripts_deletes_idle_conversations_whole_and_spares_held_ones,
             );
         }
     };

@@ -10,6 +10,7 @@
 mod bench;
 mod demo;
 pub mod exit;
+mod hint;
 mod interrupt;
 mod model;
 mod ops;
