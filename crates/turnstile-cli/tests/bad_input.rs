@@ -1401,7 +1401,7 @@ async fn a_read_only_database_is_read_but_never_written() {
         let model = Arc::new(ScriptedModel::new(vec![ScriptedReply::text("kept")]));
         let session = AgentSession::new(
             Agent::new(model),
-            store,
+            store.clone(),
             conversation,
             Namespace::new("default").unwrap(),
             ContextPolicy::default(),
@@ -1410,12 +1410,12 @@ async fn a_read_only_database_is_read_but_never_written() {
             .run(request, "hello", RunContext::default())
             .await
             .unwrap();
+        store.close().await.unwrap();
     }
-    // The last connection to close folds the WAL into the file and removes
-    // it: then the file alone holds the data. Connections that close at the
-    // same instant on their worker threads can each see the other still
-    // open and both leave the WAL; a connection opened and closed after
-    // them is the last one then (and is not, if the store left one open).
+    // Closing folds the WAL into the file and closes every connection, so
+    // SQLite removes it: then the file alone holds the data. (Should two
+    // connections close at the same instant, each seeing the other still
+    // open, a connection opened and closed after them is the last one.)
     let wal = dir.join("ro.db-wal");
     for attempt in 0..3000 {
         if !wal.exists() {

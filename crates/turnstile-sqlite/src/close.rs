@@ -9,11 +9,11 @@ use crate::SqliteStore;
 
 impl SqliteStore {
     /// Waits for the writes in progress, folds the write-ahead log into the
-    /// database file (`PRAGMA wal_checkpoint(TRUNCATE)`) and closes the
-    /// reader connections. Afterwards the database file alone holds every
-    /// committed step: it can be copied or moved. Every clone of the store
-    /// is closed with it: use none afterwards (reads fail; the dedicated
-    /// writer connection itself closes when the last clone is dropped).
+    /// database file (`PRAGMA wal_checkpoint(TRUNCATE)`) and closes every
+    /// connection, so SQLite removes the `-wal` and `-shm` files. Afterwards
+    /// the database file alone holds every committed step: it can be copied
+    /// or moved. Every clone of the store is closed with it: a later call
+    /// on any of them fails with [`Error::Store`].
     /// The same as [`StoreAdmin::close`](turnstile_core::StoreAdmin::close).
     ///
     /// # Errors

@@ -15,7 +15,7 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection, SqlitePool};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::codec::db;
 use turnstile_core::Error;
@@ -29,7 +29,8 @@ pub(super) enum WriteConnection {
 
 #[derive(Debug)]
 pub(super) struct Owned {
-    conn: Arc<Mutex<SqliteConnection>>,
+    /// `None` once the store is closed.
+    conn: Arc<Mutex<Option<SqliteConnection>>>,
     /// To open a replacement for a connection left inside a transaction.
     connect: SqliteConnectOptions,
     /// How long a write waits for the connection before it is told busy.
@@ -38,7 +39,7 @@ pub(super) struct Owned {
 
 /// The write connection, held: nobody else writes until it is dropped.
 pub(super) enum Held {
-    Owned(OwnedMutexGuard<SqliteConnection>),
+    Owned(OwnedMappedMutexGuard<Option<SqliteConnection>, SqliteConnection>),
     Pooled(PoolConnection<Sqlite>),
 }
 
@@ -47,24 +48,37 @@ impl WriteConnection {
     pub(super) async fn open(connect: SqliteConnectOptions, wait: Duration) -> Result<Self, Error> {
         let conn = connect.connect().await.map_err(db("open writer"))?;
         Ok(Self::Owned(Arc::new(Owned {
-            conn: Arc::new(Mutex::new(conn)),
+            conn: Arc::new(Mutex::new(Some(conn))),
             connect,
             wait,
         })))
     }
 
-    /// Closes a pooled writer (an in-memory database's); a dedicated one
-    /// closes when its last handle is dropped.
+    /// Closes the writer once the writes ahead have let it go; a later
+    /// write is told the store is closed.
     pub(super) async fn close(&self) {
-        if let Self::Pooled(pool) = self {
-            pool.close().await;
+        match self {
+            Self::Owned(owned) => {
+                let closing = owned.conn.lock().await.take();
+                if let Some(conn) = closing {
+                    if let Err(e) = conn.close().await {
+                        tracing::debug!(error = %e, "closing the writer connection failed");
+                    }
+                }
+            }
+            Self::Pooled(pool) => pool.close().await,
         }
     }
 
     /// The connection if nobody holds it.
     pub(super) fn try_take(&self) -> Option<Held> {
         match self {
-            Self::Owned(owned) => owned.conn.clone().try_lock_owned().ok().map(Held::Owned),
+            Self::Owned(owned) => {
+                let guard = owned.conn.clone().try_lock_owned().ok()?;
+                OwnedMutexGuard::try_map(guard, Option::as_mut)
+                    .ok()
+                    .map(Held::Owned)
+            }
             Self::Pooled(pool) => pool.try_acquire().map(Held::Pooled),
         }
     }
@@ -82,7 +96,9 @@ impl WriteConnection {
                                 .busy(),
                         )
                     })?;
-                let mut held = Held::Owned(guard);
+                let open = OwnedMutexGuard::try_map(guard, Option::as_mut)
+                    .map_err(|_| Error::Store(StoreError::new("the store is closed", None)))?;
+                let mut held = Held::Owned(open);
                 self.repair(&mut held).await?;
                 Ok(held)
             }

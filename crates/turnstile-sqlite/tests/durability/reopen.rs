@@ -76,3 +76,42 @@ async fn new_database_file_is_readable_by_its_owner_only() -> TestResult {
     assert_eq!(mode(&shm)?, 0o600, "-shm file");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_closed_store_leaves_the_database_file_alone_complete_and_refuses_later_calls(
+) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("closed.db");
+    let store = SqliteStore::open(&path).await?;
+    let conversation = new_conversation(&store).await?;
+    let (done, _) = complete_request(&store, conversation, "question", 1, "answer").await?;
+    let held = admit(&store, conversation, "in flight").await?;
+    let requests = [done.request_id, held.request_id];
+    let runs = [done.run_id, held.run_id];
+    let before = Snapshot::take(&store, conversation, &requests, &runs, 2).await?;
+    let clone = store.clone();
+    store.close().await?;
+
+    let names: Vec<String> = std::fs::read_dir(dir.path())?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(names, ["closed.db"], "no -wal or -shm beside the file");
+    // Every clone is closed: a write or a read is an error, not a panic.
+    assert!(matches!(
+        clone
+            .ensure_conversation(&crate::support::ns(), turnstile::ConversationId::new())
+            .await,
+        Err(turnstile::Error::Store(_))
+    ));
+    assert!(clone.admission(conversation).await.is_err());
+
+    // The file alone, copied, holds every committed row.
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy)?;
+    let reopened = SqliteStore::open(&copy).await?;
+    assert_eq!(
+        Snapshot::take(&reopened, conversation, &requests, &runs, 2).await?,
+        before
+    );
+    Ok(())
+}
