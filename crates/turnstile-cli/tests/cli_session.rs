@@ -406,6 +406,33 @@ async fn a_closed_stdout_stops_the_printing_but_the_run_commits_and_replays() {
     let again = turnstile(&[args.as_slice(), &["--json"]].concat());
     again.assert_success();
     assert_eq!(again.json()["replayed"], true);
+
+    // With the request id generated (its line printed first), the same.
+    let other = uuid();
+    let mut generated = on("run", &db, &other);
+    generated.extend(["--model", &model, INPUT]);
+    let mut child = cli_support::command(&generated)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    let conversation: turnstile::ConversationId = other.parse().unwrap();
+    let namespace = turnstile::Namespace::new("default").unwrap();
+    let store = open(&db).await;
+    assert_eq!(
+        store
+            .conversation(&namespace, conversation)
+            .await
+            .unwrap()
+            .version,
+        1
+    );
 }
 
 #[test]
@@ -500,7 +527,7 @@ fn the_error_line_shows_control_sequences_escaped() {
 #[test]
 fn the_resume_hint_pastes_and_runs_for_paths_with_odd_whitespace() {
     let dir = tempfile::tempdir().unwrap();
-    let odd = dir.path().join("two  spaces\tand 'quote'");
+    let odd = dir.path().join("two  spaces\tand 'quote' \u{202e}");
     std::fs::create_dir(&odd).unwrap();
     let db = odd.join("odd.db");
     let conversation = uuid();
@@ -599,4 +626,24 @@ async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
         .unwrap()
         .version;
     assert_eq!(version, 1, "the refused request wrote nothing");
+}
+
+#[test]
+fn a_busy_timeout_past_what_sqlite_takes_is_clamped_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("patient.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let mut run = on("run", &db, &conversation);
+    run.extend([
+        "--model",
+        &model,
+        "--busy-timeout",
+        "400days",
+        "--json",
+        INPUT,
+    ]);
+    let patient = turnstile(&run);
+    patient.assert_success();
+    assert!(patient.stderr.is_empty(), "{patient:#?}");
 }

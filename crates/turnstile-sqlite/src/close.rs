@@ -21,12 +21,10 @@ impl SqliteStore {
     /// process was reading; [`StoreError::is_busy`]) or the database failed.
     /// Nothing committed is lost either way.
     pub async fn close(&self) -> Result<(), Error> {
-        let mut conn = self.writer.take().await?;
-        let busy = fold_log(&mut conn).await?;
-        drop(conn);
+        let folded = self.fold_now().await;
         self.writer.close().await;
         self.reader.close().await;
-        if busy {
+        if folded? {
             return Err(Error::Store(
                 StoreError::new(
                     "the write-ahead log was not folded whole: another connection was reading",
@@ -36,6 +34,22 @@ impl SqliteStore {
             ));
         }
         Ok(())
+    }
+}
+
+impl SqliteStore {
+    /// Folds the log without waiting for another process's readers or
+    /// writers: a checkpoint that waited would hold their writes back for up
+    /// to the busy timeout. Returns whether one kept it from folding whole.
+    async fn fold_now(&self) -> Result<bool, Error> {
+        let mut conn = self.writer.take().await?;
+        // PRAGMAs are runtime queries (see `fold_log`). The connection is
+        // closed right after, so its timeout need not be restored.
+        sqlx::query("PRAGMA busy_timeout = 0")
+            .execute(&mut *conn)
+            .await
+            .map_err(db("stop waiting for locks"))?;
+        fold_log(&mut conn).await
     }
 }
 

@@ -78,6 +78,8 @@ impl SqliteStore {
     }
 
     async fn open_once(path: &Path, options: &SqliteOptions) -> Result<Self, Error> {
+        // SQLite takes the timeout in milliseconds as an `int`.
+        let busy_timeout = options.busy_timeout.min(MAX_BUSY_TIMEOUT);
         let connect = SqliteConnectOptions::new()
             .filename(path)
             .journal_mode(SqliteJournalMode::Wal)
@@ -85,14 +87,14 @@ impl SqliteStore {
                 Durability::Full => SqliteSynchronous::Full,
                 Durability::Normal => SqliteSynchronous::Normal,
             })
-            .busy_timeout(options.busy_timeout)
+            .busy_timeout(busy_timeout)
             .foreign_keys(true);
         // The schema check runs before anything could write to the file. The
         // probe sets no journal mode: switching a rollback-journal database
         // to WAL rewrites its header, and a refused database stays untouched.
         let mut probe = SqliteConnectOptions::new()
             .filename(path)
-            .busy_timeout(options.busy_timeout)
+            .busy_timeout(busy_timeout)
             .connect()
             .await
             .map_err(db("open database"))?;
@@ -121,7 +123,9 @@ impl SqliteStore {
         // A write waits for the connection as long as SQLite would wait for
         // another process's lock, and then some: the step ahead of it may
         // itself be waiting out the busy timeout.
-        let wait = options.busy_timeout.saturating_mul(2) + Duration::from_secs(5);
+        let wait = busy_timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(5));
         migrate(&connect, empty).await?;
         let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = local_pool()
@@ -297,16 +301,31 @@ async fn max_page_count(conn: &mut SqliteConnection, bytes: u64) -> Result<u64, 
     Ok((bytes / page_size).clamp(1, 0xffff_fffe))
 }
 
+/// The longest busy timeout SQLite can take (`i32::MAX` milliseconds,
+/// about 24.8 days); a longer one is this.
+const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// How often an opener retries after racing another opener.
 const OPEN_ATTEMPTS: u64 = 10;
 
-/// A failed migration on a database whose schema check passed is taken as
-/// a race with another opener, and retried by [`SqliteStore::open_with`];
-/// except on a full database (or a quota below the schema's size), which no
-/// retry mends.
+/// A migration that failed while running its SQL on a database whose
+/// schema check passed is taken as a race with another opener, and retried
+/// by [`SqliteStore::open_with`]; except on a full database (or a quota
+/// below the schema's size), which no retry mends. A migration the
+/// database disagrees with (a changed or missing version, a dirty one) is
+/// not a race: no retry mends it either.
 fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
+    use sqlx::migrate::MigrateError;
+    let raced = matches!(
+        e,
+        MigrateError::Execute(_) | MigrateError::ExecuteMigration(..)
+    );
     let error = codec::classified(format!("migrate: {e}"), Box::new(e));
-    Error::Store(if error.is_full() { error } else { error.busy() })
+    Error::Store(if raced && !error.is_full() {
+        error.busy()
+    } else {
+        error
+    })
 }
 
 /// Creates a missing database file with mode 0600 before SQLite opens it;

@@ -326,3 +326,66 @@ async fn cancel_inside_a_tool_lets_it_finish_and_the_default_policy_resumes() {
     assert_eq!((cancel.calls(), count.calls(), model.calls()), (1, 1, 2));
     assert_one_result_per_call(&outcome.messages);
 }
+
+/// A run that takes over an ambiguous tool round (`RetryInterruptedTurn`)
+/// and stops before it re-runs the call that was in flight keeps the turn
+/// ambiguous: the default policy must not then run that call's effect again.
+#[tokio::test]
+async fn a_takeover_that_stops_before_the_interrupted_call_keeps_the_turn_ambiguous() {
+    let store = memory_store().await;
+    let count = CountingTool::new("count");
+    let stall = StallingTool::new("stall");
+    let model = scripted(vec![
+        tools_reply(vec![call("c1", "count"), call("c2", "stall")], usage(10, 1)),
+        text_reply("done", usage(5, 5)),
+    ]);
+    let conversation_id = ConversationId::new();
+    let session = session(
+        agent(model.clone(), vec![count.clone(), stall.clone()]),
+        &store,
+        conversation_id,
+    );
+    let request_id = RequestId::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+    let err = expect_err(
+        session
+            .run(
+                request_id,
+                "go",
+                RunContext::default().with_deadline(deadline),
+            )
+            .await,
+    );
+    let (run1, rev1) = err.stopped_run().unwrap();
+
+    // The takeover stops at once: its tool-call budget is spent.
+    let spent = RunContext::default().with_budget(turnstile::Budget {
+        max_tool_calls: Some(0),
+        ..Default::default()
+    });
+    let err = expect_err(
+        session
+            .resume_run(run1, spent, rev1, ResumePolicy::RetryInterruptedTurn)
+            .await,
+    );
+    assert!(matches!(err, Error::BudgetExceeded { .. }), "{err:?}");
+    let (run2, rev2) = err.stopped_run().unwrap();
+    let checkpoint = store.latest_checkpoint(run2).await.unwrap().unwrap();
+    assert_eq!(
+        checkpoint.phase,
+        CheckpointPhase::ToolsInFlight,
+        "not settled"
+    );
+    let err = expect_err(
+        session
+            .resume_run(
+                run2,
+                RunContext::default(),
+                rev2,
+                ResumePolicy::RejectAmbiguous,
+            )
+            .await,
+    );
+    assert!(matches!(err, Error::AmbiguousCheckpoint { .. }), "{err:?}");
+    assert_eq!(stall.calls(), 1, "the interrupted call did not run again");
+}

@@ -99,7 +99,11 @@ impl CliError {
     /// timeout.
     fn is_locked_out(&self) -> bool {
         match self {
-            CliError::Turnstile(Error::Store(e)) => e.is_busy(),
+            CliError::Turnstile(Error::Store(e))
+            | CliError::Stopped {
+                source: Error::Store(e),
+                ..
+            } => e.is_busy(),
             CliError::ForRequest { source, .. } => source.is_locked_out(),
             _ => false,
         }
@@ -108,7 +112,11 @@ impl CliError {
     /// Whether the command failed only because its standard output was
     /// closed (a pipe's reader exited).
     pub fn is_closed_output(&self) -> bool {
-        matches!(self, CliError::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
+        match self {
+            CliError::Io { source, .. } => source.kind() == std::io::ErrorKind::BrokenPipe,
+            CliError::ForRequest { source, .. } => source.is_closed_output(),
+            _ => false,
+        }
     }
 
     /// The message on one line, with the causes a summary would hide

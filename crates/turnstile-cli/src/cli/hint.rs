@@ -7,7 +7,7 @@ use turnstile::session::AgentSession;
 
 use super::exit::CliError;
 use super::model::{self, ModelArgs, ModelSpec};
-use super::SessionArgs;
+use super::{output, SessionArgs};
 
 /// A stopped run's error with the command that continues it (the run id
 /// and revision it carries; the same database, conversation and model).
@@ -95,13 +95,14 @@ fn resumable(
 
 /// A shell word that pastes and runs: as it is when it is plain,
 /// single-quoted when it has spaces or shell characters, and ANSI-C quoted
-/// (`$'…'`, bash and zsh) when it has control characters, so that a path
-/// with a newline or a tab still fits the one-line error.
+/// (`$'…'`, bash and zsh) when it has control or reordering characters, so
+/// that a path with a newline, a tab or a bidi mark still fits the
+/// one-line error, which shows such characters escaped.
 fn quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         word.to_owned()
-    } else if word.chars().any(char::is_control) {
+    } else if word.chars().any(output::unsafe_for_terminal) {
         let mut quoted = String::from("$'");
         for c in word.chars() {
             match c {
@@ -112,7 +113,9 @@ fn quote(word: &str) -> String {
                 c if u32::from(c) < 0x80 && c.is_control() => {
                     quoted.push_str(&format!("\\x{:02x}", u32::from(c)))
                 }
-                c if c.is_control() => quoted.push_str(&format!("\\u{:04x}", u32::from(c))),
+                c if output::unsafe_for_terminal(c) => {
+                    quoted.push_str(&format!("\\u{:04x}", u32::from(c)))
+                }
                 c => quoted.push(c),
             }
         }

@@ -106,9 +106,13 @@ pub fn plain(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(safe)
 }
 
-fn unsafe_for_terminal(c: char) -> bool {
+/// A control character (but newline and tab), or one that reorders text.
+pub(super) fn unsafe_for_terminal(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t')
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
 }
 
 /// `text` cut to `max` characters, on one line, made [`plain`].

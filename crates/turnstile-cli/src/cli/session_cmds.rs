@@ -125,8 +125,13 @@ pub(super) async fn closed<T>(
 /// is not created).
 pub(super) async fn open_store(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, CliError> {
     match std::fs::metadata(db) {
-        Err(_) if !matches!(access, Access::Create(_)) => {
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound && !matches!(access, Access::Create(_)) =>
+        {
             return Err(CliError::MissingDatabase(db.to_owned()));
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(CliError::io(format!("inspect {}", db.display()))(e));
         }
         // `--db /dev/null`, a directory or a FIFO: SQLite would make a
         // journal beside it, or block on it.
@@ -253,10 +258,11 @@ pub(super) async fn run(
         let interrupt = Interrupt::watch();
         let ctx = RunContext::default().with_cancel(interrupt.token());
         if generated && !json {
-            writeln!(
+            // Like all progress, an unwritable line does not stop the run.
+            let _ = writeln!(
                 out,
                 "request {request_id} (generated: pass --request {request_id} to retry it)"
-            )?;
+            );
         }
         let session = session(&args.session, store.clone(), model);
         let events = session.stream(request_id, input, ctx);

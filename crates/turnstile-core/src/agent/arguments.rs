@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-/// The most schema errors told to the model for one call.
+/// The most schema errors told to the model for one call, and the most
+/// characters of each (an error quotes the offending value, which can be
+/// the model's whole argument object).
 const MAX_REPORTED: usize = 5;
+const MAX_ERROR_CHARS: usize = 200;
 
 /// The compiled parameter schema of one tool.
 #[derive(Clone)]
@@ -31,9 +34,15 @@ impl ArgumentCheck {
         let errors: Vec<String> = validator
             .iter_errors(arguments)
             .take(MAX_REPORTED)
-            .map(|e| match e.instance_path().to_string() {
-                path if path.is_empty() => e.to_string(),
-                path => format!("{path}: {e}"),
+            .map(|e| {
+                let text = match e.instance_path().to_string() {
+                    path if path.is_empty() => e.to_string(),
+                    path => format!("{path}: {e}"),
+                };
+                match text.char_indices().nth(MAX_ERROR_CHARS) {
+                    Some((cut, _)) => format!("{}…", &text[..cut]),
+                    None => text,
+                }
             })
             .collect();
         match errors.is_empty() {

@@ -6,7 +6,7 @@ use super::stream::Emitter;
 use super::turns::{first_turn, start_of, RunLoop};
 use super::AgentSession;
 use crate::agent::RunContext;
-use crate::checkpoint::LoopCheckpoint;
+use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
 use crate::events::Event;
 use crate::ids::RunId;
@@ -136,6 +136,11 @@ impl AgentSession {
             }
         };
         let reuse_journal = seed.phase.has_recorded_answer();
+        // A run that takes over a tool round in flight inherits its
+        // ambiguity: a call the run it continues started may have had its
+        // effect unjournaled, so a stop before that call is journaled again
+        // must not settle the turn (the first journaled result clears it).
+        let tool_running = seed.phase == CheckpointPhase::ToolsInFlight;
         let run = RunLoop {
             agent: &self.agent,
             store: self.store.as_ref(),
@@ -146,7 +151,7 @@ impl AgentSession {
             messages,
             checkpoint: seed,
             reuse_journal,
-            tool_running: false,
+            tool_running,
         };
         let (stored, messages) = run.run().await?;
         Ok(Outcome::from_stored(

@@ -29,18 +29,28 @@ impl SqliteStore {
         stale_after: Duration,
     ) -> Result<DoctorReport, Error> {
         let path = path.as_ref();
-        if !path.exists() {
-            return Err(Error::NotFound {
-                what: "database",
-                id: path.display().to_string(),
-            });
+        let metadata = std::fs::metadata(path);
+        if let Err(e) = &metadata {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                return Err(Error::NotFound {
+                    what: "database",
+                    id: path.display().to_string(),
+                });
+            }
         }
         let mut report = empty_report(path.display().to_string(), file_sizes(path));
         // A FIFO or a device would block the open or read without end;
         // only a regular file can be a database.
-        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-            report.cannot_open = Some("not a regular file".into());
-            return Ok(report);
+        match metadata {
+            Err(e) => {
+                report.cannot_open = Some(e.to_string());
+                return Ok(report);
+            }
+            Ok(metadata) if !metadata.is_file() => {
+                report.cannot_open = Some("not a regular file".into());
+                return Ok(report);
+            }
+            Ok(_) => {}
         }
         // Read-only: no migration, no journal-mode change, and no checkpoint
         // of the log when the connection closes.
@@ -181,10 +191,13 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
 }
 
 /// A check that could not start: a file SQLite cannot open (no permission,
-/// a read-only directory its log needs) says nothing about the database's
-/// health; any other failure (not a database, corrupt) is a failed check.
+/// a read-only directory its log needs) or that another process kept
+/// locked says nothing about the database's health; any other failure (not
+/// a database, corrupt) is a failed check.
 fn fail_to_check(report: &mut DoctorReport, error: &sqlx::Error) {
     const SQLITE_PERM: i32 = 3;
+    const SQLITE_BUSY: i32 = 5;
+    const SQLITE_LOCKED: i32 = 6;
     const SQLITE_READONLY: i32 = 8;
     const SQLITE_CANTOPEN: i32 = 14;
     let code = error
@@ -193,7 +206,10 @@ fn fail_to_check(report: &mut DoctorReport, error: &sqlx::Error) {
         .and_then(|code| code.parse::<i32>().ok())
         .map(|code| code & 0xff);
     let unopenable = matches!(error, sqlx::Error::Io(_))
-        || matches!(code, Some(SQLITE_PERM | SQLITE_READONLY | SQLITE_CANTOPEN));
+        || matches!(
+            code,
+            Some(SQLITE_PERM | SQLITE_BUSY | SQLITE_LOCKED | SQLITE_READONLY | SQLITE_CANTOPEN)
+        );
     if unopenable {
         report.cannot_open = Some(error.to_string());
     } else {

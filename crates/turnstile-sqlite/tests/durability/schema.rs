@@ -80,3 +80,23 @@ async fn database_at_the_supported_schema_opens() -> TestResult {
     assert!(SqliteStore::supported_schema_version() >= 1);
     Ok(())
 }
+
+/// A migration the database disagrees with (its recorded checksum changed)
+/// is no race with another opener: the open fails at once, not marked busy
+/// (which would tell the caller to retry later), and changes nothing.
+#[tokio::test]
+async fn a_migration_the_database_disagrees_with_is_refused_and_not_called_busy() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("tampered.db");
+    SqliteStore::open(&path).await?.close().await?;
+    let pool = crate::raw_pool(&path).await?;
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = X'00' WHERE version = 1")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    match SqliteStore::open(&path).await {
+        Err(Error::Store(e)) => assert!(!e.is_busy(), "marked busy: {e}"),
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    Ok(())
+}

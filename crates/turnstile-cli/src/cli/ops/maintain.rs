@@ -102,7 +102,9 @@ pub(in crate::cli) async fn doctor(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    if !args.db.exists() {
+    // Only a path that is not there is "not found"; one that cannot be
+    // looked at (no permission) is the doctor's own "cannot open".
+    if std::fs::metadata(&args.db).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
         return Err(CliError::MissingDatabase(args.db));
     }
     let report = SqliteStore::doctor(&args.db, args.stale_after).await?;
