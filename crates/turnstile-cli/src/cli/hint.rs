@@ -2,7 +2,7 @@
 //! the same database, conversation and model, quoted so that it pastes
 //! and runs, with no secret in it.
 
-use turnstile::ids::{RequestId, Revision, RunId};
+use turnstile::ids::{Revision, RunId};
 use turnstile::session::AgentSession;
 
 use super::exit::CliError;
@@ -18,7 +18,7 @@ use super::{output, SessionArgs};
 pub(super) async fn with_hint<T>(
     result: Result<T, CliError>,
     agent_session: &AgentSession,
-    request: Option<RequestId>,
+    started: Option<RunId>,
     session: &SessionArgs,
     model: &ModelArgs,
 ) -> Result<T, CliError> {
@@ -27,9 +27,9 @@ pub(super) async fn with_hint<T>(
         Err(error) => error,
     };
     let stopped = match &error {
-        CliError::Turnstile(source @ turnstile::Error::Store(_)) => match request {
-            Some(request) => held_by(agent_session, request).await,
-            None => source.stopped_run(),
+        CliError::Turnstile(turnstile::Error::Store(_)) => match started {
+            Some(run) => held_by(agent_session, run).await,
+            None => None,
         },
         CliError::Turnstile(source) => source.stopped_run(),
         _ => None,
@@ -40,11 +40,12 @@ pub(super) async fn with_hint<T>(
     })
 }
 
-/// The run and revision holding the admission, while `request` holds it.
-async fn held_by(session: &AgentSession, request: RequestId) -> Option<(RunId, Revision)> {
+/// The revision, while `run` (the one this command started) still owns the
+/// admission: never a run another process started.
+async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision)> {
     let state = session.admission().await.ok()?;
     let active = state.active?;
-    (active.request_id == request).then_some((active.run_id, state.revision))
+    (active.run_id == run).then_some((run, state.revision))
 }
 
 fn resumable(

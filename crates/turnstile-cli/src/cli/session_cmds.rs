@@ -269,22 +269,18 @@ pub(super) async fn run(
         // With --json the output is the outcome alone.
         let mut quiet = std::io::sink();
         let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
-        let followed = follow(events, &mut Progress::new(style, "  "), shown).await;
-        let outcome = with_hint(
-            followed,
-            &session,
-            Some(request_id),
-            &args.session,
-            &args.model,
-        )
-        .await
-        .map_err(|e| match generated {
-            true => CliError::ForRequest {
-                request_id,
-                source: Box::new(e),
-            },
-            false => e,
-        })?;
+        let mut started = None;
+        let progress = &mut Progress::new(style, "  ");
+        let followed = follow(events, progress, shown, &mut started).await;
+        let outcome = with_hint(followed, &session, started, &args.session, &args.model)
+            .await
+            .map_err(|e| match generated {
+                true => CliError::ForRequest {
+                    request_id,
+                    source: Box::new(e),
+                },
+                false => e,
+            })?;
         show_outcome(
             out,
             style,
@@ -362,24 +358,19 @@ async fn take_over(
         let interrupt = Interrupt::watch();
         let ctx = RunContext::default().with_cancel(interrupt.token());
         let policy = policy(target.retry_interrupted);
-        let (events, request) = match what {
-            TakeOver::Resume(run) => {
-                let request = store.run(run).await.ok().flatten().map(|r| r.request_id);
-                (
-                    session.resume_stream(run, ctx, target.revision, policy),
-                    request,
-                )
+        let events = match what {
+            TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
+            TakeOver::Recover(request, input) => {
+                session.recover_stream(request, input, ctx, target.revision, policy)
             }
-            TakeOver::Recover(request, input) => (
-                session.recover_stream(request, input, ctx, target.revision, policy),
-                Some(request),
-            ),
         };
         // With --json the output is the outcome alone.
         let mut quiet = std::io::sink();
         let shown: &mut dyn Write = if json { &mut quiet } else { &mut *out };
-        let followed = follow(events, &mut Progress::new(style, "  "), shown).await;
-        let outcome = with_hint(followed, &session, request, target.session, target.model).await?;
+        let mut started = None;
+        let progress = &mut Progress::new(style, "  ");
+        let followed = follow(events, progress, shown, &mut started).await;
+        let outcome = with_hint(followed, &session, started, target.session, target.model).await?;
         show_outcome(
             out,
             style,
@@ -443,10 +434,14 @@ pub(super) async fn abandon(
 /// the printing: the run goes on to its commit or its stop, and the output
 /// error is reported after it, so a retry with the same request id
 /// replays instead of finding the conversation held.
+///
+/// `started` is set to the run this stream started, if it got that far:
+/// the one a resume hint may name.
 pub(super) async fn follow(
     mut events: EventStream<'_>,
     progress: &mut Progress,
     out: &mut dyn Write,
+    started: &mut Option<RunId>,
 ) -> Result<Outcome, CliError> {
     let mut printing = Printing::To(out);
     let mut outcome = None;
@@ -458,6 +453,9 @@ pub(super) async fn follow(
                 return Err(error.into());
             }
         };
+        if let Event::RunStarted { run_id, .. } = &event {
+            *started = Some(*run_id);
+        }
         printing.write(|out| progress.event(out, &event));
         if let Event::ConversationCommitted {
             outcome: committed, ..

@@ -201,7 +201,7 @@ impl<'a> Demo<'a> {
         )?;
         let events =
             first_session.stream(first_request, script::FIRST_INPUT, RunContext::default());
-        let first = follow(events, &mut Progress::new(s, "   "), out).await?;
+        let first = follow(events, &mut Progress::new(s, "   "), out, &mut None).await?;
         if !s.terminal {
             // On a terminal the answer was streamed word by word above.
             writeln!(out, "   {} {}", s.dim("answer:"), first.final_text)?;
@@ -304,7 +304,7 @@ impl<'a> Demo<'a> {
             admission.revision,
             ResumePolicy::RetryInterruptedTurn,
         );
-        let second = follow(events, &mut Progress::new(s, "   "), out).await?;
+        let second = follow(events, &mut Progress::new(s, "   "), out, &mut None).await?;
         let recovered_run = self.store.run(second.run_id).await?.ok_or_else(|| {
             CliError::Failed(format!("run {} of the recovery not found", second.run_id))
         })?;
