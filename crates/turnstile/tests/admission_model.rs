@@ -346,8 +346,15 @@ enum End {
 /// `Ready` together with the next turn's `TurnInFlight` when the turn budget
 /// and cancellation let it start (else the next turn stops on them). A stop
 /// the loop chooses settles an in-flight checkpoint to pending, unless a
-/// tool was running.
+/// tool was running, or the run took over a tool round already in flight
+/// (its call may have had an unjournaled effect) and stopped before it ran
+/// that call again.
 fn simulate(mut p: Progress, behavior: Behavior) -> (End, Progress) {
+    let inherited_tool_round = p == Progress::ToolsInFlight;
+    let stopped_tool_round = |p: Progress| match p {
+        Progress::ToolsInFlight if inherited_tool_round => Progress::ToolsInFlight,
+        _ => Progress::ToolsPending,
+    };
     loop {
         match p {
             // Turn 1's write-ahead (with the claim, for a fresh run), unless
@@ -390,10 +397,10 @@ fn simulate(mut p: Progress, behavior: Behavior) -> (End, Progress) {
             },
             Progress::ToolsInFlight | Progress::ToolsPending => match behavior {
                 Behavior::NoToolBudget => {
-                    return (End::Stopped(StopKind::Budget), Progress::ToolsPending)
+                    return (End::Stopped(StopKind::Budget), stopped_tool_round(p))
                 }
                 Behavior::Cancelled => {
-                    return (End::Stopped(StopKind::Cancelled), Progress::ToolsPending)
+                    return (End::Stopped(StopKind::Cancelled), stopped_tool_round(p))
                 }
                 // A pending tool round is marked in flight again before its
                 // tool runs (the bug
