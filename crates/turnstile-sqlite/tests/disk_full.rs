@@ -486,6 +486,34 @@ impl Fixture {
     }
 }
 
+/// The failed step wrote nothing: the only change is the stop recorded
+/// after it, in the run's row, its latest checkpoint's phase and the
+/// admission's activity time.
+fn assert_only_the_stop_changed(site: &str, before: Snapshot, after: Snapshot) {
+    let stop_record = ["runs", "loop_checkpoints", "admissions"];
+    let without_stop = |rows: &Snapshot| {
+        rows.iter()
+            .filter(|(table, _)| !stop_record.contains(&table.as_str()))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let checkpoint_rows = |rows: &Snapshot| {
+        rows.iter()
+            .find(|(table, _)| *table == "loop_checkpoints")
+            .map(|(_, rows)| rows.len())
+    };
+    assert_eq!(
+        checkpoint_rows(&after),
+        checkpoint_rows(&before),
+        "{site}: checkpoint rows"
+    );
+    assert_eq!(
+        without_stop(&after),
+        without_stop(&before),
+        "{site}: the failed step changed rows"
+    );
+}
+
 /// The error is the store's, and says the disk is full.
 fn assert_full<T: std::fmt::Debug>(site: &str, result: Result<T, Error>) {
     match result {
@@ -668,31 +696,9 @@ async fn every_write_site_of_a_run_fails_cleanly_on_a_full_disk_and_recovers() {
             .stream_into_fault(&session, request, &input, site.at, site.crowd, name)
             .await;
         assert_full(name, Err::<(), _>(error));
-        // The failed step wrote nothing. The stop recorded after it changes
-        // only the run's row, its latest checkpoint's phase and the
-        // admission's activity time (checked below).
-        let stop_record = ["runs", "loop_checkpoints", "admissions"];
-        let without_stop = |rows: Snapshot| {
-            rows.into_iter()
-                .filter(|(table, _)| !stop_record.contains(&table.as_str()))
-                .collect::<Vec<_>>()
-        };
-        let after = f.disk.snapshot().await;
-        let checkpoint_rows = |rows: &Snapshot| {
-            rows.iter()
-                .find(|(table, _)| *table == "loop_checkpoints")
-                .map(|(_, rows)| rows.len())
-        };
-        assert_eq!(
-            checkpoint_rows(&after),
-            checkpoint_rows(&snapshot),
-            "{name}: checkpoint rows"
-        );
-        assert_eq!(
-            without_stop(after),
-            without_stop(snapshot),
-            "{name}: the failed step changed rows"
-        );
+        // The failed step wrote nothing; the stop recorded after it is
+        // checked below.
+        assert_only_the_stop_changed(name, snapshot, f.disk.snapshot().await);
 
         // Held by the request, nothing committed.
         let admission = f.store.admission(f.conversation).await.unwrap();
@@ -884,7 +890,7 @@ async fn a_summary_commit_on_a_full_disk_keeps_the_pass_and_recovers() {
         )
         .await;
     assert_full("summary commit", Err::<(), _>(error));
-    assert_eq!(f.disk.snapshot().await, snapshot, "summary: rows changed");
+    assert_only_the_stop_changed("summary commit", snapshot, f.disk.snapshot().await);
     assert!(f
         .store
         .latest_summary(f.conversation)
@@ -895,6 +901,8 @@ async fn a_summary_commit_on_a_full_disk_keeps_the_pass_and_recovers() {
     let active = admission.active.clone().expect("admission held");
     assert_eq!(active.request_id, request);
     assert_eq!(active.summary.passes, 0);
+    let run = f.store.run(active.run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed, "the stop is recorded");
     let pass = active.summary.pending.expect("the pass stays recorded");
     assert_eq!((pass.from_seq, pass.through_seq), (0, 3));
 

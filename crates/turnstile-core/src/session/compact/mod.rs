@@ -36,8 +36,10 @@ pub(super) struct Compacted {
 
 impl AgentSession {
     /// Runs the summary passes the request still needs. A stop (budget,
-    /// deadline, cancellation, model error, pass limit, refused summary) is
-    /// recorded on the run; the admission stays held.
+    /// deadline, cancellation, model error, pass limit, refused summary) or
+    /// a pass that failed in the store is recorded on the run, when the
+    /// store still takes it; the admission stays held. (There is no turn
+    /// checkpoint to settle yet: a pass's progress lives in the admission.)
     pub(super) async fn compact(
         &self,
         fence: &Fence,
@@ -49,8 +51,13 @@ impl AgentSession {
         };
         let result = self.compact_with(settings, fence, ctx, events).await;
         if let Err(error) = &result {
-            if error.stopped_run().is_some() {
-                if let Err(e) = self.store.fail_run(fence, &error.to_string(), None).await {
+            let message = match error {
+                Error::Store(failure) => Some(format!("a durable step failed: {failure}")),
+                stopped if stopped.stopped_run().is_some() => Some(stopped.to_string()),
+                _ => None,
+            };
+            if let Some(message) = message {
+                if let Err(e) = self.store.fail_run(fence, &message, None).await {
                     tracing::warn!(run_id = %fence.run_id, error = %e, "could not record run failure");
                 }
             }
