@@ -150,8 +150,10 @@ impl OpenAiConfig {
     }
 }
 
-/// A URL without the password it may carry (`https://user:secret@host`).
-pub(crate) fn redacted_url(url: &str) -> String {
+/// `url` with any password in it (`https://user:secret@host`) replaced by
+/// `REDACTED`: for anything that shows a base URL (a `Debug`, a printed
+/// command line).
+pub fn redacted_url(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut parsed) if parsed.password().is_some() => {
             let _ = parsed.set_password(Some("REDACTED"));

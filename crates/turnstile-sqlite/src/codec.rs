@@ -17,13 +17,21 @@ pub(super) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
         // SQLITE_BUSY and SQLITE_LOCKED, with their extended codes; and a
         // pool whose connection another write held past the wait.
         let busy = matches!(e, sqlx::Error::PoolTimedOut)
-            || e.as_database_error()
-                .and_then(|d| d.code())
-                .and_then(|code| code.parse::<i32>().ok())
-                .is_some_and(|code| matches!(code & 0xff, 5 | 6));
+            || primary_code(&e).is_some_and(|code| matches!(code, 5 | 6));
         let error = classified(format!("{context}: {e}"), Box::new(e));
         Error::Store(if busy { error.busy() } else { error })
     }
+}
+
+/// SQLite's primary result code of a database error (its extended code's
+/// low byte).
+pub(super) fn primary_code(error: &sqlx::Error) -> Option<i32> {
+    error
+        .as_database_error()?
+        .code()?
+        .parse::<i32>()
+        .ok()
+        .map(|code| code & 0xff)
 }
 
 /// A store error, marked full when SQLite ran out of room anywhere in its
@@ -47,13 +55,8 @@ fn is_sqlite_full(error: &(dyn std::error::Error + 'static)) -> bool {
     const SQLITE_FULL: i32 = 13;
     let mut next = Some(error);
     while let Some(error) = next {
-        let code = error
-            .downcast_ref::<sqlx::Error>()
-            .and_then(sqlx::Error::as_database_error)
-            .and_then(|d| d.try_downcast_ref::<sqlx::sqlite::SqliteError>())
-            .and_then(sqlx::error::DatabaseError::code)
-            .and_then(|code| code.parse::<i32>().ok());
-        if code.is_some_and(|code| code & 0xff == SQLITE_FULL) {
+        let code = error.downcast_ref::<sqlx::Error>().and_then(primary_code);
+        if code == Some(SQLITE_FULL) {
             return true;
         }
         next = error.source();

@@ -107,4 +107,4 @@ pub use turnstile_core::*;
 pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 #[cfg(feature = "openai")]
-pub use turnstile_openai::{OpenAiConfig, OpenAiModel};
+pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel};

@@ -6,7 +6,7 @@ use turnstile::ids::{Revision, RunId};
 use turnstile::session::AgentSession;
 
 use super::exit::CliError;
-use super::model::{self, ModelArgs, ModelSpec};
+use super::model::{ModelArgs, ModelSpec};
 use super::{output, SessionArgs};
 
 /// A stopped run's error with the command that continues it (the run id
@@ -83,7 +83,7 @@ fn resumable(
     };
     words.extend(["--model".into(), quote(&spec)]);
     if let Some(url) = &model.base_url {
-        words.extend(["--base-url".into(), quote(&model::redact_url(url))]);
+        words.extend(["--base-url".into(), quote(&turnstile::redacted_url(url))]);
     }
     if let Some(var) = &model.api_key_env {
         words.extend(["--api-key-env".into(), quote(var)]);

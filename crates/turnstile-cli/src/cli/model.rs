@@ -73,18 +73,6 @@ pub fn load(args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
     }
 }
 
-/// `url` with any password in it replaced by `REDACTED`, for hints and
-/// messages: the command line a user pastes must not carry a secret.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("REDACTED"));
-            parsed.to_string()
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// Reads a script: a JSON array of [`ScriptedReply`]. For convenience,
 /// `usage` may omit token kinds (they count 0) and a tool call's
 /// `arguments` may be a JSON object instead of a string.

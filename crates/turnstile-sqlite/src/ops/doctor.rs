@@ -200,11 +200,7 @@ fn fail_to_check(report: &mut DoctorReport, error: &sqlx::Error) {
     const SQLITE_LOCKED: i32 = 6;
     const SQLITE_READONLY: i32 = 8;
     const SQLITE_CANTOPEN: i32 = 14;
-    let code = error
-        .as_database_error()
-        .and_then(|d| d.code())
-        .and_then(|code| code.parse::<i32>().ok())
-        .map(|code| code & 0xff);
+    let code = crate::codec::primary_code(error);
     let unopenable = matches!(error, sqlx::Error::Io(_))
         || matches!(
             code,
