@@ -6,6 +6,7 @@
 //! default); the `turnstile-conformance` suite holds each of them to the
 //! same contract.
 
+pub mod columns;
 mod records;
 
 use async_trait::async_trait;
