@@ -84,6 +84,7 @@
 //! | feature | adds | crate |
 //! |---|---|---|
 //! | `sqlite` (default) | [`SqliteStore`], [`SqliteOptions`], [`Durability`] | `turnstile-sqlite` |
+//! | `postgres` | `PostgresStore`, `PostgresOptions` | `turnstile-postgres` |
 //! | `openai` (default) | [`OpenAiModel`], [`OpenAiConfig`] | `turnstile-openai` |
 //!
 //! - [`session`]: [`AgentSession`] — `run`, `stream`, `resume_run`,
@@ -103,6 +104,8 @@
 
 pub use turnstile_core::*;
 
+#[cfg(feature = "postgres")]
+pub use turnstile_postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
 

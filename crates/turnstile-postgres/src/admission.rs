@@ -1,0 +1,545 @@
+//! Conversations and ownership changes: claim, recovery claim, abandon.
+//! Each ownership change is one compare-and-swap on `admissions.revision`,
+//! decided by its row count.
+
+use sqlx::PgConnection;
+
+use super::codec::{db, now_ms, to_i64, Row};
+use super::turns::save_checkpoints;
+use turnstile_core::checkpoint::CheckpointPhase;
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
+use turnstile_core::message::Usage;
+use turnstile_core::store::columns::message_columns;
+use turnstile_core::store::{
+    ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
+    RequestStatus, SummaryPass, SummaryProgress,
+};
+use turnstile_core::Error;
+
+pub(crate) async fn load_recovery_usage(
+    conn: &mut PgConnection,
+    request_id: RequestId,
+) -> Result<Usage, Error> {
+    let row = sqlx::query!(
+        "SELECT a.input_tokens, a.output_tokens, a.cache_read_tokens, a.cache_write_tokens
+         FROM request_ids k JOIN admissions a ON a.conversation_id = k.conversation_id
+         WHERE k.request_id = $1 AND a.active_request_id = $1",
+        request_id.as_uuid()
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("read recovery usage"))?;
+    match row {
+        Some(r) => Row {
+            table: "admissions",
+            key: &request_id,
+        }
+        .usage(
+            r.input_tokens,
+            r.output_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+        ),
+        None => Err(Error::NotActive { request_id }),
+    }
+}
+
+/// A conversation and its idle admission, created together unless they
+/// exist: one statement.
+pub(crate) async fn ensure_conversation(
+    conn: &mut PgConnection,
+    namespace: &Namespace,
+    id: ConversationId,
+) -> Result<Conversation, Error> {
+    // Twice at most: a concurrent creator's row, committed after this
+    // statement's snapshot, is seen by the second.
+    for _ in 0..2 {
+        let row = sqlx::query!(
+            r#"WITH created AS (
+                   INSERT INTO conversations (conversation_id, namespace, version, created_at)
+                   VALUES ($1, $2, 0, $3) ON CONFLICT DO NOTHING
+                   RETURNING conversation_id, namespace, version, created_at
+               ), admission AS (
+                   INSERT INTO admissions (conversation_id, revision, updated_at)
+                   SELECT conversation_id, 0, $3 FROM created
+               )
+               SELECT namespace AS "namespace!", version AS "version!", created_at AS "created_at!"
+               FROM created
+               UNION ALL
+               SELECT namespace, version, created_at FROM conversations WHERE conversation_id = $1"#,
+            id.as_uuid(),
+            namespace.as_str(),
+            now_ms()
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("create conversation"))?;
+        if let Some(row) = row {
+            return conversation_of(namespace, id, &row.namespace, row.version, row.created_at);
+        }
+    }
+    load_conversation(conn, namespace, id).await
+}
+
+pub(crate) async fn load_conversation(
+    conn: &mut PgConnection,
+    namespace: &Namespace,
+    id: ConversationId,
+) -> Result<Conversation, Error> {
+    let row = sqlx::query!(
+        "SELECT namespace, version, created_at FROM conversations WHERE conversation_id = $1",
+        id.as_uuid()
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load conversation"))?
+    .ok_or_else(|| Error::NotFound {
+        what: "conversation",
+        id: id.to_string(),
+    })?;
+    conversation_of(namespace, id, &row.namespace, row.version, row.created_at)
+}
+
+fn conversation_of(
+    namespace: &Namespace,
+    id: ConversationId,
+    stored_namespace: &str,
+    version: i64,
+    created_at: i64,
+) -> Result<Conversation, Error> {
+    // Another namespace's conversation is reported as a mismatch without any
+    // of its content.
+    if stored_namespace != namespace.as_str() {
+        return Err(Error::NamespaceMismatch {
+            conversation_id: id,
+            namespace: namespace.clone(),
+        });
+    }
+    let key = Row {
+        table: "conversations",
+        key: &id,
+    };
+    Ok(Conversation {
+        id,
+        namespace: namespace.clone(),
+        version: key.u64("version", version)?,
+        created_at,
+    })
+}
+
+pub(crate) async fn load_admission(
+    conn: &mut PgConnection,
+    conversation_id: ConversationId,
+) -> Result<Admission, Error> {
+    let row = sqlx::query!(
+        "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
+                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                summary_passes, summary_from_seq, summary_through_seq, summary_version,
+                summary_prompt_sha256
+         FROM admissions WHERE conversation_id = $1",
+        conversation_id.as_uuid()
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load admission"))?
+    .ok_or_else(|| Error::NotFound {
+        what: "conversation",
+        id: conversation_id.to_string(),
+    })?;
+    let key = Row {
+        table: "admissions",
+        key: &conversation_id,
+    };
+    let revision = Revision(key.u64("revision", row.revision)?);
+    let active = match row.active_request_id {
+        None => None,
+        Some(request) => Some(ActiveAdmission {
+            request_id: key.checked_id::<RequestId>("active_request_id", request)?,
+            input_sha256: key.hash(
+                "input_sha256",
+                row.input_sha256.as_deref().unwrap_or_default(),
+            )?,
+            run_id: key.checked_id(
+                "run_id",
+                row.run_id
+                    .ok_or_else(|| key.corrupt("active admission without run_id"))?,
+            )?,
+            agent_fingerprint: row
+                .agent_fingerprint
+                .ok_or_else(|| key.corrupt("active admission without agent_fingerprint"))?,
+            usage: key.usage(
+                row.input_tokens,
+                row.output_tokens,
+                row.cache_read_tokens,
+                row.cache_write_tokens,
+            )?,
+            summary: SummaryProgress {
+                passes: key.u32("summary_passes", row.summary_passes)?,
+                pending: pending_pass(
+                    &key,
+                    row.summary_from_seq,
+                    row.summary_through_seq,
+                    row.summary_version,
+                    row.summary_prompt_sha256.as_deref(),
+                )?,
+            },
+        }),
+    };
+    Ok(Admission {
+        conversation_id,
+        revision,
+        active,
+    })
+}
+
+/// Whether a failed compare-and-swap wanted an idle admission (a claim) or
+/// an active one (a recovery claim or an abandon).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Idle,
+    Active,
+}
+
+/// The summary pass in flight: all of its columns, or none.
+fn pending_pass(
+    key: &Row<'_>,
+    from_seq: Option<i64>,
+    through_seq: Option<i64>,
+    version: Option<i64>,
+    prompt: Option<&[u8]>,
+) -> Result<Option<SummaryPass>, Error> {
+    match (from_seq, through_seq, version, prompt) {
+        (None, None, None, None) => Ok(None),
+        (Some(from), Some(through), Some(version), Some(prompt)) => Ok(Some(SummaryPass {
+            from_seq: key.u64("summary_from_seq", from)?,
+            through_seq: key.u64("summary_through_seq", through)?,
+            transcript_version: key.u64("summary_version", version)?,
+            prompt_sha256: key.hash("summary_prompt_sha256", prompt)?.0,
+        })),
+        _ => Err(key.corrupt("a summary pass in flight with missing columns")),
+    }
+}
+
+/// Explains why a compare-and-swap on the admission matched no row.
+async fn diagnose(
+    conn: &mut PgConnection,
+    wanted: Wanted,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    expected: Revision,
+) -> Error {
+    let admission = match load_admission(conn, conversation_id).await {
+        Ok(admission) => admission,
+        Err(e) => return e,
+    };
+    let busy = |holder: RequestId| Error::Busy {
+        conversation_id,
+        request_id: holder,
+        revision: admission.revision,
+    };
+    match admission.active {
+        // Nothing to take over, whatever the revision.
+        None if wanted == Wanted::Active => Error::NotActive { request_id },
+        Some(active) if active.request_id != request_id || admission.revision == expected => {
+            busy(active.request_id)
+        }
+        _ => Error::Conflict {
+            conversation_id,
+            expected,
+            actual: admission.revision,
+        },
+    }
+}
+
+fn fence_at(conversation_id: ConversationId, revision: i64) -> Result<Revision, Error> {
+    Row {
+        table: "admissions",
+        key: &conversation_id,
+    }
+    .u64("revision", revision)
+    .map(Revision)
+}
+
+/// The claim, inside its transaction: the request id is taken store-wide
+/// first (a request id already taken is that request, whatever its
+/// conversation), then the admission's compare-and-swap records the
+/// request, its first run and its input in one statement.
+pub(crate) async fn claim_in(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    retry: bool,
+) -> Result<ClaimOutcome, Error> {
+    let conversation = claim.conversation_id.as_uuid();
+    let request = claim.request_id.as_uuid();
+    let taken = sqlx::query_scalar!(
+        "INSERT INTO request_ids (request_id, conversation_id) VALUES ($1, $2)
+         ON CONFLICT DO NOTHING RETURNING request_id",
+        request,
+        conversation
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("reserve request id"))?;
+    if taken.is_none() {
+        return existing(conn, claim, retry).await;
+    }
+    let (role, content, meta) = message_columns(&claim.input)?;
+    let now = now_ms();
+    let claimed = sqlx::query_scalar!(
+        r#"WITH claimed AS (
+               UPDATE admissions
+               SET active_request_id = $1, input_sha256 = $2, run_id = $3, agent_fingerprint = $4,
+                   input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+                   summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+                   summary_version = NULL, summary_prompt_sha256 = NULL,
+                   revision = revision + 1, updated_at = $5
+               WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
+               RETURNING revision
+           ), request AS (
+               INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at)
+               SELECT $6, $1, $2, 'active', $5 FROM claimed
+           ), run AS (
+               INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
+               SELECT $6, $3, $1, 'running', $5 FROM claimed
+           ), input AS (
+               INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role,
+                   content, meta)
+               SELECT $6, $1, 0, $3, 0, $8, $9, $10 FROM claimed
+           )
+           SELECT revision AS "revision!" FROM claimed"#,
+        request,
+        &claim.input_sha256.0[..],
+        claim.run_id.as_uuid(),
+        claim.agent_fingerprint,
+        now,
+        conversation,
+        to_i64(claim.expected_revision.0),
+        role,
+        content.as_bytes(),
+        meta
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("claim admission"))?;
+    let Some(revision) = claimed else {
+        return Err(diagnose(
+            conn,
+            Wanted::Idle,
+            claim.conversation_id,
+            claim.request_id,
+            claim.expected_revision,
+        )
+        .await);
+    };
+    let fence = Fence {
+        conversation_id: claim.conversation_id,
+        request_id: claim.request_id,
+        run_id: claim.run_id,
+        revision: fence_at(claim.conversation_id, revision)?,
+    };
+    // No checkpoint unless the first turn starts now: a run without one is
+    // at its start.
+    if let Some(first_turn) = &claim.first_turn {
+        save_checkpoints(conn, &fence, &[first_turn]).await?;
+    }
+    Ok(ClaimOutcome::Admitted(fence))
+}
+
+/// A claim of a request id that is taken: the request as stored. A retry
+/// whose first attempt committed without its acknowledgement finds its own
+/// run holding the admission, and is admitted as that attempt was.
+async fn existing(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    retry: bool,
+) -> Result<ClaimOutcome, Error> {
+    let Some(record) = super::reads::load_request(conn, claim.request_id).await? else {
+        return Err(Error::Store(turnstile_core::StoreError::new(
+            format!(
+                "request id {} is reserved without its request",
+                claim.request_id
+            ),
+            None,
+        )));
+    };
+    if retry && record.status == RequestStatus::Active {
+        let admission = load_admission(conn, record.conversation_id).await?;
+        if admission
+            .active
+            .is_some_and(|a| a.request_id == claim.request_id && a.run_id == claim.run_id)
+        {
+            return Ok(ClaimOutcome::Admitted(Fence {
+                conversation_id: record.conversation_id,
+                request_id: claim.request_id,
+                run_id: claim.run_id,
+                revision: admission.revision,
+            }));
+        }
+    }
+    Ok(ClaimOutcome::Existing(record))
+}
+
+/// The recovery claim, inside its transaction.
+pub(crate) async fn claim_recovery_in(
+    conn: &mut PgConnection,
+    claim: &RecoveryClaim,
+    retry: bool,
+) -> Result<Fence, Error> {
+    let conversation = claim.conversation_id.as_uuid();
+    let from_run = claim.from_run.as_uuid();
+    let new_run = claim.new_run.as_uuid();
+    let now = now_ms();
+    let fence = |revision: Revision| Fence {
+        conversation_id: claim.conversation_id,
+        request_id: claim.request_id,
+        run_id: claim.new_run,
+        revision,
+    };
+    if retry {
+        let admission = load_admission(conn, claim.conversation_id).await?;
+        if admission.active.is_some_and(|a| a.run_id == claim.new_run) {
+            return Ok(fence(admission.revision));
+        }
+    }
+    let claimed = sqlx::query_scalar!(
+        "UPDATE admissions SET run_id = $1, revision = revision + 1, updated_at = $2
+         WHERE conversation_id = $3 AND revision = $4 AND active_request_id = $5 AND run_id = $6
+         RETURNING revision",
+        new_run,
+        now,
+        conversation,
+        to_i64(claim.expected_revision.0),
+        claim.request_id.as_uuid(),
+        from_run
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("claim recovery"))?;
+    let Some(revision) = claimed else {
+        return Err(diagnose(
+            conn,
+            Wanted::Active,
+            claim.conversation_id,
+            claim.request_id,
+            claim.expected_revision,
+        )
+        .await);
+    };
+    // Under the admission's row lock, so the run being continued cannot
+    // move on between this check and the commit; an error rolls the claim
+    // back.
+    if claim.reject_in_flight {
+        let latest = sqlx::query!(
+            "SELECT turn, phase FROM loop_checkpoints WHERE conversation_id = $1 AND run_id = $2
+             ORDER BY turn DESC LIMIT 1",
+            conversation,
+            from_run
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("read latest checkpoint"))?;
+        if let Some(latest) = latest {
+            if CheckpointPhase::parse(&latest.phase).is_some_and(CheckpointPhase::is_in_flight) {
+                let key = format!("{}/{}", claim.from_run, latest.turn);
+                return Err(Error::AmbiguousCheckpoint {
+                    run_id: claim.from_run,
+                    turn: Row {
+                        table: "loop_checkpoints",
+                        key: &key,
+                    }
+                    .u32("turn", latest.turn)?,
+                });
+            }
+        }
+    }
+    // The run being continued is superseded; the new run starts from a copy
+    // of its latest checkpoint (one small row, no messages copied), or at
+    // the start if it never checkpointed.
+    sqlx::query!(
+        "WITH superseded AS (
+             UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, $1)
+             WHERE conversation_id = $2 AND run_id = $3 AND status IN ('running', 'failed')
+         ), resumed AS (
+             INSERT INTO runs (conversation_id, run_id, request_id, resumed_from, status, started_at)
+             VALUES ($2, $4, $5, $3, 'running', $1)
+         )
+         INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
+             output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+             reports_count, message_count, created_at)
+         SELECT conversation_id, $4, turn, phase, input_tokens, output_tokens,
+             cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+             message_count, $1
+         FROM loop_checkpoints WHERE conversation_id = $2 AND run_id = $3
+         ORDER BY turn DESC LIMIT 1",
+        now,
+        conversation,
+        from_run,
+        new_run,
+        claim.request_id.as_uuid()
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("start resumed run"))?;
+    Ok(fence(fence_at(claim.conversation_id, revision)?))
+}
+
+/// The abandon, inside its transaction: one statement that releases the
+/// admission and marks its run and request abandoned.
+pub(crate) async fn abandon_in(
+    conn: &mut PgConnection,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    expected_revision: Revision,
+    retry: bool,
+) -> Result<Revision, Error> {
+    let conversation = conversation_id.as_uuid();
+    let request = request_id.as_uuid();
+    let released = sqlx::query_scalar!(
+        r#"WITH held AS (
+               SELECT run_id FROM admissions
+               WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
+           ), released AS (
+               UPDATE admissions
+               SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL,
+                   agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
+                   cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
+                   summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1
+               WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
+               RETURNING revision
+           ), run AS (
+               UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, $1)
+               WHERE conversation_id = $2 AND run_id = (SELECT run_id FROM held)
+                 AND status IN ('running', 'failed') AND EXISTS (SELECT 1 FROM released)
+           ), request AS (
+               UPDATE requests SET status = 'abandoned', completed_at = $1
+               WHERE conversation_id = $2 AND request_id = $4 AND EXISTS (SELECT 1 FROM released)
+           )
+           SELECT revision AS "revision!" FROM released"#,
+        now_ms(),
+        conversation,
+        to_i64(expected_revision.0),
+        request
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("abandon"))?;
+    if let Some(revision) = released {
+        return fence_at(conversation_id, revision);
+    }
+    if retry {
+        // The first attempt released it, and its acknowledgement was lost.
+        let record = super::reads::load_request(conn, request_id).await?;
+        if record.is_some_and(|r| r.status == RequestStatus::Abandoned) {
+            return Ok(Revision(expected_revision.0 + 1));
+        }
+    }
+    Err(diagnose(
+        conn,
+        Wanted::Active,
+        conversation_id,
+        request_id,
+        expected_revision,
+    )
+    .await)
+}

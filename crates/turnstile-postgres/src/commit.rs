@@ -1,0 +1,118 @@
+//! The commit: one transaction that appends the request's messages to the
+//! transcript, bumps the conversation version, stores the outcome for replay,
+//! releases the admission and completes the run. There is no moment where
+//! the answer is committed but the conversation is still held.
+
+use sqlx::PgConnection;
+
+use super::codec::{db, now_ms, to_i64, Row};
+use super::turns::{fenced, save_checkpoints};
+use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
+use turnstile_core::message::Message;
+use turnstile_core::store::columns::message_columns;
+use turnstile_core::store::{Fence, RequestStatus, StoredOutcome};
+use turnstile_core::Error;
+
+/// The commit, inside its transaction: the `completed` checkpoint (the
+/// fence), then one statement for everything else.
+pub(crate) async fn commit_in(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+    final_message: &Message,
+    retry: bool,
+) -> Result<StoredOutcome, Error> {
+    let final_seq = checkpoint.message_count.checked_sub(1).ok_or_else(|| {
+        Error::InvalidInput("a commit checkpoint must count the final message".into())
+    })?;
+    if retry {
+        // Committed by the first attempt, acknowledgement lost: the stored
+        // outcome is this commit's.
+        let record = super::reads::load_request(conn, fence.request_id).await?;
+        if let Some(outcome) = record
+            .filter(|r| r.status == RequestStatus::Completed)
+            .and_then(|r| r.outcome)
+            .filter(|o| o.run_id == fence.run_id)
+        {
+            return Ok(outcome);
+        }
+    }
+    // The committed turn's checkpoint holds the outcome's totals; saving it
+    // is the fence.
+    let completed = LoopCheckpoint {
+        phase: CheckpointPhase::Completed,
+        ..checkpoint.clone()
+    };
+    save_checkpoints(conn, fence, &[&completed]).await?;
+    let (role, content, meta) = message_columns(final_message)?;
+    let now = now_ms();
+    // The pending messages leave `run_messages` and enter the transcript
+    // after its current end, with the final answer, in one pass.
+    let placed = sqlx::query!(
+        r#"WITH released AS (
+               UPDATE admissions
+               SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL,
+                   agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
+                   cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
+                   summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1
+               WHERE conversation_id = $2 AND revision = $3 AND run_id = $4
+               RETURNING conversation_id
+           ), placed AS (
+               UPDATE conversations c SET version = c.version + 1
+               FROM released r WHERE c.conversation_id = r.conversation_id
+               RETURNING c.version,
+                   (SELECT COALESCE(MAX(t.seq) + 1, 0) FROM transcript t
+                    WHERE t.conversation_id = $2) AS first_seq
+           ), pending AS (
+               DELETE FROM run_messages
+               WHERE conversation_id = $2 AND request_id = $5 AND EXISTS (SELECT 1 FROM released)
+               RETURNING seq, role, content, meta
+           ), moved AS (
+               INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+               SELECT $2, p.first_seq + m.seq, $5, m.role, m.content, m.meta
+               FROM placed p, (SELECT seq, role, content, meta FROM pending
+                               UNION ALL
+                               SELECT $6::bigint, $7::text, $8::bytea, $9::text) AS m
+           ), request AS (
+               UPDATE requests q SET status = 'completed', committed_run_id = $4,
+                   conversation_version = p.version, first_seq = p.first_seq,
+                   end_seq = p.first_seq + (SELECT COUNT(*) FROM pending) + 1, completed_at = $1
+               FROM placed p WHERE q.conversation_id = $2 AND q.request_id = $5
+           ), run AS (
+               UPDATE runs SET status = 'completed', ended_at = $1
+               WHERE conversation_id = $2 AND run_id = $4 AND EXISTS (SELECT 1 FROM released)
+           )
+           SELECT p.version AS "version!", p.first_seq AS "first_seq!",
+                  (SELECT COUNT(*) FROM pending) AS "pending!"
+           FROM placed p"#,
+        now,
+        fence.conversation_id.as_uuid(),
+        to_i64(fence.revision.0),
+        fence.run_id.as_uuid(),
+        fence.request_id.as_uuid(),
+        to_i64(final_seq),
+        role,
+        content.as_bytes(),
+        meta
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("commit"))?
+    .ok_or_else(|| fenced(fence))?;
+    let key = Row {
+        table: "conversations",
+        key: &fence.conversation_id,
+    };
+    let first_seq = key.u64("seq", placed.first_seq)?;
+    Ok(StoredOutcome {
+        run_id: fence.run_id,
+        usage: checkpoint.usage,
+        turns: checkpoint.turn,
+        tool_calls: checkpoint.tool_calls_count,
+        verification_reports: checkpoint.verification_reports.clone(),
+        conversation_version: key.u64("version", placed.version)?,
+        first_seq,
+        end_seq: first_seq + key.u64("seq", placed.pending)? + 1,
+    })
+}

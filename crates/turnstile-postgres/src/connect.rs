@@ -1,0 +1,157 @@
+//! Connecting: the pool, the schema check and the embedded migrations.
+
+use std::str::FromStr;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use tracing::instrument;
+
+use super::codec::db;
+use super::retry::retrying;
+use super::{PostgresOptions, PostgresStore};
+use turnstile_core::Error;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+impl PostgresStore {
+    /// Connects with the default options (see [`PostgresOptions`]) and
+    /// migrates the database to this build's schema. `url` is a libpq-style
+    /// URL (`postgres://user@host:port/database`); a password left out of it
+    /// is taken from `PGPASSWORD` or `~/.pgpass`, as libpq does, and so are
+    /// the other `PG*` variables.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a malformed URL or schema name;
+    /// [`Error::SchemaTooNew`] for a database written by a newer turnstile
+    /// (left untouched); [`Error::Store`] when the server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(PostgresOptions::new(url)).await
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    /// As [`PostgresStore::connect`]; with
+    /// [`existing_only`](PostgresOptions::existing_only),
+    /// [`Error::NotFound`] for a database without the schema and
+    /// [`Error::SchemaTooOld`] for an older one.
+    #[instrument(skip_all, err)]
+    pub async fn connect_with(options: PostgresOptions) -> Result<Self, Error> {
+        let mut connect = PgConnectOptions::from_str(&options.url)
+            .map_err(|e| Error::InvalidInput(format!("PostgreSQL URL: {e}")))?
+            .application_name("turnstile");
+        let location = location(&connect);
+        if let Some(schema) = &options.schema {
+            check_schema_name(schema)?;
+            connect = connect.options([("search_path", schema.as_str())]);
+        }
+        if let Some(timeout) = options.statement_timeout {
+            let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
+            connect = connect.options([("statement_timeout", millis.as_str())]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pool_size.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_lazy_with(connect);
+        let store = PostgresStore {
+            pool,
+            location,
+            schema: options.schema.clone(),
+        };
+        retrying!(|_retry| store.prepare_schema(options.existing_only))?;
+        Ok(store)
+    }
+
+    /// The schema version this build reads and writes.
+    pub fn supported_schema_version() -> i64 {
+        MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    async fn prepare_schema(&self, existing_only: bool) -> Result<(), Error> {
+        let supported = Self::supported_schema_version();
+        if let (Some(schema), false) = (&self.schema, existing_only) {
+            create_schema(&self.pool, schema).await?;
+        }
+        match (schema_version(&self.pool).await?, existing_only) {
+            (Some(found), _) if found > supported => Err(Error::SchemaTooNew { found, supported }),
+            (None, true) => Err(Error::NotFound {
+                what: "turnstile schema",
+                id: self.location.clone(),
+            }),
+            (Some(found), true) if found < supported => {
+                Err(Error::SchemaTooOld { found, supported })
+            }
+            (_, true) => Ok(()),
+            (_, false) => MIGRATOR.run(&self.pool).await.map_err(migrate_error),
+        }
+    }
+}
+
+/// Where the store is, for reports: never the password.
+fn location(options: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username())
+    )
+}
+
+/// A schema name is an identifier turnstile creates and quotes itself:
+/// lowercase letters, digits and `_`, not starting with a digit.
+fn check_schema_name(schema: &str) -> Result<(), Error> {
+    let valid = (1..=63).contains(&schema.len())
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !schema.as_bytes()[0].is_ascii_digit();
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "schema name {schema:?}: use 1 to 63 lowercase letters, digits and _, not starting with a digit"
+        )))
+    }
+}
+
+async fn create_schema(pool: &PgPool, schema: &str) -> Result<(), Error> {
+    // An identifier cannot be a bind parameter; the name was checked above.
+    let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+    match sqlx::query(&sql).execute(pool).await {
+        Ok(_) => Ok(()),
+        // Two processes creating it at once: the other one won.
+        Err(e) if super::codec::sqlstate(&e).as_deref() == Some("23505") => Ok(()),
+        Err(e) => Err(db("create schema")(e)),
+    }
+}
+
+/// The highest applied migration, or `None` for a database without the
+/// schema (in the connection's search path).
+pub(crate) async fn schema_version(pool: &PgPool) -> Result<Option<i64>, Error> {
+    let exists =
+        sqlx::query_scalar!(r#"SELECT to_regclass('_sqlx_migrations') IS NOT NULL AS "exists!""#)
+            .fetch_one(pool)
+            .await
+            .map_err(db("read schema version"))?;
+    if !exists {
+        return Ok(None);
+    }
+    // A runtime query: the table is created by the migrator, so the offline
+    // macros cannot describe it before the first migration.
+    sqlx::query_scalar::<_, Option<i64>>("SELECT MAX(version) FROM _sqlx_migrations")
+        .fetch_one(pool)
+        .await
+        .map_err(db("read schema version"))
+}
+
+fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
+    match e {
+        sqlx::migrate::MigrateError::Execute(inner) => db("migrate")(inner),
+        other => Error::Store(turnstile_core::StoreError::new(
+            format!("migrate: {other}"),
+            Some(Box::new(other)),
+        )),
+    }
+}

@@ -1,0 +1,336 @@
+//! The PostgreSQL store: the contract of the embedded SQLite store on a
+//! server that many processes on many machines share.
+//!
+//! Each `Store` method is one transaction on a pooled connection (or one
+//! statement, which commits on its own), so no connection is held across a
+//! model or tool call. Every ownership change is one guarded
+//! `UPDATE admissions … WHERE revision = $n` whose row count decides it;
+//! every write of a run's owner starts with a fenced update of the same row,
+//! which also holds its lock until the step commits, so a takeover waits
+//! for a step in progress and the step after it is fenced. Transient
+//! failures are retried inside the store (`retry.rs`).
+
+mod admission;
+mod codec;
+mod commit;
+mod connect;
+mod ops;
+mod reads;
+mod retry;
+mod summaries;
+mod turns;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::PgPool;
+
+use retry::{autocommit, transaction};
+use turnstile_core::checkpoint::LoopCheckpoint;
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use turnstile_core::message::{Message, Usage};
+use turnstile_core::store::{
+    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
+    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    ToolResult, TranscriptEntry,
+};
+use turnstile_core::Error;
+
+/// Options for [`PostgresStore::connect_with`].
+#[derive(Clone)]
+pub struct PostgresOptions {
+    /// A libpq-style URL: `postgres://user[:password]@host[:port]/database`.
+    pub url: String,
+    /// Connections in the pool. Each step takes one only while its
+    /// transaction runs; concurrent sessions' commits share the server's
+    /// group commit.
+    pub pool_size: u32,
+    /// How long a step waits for a free connection before it fails busy.
+    pub acquire_timeout: Duration,
+    /// The server's `statement_timeout` for every statement; `None` (the
+    /// default) keeps the server's. A statement past it fails busy.
+    pub statement_timeout: Option<Duration>,
+    /// The schema that holds the tables (created if missing); `None` uses
+    /// the connection's `search_path` (normally `public`). Lowercase letters,
+    /// digits and `_`.
+    pub schema: Option<String>,
+    /// Connect only to a database that has this build's schema, and change
+    /// nothing: [`Error::NotFound`] without the schema,
+    /// [`Error::SchemaTooOld`] for an older one. For tools that only look.
+    pub existing_only: bool,
+}
+
+impl PostgresOptions {
+    /// The defaults for `url`: 16 connections, a 30 s acquire timeout, the
+    /// server's statement timeout, the default schema.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            pool_size: 16,
+            acquire_timeout: Duration::from_secs(30),
+            statement_timeout: None,
+            schema: None,
+            existing_only: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    // The URL may hold a password: never print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("pool_size", &self.pool_size)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("schema", &self.schema)
+            .field("existing_only", &self.existing_only)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The PostgreSQL implementation of [`Store`] and
+/// [`StoreAdmin`](turnstile_core::admin::StoreAdmin).
+#[derive(Clone, Debug)]
+pub struct PostgresStore {
+    pool: PgPool,
+    /// `postgres://user@host:port/database`, without the password.
+    location: String,
+    schema: Option<String>,
+}
+
+impl PostgresStore {
+    /// Where the store is, without any password.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Closes every connection of the pool; waits for those in use.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn ensure_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        autocommit!(self, |conn, _retry| admission::ensure_conversation(
+            conn, namespace, id
+        ))
+    }
+
+    async fn conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<Conversation, Error> {
+        autocommit!(self, |conn, _retry| admission::load_conversation(
+            conn, namespace, id
+        ))
+    }
+
+    async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
+        autocommit!(self, |conn, _retry| admission::load_admission(
+            conn,
+            conversation_id
+        ))
+    }
+
+    async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+        transaction!(self, |conn, retry| admission::claim_in(conn, claim, retry))
+    }
+
+    async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
+        transaction!(self, |conn, retry| admission::claim_recovery_in(
+            conn, claim, retry
+        ))
+    }
+
+    async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_request(conn, request_id))
+    }
+
+    async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_run(conn, run_id))
+    }
+
+    async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
+        autocommit!(self, |conn, _retry| turns::save_checkpoints(
+            conn,
+            fence,
+            &[checkpoint]
+        ))
+    }
+
+    async fn record_model_response(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        assistant: &Message,
+    ) -> Result<(), Error> {
+        transaction!(self, |conn, retry| turns::record_model_response_in(
+            conn, fence, checkpoint, assistant, retry
+        ))
+    }
+
+    async fn record_tool_result(
+        &self,
+        fence: &Fence,
+        turn: u32,
+        call_id: &str,
+        result: &ToolResult,
+    ) -> Result<(), Error> {
+        autocommit!(self, |conn, retry| turns::record_tool_result(
+            conn, fence, turn, call_id, result, retry
+        ))
+    }
+
+    async fn finish_turn(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        messages: &[Message],
+        next: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
+        let first_seq = checkpoint
+            .message_count
+            .checked_sub(messages.len() as u64)
+            .ok_or_else(|| {
+                Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
+            })?;
+        transaction!(self, |conn, retry| turns::finish_turn_in(
+            conn, fence, checkpoint, first_seq, messages, next, retry
+        ))
+    }
+
+    async fn commit(
+        &self,
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        final_message: &Message,
+    ) -> Result<StoredOutcome, Error> {
+        transaction!(self, |conn, retry| commit::commit_in(
+            conn,
+            fence,
+            checkpoint,
+            final_message,
+            retry
+        ))
+    }
+
+    async fn fail_run(
+        &self,
+        fence: &Fence,
+        error: &str,
+        settled: Option<&LoopCheckpoint>,
+    ) -> Result<(), Error> {
+        transaction!(self, |conn, _retry| turns::fail_run_in(
+            conn, fence, error, settled
+        ))
+    }
+
+    async fn abandon(
+        &self,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        expected_revision: Revision,
+    ) -> Result<Revision, Error> {
+        transaction!(self, |conn, retry| admission::abandon_in(
+            conn,
+            conversation_id,
+            request_id,
+            expected_revision,
+            retry
+        ))
+    }
+
+    async fn transcript_window(
+        &self,
+        conversation_id: ConversationId,
+        limit: u32,
+    ) -> Result<Vec<TranscriptEntry>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_transcript_window(
+            conn,
+            conversation_id,
+            limit
+        ))
+    }
+
+    async fn transcript_range(
+        &self,
+        conversation_id: ConversationId,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TranscriptEntry>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_transcript_range(
+            conn,
+            conversation_id,
+            from,
+            to
+        ))
+    }
+
+    async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error> {
+        let mut checkpoints = autocommit!(self, |conn, _retry| reads::load_checkpoints(
+            conn, run_id, true
+        ))?;
+        Ok(checkpoints.pop())
+    }
+
+    async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_checkpoints(
+            conn, run_id, false
+        ))
+    }
+
+    async fn request_messages(
+        &self,
+        request_id: RequestId,
+        count: u64,
+    ) -> Result<Vec<Message>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_request_messages(
+            conn, request_id, count
+        ))
+    }
+
+    async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error> {
+        autocommit!(self, |conn, _retry| reads::load_journal(
+            conn, request_id, turn
+        ))
+    }
+
+    async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
+        autocommit!(self, |conn, _retry| admission::load_recovery_usage(
+            conn, request_id
+        ))
+    }
+
+    async fn latest_summary(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<StoredSummary>, Error> {
+        autocommit!(self, |conn, _retry| summaries::load_latest_summary(
+            conn,
+            conversation_id
+        ))
+    }
+
+    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
+        transaction!(self, |conn, _retry| summaries::record_summary_pass_in(
+            conn, fence, pass
+        ))
+    }
+
+    async fn commit_summary(
+        &self,
+        fence: &Fence,
+        summary: &SummaryCommit,
+    ) -> Result<StoredSummary, Error> {
+        transaction!(self, |conn, _retry| summaries::commit_summary_in(
+            conn, fence, summary
+        ))
+    }
+}

@@ -1,0 +1,75 @@
+//! The operations contract ([`StoreAdmin`](turnstile_core::admin::StoreAdmin))
+//! on PostgreSQL: listings, retention, health and storage figures.
+
+mod doctor;
+mod list;
+mod prune;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use turnstile_core::admin::{
+    ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport, RequestSummary,
+    RunSummary, StorageReport, StoreAdmin,
+};
+use turnstile_core::ids::{ConversationId, RunId};
+use turnstile_core::Error;
+
+use super::codec::now_ms;
+use super::PostgresStore;
+
+#[async_trait]
+impl StoreAdmin for PostgresStore {
+    async fn list_conversations(
+        &self,
+        filter: &ListFilter,
+    ) -> Result<Vec<ConversationSummary>, Error> {
+        list::list_conversations(self, filter).await
+    }
+
+    async fn conversation_summary(
+        &self,
+        id: ConversationId,
+        stale_after: Duration,
+    ) -> Result<Option<ConversationSummary>, Error> {
+        list::one_conversation(self, id, stale_after).await
+    }
+
+    async fn list_requests(&self, filter: &ListFilter) -> Result<Vec<RequestSummary>, Error> {
+        list::list_requests(self, filter).await
+    }
+
+    async fn list_runs(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, Error> {
+        list::list_runs(self, filter).await
+    }
+
+    async fn run_summary(
+        &self,
+        run_id: RunId,
+        stale_after: Duration,
+    ) -> Result<Option<RunSummary>, Error> {
+        list::one_run(self, run_id, stale_after).await
+    }
+
+    async fn prune(&self, options: &PruneOptions) -> Result<PruneReport, Error> {
+        prune::prune(self, options).await
+    }
+
+    async fn doctor(&self, stale_after: Duration) -> Result<DoctorReport, Error> {
+        doctor::doctor(self, stale_after).await
+    }
+
+    async fn storage(&self) -> Result<StorageReport, Error> {
+        doctor::storage(self).await
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        PostgresStore::close(self).await;
+        Ok(())
+    }
+}
+
+/// Unix milliseconds `age` ago.
+fn cutoff(age: Duration) -> i64 {
+    now_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,404 @@
+//! Reads: requests, runs, transcript, checkpoints, pending messages, journal.
+//! A request or run found by its id alone is found through `request_ids`
+//! or the run-id index; everything else by its conversation's key.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::codec::{db, text, to_i64, Row};
+use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
+use turnstile_core::ids::{ConversationId, RequestId, RunId};
+use turnstile_core::message::{Message, VerificationReport};
+use turnstile_core::store::columns::decode_message;
+use turnstile_core::store::{
+    JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus, StoredOutcome,
+    ToolResult, TranscriptEntry,
+};
+use turnstile_core::Error;
+
+pub(crate) async fn load_run(
+    conn: &mut PgConnection,
+    run_id: RunId,
+) -> Result<Option<RunRecord>, Error> {
+    let Some(row) = sqlx::query!(
+        "SELECT request_id, resumed_from, status, error, started_at, ended_at
+         FROM runs WHERE run_id = $1",
+        run_id.as_uuid()
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load run"))?
+    else {
+        return Ok(None);
+    };
+    let key = Row {
+        table: "runs",
+        key: &run_id,
+    };
+    Ok(Some(RunRecord {
+        run_id,
+        request_id: key.checked_id::<RequestId>("request_id", row.request_id)?,
+        resumed_from: row
+            .resumed_from
+            .map(|r| key.checked_id("resumed_from", r))
+            .transpose()?,
+        status: RunStatus::parse(&row.status)
+            .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?,
+        error: row.error.map(|e| text(&key, "error", e)).transpose()?,
+        started_at: row.started_at,
+        ended_at: row.ended_at,
+    }))
+}
+
+pub(crate) async fn load_transcript_window(
+    conn: &mut PgConnection,
+    conversation_id: ConversationId,
+    limit: u32,
+) -> Result<Vec<TranscriptEntry>, Error> {
+    let rows = sqlx::query!(
+        "SELECT seq, request_id, role, content, meta FROM transcript WHERE conversation_id = $1
+         ORDER BY seq DESC LIMIT $2",
+        conversation_id.as_uuid(),
+        i64::from(limit)
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load transcript window"))?;
+    let mut entries = rows
+        .into_iter()
+        .map(|r| {
+            transcript_entry(
+                conversation_id,
+                r.seq,
+                r.request_id,
+                &r.role,
+                r.content,
+                r.meta,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    entries.reverse();
+    Ok(entries)
+}
+
+pub(crate) async fn load_transcript_range(
+    conn: &mut PgConnection,
+    conversation_id: ConversationId,
+    from: u64,
+    to: u64,
+) -> Result<Vec<TranscriptEntry>, Error> {
+    let rows = sqlx::query!(
+        "SELECT seq, request_id, role, content, meta FROM transcript
+         WHERE conversation_id = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
+        conversation_id.as_uuid(),
+        to_i64(from),
+        to_i64(to)
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load transcript range"))?;
+    rows.into_iter()
+        .map(|r| {
+            transcript_entry(
+                conversation_id,
+                r.seq,
+                r.request_id,
+                &r.role,
+                r.content,
+                r.meta,
+            )
+        })
+        .collect()
+}
+
+/// A run's checkpoints, oldest first; only the latest if `latest_only`.
+pub(crate) async fn load_checkpoints(
+    conn: &mut PgConnection,
+    run_id: RunId,
+    latest_only: bool,
+) -> Result<Vec<LoopCheckpoint>, Error> {
+    let limit: Option<i64> = latest_only.then_some(1);
+    let rows = sqlx::query!(
+        "SELECT c.turn, c.phase, c.input_tokens, c.output_tokens, c.cache_read_tokens,
+                c.cache_write_tokens, c.tool_calls_count, c.reports_count, c.message_count,
+                c.created_at, r.conversation_id, r.request_id
+         FROM runs r JOIN loop_checkpoints c
+             ON c.conversation_id = r.conversation_id AND c.run_id = r.run_id
+         WHERE r.run_id = $1 ORDER BY c.turn DESC LIMIT $2",
+        run_id.as_uuid(),
+        limit
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load checkpoints"))?;
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let most = rows.iter().map(|r| r.reports_count).max().unwrap_or(0);
+    let reports = load_reports(conn, first.conversation_id, first.request_id, most).await?;
+    let mut checkpoints = rows
+        .into_iter()
+        .map(|r| {
+            let key = format!("{run_id}/{}", r.turn);
+            let row = Row {
+                table: "loop_checkpoints",
+                key: &key,
+            };
+            let count = usize::try_from(row.u64("reports_count", r.reports_count)?)
+                .map_err(|_| row.corrupt("reports_count out of range"))?;
+            Ok(LoopCheckpoint {
+                run_id,
+                turn: row.u32("turn", r.turn)?,
+                phase: CheckpointPhase::parse(&r.phase)
+                    .ok_or_else(|| row.corrupt(format!("unknown phase {:?}", r.phase)))?,
+                usage: row.usage(
+                    r.input_tokens,
+                    r.output_tokens,
+                    r.cache_read_tokens,
+                    r.cache_write_tokens,
+                )?,
+                tool_calls_count: row.u64("tool_calls_count", r.tool_calls_count)?,
+                // `reports` holds the most any row counts: each row's prefix.
+                verification_reports: reports.iter().take(count).cloned().collect(),
+                message_count: row.u64("message_count", r.message_count)?,
+                created_at: r.created_at,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    checkpoints.reverse();
+    Ok(checkpoints)
+}
+
+pub(crate) async fn load_request_messages(
+    conn: &mut PgConnection,
+    request_id: RequestId,
+    count: u64,
+) -> Result<Vec<Message>, Error> {
+    let rows = sqlx::query!(
+        "SELECT m.seq, m.role, m.content, m.meta
+         FROM request_ids k JOIN run_messages m
+             ON m.conversation_id = k.conversation_id AND m.request_id = k.request_id
+         WHERE k.request_id = $1 AND m.seq < $2 ORDER BY m.seq",
+        request_id.as_uuid(),
+        to_i64(count)
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load run messages"))?;
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let key = format!("{request_id}/{}", r.seq);
+            let row = Row {
+                table: "run_messages",
+                key: &key,
+            };
+            // A gap means a message of the request is missing: never
+            // resume from a transcript with a hole in it.
+            if r.seq != i as i64 {
+                return Err(row.corrupt(format!("expected seq {i}")));
+            }
+            let content = text(&row, "content", r.content)?;
+            decode_message(&row, &r.role, content, r.meta.as_deref())
+        })
+        .collect()
+}
+
+pub(crate) async fn load_journal(
+    conn: &mut PgConnection,
+    request_id: RequestId,
+    turn: u32,
+) -> Result<Vec<JournalEntry>, Error> {
+    let rows = sqlx::query!(
+        "SELECT t.turn, t.call_id, t.run_id, t.name, t.arguments, t.status, t.result
+         FROM request_ids k JOIN tool_calls t
+             ON t.conversation_id = k.conversation_id AND t.request_id = k.request_id
+         WHERE k.request_id = $1 AND t.turn = $2 ORDER BY t.position",
+        request_id.as_uuid(),
+        i64::from(turn)
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load tool journal"))?;
+    rows.into_iter()
+        .map(|r| {
+            let key = format!("{request_id}/{}", r.turn);
+            let row = Row {
+                table: "tool_calls",
+                key: &key,
+            };
+            let status = JournalStatus::parse(&r.status)
+                .ok_or_else(|| row.corrupt(format!("unknown status {:?}", r.status)))?;
+            let result = match (status, r.result) {
+                (JournalStatus::Requested, _) | (_, None) => None,
+                (_, Some(content)) => Some(ToolResult {
+                    content: text(&row, "result", content)?,
+                    is_error: status == JournalStatus::Failed,
+                }),
+            };
+            Ok(JournalEntry {
+                turn: row.u32("turn", r.turn)?,
+                call_id: text(&row, "call_id", r.call_id)?,
+                run_id: row.checked_id::<RunId>("run_id", r.run_id)?,
+                name: text(&row, "name", r.name)?,
+                arguments: r
+                    .arguments
+                    .map(|a| text(&row, "arguments", a))
+                    .transpose()?,
+                status,
+                result,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn load_request(
+    conn: &mut PgConnection,
+    request_id: RequestId,
+) -> Result<Option<RequestRecord>, Error> {
+    // A completed request's outcome: its columns plus the totals of the
+    // committing run's last (`completed`) checkpoint.
+    let Some(row) = sqlx::query!(
+        r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
+                  r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
+                  c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
+                  c.output_tokens AS "output_tokens?", c.cache_read_tokens AS "cache_read_tokens?",
+                  c.cache_write_tokens AS "cache_write_tokens?",
+                  c.tool_calls_count AS "tool_calls_count?", c.reports_count AS "reports_count?"
+           FROM request_ids k
+           JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
+           LEFT JOIN LATERAL (
+               SELECT * FROM loop_checkpoints l
+               WHERE l.conversation_id = r.conversation_id AND l.run_id = r.committed_run_id
+               ORDER BY l.turn DESC LIMIT 1
+           ) c ON true
+           WHERE k.request_id = $1"#,
+        request_id.as_uuid()
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load request"))?
+    else {
+        return Ok(None);
+    };
+    let key = Row {
+        table: "requests",
+        key: &request_id,
+    };
+    let status = RequestStatus::parse(&row.status)
+        .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?;
+    let outcome = if status == RequestStatus::Completed {
+        let missing = |what: &str| key.corrupt(format!("completed without {what}"));
+        let run = row
+            .committed_run_id
+            .ok_or_else(|| missing("committed_run_id"))?;
+        let turn = row.turn.ok_or_else(|| missing("a completed checkpoint"))?;
+        if row.phase.as_deref() != Some(CheckpointPhase::Completed.as_str()) {
+            return Err(missing("a completed checkpoint as its run's last"));
+        }
+        let reports_count = row.reports_count.unwrap_or(0);
+        Some(StoredOutcome {
+            run_id: key.checked_id::<RunId>("committed_run_id", run)?,
+            usage: key.usage(
+                row.input_tokens.unwrap_or(0),
+                row.output_tokens.unwrap_or(0),
+                row.cache_read_tokens.unwrap_or(0),
+                row.cache_write_tokens.unwrap_or(0),
+            )?,
+            turns: key.u32("turn", turn)?,
+            tool_calls: key.u64("tool_calls_count", row.tool_calls_count.unwrap_or(0))?,
+            verification_reports: load_reports(
+                conn,
+                row.conversation_id,
+                request_id.as_uuid(),
+                reports_count,
+            )
+            .await?,
+            conversation_version: key.u64(
+                "conversation_version",
+                row.conversation_version
+                    .ok_or_else(|| missing("conversation_version"))?,
+            )?,
+            first_seq: key.u64(
+                "first_seq",
+                row.first_seq.ok_or_else(|| missing("first_seq"))?,
+            )?,
+            end_seq: key.u64("end_seq", row.end_seq.ok_or_else(|| missing("end_seq"))?)?,
+        })
+    } else {
+        None
+    };
+    Ok(Some(RequestRecord {
+        request_id,
+        conversation_id: key.checked_id("conversation_id", row.conversation_id)?,
+        input_sha256: key.hash("input_sha256", &row.input_sha256)?,
+        status,
+        outcome,
+        created_at: row.created_at,
+        completed_at: row.completed_at,
+    }))
+}
+
+/// The first `count` verification reports of a request; fewer is corrupt.
+async fn load_reports(
+    conn: &mut PgConnection,
+    conversation: Uuid,
+    request: Uuid,
+    count: i64,
+) -> Result<Vec<VerificationReport>, Error> {
+    if count <= 0 {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query!(
+        "SELECT seq, turn, passed, detail FROM verification_reports
+         WHERE conversation_id = $1 AND request_id = $2 AND seq < $3 ORDER BY seq",
+        conversation,
+        request,
+        count
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load verification reports"))?;
+    if rows.len() as i64 != count {
+        return Err(Error::Corrupt {
+            table: "verification_reports",
+            key: request.to_string(),
+            reason: format!("expected {count} reports, found {}", rows.len()),
+        });
+    }
+    rows.into_iter()
+        .map(|r| {
+            let key = format!("{request}/{}", r.seq);
+            let row = Row {
+                table: "verification_reports",
+                key: &key,
+            };
+            Ok(VerificationReport {
+                turn: row.u32("turn", r.turn)?,
+                passed: r.passed,
+                detail: text(&row, "detail", r.detail)?,
+            })
+        })
+        .collect()
+}
+
+fn transcript_entry(
+    conversation_id: ConversationId,
+    seq: i64,
+    request_id: Uuid,
+    role: &str,
+    content: Vec<u8>,
+    meta: Option<String>,
+) -> Result<TranscriptEntry, Error> {
+    let key = format!("{conversation_id}/{seq}");
+    let row = Row {
+        table: "transcript",
+        key: &key,
+    };
+    let content = text(&row, "content", content)?;
+    Ok(TranscriptEntry {
+        seq: row.u64("seq", seq)?,
+        request_id: row.checked_id::<RequestId>("request_id", request_id)?,
+        message: decode_message(&row, role, content, meta.as_deref())?,
+    })
+}
