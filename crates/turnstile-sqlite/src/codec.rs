@@ -59,4 +59,3 @@ fn is_sqlite_full(error: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
-

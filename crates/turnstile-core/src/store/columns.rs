@@ -98,7 +98,9 @@ pub fn message_columns(message: &Message) -> Result<(String, String, Option<Stri
     let serde_json::Value::Object(mut fields) = serde_json::to_value(message)
         .map_err(|e| Error::InvalidInput(format!("message cannot be serialized: {e}")))?
     else {
-        return Err(Error::InvalidInput("a message serializes to an object".into()));
+        return Err(Error::InvalidInput(
+            "a message serializes to an object".into(),
+        ));
     };
     let role = match fields.remove("role") {
         Some(serde_json::Value::String(role)) => role,
@@ -173,6 +175,9 @@ mod tests {
             let back = decode_message(&key, &role, content, meta.as_deref()).expect("decode");
             assert_eq!(back, message);
         }
-        assert_eq!(message_columns(&Message::user("x")).expect("columns").2, None);
+        assert_eq!(
+            message_columns(&Message::user("x")).expect("columns").2,
+            None
+        );
     }
 }
