@@ -38,6 +38,14 @@ impl PostgresStore {
     /// [`Error::SchemaTooOld`] for an older one.
     #[instrument(skip_all, err)]
     pub async fn connect_with(options: PostgresOptions) -> Result<Self, Error> {
+        if !["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| options.url.starts_with(scheme))
+        {
+            return Err(Error::InvalidInput(
+                "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
+            ));
+        }
         let mut connect = PgConnectOptions::from_str(&options.url)
             .map_err(|e| Error::InvalidInput(format!("PostgreSQL URL: {e}")))?
             .application_name("turnstile");
