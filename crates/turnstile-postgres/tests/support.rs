@@ -1,9 +1,9 @@
 //! Stores on the test server: one database per test binary, a schema of its
+//! own per test (created by the store), so tests never see each other's
+//! rows and a test costs no `CREATE DATABASE`.
 
 // Each test binary uses only part of this module.
 #![allow(dead_code)]
-//! own per test (created by the store), so tests never see each other's
-//! rows and a test costs no `CREATE DATABASE`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
