@@ -5,14 +5,14 @@
 use sqlx::PgConnection;
 
 use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::save_checkpoints;
-use turnstile_core::checkpoint::CheckpointPhase;
+use super::turns::{CheckpointColumns, ReportColumns};
+use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
 use turnstile_core::store::columns::message_columns;
 use turnstile_core::store::{
     ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
-    RequestStatus, SummaryPass, SummaryProgress,
+    RequestRecord, RequestStatus, SummaryPass, SummaryProgress,
 };
 use turnstile_core::Error;
 
@@ -260,41 +260,77 @@ fn fence_at(conversation_id: ConversationId, revision: i64) -> Result<Revision, 
     .map(Revision)
 }
 
-/// The claim, inside its transaction: the request id is taken store-wide
-/// first (a request id already taken is that request, whatever its
-/// conversation), then the admission's compare-and-swap records the
-/// request, its first run and its input in one statement.
-pub(crate) async fn claim_in(
+/// The claim as one statement: the admission's compare-and-swap, only
+/// while the request id is not taken anywhere in the store, records the
+/// request, its id in `request_ids`, its first run, its input and the first
+/// turn's write-ahead when it starts now. A request id already taken is that
+/// request, whatever its conversation.
+pub(crate) async fn claim(
     conn: &mut PgConnection,
     claim: &NewRequest,
     retry: bool,
 ) -> Result<ClaimOutcome, Error> {
-    let conversation = claim.conversation_id.as_uuid();
-    let request = claim.request_id.as_uuid();
-    let taken = sqlx::query_scalar!(
-        "INSERT INTO request_ids (request_id, conversation_id) VALUES ($1, $2)
-         ON CONFLICT DO NOTHING RETURNING request_id",
-        request,
-        conversation
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db("reserve request id"))?;
-    if taken.is_none() {
-        return existing(conn, claim, retry).await;
+    // A claim of the same id elsewhere that committed after this statement's
+    // snapshot makes its `request_ids` insert fail: the second try sees it.
+    let input = message_columns(&claim.input)?;
+    let mut attempt = 0;
+    let claimed = loop {
+        match claim_statement(conn, claim, &input).await {
+            Err(e) if attempt == 0 && super::codec::is_unique_violation(&e) => attempt += 1,
+            result => break result.map_err(db("claim admission"))?,
+        }
+    };
+    if let Some(revision) = claimed {
+        return Ok(ClaimOutcome::Admitted(Fence {
+            conversation_id: claim.conversation_id,
+            request_id: claim.request_id,
+            run_id: claim.run_id,
+            revision: fence_at(claim.conversation_id, revision)?,
+        }));
     }
-    let (role, content, meta) = message_columns(&claim.input)?;
-    let now = now_ms();
-    let claimed = sqlx::query_scalar!(
-        r#"WITH claimed AS (
+    if let Some(record) = super::reads::load_request(conn, claim.request_id).await? {
+        return existing(conn, claim, record, retry).await;
+    }
+    Err(diagnose(
+        conn,
+        Wanted::Idle,
+        claim.conversation_id,
+        claim.request_id,
+        claim.expected_revision,
+    )
+    .await)
+}
+
+/// The claim's one statement: the new revision, or `None` when the
+/// admission was not idle at the expected revision or the id is taken.
+async fn claim_statement(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    (role, content, meta): &(String, String, Option<String>),
+) -> Result<Option<i64>, sqlx::Error> {
+    let first: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
+    let checkpoints = CheckpointColumns::of(&first);
+    let reports = ReportColumns::of(&first);
+    let usage = claim
+        .first_turn
+        .as_ref()
+        .map(|c| c.usage)
+        .unwrap_or_default();
+    sqlx::query_scalar!(
+        r#"WITH taken AS (
+               SELECT 1 FROM request_ids WHERE request_id = $1
+           ), claimed AS (
                UPDATE admissions
                SET active_request_id = $1, input_sha256 = $2, run_id = $3, agent_fingerprint = $4,
-                   input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
-                   summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
-                   summary_version = NULL, summary_prompt_sha256 = NULL,
-                   revision = revision + 1, updated_at = $5
+                   input_tokens = $11, output_tokens = $12, cache_read_tokens = $13,
+                   cache_write_tokens = $14, summary_passes = 0, summary_from_seq = NULL,
+                   summary_through_seq = NULL, summary_version = NULL,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $5
                WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM taken)
                RETURNING revision
+           ), reserved AS (
+               INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
                INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at)
                SELECT $6, $1, $2, 'active', $5 FROM claimed
@@ -305,44 +341,54 @@ pub(crate) async fn claim_in(
                INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role,
                    content, meta)
                SELECT $6, $1, 0, $3, 0, $8, $9, $10 FROM claimed
+           ), first_turn AS (
+               INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
+                   output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+                   reports_count, message_count, created_at)
+               SELECT $6, $3, c.turn, c.phase, c.input, c.output, c.cache_read, c.cache_write,
+                   c.tool_calls, c.reports, c.messages, $5
+               FROM claimed, UNNEST($15::bigint[], $16::text[], $17::bigint[], $18::bigint[],
+                   $19::bigint[], $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[])
+                   AS c(turn, phase, input, output, cache_read, cache_write, tool_calls, reports,
+                        messages)
+           ), reports AS (
+               INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
+                   detail)
+               SELECT $6, $1, r.seq, r.turn, r.passed, r.detail
+               FROM claimed, UNNEST($24::bigint[], $25::bigint[], $26::boolean[], $27::bytea[])
+                   AS r(seq, turn, passed, detail)
            )
            SELECT revision AS "revision!" FROM claimed"#,
-        request,
+        claim.request_id.as_uuid(),
         &claim.input_sha256.0[..],
         claim.run_id.as_uuid(),
         claim.agent_fingerprint,
-        now,
-        conversation,
+        now_ms(),
+        claim.conversation_id.as_uuid(),
         to_i64(claim.expected_revision.0),
         role,
         content.as_bytes(),
-        meta
+        meta.as_deref(),
+        to_i64(usage.input_tokens),
+        to_i64(usage.output_tokens),
+        to_i64(usage.cache_read_tokens),
+        to_i64(usage.cache_write_tokens),
+        &checkpoints.turns,
+        &checkpoints.phases as &[&str],
+        &checkpoints.inputs,
+        &checkpoints.outputs,
+        &checkpoints.cache_reads,
+        &checkpoints.cache_writes,
+        &checkpoints.tool_calls,
+        &checkpoints.reports,
+        &checkpoints.message_counts,
+        &reports.seqs,
+        &reports.turns,
+        &reports.passed,
+        &reports.details as &[&[u8]]
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("claim admission"))?;
-    let Some(revision) = claimed else {
-        return Err(diagnose(
-            conn,
-            Wanted::Idle,
-            claim.conversation_id,
-            claim.request_id,
-            claim.expected_revision,
-        )
-        .await);
-    };
-    let fence = Fence {
-        conversation_id: claim.conversation_id,
-        request_id: claim.request_id,
-        run_id: claim.run_id,
-        revision: fence_at(claim.conversation_id, revision)?,
-    };
-    // No checkpoint unless the first turn starts now: a run without one is
-    // at its start.
-    if let Some(first_turn) = &claim.first_turn {
-        save_checkpoints(conn, &fence, &[first_turn]).await?;
-    }
-    Ok(ClaimOutcome::Admitted(fence))
 }
 
 /// A claim of a request id that is taken: the request as stored. A retry
@@ -351,17 +397,9 @@ pub(crate) async fn claim_in(
 async fn existing(
     conn: &mut PgConnection,
     claim: &NewRequest,
+    record: RequestRecord,
     retry: bool,
 ) -> Result<ClaimOutcome, Error> {
-    let Some(record) = super::reads::load_request(conn, claim.request_id).await? else {
-        return Err(Error::Store(turnstile_core::StoreError::new(
-            format!(
-                "request id {} is reserved without its request",
-                claim.request_id
-            ),
-            None,
-        )));
-    };
     if retry && record.status == RequestStatus::Active {
         let admission = load_admission(conn, record.conversation_id).await?;
         if admission

@@ -29,6 +29,11 @@ pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
     Some(error.as_database_error()?.code()?.into_owned())
 }
 
+/// A unique-key violation (SQLSTATE 23505).
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    sqlstate(error).as_deref() == Some("23505")
+}
+
 /// Text a model, tool or user wrote, decoded from its stored UTF-8.
 pub(crate) fn text(row: &Row<'_>, column: &str, bytes: Vec<u8>) -> Result<String, Error> {
     String::from_utf8(bytes).map_err(|_| row.corrupt(format!("{column} is not UTF-8")))

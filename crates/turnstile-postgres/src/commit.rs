@@ -1,4 +1,4 @@
-//! The commit: one transaction that appends the request's messages to the
+//! The commit: one statement that appends the request's messages to the
 //! transcript, bumps the conversation version, stores the outcome for replay,
 //! releases the admission and completes the run. There is no moment where
 //! the answer is committed but the conversation is still held.
@@ -6,16 +6,15 @@
 use sqlx::PgConnection;
 
 use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::{fenced, save_checkpoints};
-use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
+use super::turns::{fenced, ReportColumns};
+use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
 use turnstile_core::store::columns::message_columns;
 use turnstile_core::store::{Fence, RequestStatus, StoredOutcome};
 use turnstile_core::Error;
 
-/// The commit, inside its transaction: the `completed` checkpoint (the
-/// fence), then one statement for everything else.
-pub(crate) async fn commit_in(
+/// The commit, one statement.
+pub(crate) async fn commit(
     conn: &mut PgConnection,
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
@@ -37,17 +36,15 @@ pub(crate) async fn commit_in(
             return Ok(outcome);
         }
     }
-    // The committed turn's checkpoint holds the outcome's totals; saving it
-    // is the fence.
-    let completed = LoopCheckpoint {
-        phase: CheckpointPhase::Completed,
-        ..checkpoint.clone()
-    };
-    save_checkpoints(conn, fence, &[&completed]).await?;
     let (role, content, meta) = message_columns(final_message)?;
     let now = now_ms();
-    // The pending messages leave `run_messages` and enter the transcript
-    // after its current end, with the final answer, in one pass.
+    let usage = checkpoint.usage;
+    let turn = [checkpoint];
+    let reports = ReportColumns::of(&turn);
+    // The fence is the release itself. The committed turn's `completed`
+    // checkpoint holds the outcome's totals; the pending messages leave
+    // `run_messages` and enter the transcript after its current end, with
+    // the final answer, in one pass.
     let placed = sqlx::query!(
         r#"WITH released AS (
                UPDATE admissions
@@ -57,7 +54,29 @@ pub(crate) async fn commit_in(
                    summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
                    summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1
                WHERE conversation_id = $2 AND revision = $3 AND run_id = $4
+                 AND active_request_id = $5
                RETURNING conversation_id
+           ), completed AS (
+               INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
+                   output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+                   reports_count, message_count, created_at)
+               SELECT conversation_id, $4, $10, 'completed', $11, $12, $13, $14, $15, $16, $17, $1
+               FROM released
+               ON CONFLICT (conversation_id, run_id, turn) DO UPDATE SET
+                   phase = EXCLUDED.phase, input_tokens = EXCLUDED.input_tokens,
+                   output_tokens = EXCLUDED.output_tokens,
+                   cache_read_tokens = EXCLUDED.cache_read_tokens,
+                   cache_write_tokens = EXCLUDED.cache_write_tokens,
+                   tool_calls_count = EXCLUDED.tool_calls_count,
+                   reports_count = EXCLUDED.reports_count,
+                   message_count = EXCLUDED.message_count, created_at = EXCLUDED.created_at
+           ), reports AS (
+               INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
+                   detail)
+               SELECT f.conversation_id, $5, r.seq, r.turn, r.passed, r.detail
+               FROM released f, UNNEST($18::bigint[], $19::bigint[], $20::boolean[],
+                   $21::bytea[]) AS r(seq, turn, passed, detail)
+               ON CONFLICT DO NOTHING
            ), placed AS (
                UPDATE conversations c SET version = c.version + 1
                FROM released r WHERE c.conversation_id = r.conversation_id
@@ -94,7 +113,19 @@ pub(crate) async fn commit_in(
         to_i64(final_seq),
         role,
         content.as_bytes(),
-        meta
+        meta,
+        i64::from(checkpoint.turn),
+        to_i64(usage.input_tokens),
+        to_i64(usage.output_tokens),
+        to_i64(usage.cache_read_tokens),
+        to_i64(usage.cache_write_tokens),
+        to_i64(checkpoint.tool_calls_count),
+        checkpoint.verification_reports.len() as i64,
+        to_i64(checkpoint.message_count),
+        &reports.seqs,
+        &reports.turns,
+        &reports.passed,
+        &reports.details as &[&[u8]]
     )
     .fetch_optional(&mut *conn)
     .await

@@ -1,14 +1,16 @@
 //! The PostgreSQL store: the contract of the embedded SQLite store on a
 //! server that many processes on many machines share.
 //!
-//! Each `Store` method is one transaction on a pooled connection (or one
-//! statement, which commits on its own), so no connection is held across a
-//! model or tool call. Every ownership change is one guarded
-//! `UPDATE admissions … WHERE revision = $n` whose row count decides it;
-//! every write of a run's owner starts with a fenced update of the same row,
-//! which also holds its lock until the step commits, so a takeover waits
-//! for a step in progress and the step after it is fenced. Transient
-//! failures are retried inside the store (`retry.rs`).
+//! Each durable step is one statement that commits on its own (one round
+//! trip): a claim, each turn write, a tool result, a commit; a recovery
+//! claim, an abandon and the summary writes are one short transaction. So
+//! no connection is held across a model or tool call. Every ownership
+//! change is one guarded `UPDATE admissions … WHERE revision = $n` whose
+//! row count decides it; every write of a run's owner starts with a fenced
+//! update of the same row, which also holds its lock until the step
+//! commits, so a takeover waits for a step in progress and the step after it
+//! is fenced. Transient failures are retried inside the store (`retry.rs`).
+//! The schema is ready for a distributed Postgres (`docs/scale-out.md`).
 
 mod admission;
 mod codec;
@@ -140,7 +142,7 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        transaction!(self, |conn, retry| admission::claim_in(conn, claim, retry))
+        autocommit!(self, |conn, retry| admission::claim(conn, claim, retry))
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
@@ -158,10 +160,8 @@ impl Store for PostgresStore {
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        autocommit!(self, |conn, _retry| turns::save_checkpoints(
-            conn,
-            fence,
-            &[checkpoint]
+        autocommit!(self, |conn, _retry| turns::begin_turn(
+            conn, fence, checkpoint
         ))
     }
 
@@ -171,7 +171,7 @@ impl Store for PostgresStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        transaction!(self, |conn, retry| turns::record_model_response_in(
+        autocommit!(self, |conn, retry| turns::record_model_response(
             conn, fence, checkpoint, assistant, retry
         ))
     }
@@ -201,7 +201,7 @@ impl Store for PostgresStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        transaction!(self, |conn, retry| turns::finish_turn_in(
+        autocommit!(self, |conn, retry| turns::finish_turn(
             conn, fence, checkpoint, first_seq, messages, next, retry
         ))
     }
@@ -212,7 +212,7 @@ impl Store for PostgresStore {
         checkpoint: &LoopCheckpoint,
         final_message: &Message,
     ) -> Result<StoredOutcome, Error> {
-        transaction!(self, |conn, retry| commit::commit_in(
+        autocommit!(self, |conn, retry| commit::commit(
             conn,
             fence,
             checkpoint,
@@ -227,7 +227,7 @@ impl Store for PostgresStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        transaction!(self, |conn, _retry| turns::fail_run_in(
+        autocommit!(self, |conn, _retry| turns::fail_run(
             conn, fence, error, settled
         ))
     }

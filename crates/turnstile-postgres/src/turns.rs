@@ -1,66 +1,154 @@
-//! The writes of a run's owner during its turns. Each starts with its
-//! fence: an update of the admission row that matches only while the
-//! admission still names the owner's run and revision, and that holds the
-//! row's lock until the step commits. If the admission moved on, nothing is
-//! written and the owner gets [`Error::Fenced`]. The fence also records the
-//! step as the admission's latest activity, and a checkpoint's usage as the
-//! request's latest usage (what SQLite's triggers do).
+//! The writes of a run's owner during its turns, each one statement that
+//! commits on its own: one round trip per step. The statement starts with
+//! its fence, an update of the admission row that matches only while the
+//! admission still names the owner's run and revision (and holds the row's
+//! lock until the statement commits); every other part of the statement
+//! writes only rows joined to that fence. If the admission moved on,
+//! nothing is written and the owner gets [`Error::Fenced`]. The fence also
+//! records the step as the admission's latest activity, and a checkpoint's
+//! usage as the request's latest usage (what SQLite's triggers do).
 
 use sqlx::PgConnection;
 
 use super::codec::{db, now_ms, to_i64};
 use turnstile_core::checkpoint::LoopCheckpoint;
-use turnstile_core::message::Message;
+use turnstile_core::message::{Message, ToolCall};
 use turnstile_core::store::columns::message_columns;
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
 
+/// What one step writes besides its fence.
+#[derive(Default)]
+pub(crate) struct Step<'a> {
+    /// Checkpoint rows, each replacing its turn's (a turn's, and the next
+    /// turn's write-ahead); the last one's usage becomes the admission's.
+    pub checkpoints: &'a [&'a LoopCheckpoint],
+    /// Pending messages appended at `first_seq..`, of turn `turn`.
+    pub messages: Option<Appended<'a>>,
+    /// Tool calls journaled as requested, in turn `turn`.
+    pub tool_calls: Option<(u32, &'a [ToolCall])>,
+    /// A turn whose journal rows lose their arguments and results (its
+    /// calls and results are messages now).
+    pub compact_turn: Option<u32>,
+    /// The run stopped: it is marked failed with this error.
+    pub failure: Option<&'a str>,
+}
+
+pub(crate) struct Appended<'a> {
+    pub turn: u32,
+    pub first_seq: u64,
+    pub messages: &'a [Message],
+}
+
+/// A turn's write-ahead checkpoint.
+pub(crate) async fn begin_turn(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+) -> Result<(), Error> {
+    write_step(
+        conn,
+        fence,
+        &Step {
+            checkpoints: &[checkpoint],
+            ..Step::default()
+        },
+    )
+    .await
+}
+
 /// The model's answer, its checkpoint and its tool calls journaled as
-/// requested, inside the step's transaction.
-pub(crate) async fn record_model_response_in(
+/// requested.
+pub(crate) async fn record_model_response(
     conn: &mut PgConnection,
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
     assistant: &Message,
     retry: bool,
 ) -> Result<(), Error> {
-    save_checkpoints(conn, fence, &[checkpoint]).await?;
     // A retry of a step whose commit was acknowledged too late finds its
-    // answer stored: the step is done.
+    // answer stored: the step is done (if the owner still owns it).
     if retry && message_stored(conn, fence, checkpoint.message_count).await? {
-        return Ok(());
+        return check_fence(conn, fence).await;
     }
-    insert_messages(
+    write_step(
         conn,
         fence,
-        checkpoint.turn,
-        checkpoint.message_count,
-        std::slice::from_ref(assistant),
+        &Step {
+            checkpoints: &[checkpoint],
+            messages: Some(Appended {
+                turn: checkpoint.turn,
+                first_seq: checkpoint.message_count,
+                messages: std::slice::from_ref(assistant),
+            }),
+            tool_calls: Some((checkpoint.turn, assistant.tool_calls())),
+            ..Step::default()
+        },
     )
-    .await?;
-    let calls = assistant.tool_calls();
-    let ids: Vec<&[u8]> = calls.iter().map(|c| c.id.as_bytes()).collect();
-    let names: Vec<&[u8]> = calls.iter().map(|c| c.name.as_bytes()).collect();
-    let arguments: Vec<&[u8]> = calls.iter().map(|c| c.arguments.as_bytes()).collect();
-    sqlx::query!(
-        "INSERT INTO tool_calls (conversation_id, request_id, turn, call_id, position, run_id,
-             name, arguments, status, created_at)
-         SELECT $1, $2, $3, c.id, c.position - 1, $4, c.name, c.arguments, 'requested', $5
-         FROM UNNEST($6::bytea[], $7::bytea[], $8::bytea[])
-             WITH ORDINALITY AS c(id, name, arguments, position)",
-        fence.conversation_id.as_uuid(),
-        fence.request_id.as_uuid(),
-        i64::from(checkpoint.turn),
-        fence.run_id.as_uuid(),
-        now_ms(),
-        &ids as &[&[u8]],
-        &names as &[&[u8]],
-        &arguments as &[&[u8]]
-    )
-    .execute(&mut *conn)
     .await
-    .map_err(db("journal tool calls"))?;
-    Ok(())
+}
+
+/// A turn's end: its checkpoint and the next turn's write-ahead, the turn's
+/// `messages` at `first_seq..`, and the journal compacted.
+pub(crate) async fn finish_turn(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    checkpoint: &LoopCheckpoint,
+    first_seq: u64,
+    messages: &[Message],
+    next: Option<&LoopCheckpoint>,
+    retry: bool,
+) -> Result<(), Error> {
+    // Stored already by a first attempt whose acknowledgement was lost: the
+    // rest of the step is idempotent.
+    let stored = retry && !messages.is_empty() && message_stored(conn, fence, first_seq).await?;
+    let both;
+    let one;
+    let checkpoints: &[&LoopCheckpoint] = match next {
+        Some(next) => {
+            both = [checkpoint, next];
+            &both
+        }
+        None => {
+            one = [checkpoint];
+            &one
+        }
+    };
+    write_step(
+        conn,
+        fence,
+        &Step {
+            checkpoints,
+            messages: (!stored).then_some(Appended {
+                turn: checkpoint.turn,
+                first_seq,
+                messages,
+            }),
+            compact_turn: Some(checkpoint.turn),
+            ..Step::default()
+        },
+    )
+    .await
+}
+
+/// A run's failure, with its settled checkpoint when it has one.
+pub(crate) async fn fail_run(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    error: &str,
+    settled: Option<&LoopCheckpoint>,
+) -> Result<(), Error> {
+    let settled: Vec<&LoopCheckpoint> = settled.into_iter().collect();
+    write_step(
+        conn,
+        fence,
+        &Step {
+            checkpoints: &settled,
+            failure: Some(error),
+            ..Step::default()
+        },
+    )
+    .await
 }
 
 /// One tool call's result: one statement, fenced.
@@ -130,7 +218,7 @@ async fn result_stored(
     status: &str,
     result: &ToolResult,
 ) -> Result<bool, Error> {
-    let stored = sqlx::query_scalar!(
+    sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM tool_calls
                WHERE conversation_id = $1 AND request_id = $2 AND turn = $3 AND call_id = $4
                  AND status = $5 AND result = $6) AS "stored!""#,
@@ -143,88 +231,13 @@ async fn result_stored(
     )
     .fetch_one(&mut *conn)
     .await
-    .map_err(db("read tool result"))?;
-    Ok(stored)
+    .map_err(db("read tool result"))
 }
 
-/// A turn's end, inside its transaction: its checkpoint and the next turn's
-/// write-ahead, the turn's `messages` at `first_seq..`, and the journal
-/// compacted (the calls and results are messages now).
-pub(crate) async fn finish_turn_in(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    checkpoint: &LoopCheckpoint,
-    first_seq: u64,
-    messages: &[Message],
-    next: Option<&LoopCheckpoint>,
-    retry: bool,
-) -> Result<(), Error> {
-    match next {
-        Some(next) => save_checkpoints(conn, fence, &[checkpoint, next]).await?,
-        None => save_checkpoints(conn, fence, &[checkpoint]).await?,
-    }
-    // Stored already by a first attempt whose acknowledgement was lost.
-    if !(retry && !messages.is_empty() && message_stored(conn, fence, first_seq).await?) {
-        insert_messages(conn, fence, checkpoint.turn, first_seq, messages).await?;
-    }
-    sqlx::query!(
-        "UPDATE tool_calls SET arguments = NULL, result = NULL
-         WHERE conversation_id = $1 AND request_id = $2 AND turn = $3",
-        fence.conversation_id.as_uuid(),
-        fence.request_id.as_uuid(),
-        i64::from(checkpoint.turn)
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("compact tool journal"))?;
-    Ok(())
-}
-
-/// A run's failure, inside its transaction.
-pub(crate) async fn fail_run_in(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    error: &str,
-    settled: Option<&LoopCheckpoint>,
-) -> Result<(), Error> {
-    // A settled checkpoint may count usage the last write did not: saving
-    // it is the fence, and the admission reports its usage.
-    match settled {
-        Some(checkpoint) => save_checkpoints(conn, fence, &[checkpoint]).await?,
-        None => check_fence(conn, fence).await?,
-    }
-    sqlx::query!(
-        "UPDATE runs SET status = 'failed', error = $1, ended_at = $2
-         WHERE conversation_id = $3 AND run_id = $4",
-        error.as_bytes(),
-        now_ms(),
-        fence.conversation_id.as_uuid(),
-        fence.run_id.as_uuid()
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("record run failure"))?;
-    Ok(())
-}
-
-/// The fence on its own, for steps that save no checkpoint.
+/// The fence on its own: touches the admission only while it still names
+/// the owner's run and revision.
 pub(crate) async fn check_fence(conn: &mut PgConnection, fence: &Fence) -> Result<(), Error> {
-    let updated = sqlx::query!(
-        "UPDATE admissions SET updated_at = $1
-         WHERE conversation_id = $2 AND revision = $3 AND run_id = $4 AND active_request_id = $5",
-        now_ms(),
-        fence.conversation_id.as_uuid(),
-        to_i64(fence.revision.0),
-        fence.run_id.as_uuid(),
-        fence.request_id.as_uuid()
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("fence"))?;
-    match updated.rows_affected() {
-        1 => Ok(()),
-        _ => Err(fenced(fence)),
-    }
+    write_step(conn, fence, &Step::default()).await
 }
 
 pub(crate) fn fenced(fence: &Fence) -> Error {
@@ -248,97 +261,121 @@ async fn message_stored(conn: &mut PgConnection, fence: &Fence, seq: u64) -> Res
     .map_err(db("read run messages"))
 }
 
-/// Appends messages at `first_seq..` in one statement, whatever their
-/// number.
-pub(crate) async fn insert_messages(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    turn: u32,
-    first_seq: u64,
-    messages: &[Message],
-) -> Result<(), Error> {
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let columns = messages
-        .iter()
-        .map(message_columns)
-        .collect::<Result<Vec<_>, _>>()?;
-    let roles: Vec<&str> = columns.iter().map(|c| c.0.as_str()).collect();
-    let contents: Vec<&[u8]> = columns.iter().map(|c| c.1.as_bytes()).collect();
-    // `meta` is NULL for most messages; an array of text cannot say so
-    // through the checked macros, so the empty string stands for it.
-    let metas: Vec<&str> = columns
-        .iter()
-        .map(|c| c.2.as_deref().unwrap_or(""))
-        .collect();
-    sqlx::query!(
-        "INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role, content,
-             meta)
-         SELECT $1, $2, $3 + m.position - 1, $4, $5, m.role, m.content, NULLIF(m.meta, '')
-         FROM UNNEST($6::text[], $7::bytea[], $8::text[])
-             WITH ORDINALITY AS m(role, content, meta, position)",
-        fence.conversation_id.as_uuid(),
-        fence.request_id.as_uuid(),
-        to_i64(first_seq),
-        fence.run_id.as_uuid(),
-        i64::from(turn),
-        &roles as &[&str],
-        &contents as &[&[u8]],
-        &metas as &[&str]
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("insert run messages"))?;
-    Ok(())
+/// Checkpoint rows as the column arrays the statements expand with
+/// `UNNEST`.
+pub(crate) struct CheckpointColumns {
+    pub turns: Vec<i64>,
+    pub phases: Vec<&'static str>,
+    pub inputs: Vec<i64>,
+    pub outputs: Vec<i64>,
+    pub cache_reads: Vec<i64>,
+    pub cache_writes: Vec<i64>,
+    pub tool_calls: Vec<i64>,
+    pub reports: Vec<i64>,
+    pub message_counts: Vec<i64>,
 }
 
-/// Saves checkpoint rows (a turn's, and the next turn's write-ahead) in one
-/// statement that is also the fence: the rows, and the verification
-/// reports new in their turns, are written only while the admission names
-/// the owner's run and revision, and `Fenced` otherwise. A row of the same
-/// turn is replaced whole.
-pub(crate) async fn save_checkpoints(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    checkpoints: &[&LoopCheckpoint],
-) -> Result<(), Error> {
-    let Some(last) = checkpoints.last() else {
-        return check_fence(conn, fence).await;
-    };
-    let column = |f: fn(&LoopCheckpoint) -> u64| -> Vec<i64> {
-        checkpoints.iter().map(|c| to_i64(f(c))).collect()
-    };
-    let turns = column(|c| u64::from(c.turn));
-    let phases: Vec<&str> = checkpoints.iter().map(|c| c.phase.as_str()).collect();
-    let inputs = column(|c| c.usage.input_tokens);
-    let outputs = column(|c| c.usage.output_tokens);
-    let cache_reads = column(|c| c.usage.cache_read_tokens);
-    let cache_writes = column(|c| c.usage.cache_write_tokens);
-    let tool_calls = column(|c| c.tool_calls_count);
-    let reports = column(|c| c.verification_reports.len() as u64);
-    let message_counts = column(|c| c.message_count);
-    // The reports a checkpoint's own turn added (the earlier ones are
-    // stored already: a row only counts them).
-    let (mut report_seqs, mut report_turns, mut passed, mut details) =
-        (vec![], vec![], vec![], vec![]);
-    for checkpoint in checkpoints {
-        let all = &checkpoint.verification_reports;
-        if let Some(first_new) = all.iter().position(|r| r.turn == checkpoint.turn) {
-            for (seq, report) in all.iter().enumerate().skip(first_new) {
-                report_seqs.push(seq as i64);
-                report_turns.push(i64::from(report.turn));
-                passed.push(report.passed);
-                details.push(report.detail.as_bytes());
-            }
+impl CheckpointColumns {
+    pub fn of(checkpoints: &[&LoopCheckpoint]) -> Self {
+        let column = |f: fn(&LoopCheckpoint) -> u64| -> Vec<i64> {
+            checkpoints.iter().map(|c| to_i64(f(c))).collect()
+        };
+        Self {
+            turns: column(|c| u64::from(c.turn)),
+            phases: checkpoints.iter().map(|c| c.phase.as_str()).collect(),
+            inputs: column(|c| c.usage.input_tokens),
+            outputs: column(|c| c.usage.output_tokens),
+            cache_reads: column(|c| c.usage.cache_read_tokens),
+            cache_writes: column(|c| c.usage.cache_write_tokens),
+            tool_calls: column(|c| c.tool_calls_count),
+            reports: column(|c| c.verification_reports.len() as u64),
+            message_counts: column(|c| c.message_count),
         }
     }
-    let usage = last.usage;
+}
+
+/// The verification reports new in the checkpoints' own turns (the earlier
+/// ones are stored already: a row only counts them), as column arrays.
+#[derive(Default)]
+pub(crate) struct ReportColumns<'a> {
+    pub seqs: Vec<i64>,
+    pub turns: Vec<i64>,
+    pub passed: Vec<bool>,
+    pub details: Vec<&'a [u8]>,
+}
+
+impl<'a> ReportColumns<'a> {
+    pub fn of(checkpoints: &[&'a LoopCheckpoint]) -> Self {
+        let mut columns = Self::default();
+        for checkpoint in checkpoints {
+            let all = &checkpoint.verification_reports;
+            let Some(first_new) = all.iter().position(|r| r.turn == checkpoint.turn) else {
+                continue;
+            };
+            for (seq, report) in all.iter().enumerate().skip(first_new) {
+                columns.seqs.push(seq as i64);
+                columns.turns.push(i64::from(report.turn));
+                columns.passed.push(report.passed);
+                columns.details.push(report.detail.as_bytes());
+            }
+        }
+        columns
+    }
+}
+
+/// Messages as the column arrays the statements expand with `UNNEST`.
+pub(crate) struct MessageColumns {
+    pub roles: Vec<String>,
+    pub contents: Vec<String>,
+    /// `meta` is NULL for most messages; an array of text cannot say so
+    /// through the checked macros, so the empty string stands for it.
+    pub metas: Vec<String>,
+}
+
+impl MessageColumns {
+    pub fn of(messages: &[Message]) -> Result<Self, Error> {
+        let mut columns = Self {
+            roles: Vec::with_capacity(messages.len()),
+            contents: Vec::with_capacity(messages.len()),
+            metas: Vec::with_capacity(messages.len()),
+        };
+        for message in messages {
+            let (role, content, meta) = message_columns(message)?;
+            columns.roles.push(role);
+            columns.contents.push(content);
+            columns.metas.push(meta.unwrap_or_default());
+        }
+        Ok(columns)
+    }
+
+    pub fn contents(&self) -> Vec<&[u8]> {
+        self.contents.iter().map(|c| c.as_bytes()).collect()
+    }
+}
+
+/// One step of a run's owner as one statement: the fence, then everything
+/// `step` asks for, each part writing only rows joined to the fence.
+pub(crate) async fn write_step(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    step: &Step<'_>,
+) -> Result<(), Error> {
+    let checkpoints = CheckpointColumns::of(step.checkpoints);
+    let reports = ReportColumns::of(step.checkpoints);
+    let usage = step.checkpoints.last().map(|c| c.usage);
+    let appended = step.messages.as_ref();
+    let messages = MessageColumns::of(appended.map_or(&[], |m| m.messages))?;
+    let calls = step.tool_calls.map_or(&[][..], |(_, calls)| calls);
+    let call_ids: Vec<&[u8]> = calls.iter().map(|c| c.id.as_bytes()).collect();
+    let call_names: Vec<&[u8]> = calls.iter().map(|c| c.name.as_bytes()).collect();
+    let call_arguments: Vec<&[u8]> = calls.iter().map(|c| c.arguments.as_bytes()).collect();
     let fenced_rows = sqlx::query_scalar!(
         r#"WITH fence AS (
                UPDATE admissions
-               SET input_tokens = $5, output_tokens = $6, cache_read_tokens = $7,
-                   cache_write_tokens = $8, updated_at = $9
+               SET input_tokens = COALESCE($5, input_tokens),
+                   output_tokens = COALESCE($6, output_tokens),
+                   cache_read_tokens = COALESCE($7, cache_read_tokens),
+                   cache_write_tokens = COALESCE($8, cache_write_tokens), updated_at = $9
                WHERE conversation_id = $1 AND revision = $2 AND run_id = $3
                  AND active_request_id = $4
                RETURNING conversation_id
@@ -367,34 +404,69 @@ pub(crate) async fn save_checkpoints(
                FROM fence f, UNNEST($19::bigint[], $20::bigint[], $21::boolean[], $22::bytea[])
                    AS r(seq, turn, passed, detail)
                ON CONFLICT DO NOTHING
+           ), messages AS (
+               INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role,
+                   content, meta)
+               SELECT f.conversation_id, $4, $23 + m.position - 1, $3, $24, m.role, m.content,
+                   NULLIF(m.meta, '')
+               FROM fence f, UNNEST($25::text[], $26::bytea[], $27::text[])
+                   WITH ORDINALITY AS m(role, content, meta, position)
+           ), calls AS (
+               INSERT INTO tool_calls (conversation_id, request_id, turn, call_id, position,
+                   run_id, name, arguments, status, created_at)
+               SELECT f.conversation_id, $4, $28, c.id, c.position - 1, $3, c.name, c.arguments,
+                   'requested', $9
+               FROM fence f, UNNEST($29::bytea[], $30::bytea[], $31::bytea[])
+                   WITH ORDINALITY AS c(id, name, arguments, position)
+           ), compacted AS (
+               UPDATE tool_calls t SET arguments = NULL, result = NULL
+               FROM fence f
+               WHERE t.conversation_id = f.conversation_id AND t.request_id = $4
+                 AND t.turn = $32
+           ), failed AS (
+               UPDATE runs r SET status = 'failed', error = $33::bytea, ended_at = $9
+               FROM fence f
+               WHERE r.conversation_id = f.conversation_id AND r.run_id = $3 AND $33::bytea IS NOT NULL
            )
            SELECT COUNT(*) AS "fenced!" FROM fence"#,
         fence.conversation_id.as_uuid(),
         to_i64(fence.revision.0),
         fence.run_id.as_uuid(),
         fence.request_id.as_uuid(),
-        to_i64(usage.input_tokens),
-        to_i64(usage.output_tokens),
-        to_i64(usage.cache_read_tokens),
-        to_i64(usage.cache_write_tokens),
+        usage.map(|u| to_i64(u.input_tokens)),
+        usage.map(|u| to_i64(u.output_tokens)),
+        usage.map(|u| to_i64(u.cache_read_tokens)),
+        usage.map(|u| to_i64(u.cache_write_tokens)),
         now_ms(),
-        &turns,
-        &phases as &[&str],
-        &inputs,
-        &outputs,
-        &cache_reads,
-        &cache_writes,
-        &tool_calls,
-        &reports,
-        &message_counts,
-        &report_seqs,
-        &report_turns,
-        &passed,
-        &details as &[&[u8]]
+        &checkpoints.turns,
+        &checkpoints.phases as &[&str],
+        &checkpoints.inputs,
+        &checkpoints.outputs,
+        &checkpoints.cache_reads,
+        &checkpoints.cache_writes,
+        &checkpoints.tool_calls,
+        &checkpoints.reports,
+        &checkpoints.message_counts,
+        &reports.seqs,
+        &reports.turns,
+        &reports.passed,
+        &reports.details as &[&[u8]],
+        to_i64(appended.map_or(0, |m| m.first_seq)),
+        i64::from(appended.map_or(0, |m| m.turn)),
+        &messages.roles,
+        &messages.contents() as &[&[u8]],
+        &messages.metas,
+        i64::from(step.tool_calls.map_or(0, |(turn, _)| turn)),
+        &call_ids as &[&[u8]],
+        &call_names as &[&[u8]],
+        &call_arguments as &[&[u8]],
+        // No journal turn is negative: -1 compacts nothing.
+        step.compact_turn.map_or(-1, i64::from),
+        step.failure.map(str::as_bytes)
     )
     .fetch_one(&mut *conn)
     .await
-    .map_err(db("save checkpoint"))?;
+    .map_err(db("write step"))?;
     if fenced_rows == 0 {
         return Err(fenced(fence));
     }

@@ -4,7 +4,6 @@
 //! carried over; summaries; refusals that write nothing.
 
 #[path = "../../turnstile/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 mod support;
 
