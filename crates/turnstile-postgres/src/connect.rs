@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use tracing::instrument;
 
 use super::codec::db;
@@ -58,6 +58,16 @@ impl PostgresStore {
             let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
             connect = connect.options([("statement_timeout", millis.as_str())]);
         }
+        // One plain connection first, so that a server that cannot be
+        // reached (or refuses the login) is that error, not a pool timing
+        // out as if the store were busy. Transient failures (a server still
+        // starting) are retried like any step.
+        retrying!(|_retry| async {
+            let conn = PgConnection::connect_with(&connect)
+                .await
+                .map_err(db("connect"))?;
+            conn.close().await.map_err(db("connect"))
+        })?;
         let pool = PgPoolOptions::new()
             .max_connections(options.pool_size.max(1))
             .acquire_timeout(options.acquire_timeout)
