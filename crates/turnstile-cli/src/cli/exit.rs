@@ -3,17 +3,15 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | success (a replayed request included) |
-//! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database, I/O |
+//! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database (a PostgreSQL server that cannot be reached included), I/O |
 //! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
 //! | 3 | busy: the conversation is held by an active request |
-//! | 4 | not found: database file, conversation, request or run |
+//! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run |
 //! | 5 | fenced, conflict (stale `--revision`), ambiguous checkpoint, request not active |
-//! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory): nothing is known about its health |
+//! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory, a server that cannot be reached): nothing is known about its health |
 //!
 //! Scripts can tell "retry later" (3), "fix the command" (2), "look it up"
 //! (4) and "re-read the state and decide" (5) apart without parsing text.
-
-use std::path::PathBuf;
 
 use turnstile::Error;
 
@@ -40,9 +38,18 @@ pub enum CliError {
     /// Bad arguments or input, detected before anything was written.
     #[error("{0}")]
     Usage(String),
-    /// A command that needs an existing database was pointed at none.
-    #[error("database {} not found", .0.display())]
-    MissingDatabase(PathBuf),
+    /// A command that needs an existing database was pointed at none: a
+    /// file path, or a URL (without its password).
+    #[error("database {0} not found")]
+    MissingDatabase(String),
+    /// A command that needs an existing database was pointed at a
+    /// PostgreSQL database (shown without its password) that turnstile
+    /// never wrote to.
+    #[error(
+        "database {0} has no turnstile schema (not found): a writing command \
+         such as `turnstile run` creates it"
+    )]
+    MissingSchema(String),
     /// The library refused or failed.
     #[error(transparent)]
     Turnstile(#[from] Error),
@@ -87,7 +94,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) => USAGE,
-            CliError::MissingDatabase(_) => NOT_FOUND,
+            CliError::MissingDatabase(_) | CliError::MissingSchema(_) => NOT_FOUND,
             CliError::Turnstile(e) | CliError::Stopped { source: e, .. } => code_for(e),
             CliError::Io { .. } | CliError::Failed(_) => FAILURE,
             CliError::CannotOpen(_) => CANNOT_OPEN,

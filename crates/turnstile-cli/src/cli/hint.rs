@@ -61,7 +61,8 @@ fn resumable(
         "--revision".into(),
         revision.to_string(),
         "--db".into(),
-        quote(&session.db.display().to_string()),
+        // A URL without its password: PGPASSWORD or ~/.pgpass supply it.
+        quote(&session.db.to_string()),
         "--conversation".into(),
         session.conversation.to_string(),
     ];

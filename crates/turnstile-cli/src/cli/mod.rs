@@ -8,6 +8,7 @@
 //! [`CliError::exit_code`] (see [`exit`] for the table).
 
 mod bench;
+mod db;
 mod demo;
 pub mod exit;
 mod hint;
@@ -15,17 +16,18 @@ mod interrupt;
 mod model;
 mod ops;
 pub mod output;
+mod postgres;
 mod progress;
 mod session_cmds;
 pub mod tools;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
 pub use bench::BenchArgs;
+pub use db::DbLocation;
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
@@ -34,7 +36,7 @@ pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
 
 use turnstile::ids::{ConversationId, Namespace, Revision};
 
-/// Durable LLM agent conversations on SQLite.
+/// Durable LLM agent conversations on SQLite or PostgreSQL.
 #[derive(Parser, Debug)]
 #[command(name = "turnstile", version, about, max_term_width = 100)]
 #[command(
@@ -92,9 +94,11 @@ pub enum Command {
 /// Where a conversation lives: the options every session command shares.
 #[derive(Args, Clone, Debug)]
 pub struct SessionArgs {
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL
+    /// (`postgres://user@host/db`; a password left out of it comes from
+    /// PGPASSWORD or ~/.pgpass).
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     /// The conversation id.
     #[arg(long, value_name = "UUID")]
     pub conversation: ConversationId,
@@ -103,11 +107,12 @@ pub struct SessionArgs {
     pub namespace: Namespace,
     /// A size quota for the database file, in bytes: a write past it fails
     /// like a full disk and loses nothing (the run stops, resumable once
-    /// there is room).
+    /// there is room). SQLite only.
     #[arg(long, value_name = "BYTES")]
     pub max_db_bytes: Option<u64>,
     /// How long a write waits for another process's lock on the database
-    /// before the command exits busy (3). Default 30s.
+    /// before the command exits busy (3). Default 30s. On PostgreSQL: the
+    /// wait for a connection, and each statement's `statement_timeout`.
     #[arg(long, value_name = "DURATION", value_parser = ops::parse_duration)]
     pub busy_timeout: Option<std::time::Duration>,
 }

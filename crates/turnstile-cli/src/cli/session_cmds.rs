@@ -11,6 +11,7 @@ use clap::Args;
 use futures_util::StreamExt;
 use serde::Serialize;
 
+use super::db::DbLocation;
 use super::exit::CliError;
 use super::hint::with_hint;
 use super::interrupt::Interrupt;
@@ -121,14 +122,25 @@ pub(super) async fn closed<T>(
     result
 }
 
-/// Opens the database; unless `create`, a missing file is not found (and
-/// is not created).
-pub(super) async fn open_store(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, CliError> {
+/// Opens the database: a file (unless `create`, a missing file is not
+/// found, and is not created) or a PostgreSQL database (see
+/// [`super::postgres`]).
+pub(super) async fn open_store(
+    db: &DbLocation,
+    access: Access,
+) -> Result<Arc<dyn StoreAdmin>, CliError> {
+    match db {
+        DbLocation::File(path) => open_file(path, access).await,
+        DbLocation::Postgres(url) => Ok(Arc::new(super::postgres::open(url, access).await?)),
+    }
+}
+
+async fn open_file(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, CliError> {
     match std::fs::metadata(db) {
         Err(e)
             if e.kind() == std::io::ErrorKind::NotFound && !matches!(access, Access::Create(_)) =>
         {
-            return Err(CliError::MissingDatabase(db.to_owned()));
+            return Err(CliError::MissingDatabase(db.display().to_string()));
         }
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(CliError::io(format!("inspect {}", db.display()))(e));
@@ -176,7 +188,7 @@ pub(crate) struct Limits {
 }
 
 impl Access {
-    fn limits(self) -> Limits {
+    pub(super) fn limits(self) -> Limits {
         match self {
             Access::Create(limits) | Access::Write(limits) => limits,
             Access::Read => Limits::default(),

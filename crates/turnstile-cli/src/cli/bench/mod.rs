@@ -1,7 +1,9 @@
 //! `turnstile bench`: a fixed workload through the public API (SqliteStore,
 //! AgentSession, a zero-latency ScriptedModel) on a fresh database, and what
 //! it cost: per-turn latency, turns per second, storage per message byte,
-//! latest-checkpoint and replay reads.
+//! latest-checkpoint and replay reads. With `--db postgres://…` the same
+//! workload runs on the server at concurrency 1, 8 and 64, against a
+//! bare-commit baseline measured there in the same run (`postgres`).
 //!
 //! - `location`: where the database lives (a removed temp dir, or a new
 //!   `--db` file that is kept);
@@ -12,6 +14,7 @@
 //! - `stats` and `report`: the figures and their rendering.
 
 mod location;
+mod postgres;
 mod reads;
 mod report;
 mod stats;
@@ -20,7 +23,6 @@ mod text;
 mod workload;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
@@ -29,6 +31,7 @@ use self::location::Location;
 use self::report::{BenchReport, WorkloadParams};
 use self::stats::Latency;
 use self::workload::Workload;
+use super::db::DbLocation;
 use super::exit::CliError;
 use super::output::{self, Style};
 use turnstile::session::MAX_INPUT_BYTES;
@@ -57,19 +60,23 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=MAX_MESSAGE_BYTES))]
     pub message_bytes: u32,
-    /// `full` (synchronous=FULL, survives power loss) or `normal`
-    /// (synchronous=NORMAL, survives a process crash).
-    #[arg(long, value_enum, default_value_t = BenchDurability::Full)]
-    pub durability: BenchDurability,
+    /// `full` (synchronous=FULL, survives power loss; the default) or
+    /// `normal` (synchronous=NORMAL, survives a process crash). SQLite only:
+    /// on PostgreSQL the server's settings decide, and are reported.
+    #[arg(long, value_enum)]
+    pub durability: Option<BenchDurability>,
     /// Conversations driven at the same time, each by its own task (at most
-    /// --conversations).
-    #[arg(long, value_name = "C", default_value_t = 1,
+    /// --conversations). Default 1. SQLite only: on PostgreSQL the bench
+    /// runs at 1, 8 and 64.
+    #[arg(long, value_name = "C",
           value_parser = clap::value_parser!(u32).range(1..=1_024))]
-    pub concurrency: u32,
+    pub concurrency: Option<u32>,
     /// Write to this new file and keep it (an existing file is refused).
-    /// Default: a fresh temp directory, removed afterwards.
-    #[arg(long, value_name = "PATH")]
-    pub db: Option<PathBuf>,
+    /// Default: a fresh temp directory, removed afterwards. Or a PostgreSQL
+    /// URL: each workload then runs in a new schema of that database
+    /// (`turnstile_bench_…`), dropped afterwards.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: Option<DbLocation>,
 }
 
 /// `--durability`.
@@ -104,7 +111,10 @@ pub(super) async fn run(
     let params = validate(&args)?;
     let stop = super::interrupt::stopping();
     let location = match args.db {
-        Some(path) => Location::new_file(path)?,
+        Some(DbLocation::Postgres(ref url)) => {
+            return postgres::run(&args, params, url, stop, out, style, json).await
+        }
+        Some(DbLocation::File(path)) => Location::new_file(path)?,
         None => Location::temp()?,
     };
     if !json {
@@ -112,8 +122,9 @@ pub(super) async fn run(
     }
     // Ctrl-C, SIGTERM or SIGHUP stops the bench: dropping the work aborts
     // its tasks, and the temp directory is removed on the way out.
+    let durability = args.durability.unwrap_or(BenchDurability::Full);
     let figures = tokio::select! {
-        figures = measure(&params, args.durability, &location) => figures?,
+        figures = measure(&params, durability, &location) => figures?,
         () = stop => {
             return Err(CliError::Failed("interrupted: the bench stopped".into()));
         }
@@ -142,18 +153,19 @@ fn validate(args: &BenchArgs) -> Result<WorkloadParams, CliError> {
             "the workload writes {text_bytes} bytes of message text; at most {MAX_MESSAGE_TEXT_BYTES}"
         )));
     }
-    if args.concurrency > args.conversations {
+    let concurrency = args.concurrency.unwrap_or(1);
+    if concurrency > args.conversations {
         return Err(CliError::Usage(format!(
             "--concurrency {} exceeds --conversations {}: one task drives one conversation at a time",
-            args.concurrency, args.conversations
+            concurrency, args.conversations
         )));
     }
     Ok(WorkloadParams {
         conversations: args.conversations,
         turns_per_conversation: args.turns,
         message_bytes: args.message_bytes,
-        durability: args.durability.name(),
-        concurrency: args.concurrency,
+        durability: args.durability.unwrap_or(BenchDurability::Full).name(),
+        concurrency,
     })
 }
 

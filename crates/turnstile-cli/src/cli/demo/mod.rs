@@ -14,7 +14,7 @@ mod script;
 mod worker;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use clap::Args;
 pub use worker::{worker, WorkerArgs};
 
 use self::report::{DemoReport, FirstRequest, RecoveredRequest, Replay, Totals};
+use super::db::DbLocation;
 use super::exit::CliError;
 use super::output::{self, Style};
 use super::progress::Progress;
@@ -34,10 +35,11 @@ use turnstile::{SqliteStore, StoreAdmin};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// The SQLite database file (created if missing).
-    #[arg(long, value_name = "PATH", default_value = "turnstile-demo.db")]
-    pub db: PathBuf,
-    /// Delete the database first.
+    /// The database: a SQLite file (created if missing), or a PostgreSQL
+    /// URL (its tables are created if missing).
+    #[arg(long, value_name = "PATH|URL", default_value = "turnstile-demo.db")]
+    pub db: DbLocation,
+    /// Delete the database file first (SQLite only).
     #[arg(long)]
     pub fresh: bool,
 }
@@ -53,8 +55,15 @@ pub async fn run(
     json: bool,
 ) -> Result<(), CliError> {
     if args.fresh {
-        refuse_foreign_or_live(&args.db).await?;
-        remove_database(&args.db)?;
+        let DbLocation::File(path) = &args.db else {
+            // Dropping tables on a server is not the demo's to do.
+            return Err(CliError::Usage(
+                "--fresh deletes a SQLite file; for PostgreSQL, point --db at a new database"
+                    .into(),
+            ));
+        };
+        refuse_foreign_or_live(path).await?;
+        remove_database(path)?;
     }
     let store = open_store(&args.db, Access::Create(Default::default())).await?;
     let pace = if style.terminal && !json {
@@ -136,7 +145,7 @@ fn remove_database(db: &Path) -> Result<(), CliError> {
 }
 
 struct Demo<'a> {
-    db: &'a Path,
+    db: &'a DbLocation,
     store: Arc<dyn StoreAdmin>,
     conversation: ConversationId,
     namespace: Namespace,
@@ -146,7 +155,7 @@ struct Demo<'a> {
 
 impl<'a> Demo<'a> {
     fn new(
-        db: &'a Path,
+        db: &'a DbLocation,
         store: Arc<dyn StoreAdmin>,
         pace: Duration,
         style: Style,
@@ -183,7 +192,7 @@ impl<'a> Demo<'a> {
             out,
             "{} · database {} · conversation {} (namespace {})",
             s.bold("turnstile demo"),
-            self.db.display(),
+            self.db,
             self.conversation,
             self.namespace
         )?;
@@ -357,9 +366,13 @@ impl<'a> Demo<'a> {
 
         // 4. The summary, read back from the database.
         let runs = [first.run_id, killed_run, second.run_id];
-        let (database_bytes, wal_bytes) = report::database_bytes(self.db);
+        let (database_bytes, wal_bytes) = match self.db {
+            DbLocation::File(path) => report::database_bytes(path),
+            DbLocation::Postgres(_) => (self.store.storage().await?.database_bytes, 0),
+        };
         let report = DemoReport {
-            database: self.db.display().to_string(),
+            database: self.db.to_string(),
+            on_server: matches!(self.db, DbLocation::Postgres(_)),
             database_bytes,
             wal_bytes,
             namespace: self.namespace.to_string(),

@@ -14,7 +14,12 @@ use turnstile::message::Usage;
 
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
+    /// The file, or the URL without its password.
     pub database: String,
+    /// On PostgreSQL: `database_bytes` are the tables' and there is no log
+    /// file.
+    #[serde(skip)]
+    pub on_server: bool,
     /// The database file alone.
     pub database_bytes: u64,
     /// Its write-ahead log (folded into the file at checkpoints).
@@ -120,12 +125,20 @@ impl DemoReport {
                 ),
                 (
                     "database",
-                    format!(
-                        "{} · {} KiB + {} KiB write-ahead log",
-                        self.database,
-                        kib(self.database_bytes),
-                        kib(self.wal_bytes)
-                    ),
+                    if self.on_server {
+                        format!(
+                            "{} · {} KiB in tables",
+                            self.database,
+                            kib(self.database_bytes)
+                        )
+                    } else {
+                        format!(
+                            "{} · {} KiB + {} KiB write-ahead log",
+                            self.database,
+                            kib(self.database_bytes),
+                            kib(self.wal_bytes)
+                        )
+                    },
                 ),
             ],
         )?;

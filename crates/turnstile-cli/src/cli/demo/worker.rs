@@ -8,7 +8,6 @@
 //! lingering forever.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::script;
+use crate::cli::db::DbLocation;
 use crate::cli::exit::CliError;
 use crate::cli::output::Style;
 use crate::cli::progress::Progress;
@@ -34,8 +34,8 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     #[arg(long, value_name = "UUID")]
     pub conversation: ConversationId,
     #[arg(long, value_name = "UUID")]
@@ -102,7 +102,7 @@ pub struct Killed {
 /// Starts the worker, relays its progress lines to `out` (after `prefix`)
 /// and kills it with SIGKILL as soon as it reports being frozen.
 pub async fn run_and_kill(
-    db: &Path,
+    db: &DbLocation,
     conversation: ConversationId,
     request: RequestId,
     pace_ms: u64,
@@ -110,10 +110,14 @@ pub async fn run_and_kill(
     prefix: &str,
 ) -> Result<Killed, CliError> {
     let exe = std::env::current_exe().map_err(CliError::io("find the turnstile executable"))?;
-    let mut child = Command::new(exe)
-        .arg("worker")
-        .arg("--db")
-        .arg(db)
+    let mut command = Command::new(exe);
+    command.arg("worker").arg("--db");
+    // The URL as given (the child connects with it), never printed.
+    match db {
+        DbLocation::File(path) => command.arg(path),
+        DbLocation::Postgres(url) => command.arg(url.secret()),
+    };
+    let mut child = command
         .args(["--conversation", &conversation.to_string()])
         .args(["--request", &request.to_string()])
         .args(["--stop-after-turn", &script::KILL_AFTER_TURN.to_string()])

@@ -4,10 +4,11 @@
 use std::io::Write;
 
 use super::{utc, DoctorArgs, PruneArgs, PruneStatus};
+use crate::cli::db::DbLocation;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
 use crate::cli::session_cmds::{open_store, Access};
-use turnstile::admin::PruneOptions;
+use turnstile::admin::{DoctorReport, PruneOptions};
 use turnstile::store::RequestStatus;
 use turnstile::SqliteStore;
 
@@ -59,6 +60,23 @@ pub(in crate::cli) async fn prune(
             .collect();
         rows.push(("total rows", report.deleted.total().to_string()));
         output::table(out, "  ", &rows)?;
+        if matches!(args.db, DbLocation::Postgres(_)) {
+            // The tables' bytes; VACUUM makes the space reusable, and the
+            // server gives it back to the disk only at a VACUUM FULL.
+            let tables = if report.dry_run {
+                format!(
+                    "{} (unchanged: nothing deleted)",
+                    bytes(report.database_bytes_before)
+                )
+            } else {
+                format!(
+                    "{} → {} (vacuumed: the space is reused)",
+                    bytes(report.database_bytes_before),
+                    bytes(report.database_bytes_after)
+                )
+            };
+            return output::table(out, "", &[("tables", tables)]);
+        }
         let database = if report.dry_run {
             format!(
                 "{} + {} log (unchanged: nothing deleted)",
@@ -102,79 +120,33 @@ pub(in crate::cli) async fn doctor(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    // Only a path that is not there is "not found"; one that cannot be
-    // looked at (no permission) is the doctor's own "cannot open".
-    if std::fs::metadata(&args.db).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
-        return Err(CliError::MissingDatabase(args.db));
-    }
-    let report = SqliteStore::doctor(&args.db, args.stale_after).await?;
+    let postgres = matches!(args.db, DbLocation::Postgres(_));
+    let report = match &args.db {
+        DbLocation::File(path) => {
+            // Only a path that is not there is "not found"; one that cannot
+            // be looked at (no permission) is the doctor's own "cannot open".
+            if std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+                return Err(CliError::MissingDatabase(path.display().to_string()));
+            }
+            SqliteStore::doctor(path, args.stale_after).await?
+        }
+        DbLocation::Postgres(url) => crate::cli::postgres::doctor(url, args.stale_after).await?,
+    };
     if json {
         output::json(out, &report)?;
     } else if report.cannot_open.is_none() {
-        let integrity = if report.integrity_ok == Some(true) {
-            style.green("ok")
+        if postgres {
+            print_postgres(out, style, &report)?;
         } else {
-            style.red(&format!(
-                "FAILED: {}",
-                report
-                    .integrity
-                    .iter()
-                    .take(5)
-                    .map(|line| output::clip(line, 120))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))
-        };
-        let schema = match report.schema_version {
-            Some(found) if found > report.supported_schema_version => style.red(&format!(
-                "{found} (newer than the supported {}: upgrade turnstile)",
-                report.supported_schema_version
-            )),
-            Some(found) if found < report.supported_schema_version => format!(
-                "{found} (the next open migrates it to {})",
-                report.supported_schema_version
-            ),
-            Some(found) => format!("{found} (supported {found})"),
-            None => "unknown".into(),
-        };
-        let number = |n: Option<u64>| n.map_or("unknown".into(), |n| n.to_string());
-        let detail = |name: &str| match report.details.get(name) {
-            Some(serde_json::Value::String(text)) => text.clone(),
-            Some(value) if !value.is_null() => value.to_string(),
-            _ => "unknown".into(),
-        };
-        let pages = format!(
-            "{} × {} bytes · {} free · auto_vacuum {} · journal {}",
-            detail("page_count"),
-            detail("page_size"),
-            detail("freelist_count"),
-            detail("auto_vacuum"),
-            detail("journal_mode"),
-        );
-        let stuck = match report.stuck_admissions {
-            Some(n) if n > 0 => {
-                style.red(&format!("{n} stuck (see `turnstile ls requests --stuck`)"))
-            }
-            other => format!("{} stuck", number(other)),
-        };
-        output::table(
-            out,
-            "",
-            &[
-                ("database", output::clip(&report.path, 200)),
-                ("integrity", integrity),
-                ("schema version", schema),
-                ("pages", pages),
-                ("file", bytes(report.database_bytes)),
-                ("write-ahead log", bytes(report.wal_bytes)),
-                (
-                    "admissions",
-                    format!("{} held · {stuck}", number(report.held_admissions)),
-                ),
-            ],
-        )?;
+            print_sqlite(out, style, &report)?;
+        }
         for error in &report.errors {
-            writeln!(out, "{} {error}", style.yellow("could not check:"))?;
+            writeln!(
+                out,
+                "{} {}",
+                style.yellow("could not check:"),
+                output::plain(error)
+            )?;
         }
     }
     if let Some(why) = report.cannot_open {
@@ -184,6 +156,12 @@ pub(in crate::cli) async fn doctor(
         )))
     } else if report.integrity_ok == Some(true) {
         Ok(())
+    } else if report.integrity_ok.is_none() && postgres {
+        Err(CliError::Failed(format!(
+            "could not check {}: {}",
+            report.path,
+            report.errors.first().map_or("", String::as_str)
+        )))
     } else {
         Err(CliError::Failed(format!(
             "integrity check failed for {}: {}",
@@ -191,6 +169,139 @@ pub(in crate::cli) async fn doctor(
             report.integrity.first().map_or("", String::as_str)
         )))
     }
+}
+
+fn print_sqlite(out: &mut dyn Write, style: Style, report: &DoctorReport) -> Result<(), CliError> {
+    let detail = |name: &str| match report.details.get(name) {
+        Some(serde_json::Value::String(text)) => text.clone(),
+        Some(value) if !value.is_null() => value.to_string(),
+        _ => "unknown".into(),
+    };
+    let pages = format!(
+        "{} × {} bytes · {} free · auto_vacuum {} · journal {}",
+        detail("page_count"),
+        detail("page_size"),
+        detail("freelist_count"),
+        detail("auto_vacuum"),
+        detail("journal_mode"),
+    );
+    output::table(
+        out,
+        "",
+        &[
+            ("database", output::clip(&report.path, 200)),
+            ("integrity", integrity(style, report)),
+            (
+                "schema version",
+                schema(style, report, "the next open migrates it"),
+            ),
+            ("pages", pages),
+            ("file", bytes(report.database_bytes)),
+            ("write-ahead log", bytes(report.wal_bytes)),
+            ("admissions", admissions(style, report)),
+        ],
+    )
+}
+
+/// The server, the schema, the store's invariants and each table's size.
+fn print_postgres(
+    out: &mut dyn Write,
+    style: Style,
+    report: &DoctorReport,
+) -> Result<(), CliError> {
+    let text = |name: &str| match report.details.get(name) {
+        Some(serde_json::Value::String(text)) => output::plain(text).into_owned(),
+        _ => "unknown".into(),
+    };
+    let integrity = match report.integrity_ok {
+        None => style.yellow("not checked"),
+        Some(_) => integrity(style, report),
+    };
+    let tables: Vec<(String, u64)> = match report.details.get("table_bytes") {
+        Some(serde_json::Value::Object(sizes)) => sizes
+            .iter()
+            .map(|(table, n)| (output::plain(table).into_owned(), n.as_u64().unwrap_or(0)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    output::table(
+        out,
+        "",
+        &[
+            ("database", output::clip(&report.path, 200)),
+            (
+                "server",
+                format!(
+                    "PostgreSQL {} · schema {}",
+                    text("server_version"),
+                    text("schema")
+                ),
+            ),
+            ("integrity", integrity),
+            (
+                "schema version",
+                schema(style, report, "a writing command migrates it"),
+            ),
+            ("admissions", admissions(style, report)),
+            (
+                "tables",
+                format!(
+                    "{} in {} tables (indexes and TOAST included)",
+                    bytes(report.database_bytes),
+                    tables.len()
+                ),
+            ),
+        ],
+    )?;
+    let sizes: Vec<(&str, String)> = tables
+        .iter()
+        .map(|(table, n)| (table.as_str(), bytes(*n)))
+        .collect();
+    output::table(out, "  ", &sizes)
+}
+
+/// `ok`, or what failed.
+fn integrity(style: Style, report: &DoctorReport) -> String {
+    if report.integrity_ok == Some(true) {
+        style.green("ok")
+    } else {
+        style.red(&format!(
+            "FAILED: {}",
+            report
+                .integrity
+                .iter()
+                .take(5)
+                .map(|line| output::clip(line, 120))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+    }
+}
+
+/// The schema version against the supported one; `older` says what
+/// happens to an older one.
+fn schema(style: Style, report: &DoctorReport, older: &str) -> String {
+    match report.schema_version {
+        Some(found) if found > report.supported_schema_version => style.red(&format!(
+            "{found} (newer than the supported {}: upgrade turnstile)",
+            report.supported_schema_version
+        )),
+        Some(found) if found < report.supported_schema_version => {
+            format!("{found} ({older} to {})", report.supported_schema_version)
+        }
+        Some(found) => format!("{found} (supported {found})"),
+        None => "unknown".into(),
+    }
+}
+
+/// `N held · M stuck`.
+fn admissions(style: Style, report: &DoctorReport) -> String {
+    let number = |n: Option<u64>| n.map_or("unknown".into(), |n| n.to_string());
+    let stuck = match report.stuck_admissions {
+        Some(n) if n > 0 => style.red(&format!("{n} stuck (see `turnstile ls requests --stuck`)")),
+        other => format!("{} stuck", number(other)),
+    };
+    format!("{} held · {stuck}", number(report.held_admissions))
 }
 
 /// `12345 bytes (12.1 KiB)`.

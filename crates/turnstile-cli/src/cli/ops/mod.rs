@@ -1,12 +1,12 @@
 //! The operations commands: `ls`, `show`, `checkpoints`, `export`, `prune`
 //! and `doctor`. They read (or, for `prune`, trim) an existing database and
-//! never create one: a missing file is "not found" (exit 4).
+//! never create one: a missing file, or a PostgreSQL database without the
+//! turnstile schema, is "not found" (exit 4).
 
 mod inspect;
 mod list;
 mod maintain;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -15,6 +15,7 @@ pub(super) use inspect::{checkpoints, export, show};
 pub(super) use list::ls;
 pub(super) use maintain::{doctor, prune};
 
+use super::db::DbLocation;
 use turnstile::ids::{ConversationId, Namespace, RunId};
 
 /// What `ls` lists.
@@ -30,9 +31,9 @@ pub struct LsArgs {
     /// What to list, newest first.
     #[arg(value_enum)]
     pub kind: ListKind,
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     /// Only this namespace.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
@@ -60,9 +61,9 @@ pub struct ShowArgs {
     /// The conversation to show.
     #[arg(value_name = "CONVERSATION")]
     pub conversation: ConversationId,
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     /// The namespace the conversation must be in (any when absent).
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
@@ -73,9 +74,9 @@ pub struct CheckpointsArgs {
     /// The run whose checkpoint rows to show.
     #[arg(value_name = "RUN")]
     pub run: RunId,
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
 }
 
 #[derive(Args, Debug)]
@@ -84,9 +85,9 @@ pub struct ExportArgs {
     /// (`seq`, `request_id`, `message`), in order.
     #[arg(value_name = "CONVERSATION")]
     pub conversation: ConversationId,
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     /// The namespace the conversation must be in (any when absent).
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
@@ -101,9 +102,9 @@ pub enum PruneStatus {
 
 #[derive(Args, Debug)]
 pub struct PruneArgs {
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     /// Trim requests finished longer ago than this (`30s`, `5m`, `2h`, `7d`).
     /// A completed request keeps what its replay reads (request, committing
     /// run, its completed checkpoint, reports, transcript); an abandoned one
@@ -124,9 +125,9 @@ pub struct PruneArgs {
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
-    /// The SQLite database file.
-    #[arg(long, value_name = "PATH")]
-    pub db: PathBuf,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
     /// How long a `running` owner may leave its admission unchanged before
     /// it counts as stuck.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]

@@ -1,0 +1,265 @@
+//! `--db postgres://…`: opening a [`PostgresStore`] the way the commands
+//! open a SQLite file, with the same errors and exit codes.
+//!
+//! - A read command (`Access::Read`) connects with `existing_only`: a
+//!   database turnstile never wrote to is "not found" (4), like a missing
+//!   file, and nothing is created or migrated. Writing commands migrate.
+//! - Before the pool, one plain connection is tried once: a server that is
+//!   not there is then one clear error at once (exit 1; `doctor` reports it
+//!   as "cannot open", exit 7), where the pool would wait out its acquire
+//!   timeout and look busy. A database the server does not have is "not
+//!   found" (4).
+//! - `--busy-timeout` bounds both the wait for a pooled connection and each
+//!   statement (`statement_timeout`, which includes waiting for a row lock
+//!   another process holds); past it the command exits busy (3). Without it
+//!   the acquire timeout is 30 s and statements run under the server's own
+//!   `statement_timeout`.
+//! - `--max-db-bytes` is a SQLite file quota and is refused for a URL.
+//!
+//! No message here quotes the URL as given: only [`PgUrl::redacted`] and
+//! [`location`] are ever shown.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+
+use super::db::PgUrl;
+use super::exit::CliError;
+use super::session_cmds::{Access, Limits};
+use turnstile::admin::DoctorReport;
+use turnstile::{Error, PostgresOptions, PostgresStore, StoreAdmin};
+
+/// Connections per command: a command runs one session's steps in turn.
+const POOL_SIZE: u32 = 4;
+/// `--busy-timeout` is taken within these bounds: connecting and a
+/// statement need some time, and the server takes at most `i32::MAX` ms.
+const MIN_WAIT: Duration = Duration::from_secs(1);
+const MAX_WAIT: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// Why the probe connection failed.
+enum Unreachable {
+    /// The server answered: it has no such database.
+    NoDatabase,
+    /// Anything else, in one line.
+    Other(String),
+}
+
+/// The connect options of `url`, refused as a usage error (the parser of
+/// `--db` already checked it, so this does not happen in practice).
+pub(super) fn connect_options(url: &PgUrl) -> Result<PgConnectOptions, CliError> {
+    PgConnectOptions::from_str(url.secret())
+        .map_err(|e| CliError::Usage(format!("invalid PostgreSQL URL: {e}")))
+}
+
+/// `postgres://user@host:port/database`, as [`PostgresStore::location`]
+/// writes it: never a password.
+pub(super) fn location(options: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username())
+    )
+}
+
+/// The store's options for a command with `limits`.
+fn store_options(url: &PgUrl, limits: Limits, existing_only: bool) -> PostgresOptions {
+    let mut options = PostgresOptions::new(url.secret());
+    options.pool_size = POOL_SIZE;
+    options.existing_only = existing_only;
+    if let Some(wait) = limits.busy_timeout {
+        let wait = wait.clamp(MIN_WAIT, MAX_WAIT);
+        options.acquire_timeout = wait;
+        options.statement_timeout = Some(wait);
+    }
+    options
+}
+
+/// Refuses what has no meaning on a server.
+pub(super) fn check_limits(limits: Limits) -> Result<(), CliError> {
+    if limits.max_db_bytes.is_some() {
+        return Err(CliError::Usage(
+            "--max-db-bytes is a size quota for a SQLite file; it has no meaning for a \
+             PostgreSQL database (use the server's own limits)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Opens the store for a command (see the module docs).
+pub(super) async fn open(url: &PgUrl, access: Access) -> Result<PostgresStore, CliError> {
+    let limits = access.limits();
+    check_limits(limits)?;
+    let options = store_options(url, limits, access == Access::Read);
+    let connect = connect_options(url)?;
+    match probe(&connect, options.acquire_timeout).await {
+        Ok(()) => {}
+        Err(Unreachable::NoDatabase) => return Err(CliError::MissingDatabase(location(&connect))),
+        Err(Unreachable::Other(why)) => {
+            return Err(CliError::Failed(format!(
+                "cannot connect to {}: {why}",
+                location(&connect)
+            )))
+        }
+    }
+    PostgresStore::connect_with(options)
+        .await
+        .map_err(|e| match e {
+            // Only the schema check of `existing_only` says this.
+            Error::NotFound { .. } if access == Access::Read => {
+                CliError::MissingSchema(location(&connect))
+            }
+            e => e.into(),
+        })
+}
+
+/// One connection attempt, closed at once.
+async fn probe(options: &PgConnectOptions, wait: Duration) -> Result<(), Unreachable> {
+    match tokio::time::timeout(wait, PgConnection::connect_with(options)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) if sqlstate(&e).as_deref() == Some("3D000") => Err(Unreachable::NoDatabase),
+        // The driver's message names the cause (refused, no such host, a
+        // failed authentication), never the password.
+        Ok(Err(e)) => Err(Unreachable::Other(e.to_string())),
+        Err(_) => Err(Unreachable::Other(format!(
+            "no connection within {}",
+            humantime::format_duration(wait)
+        ))),
+    }
+}
+
+fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    Some(error.as_database_error()?.code()?.into_owned())
+}
+
+/// `doctor`: the store's report, or one of its own when there is nothing to
+/// connect to. A database without the schema is not found (4), as a missing
+/// file is; one whose schema this build does not read is reported with why.
+pub(super) async fn doctor(url: &PgUrl, stale_after: Duration) -> Result<DoctorReport, CliError> {
+    let connect = connect_options(url)?;
+    let mut options = store_options(url, Limits::default(), true);
+    options.pool_size = 1;
+    let path = location(&connect);
+    match probe(&connect, options.acquire_timeout).await {
+        Ok(()) => {}
+        Err(Unreachable::NoDatabase) => return Err(CliError::MissingDatabase(path)),
+        Err(Unreachable::Other(why)) => {
+            return Ok(report_without_store(path, Some(why), None, Vec::new()))
+        }
+    }
+    let store = match PostgresStore::connect_with(options).await {
+        Ok(store) => store,
+        Err(Error::NotFound { .. }) => return Err(CliError::MissingSchema(path)),
+        Err(e @ (Error::SchemaTooOld { found, .. } | Error::SchemaTooNew { found, .. })) => {
+            return Ok(report_without_store(
+                path,
+                None,
+                Some(found),
+                vec![e.to_string()],
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let report = store.doctor(stale_after).await;
+    let _ = StoreAdmin::close(&store).await;
+    Ok(report?)
+}
+
+/// A report of what could not be checked.
+fn report_without_store(
+    path: String,
+    cannot_open: Option<String>,
+    schema_version: Option<i64>,
+    errors: Vec<String>,
+) -> DoctorReport {
+    DoctorReport {
+        path,
+        integrity_ok: None,
+        cannot_open,
+        integrity: Vec::new(),
+        schema_version,
+        supported_schema_version: PostgresStore::supported_schema_version(),
+        details: BTreeMap::new(),
+        database_bytes: 0,
+        wal_bytes: 0,
+        held_admissions: None,
+        stuck_admissions: None,
+        errors,
+    }
+}
+
+/// Bench and tests: a plain connection to `url` with `search_path` set to
+/// `schema`.
+pub(super) async fn connect_in_schema(
+    url: &PgUrl,
+    schema: Option<&str>,
+) -> Result<PgConnection, CliError> {
+    let mut options = connect_options(url)?.application_name("turnstile-bench");
+    if let Some(schema) = schema {
+        options = options.options([("search_path", schema)]);
+    }
+    options
+        .connect()
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot connect to {}: {e}", location(&options))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> PgUrl {
+        use clap::builder::TypedValueParser;
+        match super::super::db::DbLocationParser
+            .parse_ref(&clap::Command::new("t"), None, std::ffi::OsStr::new(text))
+            .unwrap()
+        {
+            super::super::db::DbLocation::Postgres(url) => url,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn busy_timeout_bounds_the_acquire_and_each_statement_within_limits() {
+        let u = url("postgres://u:pw@h/db");
+        let default = store_options(&u, Limits::default(), false);
+        assert_eq!(default.acquire_timeout, Duration::from_secs(30));
+        assert_eq!(default.statement_timeout, None);
+        let limits = |secs: u64| Limits {
+            max_db_bytes: None,
+            busy_timeout: Some(Duration::from_secs(secs)),
+        };
+        let ten = store_options(&u, limits(10), false);
+        assert_eq!(ten.acquire_timeout, Duration::from_secs(10));
+        assert_eq!(ten.statement_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(store_options(&u, limits(0), true).acquire_timeout, MIN_WAIT);
+        assert_eq!(
+            store_options(&u, limits(u64::MAX / 2), true).statement_timeout,
+            Some(MAX_WAIT)
+        );
+        assert!(!format!("{default:?}").contains("pw"));
+    }
+
+    #[test]
+    fn the_location_has_no_password() {
+        let options = connect_options(&url("postgres://me:pw@db.example:6543/app")).unwrap();
+        assert_eq!(location(&options), "postgres://me@db.example:6543/app");
+    }
+
+    #[test]
+    fn max_db_bytes_is_refused() {
+        let limits = Limits {
+            max_db_bytes: Some(1),
+            busy_timeout: None,
+        };
+        assert!(matches!(check_limits(limits), Err(CliError::Usage(_))));
+    }
+}
