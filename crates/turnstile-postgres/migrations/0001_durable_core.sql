@@ -64,6 +64,9 @@ CREATE TABLE requests (
     end_seq               bigint,
     created_at            bigint NOT NULL,
     completed_at          bigint,
+    -- The abandon that released it, by the token of that call: a retried
+    -- abandon whose first attempt committed unacknowledged knows its own.
+    abandoned_by          uuid,
     PRIMARY KEY (conversation_id, request_id)
 );
 

@@ -3,6 +3,7 @@
 //! decided by its row count.
 
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::{CheckpointColumns, ReportColumns};
@@ -521,13 +522,15 @@ pub(crate) async fn claim_recovery_in(
     Ok(fence(fence_at(claim.conversation_id, revision)?))
 }
 
-/// The abandon, inside its transaction: one statement that releases the
-/// admission and marks its run and request abandoned.
-pub(crate) async fn abandon_in(
+/// The abandon: one statement that releases the admission and marks its
+/// run and request abandoned, by `token` (one per call, the same for all
+/// its attempts).
+pub(crate) async fn abandon(
     conn: &mut PgConnection,
     conversation_id: ConversationId,
     request_id: RequestId,
     expected_revision: Revision,
+    token: Uuid,
     retry: bool,
 ) -> Result<Revision, Error> {
     let conversation = conversation_id.as_uuid();
@@ -550,14 +553,15 @@ pub(crate) async fn abandon_in(
                WHERE conversation_id = $2 AND run_id = (SELECT run_id FROM held)
                  AND status IN ('running', 'failed') AND EXISTS (SELECT 1 FROM released)
            ), request AS (
-               UPDATE requests SET status = 'abandoned', completed_at = $1
+               UPDATE requests SET status = 'abandoned', completed_at = $1, abandoned_by = $5
                WHERE conversation_id = $2 AND request_id = $4 AND EXISTS (SELECT 1 FROM released)
            )
            SELECT revision AS "revision!" FROM released"#,
         now_ms(),
         conversation,
         to_i64(expected_revision.0),
-        request
+        request,
+        token
     )
     .fetch_optional(&mut *conn)
     .await
@@ -566,9 +570,20 @@ pub(crate) async fn abandon_in(
         return fence_at(conversation_id, revision);
     }
     if retry {
-        // The first attempt released it, and its acknowledgement was lost.
-        let record = super::reads::load_request(conn, request_id).await?;
-        if record.is_some_and(|r| r.status == RequestStatus::Abandoned) {
+        // This call's first attempt released it (from `expected_revision`),
+        // and its acknowledgement was lost.
+        let mine = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM requests
+                   WHERE conversation_id = $1 AND request_id = $2 AND abandoned_by = $3)
+               AS "mine!""#,
+            conversation,
+            request,
+            token
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read abandon"))?;
+        if mine {
             return Ok(Revision(expected_revision.0 + 1));
         }
     }

@@ -2,8 +2,8 @@
 //! server that many processes on many machines share.
 //!
 //! Each durable step is one statement that commits on its own (one round
-//! trip): a claim, each turn write, a tool result, a commit; a recovery
-//! claim, an abandon and the summary writes are one short transaction. So
+//! trip): a claim, each turn write, a tool result, a commit, an abandon; a
+//! recovery claim and the summary writes are one short transaction. So
 //! no connection is held across a model or tool call. Every ownership
 //! change is one guarded `UPDATE admissions … WHERE revision = $n` whose
 //! row count decides it; every write of a run's owner starts with a fenced
@@ -238,11 +238,14 @@ impl Store for PostgresStore {
         request_id: RequestId,
         expected_revision: Revision,
     ) -> Result<Revision, Error> {
-        transaction!(self, |conn, retry| admission::abandon_in(
+        // One token per call, the same across its attempts.
+        let token = uuid::Uuid::new_v4();
+        autocommit!(self, |conn, retry| admission::abandon(
             conn,
             conversation_id,
             request_id,
             expected_revision,
+            token,
             retry
         ))
     }
