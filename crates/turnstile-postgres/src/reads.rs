@@ -9,7 +9,7 @@ use super::codec::{db, text, to_i64, Row};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
-use turnstile_core::store::columns::decode_message;
+use turnstile_core::store::columns::{decode_message, CheckpointRow};
 use turnstile_core::store::{
     JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus, StoredOutcome,
     ToolResult, TranscriptEntry,
@@ -139,30 +139,20 @@ pub(crate) async fn load_checkpoints(
     let mut checkpoints = rows
         .into_iter()
         .map(|r| {
-            let key = format!("{run_id}/{}", r.turn);
-            let row = Row {
-                table: "loop_checkpoints",
-                key: &key,
-            };
-            let count = usize::try_from(row.u64("reports_count", r.reports_count)?)
-                .map_err(|_| row.corrupt("reports_count out of range"))?;
-            Ok(LoopCheckpoint {
-                run_id,
-                turn: row.u32("turn", r.turn)?,
-                phase: CheckpointPhase::parse(&r.phase)
-                    .ok_or_else(|| row.corrupt(format!("unknown phase {:?}", r.phase)))?,
-                usage: row.usage(
-                    r.input_tokens,
-                    r.output_tokens,
-                    r.cache_read_tokens,
-                    r.cache_write_tokens,
-                )?,
-                tool_calls_count: row.u64("tool_calls_count", r.tool_calls_count)?,
-                // `reports` holds the most any row counts: each row's prefix.
-                verification_reports: reports.iter().take(count).cloned().collect(),
-                message_count: row.u64("message_count", r.message_count)?,
+            CheckpointRow {
+                turn: r.turn,
+                phase: r.phase,
+                input_tokens: r.input_tokens,
+                output_tokens: r.output_tokens,
+                cache_read_tokens: r.cache_read_tokens,
+                cache_write_tokens: r.cache_write_tokens,
+                tool_calls_count: r.tool_calls_count,
+                reports_count: r.reports_count,
+                message_count: r.message_count,
                 created_at: r.created_at,
-            })
+            }
+            // `reports` holds the most any row counts: each row's prefix.
+            .decode(run_id, &reports)
         })
         .collect::<Result<Vec<_>, Error>>()?;
     checkpoints.reverse();

@@ -10,6 +10,7 @@ use super::admission::load_admission;
 use super::codec::{db, now_ms, text, to_i64, Row};
 use super::turns::check_fence;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
+use turnstile_core::store::columns::owns;
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};
 use turnstile_core::Error;
 
@@ -220,11 +221,7 @@ async fn refusal(conn: &mut PgConnection, fence: &Fence, pass: &SummaryPass) -> 
         Ok(admission) => admission,
         Err(e) => return e,
     };
-    let owned = admission.revision == fence.revision
-        && admission
-            .active
-            .is_some_and(|active| active.run_id == fence.run_id);
-    if !owned {
+    if !owns(&admission, fence) {
         return Error::Fenced {
             run_id: fence.run_id,
             revision: fence.revision,

@@ -9,9 +9,9 @@ use super::turns::{insert_messages, save_checkpoints};
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
+use turnstile_core::store::columns::{cas_refusal, AdmissionRow, Wanted};
 use turnstile_core::store::{
-    ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
-    SummaryPass, SummaryProgress,
+    Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
 };
 use turnstile_core::Error;
 
@@ -136,70 +136,25 @@ pub(super) async fn load_admission(
         table: "admissions",
         key: &conversation_id,
     };
-    let revision = Revision(key.u64("revision", row.revision)?);
-    let active = match row.active_request_id {
-        None => None,
-        Some(request) => Some(ActiveAdmission {
-            request_id: key.id::<RequestId>("active_request_id", &request)?,
-            input_sha256: key.hash(
-                "input_sha256",
-                row.input_sha256.as_deref().unwrap_or_default(),
-            )?,
-            run_id: key.id("run_id", row.run_id.as_deref().unwrap_or_default())?,
-            agent_fingerprint: row
-                .agent_fingerprint
-                .ok_or_else(|| key.corrupt("active admission without agent_fingerprint"))?,
-            usage: key.usage(
-                row.input_tokens,
-                row.output_tokens,
-                row.cache_read_tokens,
-                row.cache_write_tokens,
-            )?,
-            summary: SummaryProgress {
-                passes: key.u32("summary_passes", row.summary_passes)?,
-                pending: pending_pass(
-                    &key,
-                    row.summary_from_seq,
-                    row.summary_through_seq,
-                    row.summary_version,
-                    row.summary_prompt_sha256.as_deref(),
-                )?,
-            },
-        }),
-    };
-    Ok(Admission {
-        conversation_id,
-        revision,
-        active,
-    })
-}
-
-/// Whether a failed compare-and-swap wanted an idle admission (a claim) or
-/// an active one (a recovery claim or an abandon).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Wanted {
-    Idle,
-    Active,
-}
-
-/// The summary pass in flight: all of its columns, or none.
-fn pending_pass(
-    key: &Row<'_>,
-    from_seq: Option<i64>,
-    through_seq: Option<i64>,
-    version: Option<i64>,
-    prompt: Option<&[u8]>,
-) -> Result<Option<SummaryPass>, Error> {
-    match (from_seq, through_seq, version, prompt) {
-        (None, None, None, None) => Ok(None),
-        (Some(from), Some(through), Some(version), Some(prompt)) => Ok(Some(SummaryPass {
-            from_seq: key.u64("summary_from_seq", from)?,
-            through_seq: key.u64("summary_through_seq", through)?,
-            transcript_version: key.u64("summary_version", version)?,
-            prompt_sha256: key.hash("summary_prompt_sha256", prompt)?.0,
-        })),
-        _ => Err(key.corrupt("a summary pass in flight with missing columns")),
+    let uuid =
+        |column: &str, bytes: Option<Vec<u8>>| bytes.map(|b| key.uuid(column, &b)).transpose();
+    AdmissionRow {
+        revision: row.revision,
+        active_request_id: uuid("active_request_id", row.active_request_id)?,
+        input_sha256: row.input_sha256,
+        run_id: uuid("run_id", row.run_id)?,
+        agent_fingerprint: row.agent_fingerprint,
+        input_tokens: row.input_tokens,
+        output_tokens: row.output_tokens,
+        cache_read_tokens: row.cache_read_tokens,
+        cache_write_tokens: row.cache_write_tokens,
+        summary_passes: row.summary_passes,
+        summary_from_seq: row.summary_from_seq,
+        summary_through_seq: row.summary_through_seq,
+        summary_version: row.summary_version,
+        summary_prompt_sha256: row.summary_prompt_sha256,
     }
+    .decode(conversation_id)
 }
 
 /// Explains why a compare-and-swap on the admission matched no row.
@@ -210,26 +165,9 @@ async fn diagnose(
     request_id: RequestId,
     expected: Revision,
 ) -> Error {
-    let admission = match load_admission(tx, conversation_id).await {
-        Ok(admission) => admission,
-        Err(e) => return e,
-    };
-    let busy = |holder: RequestId| Error::Busy {
-        conversation_id,
-        request_id: holder,
-        revision: admission.revision,
-    };
-    match admission.active {
-        // Nothing to take over, whatever the revision.
-        None if wanted == Wanted::Active => Error::NotActive { request_id },
-        Some(active) if active.request_id != request_id || admission.revision == expected => {
-            busy(active.request_id)
-        }
-        _ => Error::Conflict {
-            conversation_id,
-            expected,
-            actual: admission.revision,
-        },
+    match load_admission(tx, conversation_id).await {
+        Ok(admission) => cas_refusal(admission, wanted, request_id, expected),
+        Err(e) => e,
     }
 }
 

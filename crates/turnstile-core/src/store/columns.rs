@@ -6,9 +6,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use uuid::Uuid;
 
+use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
-use crate::message::{Message, Usage};
-use crate::store::InputHash;
+use crate::ids::{ConversationId, RequestId, Revision, RunId};
+use crate::message::{Message, Usage, VerificationReport};
+use crate::store::{ActiveAdmission, Admission, Fence, InputHash, SummaryPass, SummaryProgress};
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -138,6 +140,192 @@ pub fn decode_message(
     fields.insert("content".into(), content.into());
     serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| row.corrupt(format!("message: {e}")))
+}
+
+/// An admission row as every backend reads it (ids already as uuids).
+pub struct AdmissionRow {
+    pub revision: i64,
+    pub active_request_id: Option<Uuid>,
+    pub input_sha256: Option<Vec<u8>>,
+    pub run_id: Option<Uuid>,
+    pub agent_fingerprint: Option<String>,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cache_read_tokens: i64,
+    pub cache_write_tokens: i64,
+    pub summary_passes: i64,
+    pub summary_from_seq: Option<i64>,
+    pub summary_through_seq: Option<i64>,
+    pub summary_version: Option<i64>,
+    pub summary_prompt_sha256: Option<Vec<u8>>,
+}
+
+impl AdmissionRow {
+    pub fn decode(self, conversation_id: ConversationId) -> Result<Admission, Error> {
+        let key = Row {
+            table: "admissions",
+            key: &conversation_id,
+        };
+        let revision = Revision(key.u64("revision", self.revision)?);
+        let active = match self.active_request_id {
+            None => None,
+            Some(request) => Some(ActiveAdmission {
+                request_id: key.checked_id::<RequestId>("active_request_id", request)?,
+                input_sha256: key.hash(
+                    "input_sha256",
+                    self.input_sha256.as_deref().unwrap_or_default(),
+                )?,
+                run_id: key.checked_id(
+                    "run_id",
+                    self.run_id
+                        .ok_or_else(|| key.corrupt("active admission without run_id"))?,
+                )?,
+                agent_fingerprint: self
+                    .agent_fingerprint
+                    .ok_or_else(|| key.corrupt("active admission without agent_fingerprint"))?,
+                usage: key.usage(
+                    self.input_tokens,
+                    self.output_tokens,
+                    self.cache_read_tokens,
+                    self.cache_write_tokens,
+                )?,
+                summary: SummaryProgress {
+                    passes: key.u32("summary_passes", self.summary_passes)?,
+                    pending: pending_pass(
+                        &key,
+                        self.summary_from_seq,
+                        self.summary_through_seq,
+                        self.summary_version,
+                        self.summary_prompt_sha256.as_deref(),
+                    )?,
+                },
+            }),
+        };
+        Ok(Admission {
+            conversation_id,
+            revision,
+            active,
+        })
+    }
+}
+
+/// The summary pass in flight: all of its columns, or none.
+fn pending_pass(
+    key: &Row<'_>,
+    from_seq: Option<i64>,
+    through_seq: Option<i64>,
+    version: Option<i64>,
+    prompt: Option<&[u8]>,
+) -> Result<Option<SummaryPass>, Error> {
+    match (from_seq, through_seq, version, prompt) {
+        (None, None, None, None) => Ok(None),
+        (Some(from), Some(through), Some(version), Some(prompt)) => Ok(Some(SummaryPass {
+            from_seq: key.u64("summary_from_seq", from)?,
+            through_seq: key.u64("summary_through_seq", through)?,
+            transcript_version: key.u64("summary_version", version)?,
+            prompt_sha256: key.hash("summary_prompt_sha256", prompt)?.0,
+        })),
+        _ => Err(key.corrupt("a summary pass in flight with missing columns")),
+    }
+}
+
+/// What a failed compare-and-swap on the admission wanted: an idle one (a
+/// claim) or an active one (a recovery claim, an abandon).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wanted {
+    Idle,
+    Active,
+}
+
+/// Why a compare-and-swap on the admission matched no row, given the
+/// admission as it is now: `Busy` (another request holds it, or this one at
+/// the expected revision), `NotActive` (nothing to take over), or
+/// `Conflict` (the revision moved).
+pub fn cas_refusal(
+    admission: Admission,
+    wanted: Wanted,
+    request_id: RequestId,
+    expected: Revision,
+) -> Error {
+    let conversation_id = admission.conversation_id;
+    match admission.active {
+        None if wanted == Wanted::Active => Error::NotActive { request_id },
+        Some(active) if active.request_id != request_id || admission.revision == expected => {
+            Error::Busy {
+                conversation_id,
+                request_id: active.request_id,
+                revision: admission.revision,
+            }
+        }
+        _ => Error::Conflict {
+            conversation_id,
+            expected,
+            actual: admission.revision,
+        },
+    }
+}
+
+/// Whether `fence` still owns the admission: its run at its revision.
+pub fn owns(admission: &Admission, fence: &Fence) -> bool {
+    admission.revision == fence.revision
+        && admission
+            .active
+            .as_ref()
+            .is_some_and(|active| active.run_id == fence.run_id)
+}
+
+/// A loop checkpoint row as every backend reads it.
+pub struct CheckpointRow {
+    pub turn: i64,
+    pub phase: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cache_read_tokens: i64,
+    pub cache_write_tokens: i64,
+    pub tool_calls_count: i64,
+    pub reports_count: i64,
+    pub message_count: i64,
+    pub created_at: i64,
+}
+
+impl CheckpointRow {
+    /// The checkpoint, with the first `reports_count` of the request's
+    /// `reports` (which must hold at least that many).
+    pub fn decode(
+        self,
+        run_id: RunId,
+        reports: &[VerificationReport],
+    ) -> Result<LoopCheckpoint, Error> {
+        let key = format!("{run_id}/{}", self.turn);
+        let row = Row {
+            table: "loop_checkpoints",
+            key: &key,
+        };
+        let count = usize::try_from(row.u64("reports_count", self.reports_count)?)
+            .map_err(|_| row.corrupt("reports_count out of range"))?;
+        if count > reports.len() {
+            return Err(row.corrupt(format!(
+                "counts {count} verification reports, {} stored",
+                reports.len()
+            )));
+        }
+        Ok(LoopCheckpoint {
+            run_id,
+            turn: row.u32("turn", self.turn)?,
+            phase: CheckpointPhase::parse(&self.phase)
+                .ok_or_else(|| row.corrupt(format!("unknown phase {:?}", self.phase)))?,
+            usage: row.usage(
+                self.input_tokens,
+                self.output_tokens,
+                self.cache_read_tokens,
+                self.cache_write_tokens,
+            )?,
+            tool_calls_count: row.u64("tool_calls_count", self.tool_calls_count)?,
+            verification_reports: reports[..count].to_vec(),
+            message_count: row.u64("message_count", self.message_count)?,
+            created_at: self.created_at,
+        })
+    }
 }
 
 #[cfg(test)]
