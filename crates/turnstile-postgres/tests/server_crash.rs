@@ -43,9 +43,10 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use durability::{Call, Hook, Hooked, ToolWatch};
+use durability::ToolWatch;
 use sqlx::PgPool;
-use torture_support::{namespace, ConversationPlan, Plan, Rng};
+use torture_support::hooked::{Call, Hook, Hooked};
+use torture_support::{checks, namespace, ConversationPlan, Plan, Rng};
 use turnstile::store::RequestStatus;
 use turnstile::{
     AgentSession, ContextPolicy, Error, PostgresOptions, PostgresStore, RequestId, ResumePolicy,
@@ -462,9 +463,8 @@ async fn server_crashes_mid_run_lose_nothing_acknowledged_and_every_request_comp
         .map(|(&id, _)| id)
         .collect();
     let reference = durability::reference_run(&plan, &tmp.path().join("reference.log")).await;
-    let journaled =
-        durability::assert_plan_committed(store, &plan, &reference, &recovered, &log).await;
-    let effects = durability::effects_in(&log);
+    let journaled = checks::assert_plan_committed(store, &plan, &reference, &recovered, &log).await;
+    let effects = checks::effects_in(&log);
 
     let say = |name: &str, value: &dyn std::fmt::Display| {
         println!("server crash: {name}: {value}");

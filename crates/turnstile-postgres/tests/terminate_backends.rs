@@ -42,11 +42,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use durability::{Call, Hook, Hooked, ToolWatch};
+use durability::ToolWatch;
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use torture_support::{namespace, ConversationPlan, Plan, Rng};
+use torture_support::hooked::{Call, Hook, Hooked};
+use torture_support::{checks, namespace, ConversationPlan, Plan, Rng};
 use turnstile::{
     Agent, AgentSession, Budget, ContextPolicy, Error, MaxPasses, Outcome, PostgresOptions,
     PostgresStore, ResumePolicy, RunContext, ScriptedModel, ScriptedReply, Store, Usage,
@@ -151,8 +152,8 @@ async fn assert_committed_once(
     }
     let reference = durability::reference_run(plan, &dir.join("reference.log")).await;
     let journaled =
-        durability::assert_plan_committed(store, plan, &reference, &HashSet::new(), log).await;
-    let effects = durability::effects_in(log);
+        checks::assert_plan_committed(store, plan, &reference, &HashSet::new(), log).await;
+    let effects = checks::effects_in(log);
     assert_eq!(
         effects, reference.effects,
         "each planned tool call executed exactly once"
@@ -743,7 +744,7 @@ async fn state(store: &dyn Store, pool: &PgPool, conversation: &ConversationPlan
         .await
         .expect("conversation");
     facts.push(format!("version {}", header.version));
-    for (seq, request, message) in durability::transcript_of(store, conversation.id).await {
+    for (seq, request, message) in checks::transcript_of(store, conversation.id).await {
         facts.push(format!("transcript {seq}: {request} {message:?}"));
     }
     for request in &conversation.requests {
@@ -869,7 +870,7 @@ async fn run_flow(
     FlowRun {
         told,
         state,
-        effects: durability::effects_in(&log).into_iter().collect(),
+        effects: checks::effects_in(&log).into_iter().collect(),
         ops,
         cut,
         retries,

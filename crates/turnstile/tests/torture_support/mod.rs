@@ -1,13 +1,24 @@
-//! Building blocks of `tests/crash_torture.rs`: a seeded PRNG, the seeded
-//! plan of conversations and requests, the scripted agent (a `ScriptedModel`
-//! per request, tools whose side effect is a line in an fsync'd log), and a
-//! store wrapper that traces every store call to stdout so the parent can
-//! tell where a SIGKILL landed.
+//! Building blocks of the crash tortures (`tests/crash_torture.rs` here,
+//! on SQLite, and `turnstile-postgres/tests/crash_torture.rs`, which
+//! includes this module by path, as do the other PostgreSQL durability
+//! tests): a seeded PRNG, the seeded plan of conversations and requests,
+//! the scripted agent (a `ScriptedModel` per request, tools whose side
+//! effect is a line in an fsync'd log), a store wrapper that traces every
+//! store call to stdout so the parent can tell where a SIGKILL landed
+//! ([`hooked`]), the crash-free reference run and the checks of what a run
+//! committed ([`checks`]), and the torture itself, on any backend
+//! ([`kills`]). Nothing here names a store type: every store is an
+//! `Arc<dyn Store>` the test opened.
 //!
 //! Trace lines start with `@`: `@C + KIND DETAIL` when conversation `C`
 //! enters a step, `@C - KIND` when it leaves it, and `@C EVENT ...` for
 //! single events. Nothing but tracing is added: every call is delegated
 //! unchanged.
+
+pub mod checks;
+pub mod hooked;
+#[cfg(unix)]
+pub mod kills;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,15 +29,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use turnstile::agent::{ModelRequest, ModelResponse};
-use turnstile::store::{
-    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult,
-    TranscriptEntry,
-};
 use turnstile::{
-    Agent, ConversationId, Error, LoopCheckpoint, Message, Model, ModelError, Namespace, RequestId,
-    Revision, RunId, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall, ToolContext,
-    ToolError, ToolSpec, Usage,
+    Agent, ConversationId, Message, Model, ModelError, Namespace, RequestId, ScriptedModel,
+    ScriptedReply, Tool, ToolCall, ToolContext, ToolError, ToolSpec, Usage,
 };
 
 /// splitmix64: a tiny seeded PRNG (no random crate in the dependencies).
@@ -400,267 +405,4 @@ pub fn agent(
         },
     );
     (agent, model)
-}
-
-/// A [`Store`] that traces every call of one conversation's session and
-/// delegates it unchanged to the SQLite store.
-pub struct TracedStore {
-    pub inner: Arc<SqliteStore>,
-    pub conversation: usize,
-    pub tracer: Tracer,
-}
-
-impl TracedStore {
-    async fn write<T>(
-        &self,
-        op: &str,
-        detail: impl std::fmt::Display,
-        f: impl Future<Output = T>,
-    ) -> T {
-        self.tracer
-            .span(self.conversation, &format!("write:{op}"), detail, f)
-            .await
-    }
-
-    async fn read<T>(&self, op: &str, f: impl Future<Output = T>) -> T {
-        self.tracer
-            .span(self.conversation, &format!("read:{op}"), "", f)
-            .await
-    }
-}
-
-#[turnstile::async_trait]
-impl Store for TracedStore {
-    async fn ensure_conversation(
-        &self,
-        namespace: &Namespace,
-        id: ConversationId,
-    ) -> Result<Conversation, Error> {
-        self.write(
-            "ensure_conversation",
-            id,
-            self.inner.ensure_conversation(namespace, id),
-        )
-        .await
-    }
-
-    async fn conversation(
-        &self,
-        namespace: &Namespace,
-        id: ConversationId,
-    ) -> Result<Conversation, Error> {
-        self.read("conversation", self.inner.conversation(namespace, id))
-            .await
-    }
-
-    async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
-        self.read("admission", self.inner.admission(conversation_id))
-            .await
-    }
-
-    async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        self.write("claim", claim.request_id, self.inner.claim(claim))
-            .await
-    }
-
-    async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
-        self.write(
-            "claim_recovery",
-            claim.request_id,
-            self.inner.claim_recovery(claim),
-        )
-        .await
-    }
-
-    async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
-        self.read("request", self.inner.request(request_id)).await
-    }
-
-    async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error> {
-        self.read("run", self.inner.run(run_id)).await
-    }
-
-    async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        self.write(
-            "begin_turn",
-            fence.request_id,
-            self.inner.begin_turn(fence, checkpoint),
-        )
-        .await
-    }
-
-    async fn record_model_response(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        assistant: &Message,
-    ) -> Result<(), Error> {
-        self.write(
-            "record_model_response",
-            fence.request_id,
-            self.inner
-                .record_model_response(fence, checkpoint, assistant),
-        )
-        .await
-    }
-
-    async fn record_tool_result(
-        &self,
-        fence: &Fence,
-        turn: u32,
-        call_id: &str,
-        result: &ToolResult,
-    ) -> Result<(), Error> {
-        self.write(
-            "record_tool_result",
-            fence.request_id,
-            self.inner.record_tool_result(fence, turn, call_id, result),
-        )
-        .await
-    }
-
-    async fn finish_turn(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        messages: &[Message],
-        next: Option<&LoopCheckpoint>,
-    ) -> Result<(), Error> {
-        self.write(
-            "finish_turn",
-            fence.request_id,
-            self.inner.finish_turn(fence, checkpoint, messages, next),
-        )
-        .await
-    }
-
-    async fn commit(
-        &self,
-        fence: &Fence,
-        checkpoint: &LoopCheckpoint,
-        final_message: &Message,
-    ) -> Result<StoredOutcome, Error> {
-        self.write(
-            "commit",
-            fence.request_id,
-            self.inner.commit(fence, checkpoint, final_message),
-        )
-        .await
-    }
-
-    async fn fail_run(
-        &self,
-        fence: &Fence,
-        error: &str,
-        settled: Option<&LoopCheckpoint>,
-    ) -> Result<(), Error> {
-        self.write(
-            "fail_run",
-            fence.request_id,
-            self.inner.fail_run(fence, error, settled),
-        )
-        .await
-    }
-
-    async fn abandon(
-        &self,
-        conversation_id: ConversationId,
-        request_id: RequestId,
-        expected_revision: Revision,
-    ) -> Result<Revision, Error> {
-        self.write(
-            "abandon",
-            request_id,
-            self.inner
-                .abandon(conversation_id, request_id, expected_revision),
-        )
-        .await
-    }
-
-    async fn transcript_window(
-        &self,
-        conversation_id: ConversationId,
-        limit: u32,
-    ) -> Result<Vec<TranscriptEntry>, Error> {
-        self.read(
-            "transcript_window",
-            self.inner.transcript_window(conversation_id, limit),
-        )
-        .await
-    }
-
-    async fn transcript_range(
-        &self,
-        conversation_id: ConversationId,
-        from: u64,
-        to: u64,
-    ) -> Result<Vec<TranscriptEntry>, Error> {
-        self.read(
-            "transcript_range",
-            self.inner.transcript_range(conversation_id, from, to),
-        )
-        .await
-    }
-
-    async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error> {
-        self.read("latest_checkpoint", self.inner.latest_checkpoint(run_id))
-            .await
-    }
-
-    async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
-        self.read("checkpoints", self.inner.checkpoints(run_id))
-            .await
-    }
-
-    async fn request_messages(
-        &self,
-        request_id: RequestId,
-        count: u64,
-    ) -> Result<Vec<Message>, Error> {
-        self.read(
-            "request_messages",
-            self.inner.request_messages(request_id, count),
-        )
-        .await
-    }
-
-    async fn journal(&self, request_id: RequestId, turn: u32) -> Result<Vec<JournalEntry>, Error> {
-        self.read("journal", self.inner.journal(request_id, turn))
-            .await
-    }
-
-    async fn recovery_usage(&self, request_id: RequestId) -> Result<Usage, Error> {
-        self.read("recovery_usage", self.inner.recovery_usage(request_id))
-            .await
-    }
-
-    async fn latest_summary(
-        &self,
-        conversation_id: ConversationId,
-    ) -> Result<Option<StoredSummary>, Error> {
-        self.read("latest_summary", self.inner.latest_summary(conversation_id))
-            .await
-    }
-
-    async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
-        self.write(
-            "record_summary_pass",
-            fence.request_id,
-            self.inner.record_summary_pass(fence, pass),
-        )
-        .await
-    }
-
-    async fn commit_summary(
-        &self,
-        fence: &Fence,
-        summary: &SummaryCommit,
-    ) -> Result<StoredSummary, Error> {
-        self.write(
-            "commit_summary",
-            fence.request_id,
-            self.inner.commit_summary(fence, summary),
-        )
-        .await
-    }
 }
