@@ -36,6 +36,7 @@ use turnstile_core::store::{
     ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
+use writer::Isolation;
 
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,7 +128,7 @@ impl Store for SqliteStore {
     ) -> Result<Conversation, Error> {
         let namespace = namespace.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(
                     async move { admission::ensure_conversation_in(conn, &namespace, id).await },
                 )
@@ -152,14 +153,16 @@ impl Store for SqliteStore {
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
         let claim = claim.clone();
         self.group
-            .write(move |conn| Box::pin(async move { admission::claim_in(conn, &claim).await }))
+            .write(Isolation::Statement, move |conn| {
+                Box::pin(async move { admission::claim_in(conn, &claim).await })
+            })
             .await
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
         let claim = *claim;
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move { admission::claim_recovery_in(conn, &claim).await })
             })
             .await
@@ -177,7 +180,7 @@ impl Store for SqliteStore {
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move { turns::begin_turn_in(conn, &fence, &checkpoint).await })
             })
             .await
@@ -192,7 +195,7 @@ impl Store for SqliteStore {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         let assistant = assistant.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     turns::record_model_response_in(conn, &fence, &checkpoint, &assistant).await
                 })
@@ -211,7 +214,7 @@ impl Store for SqliteStore {
         let call_id = call_id.to_owned();
         let result = result.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     turns::record_tool_result_in(conn, &fence, turn, &call_id, &result).await
                 })
@@ -236,7 +239,7 @@ impl Store for SqliteStore {
         let messages = messages.to_vec();
         let next = next.cloned();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     turns::finish_turn_in(
                         conn,
@@ -261,7 +264,7 @@ impl Store for SqliteStore {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         let final_message = final_message.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     commit::commit_in(conn, &fence, &checkpoint, &final_message).await
                 })
@@ -279,7 +282,7 @@ impl Store for SqliteStore {
         let error = error.to_owned();
         let settled = settled.cloned();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(
                     async move { turns::fail_run_in(conn, &fence, &error, settled.as_ref()).await },
                 )
@@ -294,7 +297,7 @@ impl Store for SqliteStore {
         expected_revision: Revision,
     ) -> Result<Revision, Error> {
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     admission::abandon_in(conn, conversation_id, request_id, expected_revision)
                         .await
@@ -356,7 +359,7 @@ impl Store for SqliteStore {
     async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
         let (fence, pass) = (*fence, pass.clone());
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(
                     async move { summaries::record_summary_pass_in(conn, &fence, &pass).await },
                 )
@@ -371,7 +374,7 @@ impl Store for SqliteStore {
     ) -> Result<StoredSummary, Error> {
         let (fence, summary) = (*fence, summary.clone());
         self.group
-            .write(move |conn| {
+            .write(Isolation::Savepoint, move |conn| {
                 Box::pin(async move { summaries::commit_summary_in(conn, &fence, &summary).await })
             })
             .await
