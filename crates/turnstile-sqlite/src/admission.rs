@@ -90,7 +90,7 @@ pub(super) async fn load_conversation(
 }
 
 /// A conversation row, read in `namespace`.
-fn conversation_of(
+pub(super) fn conversation_of(
     namespace: &Namespace,
     id: ConversationId,
     stored_namespace: String,
@@ -122,7 +122,8 @@ pub(super) async fn load_admission(
     conversation_id: ConversationId,
 ) -> Result<Admission, Error> {
     let uuid = conversation_id.as_uuid();
-    let row = sqlx::query!(
+    sqlx::query_as!(
+        AdmissionColumns,
         "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
                 input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
                 summary_passes, summary_from_seq, summary_through_seq, summary_version,
@@ -136,47 +137,72 @@ pub(super) async fn load_admission(
     .ok_or_else(|| Error::NotFound {
         what: "conversation",
         id: conversation_id.to_string(),
-    })?;
-    let key = Row {
-        table: "admissions",
-        key: &conversation_id,
-    };
-    let revision = Revision(key.u64("revision", row.revision)?);
-    let active = match row.active_request_id {
-        None => None,
-        Some(request) => Some(ActiveAdmission {
-            request_id: key.id::<RequestId>("active_request_id", &request)?,
-            input_sha256: key.hash(
-                "input_sha256",
-                row.input_sha256.as_deref().unwrap_or_default(),
-            )?,
-            run_id: key.id("run_id", row.run_id.as_deref().unwrap_or_default())?,
-            agent_fingerprint: row
-                .agent_fingerprint
-                .ok_or_else(|| key.corrupt("active admission without agent_fingerprint"))?,
-            usage: key.usage(
-                row.input_tokens,
-                row.output_tokens,
-                row.cache_read_tokens,
-                row.cache_write_tokens,
-            )?,
-            summary: SummaryProgress {
-                passes: key.u32("summary_passes", row.summary_passes)?,
-                pending: pending_pass(
-                    &key,
-                    row.summary_from_seq,
-                    row.summary_through_seq,
-                    row.summary_version,
-                    row.summary_prompt_sha256.as_deref(),
+    })?
+    .decode(conversation_id)
+}
+
+/// An `admissions` row as read.
+pub(super) struct AdmissionColumns {
+    pub(super) revision: i64,
+    pub(super) active_request_id: Option<Vec<u8>>,
+    pub(super) input_sha256: Option<Vec<u8>>,
+    pub(super) run_id: Option<Vec<u8>>,
+    pub(super) agent_fingerprint: Option<String>,
+    pub(super) input_tokens: i64,
+    pub(super) output_tokens: i64,
+    pub(super) cache_read_tokens: i64,
+    pub(super) cache_write_tokens: i64,
+    pub(super) summary_passes: i64,
+    pub(super) summary_from_seq: Option<i64>,
+    pub(super) summary_through_seq: Option<i64>,
+    pub(super) summary_version: Option<i64>,
+    pub(super) summary_prompt_sha256: Option<Vec<u8>>,
+}
+
+impl AdmissionColumns {
+    pub(super) fn decode(self, conversation_id: ConversationId) -> Result<Admission, Error> {
+        let row = self;
+        let key = Row {
+            table: "admissions",
+            key: &conversation_id,
+        };
+        let revision = Revision(key.u64("revision", row.revision)?);
+        let active = match row.active_request_id {
+            None => None,
+            Some(request) => Some(ActiveAdmission {
+                request_id: key.id::<RequestId>("active_request_id", &request)?,
+                input_sha256: key.hash(
+                    "input_sha256",
+                    row.input_sha256.as_deref().unwrap_or_default(),
                 )?,
-            },
-        }),
-    };
-    Ok(Admission {
-        conversation_id,
-        revision,
-        active,
-    })
+                run_id: key.id("run_id", row.run_id.as_deref().unwrap_or_default())?,
+                agent_fingerprint: row
+                    .agent_fingerprint
+                    .ok_or_else(|| key.corrupt("active admission without agent_fingerprint"))?,
+                usage: key.usage(
+                    row.input_tokens,
+                    row.output_tokens,
+                    row.cache_read_tokens,
+                    row.cache_write_tokens,
+                )?,
+                summary: SummaryProgress {
+                    passes: key.u32("summary_passes", row.summary_passes)?,
+                    pending: pending_pass(
+                        &key,
+                        row.summary_from_seq,
+                        row.summary_through_seq,
+                        row.summary_version,
+                        row.summary_prompt_sha256.as_deref(),
+                    )?,
+                },
+            }),
+        };
+        Ok(Admission {
+            conversation_id,
+            revision,
+            active,
+        })
+    }
 }
 
 /// Whether a failed compare-and-swap wanted an idle admission (a claim) or

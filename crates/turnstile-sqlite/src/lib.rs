@@ -31,9 +31,9 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
-    ToolResult, TranscriptEntry,
+    Admission, ClaimContext, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest,
+    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
+    SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 use writer::Isolation;
@@ -148,6 +148,17 @@ impl Store for SqliteStore {
     async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
         let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
         admission::load_admission(&mut conn, conversation_id).await
+    }
+
+    async fn claim_context(
+        &self,
+        namespace: &Namespace,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        window: Option<u32>,
+    ) -> Result<ClaimContext, Error> {
+        reads::load_claim_context(&self.reader, namespace, conversation_id, request_id, window)
+            .await
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
