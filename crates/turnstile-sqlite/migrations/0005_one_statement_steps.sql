@@ -11,6 +11,10 @@
 -- and needs no savepoint, even among other sessions' steps in one group
 -- transaction. Every message raised here starts with `turnstile: `.
 --
+-- Each compare-and-swap is checked twice in its statement: the raise
+-- before any write, and the guarded `UPDATE admissions … WHERE revision = …`
+-- itself (which, after the check, always matches its one row).
+--
 -- The views hold no rows (`WHERE 0`); their columns are the step's
 -- parameters. Times are Unix milliseconds (`now`); lists are JSON arrays
 -- expanded with `json_each`. The base tables, their triggers (0004) and
@@ -114,7 +118,8 @@ BEGIN
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
         revision = revision + 1, updated_at = NEW.now
-    WHERE conversation_id = NEW.conversation_id;
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
+      AND active_request_id IS NULL;
     INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at)
     VALUES (NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now);
     INSERT INTO runs (run_id, request_id, status, started_at)
@@ -158,7 +163,8 @@ BEGIN
     WHERE (SELECT phase FROM loop_checkpoints WHERE run_id = NEW.from_run
            ORDER BY turn DESC LIMIT 1) IN (SELECT value FROM json_each(NEW.refuse_phases));
     UPDATE admissions SET run_id = NEW.new_run, revision = revision + 1, updated_at = NEW.now
-    WHERE conversation_id = NEW.conversation_id;
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
+      AND run_id = NEW.from_run;
     UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, NEW.now)
     WHERE run_id = NEW.from_run AND status IN ('running', 'failed');
     INSERT INTO runs (run_id, request_id, resumed_from, status, started_at)
@@ -207,7 +213,8 @@ BEGIN
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
         revision = revision + 1, updated_at = NEW.now
-    WHERE conversation_id = NEW.conversation_id;
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+      AND run_id = NEW.run_id;
     UPDATE conversations SET version = version + 1 WHERE id = NEW.conversation_id;
     -- The request's messages start after the transcript's current end.
     UPDATE requests
@@ -257,7 +264,8 @@ BEGIN
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
         revision = revision + 1, updated_at = NEW.now
-    WHERE conversation_id = NEW.conversation_id;
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
+      AND active_request_id = NEW.request_id;
     UPDATE requests SET status = 'abandoned', completed_at = NEW.now
     WHERE request_id = NEW.request_id;
 END;
