@@ -2,11 +2,17 @@
 //!
 //! - SQL statements per step (every statement sqlx executes reports one
 //!   `sqlx::query` tracing event, counted here; `BEGIN`/`COMMIT` are not
-//!   among them);
+//!   among them, a `SAVEPOINT` is);
+//! - round trips to sqlx's connection worker per step: the statements plus
+//!   a `BEGIN` and a `COMMIT` per commit (every measured write transaction
+//!   writes, so each ends in a commit frame of the WAL);
 //! - commits and WAL pages per step, read from the WAL file's frame headers
 //!   (a commit is a frame with a non-zero "database size" field);
 //! - storage after the issue's default workload (200 conversations × 20
 //!   turns, two ~500-byte messages per turn), per raw message byte;
+//! - the same counts for 64 sessions that write one tool turn each at
+//!   once, their steps group-committed (how many share a transaction
+//!   depends on timing; statements per step do not, without savepoints);
 //! - the in-memory harness at full size (1,000 sessions × 10 turns).
 //!
 //! ```sh
@@ -194,27 +200,84 @@ fn context_switches() -> Option<u64> {
 
 fn print_rows(rows: &[Measured]) {
     println!(
-        "| {:<52} | {:>10} | {:>8} | {:>7} | {:>9} | {:>8} |",
-        "operation", "statements", "switches", "commits", "WAL pages", "WAL KiB"
+        "| {:<56} | {:>10} | {:>11} | {:>8} | {:>7} | {:>9} | {:>8} |",
+        "operation", "statements", "round trips", "switches", "commits", "WAL pages", "WAL KiB"
     );
     println!(
-        "|{:-<54}|{:->12}|{:->10}|{:->9}|{:->11}|{:->10}|",
-        "", "", "", "", "", ""
+        "|{:-<58}|{:->12}|{:->13}|{:->10}|{:->9}|{:->11}|{:->10}|",
+        "", "", "", "", "", "", ""
     );
     for row in rows {
-        let (commits, frames, kib) = match row.wal {
+        let (commits, trips, frames, kib) = match row.wal {
             Some((c, f, b)) => (
                 c.to_string(),
+                (row.statements + 2 * c).to_string(),
                 f.to_string(),
                 format!("{:.1}", b as f64 / 1024.0),
             ),
-            None => ("reset".into(), "reset".into(), "reset".into()),
+            None => ("reset".into(), "-".into(), "reset".into(), "reset".into()),
         };
         let switches = row.switches.map_or("-".into(), |n| n.to_string());
         println!(
-            "| {:<52} | {:>10} | {:>8} | {:>7} | {:>9} | {:>8} |",
-            row.label, row.statements, switches, commits, frames, kib
+            "| {:<56} | {:>10} | {:>11} | {:>8} | {:>7} | {:>9} | {:>8} |",
+            row.label, row.statements, trips, switches, commits, frames, kib
         );
+    }
+}
+
+/// 64 sessions with an admitted request each write one tool turn at once
+/// (3 steps each), on a fresh file database: their steps meet in the
+/// group writer's transactions.
+async fn group_commit(dir: &Path) {
+    const SESSIONS: usize = 64;
+    let db = dir.join("group.db");
+    let store = Arc::new(open_store(&db, Durability::Full).await);
+    let mut writers = Vec::with_capacity(SESSIONS);
+    for _ in 0..SESSIONS {
+        writers.push(TurnWriter::new(support::admitted(store.as_ref()).await));
+    }
+    // An empty WAL, so the turns' frames stay below the auto-checkpoint.
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&db)
+        .connect()
+        .await
+        .expect("open");
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(&mut conn)
+        .await
+        .expect("checkpoint");
+    drop(conn);
+    let mut rows = Vec::new();
+    measure(
+        &mut rows,
+        "64 sessions x one tool turn, at once (192 steps)",
+        &db,
+        async {
+            let tasks: Vec<_> = writers
+                .into_iter()
+                .map(|mut writer| {
+                    let store = store.clone();
+                    tokio::spawn(async move { writer.tool_turn(store.as_ref()).await })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("session task");
+            }
+        },
+    )
+    .await;
+    println!("\nGroup commit, FULL durability (fresh file database):\n");
+    print_rows(&rows);
+    if let Some(row) = rows.first() {
+        let steps = (SESSIONS * 3) as f64;
+        if let Some((commits, _, _)) = row.wal {
+            println!(
+                "  per step: {:.2} statements, {:.2} round trips; {:.1} steps per commit",
+                row.statements as f64 / steps,
+                (row.statements + 2 * commits) as f64 / steps,
+                steps / commits.max(1) as f64
+            );
+        }
     }
 }
 
@@ -315,13 +378,15 @@ async fn steps(dir: &Path) {
     .await
     .expect("abandon");
 
-    // The reader pool opens connections on demand: open them before
-    // counting, so the reads below count only their own statements.
-    for _ in 0..8 {
-        store
-            .transcript_window(conversation, 50)
-            .await
-            .expect("window");
+    // The reader pool opens connections on demand: open them all (reads at
+    // once) before counting, so the reads below count only their own
+    // statements, not a new connection's pragmas.
+    for _ in 0..2 {
+        let window = || store.transcript_window(conversation, 50);
+        let (a, b, c, d) = tokio::join!(window(), window(), window(), window());
+        for read in [a, b, c, d] {
+            read.expect("window");
+        }
     }
     measure(
         &mut rows,
@@ -579,6 +644,7 @@ fn main() {
     let dir = temp_dir();
     rt.block_on(async {
         steps(dir.path()).await;
+        group_commit(dir.path()).await;
         storage(dir.path()).await;
         harness().await;
     });

@@ -1,11 +1,11 @@
 //! Conversations and ownership changes: claim, recovery claim, abandon.
 
 use turnstile_core::store::{ClaimOutcome, InputHash, RecoveryClaim, RequestStatus, RunStatus};
-use turnstile_core::{ConversationId, Error, Message, Namespace, Revision, RunId};
+use turnstile_core::{ConversationId, Error, Message, Namespace, RequestId, Revision, RunId};
 
 use crate::support::{
-    admit, commit_answer, new_conversation, new_request, ns, recover, tool_call, tool_turn,
-    SharedStore, Snapshot, TestResult,
+    admit, commit_answer, complete_request, new_conversation, new_request, ns, recover, tool_call,
+    tool_turn, SharedStore, Snapshot, TestResult,
 };
 
 pub async fn ensure_conversation_is_idempotent_and_starts_idle(store: SharedStore) -> TestResult {
@@ -42,6 +42,87 @@ pub async fn conversation_in_another_namespace_is_a_namespace_mismatch(
         Err(Error::NamespaceMismatch { .. })
     ));
     assert_eq!(store.conversation(&ns(), id).await?.namespace, ns());
+    Ok(())
+}
+
+/// `claim_context` agrees with the reads it stands for, in every state a
+/// new request can meet, and decodes only what a claim would use.
+pub async fn claim_context_reads_what_the_single_reads_read_and_only_what_a_claim_uses(
+    store: SharedStore,
+) -> TestResult {
+    let unknown = RequestId::new();
+    // No conversation yet.
+    let missing = ConversationId::new();
+    let context = store
+        .claim_context(&ns(), missing, unknown, Some(10))
+        .await?;
+    assert_eq!(
+        (context.conversation, context.request, context.admission),
+        (None, None, None)
+    );
+    assert!(context.window.is_empty());
+
+    // Idle, with a transcript of three committed requests (six entries).
+    let id = new_conversation(&*store).await?;
+    let mut committed = Vec::new();
+    for i in 0..3 {
+        let (fence, _) =
+            complete_request(&*store, id, &format!("q{i}"), 0, &format!("a{i}")).await?;
+        committed.push(fence.request_id);
+    }
+    let context = store.claim_context(&ns(), id, unknown, Some(4)).await?;
+    assert_eq!(
+        context.conversation,
+        Some(store.conversation(&ns(), id).await?)
+    );
+    assert_eq!(context.request, None);
+    assert_eq!(context.admission, Some(store.admission(id).await?));
+    assert_eq!(context.window, store.transcript_window(id, 4).await?);
+    assert_eq!(context.window.len(), 4);
+    // Without a window, no entries.
+    let context = store.claim_context(&ns(), id, unknown, None).await?;
+    assert!(context.window.is_empty());
+    assert_eq!(context.admission, Some(store.admission(id).await?));
+
+    // A known request, of this conversation or of another one (from a
+    // missing conversation too): its record, and nothing a claim uses.
+    for conversation in [id, new_conversation(&*store).await?, missing] {
+        let context = store
+            .claim_context(&ns(), conversation, committed[1], Some(4))
+            .await?;
+        assert_eq!(context.request, store.request(committed[1]).await?);
+        assert!(context.request.is_some());
+        assert_eq!(context.admission, None);
+        assert!(context.window.is_empty());
+    }
+
+    // Held: the admission with its holder, no entries.
+    let held = admit(&*store, id, "held").await?;
+    let context = store.claim_context(&ns(), id, unknown, Some(4)).await?;
+    let admission = context.admission.expect("the admission");
+    assert_eq!(admission, store.admission(id).await?);
+    assert_eq!(
+        admission.active.map(|a| a.request_id),
+        Some(held.request_id)
+    );
+    assert!(context.window.is_empty());
+    // The held request itself is a known request.
+    let context = store
+        .claim_context(&ns(), id, held.request_id, Some(4))
+        .await?;
+    assert_eq!(context.request, store.request(held.request_id).await?);
+
+    // Another namespace: refused, whatever the request.
+    let other = Namespace::new("someone-else")?;
+    for request in [unknown, committed[0]] {
+        match store.claim_context(&other, id, request, Some(4)).await {
+            Err(Error::NamespaceMismatch {
+                conversation_id,
+                namespace,
+            }) => assert_eq!((conversation_id, namespace), (id, other.clone())),
+            other => panic!("expected NamespaceMismatch, got {other:?}"),
+        }
+    }
     Ok(())
 }
 

@@ -42,6 +42,7 @@ macro_rules! suite {
     admission::ensure_conversation_is_idempotent_and_starts_idle,
     admission::conversation_in_another_namespace_is_a_namespace_mismatch,
     admission::unknown_conversation_is_not_found,
+    admission::claim_context_reads_what_the_single_reads_read_and_only_what_a_claim_uses,
     admission::claim_on_idle_conversation_admits_and_bumps_revision,
     admission::second_claim_by_another_request_is_busy_with_current_holder,
     admission::same_request_claimed_again_returns_existing_and_writes_nothing,

@@ -4,9 +4,9 @@
 use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
-use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::{insert_messages, save_checkpoints};
-use turnstile_core::checkpoint::CheckpointPhase;
+use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
+use super::turns::{checkpoint_rows, new_reports};
+use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
 use turnstile_core::store::columns::{cas_refusal, AdmissionRow, Wanted};
@@ -44,7 +44,8 @@ pub(super) async fn load_recovery_usage(
 }
 
 /// A conversation and its idle admission, created unless they exist,
-/// inside the group transaction.
+/// inside the group transaction: one statement, which returns the
+/// conversation as stored.
 pub(super) async fn ensure_conversation_in(
     tx: &mut SqliteConnection,
     namespace: &Namespace,
@@ -53,26 +54,19 @@ pub(super) async fn ensure_conversation_in(
     let uuid = id.as_uuid();
     let ns = namespace.as_str();
     let now = now_ms();
-    sqlx::query!(
-        "INSERT INTO conversations (id, namespace, version, created_at) VALUES (?1, ?2, 0, ?3)
-             ON CONFLICT (id) DO NOTHING",
+    let row = sqlx::query!(
+        r#"INSERT INTO conversation_opens (id, namespace, now) VALUES (?1, ?2, ?3)
+           RETURNING (SELECT namespace FROM conversations WHERE id = ?1) AS "namespace!: String",
+               (SELECT version FROM conversations WHERE id = ?1) AS "version!: i64",
+               (SELECT created_at FROM conversations WHERE id = ?1) AS "created_at!: i64""#,
         uuid,
         ns,
         now
     )
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await
     .map_err(db("create conversation"))?;
-    sqlx::query!(
-        "INSERT INTO admissions (conversation_id, revision, updated_at) VALUES (?1, 0, ?2)
-             ON CONFLICT (conversation_id) DO NOTHING",
-        uuid,
-        now
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("create admission"))?;
-    load_conversation(tx, namespace, id).await
+    conversation_of(namespace, id, row.namespace, row.version, row.created_at)
 }
 
 pub(super) async fn load_conversation(
@@ -92,9 +86,20 @@ pub(super) async fn load_conversation(
         what: "conversation",
         id: id.to_string(),
     })?;
+    conversation_of(namespace, id, row.namespace, row.version, row.created_at)
+}
+
+/// A conversation row, read in `namespace`.
+pub(super) fn conversation_of(
+    namespace: &Namespace,
+    id: ConversationId,
+    stored_namespace: String,
+    version: i64,
+    created_at: i64,
+) -> Result<Conversation, Error> {
     // Another namespace's conversation is reported as a mismatch without any
     // of its content.
-    if row.namespace != namespace.as_str() {
+    if stored_namespace != namespace.as_str() {
         return Err(Error::NamespaceMismatch {
             conversation_id: id,
             namespace: namespace.clone(),
@@ -107,8 +112,8 @@ pub(super) async fn load_conversation(
     Ok(Conversation {
         id,
         namespace: namespace.clone(),
-        version: key.u64("version", row.version)?,
-        created_at: row.created_at,
+        version: key.u64("version", version)?,
+        created_at,
     })
 }
 
@@ -117,7 +122,8 @@ pub(super) async fn load_admission(
     conversation_id: ConversationId,
 ) -> Result<Admission, Error> {
     let uuid = conversation_id.as_uuid();
-    let row = sqlx::query!(
+    sqlx::query_as!(
+        AdmissionColumns,
         "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
                 input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
                 summary_passes, summary_from_seq, summary_through_seq, summary_version,
@@ -131,30 +137,55 @@ pub(super) async fn load_admission(
     .ok_or_else(|| Error::NotFound {
         what: "conversation",
         id: conversation_id.to_string(),
-    })?;
-    let key = Row {
-        table: "admissions",
-        key: &conversation_id,
-    };
-    let uuid =
-        |column: &str, bytes: Option<Vec<u8>>| bytes.map(|b| key.uuid(column, &b)).transpose();
-    AdmissionRow {
-        revision: row.revision,
-        active_request_id: uuid("active_request_id", row.active_request_id)?,
-        input_sha256: row.input_sha256,
-        run_id: uuid("run_id", row.run_id)?,
-        agent_fingerprint: row.agent_fingerprint,
-        input_tokens: row.input_tokens,
-        output_tokens: row.output_tokens,
-        cache_read_tokens: row.cache_read_tokens,
-        cache_write_tokens: row.cache_write_tokens,
-        summary_passes: row.summary_passes,
-        summary_from_seq: row.summary_from_seq,
-        summary_through_seq: row.summary_through_seq,
-        summary_version: row.summary_version,
-        summary_prompt_sha256: row.summary_prompt_sha256,
-    }
+    })?
     .decode(conversation_id)
+}
+
+/// An `admissions` row as SQLite reads it: ids as 16-byte blobs.
+pub(super) struct AdmissionColumns {
+    pub(super) revision: i64,
+    pub(super) active_request_id: Option<Vec<u8>>,
+    pub(super) input_sha256: Option<Vec<u8>>,
+    pub(super) run_id: Option<Vec<u8>>,
+    pub(super) agent_fingerprint: Option<String>,
+    pub(super) input_tokens: i64,
+    pub(super) output_tokens: i64,
+    pub(super) cache_read_tokens: i64,
+    pub(super) cache_write_tokens: i64,
+    pub(super) summary_passes: i64,
+    pub(super) summary_from_seq: Option<i64>,
+    pub(super) summary_through_seq: Option<i64>,
+    pub(super) summary_version: Option<i64>,
+    pub(super) summary_prompt_sha256: Option<Vec<u8>>,
+}
+
+impl AdmissionColumns {
+    /// The admission: its ids as uuids, then decoded as every backend does.
+    pub(super) fn decode(self, conversation_id: ConversationId) -> Result<Admission, Error> {
+        let key = Row {
+            table: "admissions",
+            key: &conversation_id,
+        };
+        let uuid =
+            |column: &str, bytes: Option<Vec<u8>>| bytes.map(|b| key.uuid(column, &b)).transpose();
+        AdmissionRow {
+            revision: self.revision,
+            active_request_id: uuid("active_request_id", self.active_request_id)?,
+            input_sha256: self.input_sha256,
+            run_id: uuid("run_id", self.run_id)?,
+            agent_fingerprint: self.agent_fingerprint,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: self.cache_read_tokens,
+            cache_write_tokens: self.cache_write_tokens,
+            summary_passes: self.summary_passes,
+            summary_from_seq: self.summary_from_seq,
+            summary_through_seq: self.summary_through_seq,
+            summary_version: self.summary_version,
+            summary_prompt_sha256: self.summary_prompt_sha256,
+        }
+        .decode(conversation_id)
+    }
 }
 
 /// Explains why a compare-and-swap on the admission matched no row.
@@ -171,92 +202,110 @@ async fn diagnose(
     }
 }
 
-/// The claim's writes, inside the group transaction.
+/// The claim's writes, inside the group transaction: one statement (an
+/// `INSERT` into the `claims` view of migration 0005), whose trigger makes
+/// the compare-and-swap and writes the request, its run, its input and the
+/// first turn's write-ahead. A refused claim writes nothing, and is
+/// explained by reads.
 pub(super) async fn claim_in(
     tx: &mut SqliteConnection,
     claim: &NewRequest,
 ) -> Result<ClaimOutcome, Error> {
-    if let Some(existing) = super::reads::load_request(&mut *tx, claim.request_id).await? {
-        return Ok(ClaimOutcome::Existing(existing));
-    }
     let conversation = claim.conversation_id.as_uuid();
     let request = claim.request_id.as_uuid();
     let run = claim.run_id.as_uuid();
     let hash = claim.input_sha256.0.to_vec();
     let expected = to_i64(claim.expected_revision.0);
     let now = now_ms();
+    let input = to_json(std::slice::from_ref(&claim.input))?;
+    let first_turn: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
+    let checkpoints = checkpoint_rows(&first_turn)?;
+    let reports = new_reports(&first_turn)?;
     let claimed = sqlx::query_scalar!(
-        r#"UPDATE admissions
-           SET active_request_id = ?1, input_sha256 = ?2, run_id = ?3, agent_fingerprint = ?4,
-               input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
-               summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
-               summary_version = NULL, summary_prompt_sha256 = NULL,
-               revision = revision + 1, updated_at = ?5
-           WHERE conversation_id = ?6 AND revision = ?7 AND active_request_id IS NULL
-           RETURNING revision AS "revision!: i64""#,
+        r#"INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
+               input_sha256, agent_fingerprint, now, input, checkpoints, reports)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+           RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
+               AS "revision!: i64""#,
+        conversation,
         request,
-        hash,
         run,
+        expected,
+        hash,
         claim.agent_fingerprint,
         now,
-        conversation,
-        expected
+        input,
+        checkpoints,
+        reports
     )
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db("claim admission"))?;
-    let Some(revision) = claimed else {
-        return Err(diagnose(
-            &mut *tx,
-            Wanted::Idle,
-            claim.conversation_id,
-            claim.request_id,
-            claim.expected_revision,
-        )
-        .await);
+    .fetch_one(&mut *tx)
+    .await;
+    let revision = match claimed {
+        Ok(revision) => revision,
+        Err(e) => {
+            return match raised(&e) {
+                Some(Raised::RequestExists) => {
+                    match super::reads::load_request(&mut *tx, claim.request_id).await? {
+                        Some(existing) => Ok(ClaimOutcome::Existing(existing)),
+                        None => Err(db("claim admission")(e)),
+                    }
+                }
+                Some(Raised::AdmissionMoved) => Err(diagnose(
+                    &mut *tx,
+                    Wanted::Idle,
+                    claim.conversation_id,
+                    claim.request_id,
+                    claim.expected_revision,
+                )
+                .await),
+                _ => Err(db("claim admission")(e)),
+            };
+        }
     };
-    sqlx::query!(
-        "INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at)
-         VALUES (?1, ?2, ?3, 'active', ?4)",
-        request,
-        conversation,
-        hash,
-        now
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("insert request"))?;
-    sqlx::query!(
-        "INSERT INTO runs (run_id, request_id, status, started_at) VALUES (?1, ?2, 'running', ?3)",
-        run,
-        request,
-        now
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("insert run"))?;
-    let fence = Fence {
+    Ok(ClaimOutcome::Admitted(Fence {
         conversation_id: claim.conversation_id,
         request_id: claim.request_id,
         run_id: claim.run_id,
-        revision: Revision(
-            Row {
-                table: "admissions",
-                key: &claim.conversation_id,
-            }
-            .u64("revision", revision)?,
-        ),
-    };
-    // The input is the request's first message. No checkpoint yet: a run
-    // without one is at its start.
-    insert_messages(&mut *tx, &fence, 0, 0, std::slice::from_ref(&claim.input)).await?;
-    if let Some(first_turn) = &claim.first_turn {
-        save_checkpoints(&mut *tx, &fence, &[first_turn]).await?;
-    }
-    Ok(ClaimOutcome::Admitted(fence))
+        revision: admission_revision(claim.conversation_id, revision)?,
+    }))
 }
 
-/// The recovery claim's writes, inside the group transaction.
+/// A revision as the admission stored it.
+fn admission_revision(conversation_id: ConversationId, revision: i64) -> Result<Revision, Error> {
+    let key = Row {
+        table: "admissions",
+        key: &conversation_id,
+    };
+    Ok(Revision(key.u64("revision", revision)?))
+}
+
+/// The phases a recovery that rejects ambiguity refuses to continue from.
+fn in_flight_phases() -> Vec<&'static str> {
+    use CheckpointPhase::*;
+    // Every phase, so a new one is judged too: the match below stops the
+    // build when one is added and not listed.
+    let all = [
+        TurnInFlight,
+        ToolsInFlight,
+        ModelPending,
+        ToolsPending,
+        Ready,
+        Completed,
+    ];
+    let _listed = |phase: CheckpointPhase| match phase {
+        TurnInFlight | ToolsInFlight | ModelPending | ToolsPending | Ready | Completed => (),
+    };
+    all.into_iter()
+        .filter(|phase| phase.is_in_flight())
+        .map(CheckpointPhase::as_str)
+        .collect()
+}
+
+/// The recovery claim's writes, inside the group transaction: one statement
+/// (the `recovery_claims` view of migration 0005): the compare-and-swap,
+/// under the write lock the check that the run being continued is not in
+/// flight (when the claim rejects ambiguity), the run superseded, the new
+/// run and its copy of the latest checkpoint.
 pub(super) async fn claim_recovery_in(
     tx: &mut SqliteConnection,
     claim: &RecoveryClaim,
@@ -266,109 +315,86 @@ pub(super) async fn claim_recovery_in(
     let from_run = claim.from_run.as_uuid();
     let new_run = claim.new_run.as_uuid();
     let expected = to_i64(claim.expected_revision.0);
+    let refuse = match claim.reject_in_flight {
+        true => Some(to_json(&in_flight_phases())?),
+        false => None,
+    };
     let now = now_ms();
     let claimed = sqlx::query_scalar!(
-        r#"UPDATE admissions SET run_id = ?1, revision = revision + 1, updated_at = ?2
-           WHERE conversation_id = ?3 AND revision = ?4 AND active_request_id = ?5 AND run_id = ?6
-           RETURNING revision AS "revision!: i64""#,
-        new_run,
-        now,
+        r#"INSERT INTO recovery_claims (conversation_id, request_id, from_run, new_run,
+               expected_revision, refuse_phases, now)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+           RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
+               AS "revision!: i64""#,
         conversation,
-        expected,
-        request,
-        from_run
-    )
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db("claim recovery"))?;
-    let Some(revision) = claimed else {
-        return Err(diagnose(
-            tx,
-            Wanted::Active,
-            claim.conversation_id,
-            claim.request_id,
-            claim.expected_revision,
-        )
-        .await);
-    };
-    // Under the write lock, so the run being continued cannot move on
-    // between this check and the commit; an error rolls the claim back.
-    if claim.reject_in_flight {
-        let latest = sqlx::query!(
-            "SELECT turn, phase FROM loop_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
-            from_run
-        )
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db("read latest checkpoint"))?;
-        if let Some(latest) = latest {
-            let in_flight =
-                CheckpointPhase::parse(&latest.phase).is_some_and(CheckpointPhase::is_in_flight);
-            if in_flight {
-                let key = format!("{}/{}", claim.from_run, latest.turn);
-                return Err(Error::AmbiguousCheckpoint {
-                    run_id: claim.from_run,
-                    turn: Row {
-                        table: "loop_checkpoints",
-                        key: &key,
-                    }
-                    .u32("turn", latest.turn)?,
-                });
-            }
-        }
-    }
-    sqlx::query!(
-        "UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, ?1)
-         WHERE run_id = ?2 AND status IN ('running', 'failed')",
-        now,
-        from_run
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("supersede run"))?;
-    sqlx::query!(
-        "INSERT INTO runs (run_id, request_id, resumed_from, status, started_at)
-         VALUES (?1, ?2, ?3, 'running', ?4)",
-        new_run,
         request,
         from_run,
+        new_run,
+        expected,
+        refuse,
         now
     )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("insert resumed run"))?;
-    // The new run starts from a copy of the latest checkpoint of the run it
-    // continues: one small row, no messages copied. (A run that never
-    // checkpointed has nothing to copy: the new run starts at the start.)
-    sqlx::query!(
-        "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-             cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-             message_count, created_at)
-         SELECT ?1, turn, phase, input_tokens, output_tokens, cache_read_tokens,
-             cache_write_tokens, tool_calls_count, reports_count, message_count, ?2
-         FROM loop_checkpoints WHERE run_id = ?3 ORDER BY turn DESC LIMIT 1",
-        new_run,
-        now,
-        from_run
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("seed resumed checkpoint"))?;
+    .fetch_one(&mut *tx)
+    .await;
+    let revision = match claimed {
+        Ok(revision) => revision,
+        Err(e) => {
+            return Err(match raised(&e) {
+                Some(Raised::AdmissionMoved) => {
+                    diagnose(
+                        tx,
+                        Wanted::Active,
+                        claim.conversation_id,
+                        claim.request_id,
+                        claim.expected_revision,
+                    )
+                    .await
+                }
+                Some(Raised::TurnInFlight) => in_flight(tx, claim).await,
+                _ => db("claim recovery")(e),
+            });
+        }
+    };
     Ok(Fence {
         conversation_id: claim.conversation_id,
         request_id: claim.request_id,
         run_id: claim.new_run,
-        revision: Revision(
-            Row {
-                table: "admissions",
-                key: &claim.conversation_id,
-            }
-            .u64("revision", revision)?,
-        ),
+        revision: admission_revision(claim.conversation_id, revision)?,
     })
 }
 
-/// The abandon's writes, inside the group transaction.
+/// The refusal of a recovery whose run stopped mid-turn, naming the turn.
+async fn in_flight(tx: &mut SqliteConnection, claim: &RecoveryClaim) -> Error {
+    let from_run = claim.from_run.as_uuid();
+    let latest = sqlx::query_scalar!(
+        "SELECT turn FROM loop_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
+        from_run
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db("read latest checkpoint"));
+    let turn = match latest {
+        Ok(turn) => turn,
+        Err(e) => return e,
+    };
+    let key = format!("{}/{turn}", claim.from_run);
+    match (Row {
+        table: "loop_checkpoints",
+        key: &key,
+    })
+    .u32("turn", turn)
+    {
+        Ok(turn) => Error::AmbiguousCheckpoint {
+            run_id: claim.from_run,
+            turn,
+        },
+        Err(e) => e,
+    }
+}
+
+/// The abandon's writes, inside the group transaction: one statement (the
+/// `abandons` view of migration 0005): the compare-and-swap, the owning run
+/// abandoned, the admission released, the request id burned.
 pub(super) async fn abandon_in(
     tx: &mut SqliteConnection,
     conversation_id: ConversationId,
@@ -379,61 +405,32 @@ pub(super) async fn abandon_in(
     let request = request_id.as_uuid();
     let expected = to_i64(expected_revision.0);
     let now = now_ms();
-    // The owning run first, while the admission still names it; if the
-    // compare-and-swap below fails, the transaction is rolled back.
-    sqlx::query!(
-        "UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, ?1)
-         WHERE run_id = (SELECT run_id FROM admissions
-                         WHERE conversation_id = ?2 AND revision = ?3 AND active_request_id = ?4)
-           AND status IN ('running', 'failed')",
-        now,
-        conversation,
-        expected,
-        request
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("abandon run"))?;
     let released = sqlx::query_scalar!(
-        r#"UPDATE admissions
-           SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
-               input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
-               summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
-               summary_version = NULL, summary_prompt_sha256 = NULL,
-               revision = revision + 1, updated_at = ?1
-           WHERE conversation_id = ?2 AND revision = ?3 AND active_request_id = ?4
-           RETURNING revision AS "revision!: i64""#,
-        now,
+        r#"INSERT INTO abandons (conversation_id, request_id, expected_revision, now)
+           VALUES (?1, ?2, ?3, ?4)
+           RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
+               AS "revision!: i64""#,
         conversation,
+        request,
         expected,
-        request
+        now
     )
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db("abandon admission"))?;
-    let Some(revision) = released else {
-        return Err(diagnose(
-            tx,
-            Wanted::Active,
-            conversation_id,
-            request_id,
-            expected_revision,
-        )
-        .await);
-    };
-    sqlx::query!(
-        "UPDATE requests SET status = 'abandoned', completed_at = ?1 WHERE request_id = ?2",
-        now,
-        request
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("abandon request"))?;
-    Ok(Revision(
-        Row {
-            table: "admissions",
-            key: &conversation_id,
-        }
-        .u64("revision", revision)?,
-    ))
+    .fetch_one(&mut *tx)
+    .await;
+    match released {
+        Ok(revision) => admission_revision(conversation_id, revision),
+        Err(e) => Err(match raised(&e) {
+            Some(Raised::AdmissionMoved) => {
+                diagnose(
+                    tx,
+                    Wanted::Active,
+                    conversation_id,
+                    request_id,
+                    expected_revision,
+                )
+                .await
+            }
+            _ => db("abandon")(e),
+        }),
+    }
 }

@@ -1,12 +1,13 @@
-//! The commit: one transaction that appends the request's messages to the
-//! transcript, bumps the conversation version, stores the outcome for replay,
-//! releases the admission and completes the run. There is no moment where
-//! the answer is committed but the conversation is still held.
+//! The commit: one statement (an `INSERT` into the `commits` view of
+//! migration 0005) whose trigger, fenced, appends the request's messages to
+//! the transcript, bumps the conversation version, stores the outcome for
+//! replay, releases the admission and completes the run. There is no moment
+//! where the answer is committed but the conversation is still held.
 
 use sqlx::SqliteConnection;
 
-use super::codec::{db, now_ms, to_i64, to_json, Row};
-use super::turns::{fenced, save_checkpoints};
+use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
+use super::turns::{checkpoint_rows, fenced, new_reports};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, StoredOutcome};
@@ -27,100 +28,44 @@ pub(super) async fn commit_in(
     let final_seq = checkpoint.message_count.checked_sub(1).ok_or_else(|| {
         Error::InvalidInput("a commit checkpoint must count the final message".into())
     })?;
+    let final_seq = to_i64(final_seq);
 
-    // The committed turn's checkpoint holds the outcome's totals; saving it
-    // is the fence.
+    // The committed turn's checkpoint holds the outcome's totals.
     let completed = LoopCheckpoint {
         phase: CheckpointPhase::Completed,
         ..checkpoint.clone()
     };
-    save_checkpoints(&mut *tx, fence, &[&completed]).await?;
-    let released = sqlx::query!(
-        "UPDATE admissions
-         SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
-             input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
-             summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
-             summary_version = NULL, summary_prompt_sha256 = NULL,
-             revision = revision + 1, updated_at = ?1
-         WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4",
-        now,
-        conversation,
-        revision,
-        run
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("release admission"))?;
-    if released.rows_affected() != 1 {
-        return Err(fenced(fence));
-    }
-
-    // The new version, and where the request's messages start: after the
-    // transcript's current end.
+    let checkpoints = checkpoint_rows(&[&completed])?;
+    let reports = new_reports(&[&completed])?;
+    let answer = to_json(std::slice::from_ref(final_message))?;
+    // The RETURNING subqueries read the request row as the trigger left it.
     let placed = sqlx::query!(
-        r#"UPDATE conversations SET version = version + 1 WHERE id = ?1
-           RETURNING version AS "version!: i64",
-               (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript WHERE conversation_id = ?1)
-                   AS "first_seq!: i64""#,
-        conversation
+        r#"INSERT INTO commits (conversation_id, request_id, run_id, revision, now,
+               checkpoints, reports, answer, final_seq)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+           RETURNING
+               (SELECT conversation_version FROM requests WHERE request_id = ?2) AS "version!: i64",
+               (SELECT first_seq FROM requests WHERE request_id = ?2) AS "first_seq!: i64",
+               (SELECT end_seq FROM requests WHERE request_id = ?2) AS "end_seq!: i64""#,
+        conversation,
+        request,
+        run,
+        revision,
+        now,
+        checkpoints,
+        reports,
+        answer,
+        final_seq
     )
     .fetch_one(&mut *tx)
     .await
-    .map_err(db("bump conversation version"))?;
-    let (version, first_seq) = (placed.version, placed.first_seq);
-    // The pending messages and the final answer move to the transcript in
-    // one statement.
-    let answer = to_json(std::slice::from_ref(final_message))?;
-    let final_seq = to_i64(final_seq);
-    let moved = sqlx::query!(
-        "INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-         SELECT ?1, ?2 + seq, request_id, role, content, meta FROM run_messages
-         WHERE request_id = ?3
-         UNION ALL
-         SELECT ?1, ?2 + ?4, ?3, value ->> '$.role', value ->> '$.content',
-             NULLIF(json_remove(value, '$.role', '$.content'), '{}')
-         FROM json_each(?5)
-         ORDER BY 2",
-        conversation,
-        first_seq,
-        request,
-        final_seq,
-        answer
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("append transcript"))?
-    .rows_affected();
-    sqlx::query!("DELETE FROM run_messages WHERE request_id = ?1", request)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("clear run messages"))?;
-    let end_seq = first_seq.saturating_add(i64::try_from(moved).unwrap_or(i64::MAX));
-    sqlx::query!(
-        "UPDATE requests SET status = 'completed', committed_run_id = ?1,
-             conversation_version = ?2, first_seq = ?3, end_seq = ?4, completed_at = ?5
-         WHERE request_id = ?6",
-        run,
-        version,
-        first_seq,
-        end_seq,
-        now,
-        request
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("complete request"))?;
-    sqlx::query!(
-        "UPDATE runs SET status = 'completed', ended_at = ?1 WHERE run_id = ?2",
-        now,
-        run
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db("complete run"))?;
+    .map_err(|e| match raised(&e) {
+        Some(Raised::Fenced) => fenced(fence),
+        _ => db("commit request")(e),
+    })?;
     let key = Row {
-        table: "conversations",
-        key: &fence.conversation_id,
+        table: "requests",
+        key: &fence.request_id,
     };
     Ok(StoredOutcome {
         run_id: fence.run_id,
@@ -128,8 +73,8 @@ pub(super) async fn commit_in(
         turns: checkpoint.turn,
         tool_calls: checkpoint.tool_calls_count,
         verification_reports: checkpoint.verification_reports.clone(),
-        conversation_version: key.u64("version", version)?,
-        first_seq: key.u64("seq", first_seq)?,
-        end_seq: key.u64("seq", end_seq)?,
+        conversation_version: key.u64("conversation_version", placed.version)?,
+        first_seq: key.u64("first_seq", placed.first_seq)?,
+        end_seq: key.u64("end_seq", placed.end_seq)?,
     })
 }

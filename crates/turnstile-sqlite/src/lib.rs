@@ -31,11 +31,12 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
-    ToolResult, TranscriptEntry,
+    Admission, ClaimContext, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest,
+    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
+    SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
+use writer::Isolation;
 
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,7 +128,7 @@ impl Store for SqliteStore {
     ) -> Result<Conversation, Error> {
         let namespace = namespace.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(
                     async move { admission::ensure_conversation_in(conn, &namespace, id).await },
                 )
@@ -149,17 +150,30 @@ impl Store for SqliteStore {
         admission::load_admission(&mut conn, conversation_id).await
     }
 
+    async fn claim_context(
+        &self,
+        namespace: &Namespace,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        window: Option<u32>,
+    ) -> Result<ClaimContext, Error> {
+        reads::load_claim_context(&self.reader, namespace, conversation_id, request_id, window)
+            .await
+    }
+
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
         let claim = claim.clone();
         self.group
-            .write(move |conn| Box::pin(async move { admission::claim_in(conn, &claim).await }))
+            .write(Isolation::Statement, move |conn| {
+                Box::pin(async move { admission::claim_in(conn, &claim).await })
+            })
             .await
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
         let claim = *claim;
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move { admission::claim_recovery_in(conn, &claim).await })
             })
             .await
@@ -177,7 +191,7 @@ impl Store for SqliteStore {
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move { turns::begin_turn_in(conn, &fence, &checkpoint).await })
             })
             .await
@@ -192,7 +206,7 @@ impl Store for SqliteStore {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         let assistant = assistant.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     turns::record_model_response_in(conn, &fence, &checkpoint, &assistant).await
                 })
@@ -211,7 +225,7 @@ impl Store for SqliteStore {
         let call_id = call_id.to_owned();
         let result = result.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     turns::record_tool_result_in(conn, &fence, turn, &call_id, &result).await
                 })
@@ -236,7 +250,7 @@ impl Store for SqliteStore {
         let messages = messages.to_vec();
         let next = next.cloned();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     turns::finish_turn_in(
                         conn,
@@ -261,7 +275,7 @@ impl Store for SqliteStore {
         let (fence, checkpoint) = (*fence, checkpoint.clone());
         let final_message = final_message.clone();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     commit::commit_in(conn, &fence, &checkpoint, &final_message).await
                 })
@@ -279,7 +293,7 @@ impl Store for SqliteStore {
         let error = error.to_owned();
         let settled = settled.cloned();
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(
                     async move { turns::fail_run_in(conn, &fence, &error, settled.as_ref()).await },
                 )
@@ -294,7 +308,7 @@ impl Store for SqliteStore {
         expected_revision: Revision,
     ) -> Result<Revision, Error> {
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
                     admission::abandon_in(conn, conversation_id, request_id, expected_revision)
                         .await
@@ -356,7 +370,7 @@ impl Store for SqliteStore {
     async fn record_summary_pass(&self, fence: &Fence, pass: &SummaryPass) -> Result<(), Error> {
         let (fence, pass) = (*fence, pass.clone());
         self.group
-            .write(move |conn| {
+            .write(Isolation::Statement, move |conn| {
                 Box::pin(
                     async move { summaries::record_summary_pass_in(conn, &fence, &pass).await },
                 )
@@ -371,7 +385,7 @@ impl Store for SqliteStore {
     ) -> Result<StoredSummary, Error> {
         let (fence, summary) = (*fence, summary.clone());
         self.group
-            .write(move |conn| {
+            .write(Isolation::Savepoint, move |conn| {
                 Box::pin(async move { summaries::commit_summary_in(conn, &fence, &summary).await })
             })
             .await

@@ -3,14 +3,15 @@
 use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
+use super::admission::AdmissionColumns;
 use super::codec::{db, decode_message, to_i64, Row};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
-use turnstile_core::ids::{ConversationId, RequestId, RunId};
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
 use turnstile_core::store::columns::CheckpointRow;
 use turnstile_core::store::{
-    JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus, StoredOutcome,
-    ToolResult, TranscriptEntry,
+    ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus,
+    StoredOutcome, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -258,7 +259,8 @@ pub(super) async fn load_request(
     let uuid = request_id.as_uuid();
     // A completed request's outcome: its columns plus the totals of the
     // committing run's `completed` checkpoint.
-    let Some(row) = sqlx::query!(
+    let Some(row) = sqlx::query_as!(
+        RequestColumns,
         r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
                   r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
                   c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
@@ -277,58 +279,92 @@ pub(super) async fn load_request(
     else {
         return Ok(None);
     };
-    let key = Row {
-        table: "requests",
-        key: &request_id,
-    };
-    let status = RequestStatus::parse(&row.status)
-        .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?;
-    let outcome = if status == RequestStatus::Completed {
-        let missing = |what: &str| key.corrupt(format!("completed without {what}"));
-        let run = row
-            .committed_run_id
-            .as_deref()
-            .ok_or_else(|| missing("committed_run_id"))?;
-        // The committing run's last checkpoint is its `completed` one.
-        let turn = row.turn.ok_or_else(|| missing("a completed checkpoint"))?;
-        if row.phase.as_deref() != Some(CheckpointPhase::Completed.as_str()) {
-            return Err(missing("a completed checkpoint as its run's last"));
-        }
-        let reports_count = key.u64("reports_count", row.reports_count.unwrap_or(0))?;
-        Some(StoredOutcome {
-            run_id: key.id::<RunId>("committed_run_id", run)?,
-            usage: key.usage(
-                row.input_tokens.unwrap_or(0),
-                row.output_tokens.unwrap_or(0),
-                row.cache_read_tokens.unwrap_or(0),
-                row.cache_write_tokens.unwrap_or(0),
-            )?,
-            turns: key.u32("turn", turn)?,
-            tool_calls: key.u64("tool_calls_count", row.tool_calls_count.unwrap_or(0))?,
-            verification_reports: load_reports(conn, request_id, to_i64(reports_count)).await?,
-            conversation_version: key.u64(
-                "conversation_version",
-                row.conversation_version
-                    .ok_or_else(|| missing("conversation_version"))?,
-            )?,
-            first_seq: key.u64(
-                "first_seq",
-                row.first_seq.ok_or_else(|| missing("first_seq"))?,
-            )?,
-            end_seq: key.u64("end_seq", row.end_seq.ok_or_else(|| missing("end_seq"))?)?,
+    row.decode(conn, request_id).await.map(Some)
+}
+
+/// A `requests` row as read, with the committing run's last checkpoint.
+pub(super) struct RequestColumns {
+    pub(super) conversation_id: Vec<u8>,
+    pub(super) input_sha256: Vec<u8>,
+    pub(super) status: String,
+    pub(super) committed_run_id: Option<Vec<u8>>,
+    pub(super) conversation_version: Option<i64>,
+    pub(super) first_seq: Option<i64>,
+    pub(super) end_seq: Option<i64>,
+    pub(super) created_at: i64,
+    pub(super) completed_at: Option<i64>,
+    pub(super) turn: Option<i64>,
+    pub(super) phase: Option<String>,
+    pub(super) input_tokens: Option<i64>,
+    pub(super) output_tokens: Option<i64>,
+    pub(super) cache_read_tokens: Option<i64>,
+    pub(super) cache_write_tokens: Option<i64>,
+    pub(super) tool_calls_count: Option<i64>,
+    pub(super) reports_count: Option<i64>,
+}
+
+impl RequestColumns {
+    /// The record; a completed request's verification reports are read on
+    /// `conn`.
+    pub(super) async fn decode(
+        self,
+        conn: &mut SqliteConnection,
+        request_id: RequestId,
+    ) -> Result<RequestRecord, Error> {
+        let row = self;
+        let key = Row {
+            table: "requests",
+            key: &request_id,
+        };
+        let status = RequestStatus::parse(&row.status)
+            .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?;
+        let outcome = if status == RequestStatus::Completed {
+            let missing = |what: &str| key.corrupt(format!("completed without {what}"));
+            let run = row
+                .committed_run_id
+                .as_deref()
+                .ok_or_else(|| missing("committed_run_id"))?;
+            // The committing run's last checkpoint is its `completed` one.
+            let turn = row.turn.ok_or_else(|| missing("a completed checkpoint"))?;
+            if row.phase.as_deref() != Some(CheckpointPhase::Completed.as_str()) {
+                return Err(missing("a completed checkpoint as its run's last"));
+            }
+            let reports_count = key.u64("reports_count", row.reports_count.unwrap_or(0))?;
+            Some(StoredOutcome {
+                run_id: key.id::<RunId>("committed_run_id", run)?,
+                usage: key.usage(
+                    row.input_tokens.unwrap_or(0),
+                    row.output_tokens.unwrap_or(0),
+                    row.cache_read_tokens.unwrap_or(0),
+                    row.cache_write_tokens.unwrap_or(0),
+                )?,
+                turns: key.u32("turn", turn)?,
+                tool_calls: key.u64("tool_calls_count", row.tool_calls_count.unwrap_or(0))?,
+                verification_reports: load_reports(conn, request_id, to_i64(reports_count)).await?,
+                conversation_version: key.u64(
+                    "conversation_version",
+                    row.conversation_version
+                        .ok_or_else(|| missing("conversation_version"))?,
+                )?,
+                first_seq: key.u64(
+                    "first_seq",
+                    row.first_seq.ok_or_else(|| missing("first_seq"))?,
+                )?,
+                end_seq: key.u64("end_seq", row.end_seq.ok_or_else(|| missing("end_seq"))?)?,
+            })
+        } else {
+            None
+        };
+        Ok(RequestRecord {
+            request_id,
+            conversation_id: key.id("conversation_id", &row.conversation_id)?,
+            input_sha256: key.hash("input_sha256", &row.input_sha256)?,
+            status,
+            outcome,
+            created_at: row.created_at,
+            completed_at: row.completed_at,
         })
-    } else {
-        None
-    };
-    Ok(Some(RequestRecord {
-        request_id,
-        conversation_id: key.id("conversation_id", &row.conversation_id)?,
-        input_sha256: key.hash("input_sha256", &row.input_sha256)?,
-        status,
-        outcome,
-        created_at: row.created_at,
-        completed_at: row.completed_at,
-    }))
+    }
 }
 
 /// The first `count` verification reports of a request; fewer is corrupt.
@@ -390,5 +426,200 @@ fn transcript_entry(
         seq: row.u64("seq", seq)?,
         request_id: row.id::<RequestId>("request_id", request_id)?,
         message: decode_message(&row, role, content, meta)?,
+    })
+}
+
+/// [`Store::claim_context`](turnstile_core::store::Store::claim_context)
+/// in one query: a constant row left-joined to the conversation, the
+/// request (with its committing run's last checkpoint), the admission
+/// (only for an unknown request) and the transcript window (only when the
+/// conversation is in `namespace`, the request unknown and the admission
+/// idle: the rows a claim would use), one result row per window entry.
+pub(super) async fn load_claim_context(
+    reader: &SqlitePool,
+    namespace: &Namespace,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    window: Option<u32>,
+) -> Result<ClaimContext, Error> {
+    let conversation = conversation_id.as_uuid();
+    let request = request_id.as_uuid();
+    let limit = i64::from(window.unwrap_or(0));
+    let ns = namespace.as_str();
+    let mut conn = reader.acquire().await.map_err(db("acquire reader"))?;
+    let rows = sqlx::query!(
+        r#"SELECT c.namespace AS "namespace?: String", c.version AS "version?: i64",
+                  c.created_at AS "conversation_created_at?: i64",
+                  a.revision AS "revision?: i64",
+                  a.active_request_id AS "active_request_id?: Vec<u8>",
+                  a.input_sha256 AS "admission_input_sha256?: Vec<u8>",
+                  a.run_id AS "admission_run_id?: Vec<u8>",
+                  a.agent_fingerprint AS "agent_fingerprint?: String",
+                  a.input_tokens AS "admission_input_tokens?: i64",
+                  a.output_tokens AS "admission_output_tokens?: i64",
+                  a.cache_read_tokens AS "admission_cache_read_tokens?: i64",
+                  a.cache_write_tokens AS "admission_cache_write_tokens?: i64",
+                  a.summary_passes AS "summary_passes?: i64",
+                  a.summary_from_seq AS "summary_from_seq?: i64",
+                  a.summary_through_seq AS "summary_through_seq?: i64",
+                  a.summary_version AS "summary_version?: i64",
+                  a.summary_prompt_sha256 AS "summary_prompt_sha256?: Vec<u8>",
+                  r.conversation_id AS "request_conversation_id?: Vec<u8>",
+                  r.input_sha256 AS "request_input_sha256?: Vec<u8>",
+                  r.status AS "status?: String",
+                  r.committed_run_id AS "committed_run_id?: Vec<u8>",
+                  r.conversation_version AS "conversation_version?: i64",
+                  r.first_seq AS "first_seq?: i64", r.end_seq AS "end_seq?: i64",
+                  r.created_at AS "request_created_at?: i64",
+                  r.completed_at AS "completed_at?: i64",
+                  k.turn AS "turn?: i64", k.phase AS "phase?: String",
+                  k.input_tokens AS "input_tokens?: i64", k.output_tokens AS "output_tokens?: i64",
+                  k.cache_read_tokens AS "cache_read_tokens?: i64",
+                  k.cache_write_tokens AS "cache_write_tokens?: i64",
+                  k.tool_calls_count AS "tool_calls_count?: i64",
+                  k.reports_count AS "reports_count?: i64",
+                  t.seq AS "seq?: i64", t.request_id AS "entry_request_id?: Vec<u8>",
+                  t.role AS "role?: String", t.content AS "content?: String",
+                  t.meta AS "meta?: String"
+           FROM (SELECT 1) AS one
+           LEFT JOIN conversations c ON c.id = ?1
+           LEFT JOIN requests r ON r.request_id = ?2
+           LEFT JOIN admissions a ON a.conversation_id = c.id AND r.request_id IS NULL
+           LEFT JOIN loop_checkpoints k ON k.run_id = r.committed_run_id
+               AND k.turn = (SELECT MAX(turn) FROM loop_checkpoints WHERE run_id = r.committed_run_id)
+           LEFT JOIN (SELECT seq, request_id, role, content, meta FROM transcript
+                      WHERE conversation_id = ?1
+                        AND (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
+                        AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
+                        AND EXISTS (SELECT 1 FROM admissions
+                                    WHERE conversation_id = ?1 AND active_request_id IS NULL)
+                      ORDER BY seq DESC LIMIT ?4) t
+           ORDER BY t.seq"#,
+        conversation,
+        request,
+        ns,
+        limit
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load claim context"))?;
+    let mut rows = rows.into_iter().peekable();
+    let Some(first) = rows.peek() else {
+        // A constant row left-joined: there is always one.
+        return Err(Error::Store(turnstile_core::StoreError::new(
+            "load claim context: no row",
+            None,
+        )));
+    };
+    // The namespace first: nothing else of another namespace's
+    // conversation is looked at.
+    let found = match (
+        &first.namespace,
+        first.version,
+        first.conversation_created_at,
+    ) {
+        (Some(stored), Some(version), Some(created_at)) => Some(super::admission::conversation_of(
+            namespace,
+            conversation_id,
+            stored.clone(),
+            version,
+            created_at,
+        )?),
+        _ => None,
+    };
+    let request = match (
+        &first.request_conversation_id,
+        &first.request_input_sha256,
+        &first.status,
+        first.request_created_at,
+    ) {
+        (Some(conversation), Some(hash), Some(status), Some(created_at)) => {
+            let columns = RequestColumns {
+                conversation_id: conversation.clone(),
+                input_sha256: hash.clone(),
+                status: status.clone(),
+                committed_run_id: first.committed_run_id.clone(),
+                conversation_version: first.conversation_version,
+                first_seq: first.first_seq,
+                end_seq: first.end_seq,
+                created_at,
+                completed_at: first.completed_at,
+                turn: first.turn,
+                phase: first.phase.clone(),
+                input_tokens: first.input_tokens,
+                output_tokens: first.output_tokens,
+                cache_read_tokens: first.cache_read_tokens,
+                cache_write_tokens: first.cache_write_tokens,
+                tool_calls_count: first.tool_calls_count,
+                reports_count: first.reports_count,
+            };
+            Some(columns.decode(&mut conn, request_id).await?)
+        }
+        _ => None,
+    };
+    if found.is_none() || request.is_some() {
+        return Ok(ClaimContext {
+            conversation: found,
+            request,
+            admission: None,
+            window: Vec::new(),
+        });
+    }
+    let admission = match (
+        first.revision,
+        first.admission_input_tokens,
+        first.admission_output_tokens,
+        first.admission_cache_read_tokens,
+        first.admission_cache_write_tokens,
+        first.summary_passes,
+    ) {
+        (Some(revision), Some(input), Some(output), Some(read), Some(write), Some(passes)) => {
+            AdmissionColumns {
+                revision,
+                active_request_id: first.active_request_id.clone(),
+                input_sha256: first.admission_input_sha256.clone(),
+                run_id: first.admission_run_id.clone(),
+                agent_fingerprint: first.agent_fingerprint.clone(),
+                input_tokens: input,
+                output_tokens: output,
+                cache_read_tokens: read,
+                cache_write_tokens: write,
+                summary_passes: passes,
+                summary_from_seq: first.summary_from_seq,
+                summary_through_seq: first.summary_through_seq,
+                summary_version: first.summary_version,
+                summary_prompt_sha256: first.summary_prompt_sha256.clone(),
+            }
+            .decode(conversation_id)?
+        }
+        _ => {
+            return Err(Error::NotFound {
+                what: "conversation",
+                id: conversation_id.to_string(),
+            })
+        }
+    };
+    // The query read entries only for an idle admission.
+    let window = match admission.active {
+        Some(_) => Vec::new(),
+        None => rows
+            .filter_map(|r| match (r.seq, r.entry_request_id, r.role, r.content) {
+                (Some(seq), Some(request_id), Some(role), Some(content)) => Some(transcript_entry(
+                    conversation_id,
+                    seq,
+                    &request_id,
+                    &role,
+                    content,
+                    r.meta.as_deref(),
+                )),
+                _ => None,
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok(ClaimContext {
+        conversation: found,
+        request,
+        admission: Some(admission),
+        window,
     })
 }

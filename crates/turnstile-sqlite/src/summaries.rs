@@ -9,7 +9,7 @@ use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::check_fence;
+use super::turns::fenced;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::columns::owns;
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};
@@ -266,5 +266,31 @@ async fn refusal(tx: &mut SqliteConnection, fence: &Fence, pass: &SummaryPass) -
         conversation_id: fence.conversation_id,
         expected: Revision(pass.transcript_version),
         actual: Revision(u64::try_from(version).unwrap_or_default()),
+    }
+}
+
+/// The fence on its own, as the first write of a summary commit: touches
+/// the admission only while it still names the owner's run and revision.
+async fn check_fence(conn: &mut SqliteConnection, fence: &Fence) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let now = now_ms();
+    let updated = sqlx::query!(
+        "UPDATE admissions SET updated_at = ?1
+         WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4 AND active_request_id = ?5",
+        now,
+        conversation,
+        revision,
+        run,
+        request
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("fence"))?;
+    match updated.rows_affected() {
+        1 => Ok(()),
+        _ => Err(fenced(fence)),
     }
 }

@@ -1,18 +1,83 @@
 //! The writes of a run's owner during its turns. Each is one step of the
-//! group writer (one transaction, or one savepoint of a shared one) whose
-//! first statement is also its fence: a checkpoint or a journal row is
-//! written only while the admission still names the owner's run and
-//! revision. If the admission moved on, nothing is written and the owner
-//! gets [`Error::Fenced`]. A turn with one tool call is three steps of seven
-//! statements in all.
+//! group writer and one statement: an `INSERT` into the `turn_writes` view
+//! (migration 0005), whose trigger checks the fence (the admission still
+//! names the owner's run and revision) and then writes the step's rows. If
+//! the admission moved on, the trigger raises, SQLite undoes the statement,
+//! nothing is written and the owner gets [`Error::Fenced`]. A turn with one
+//! tool call is three steps of one statement each.
+
+use std::collections::BTreeMap;
 
 use sqlx::SqliteConnection;
 
-use super::codec::{db, now_ms, to_i64, to_json};
+use super::codec::{db, now_ms, raised, to_i64, to_json, Raised};
 use turnstile_core::checkpoint::LoopCheckpoint;
-use turnstile_core::message::Message;
+use turnstile_core::message::{Message, ToolCall};
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
+
+/// The parts of one `turn_writes` row; each may be empty.
+#[derive(Default)]
+struct TurnWrite<'a> {
+    /// Checkpoint rows, saved in order (the last one's usage reaches the
+    /// admission), with the verification reports new in their turns.
+    checkpoints: &'a [&'a LoopCheckpoint],
+    /// The turn the messages, calls and compaction belong to.
+    turn: u32,
+    /// Messages appended at `first_seq..`.
+    first_seq: u64,
+    messages: &'a [Message],
+    /// Tool calls journaled as requested.
+    calls: &'a [ToolCall],
+    /// Clears the turn's journaled arguments and results.
+    compact: bool,
+    /// Marks the run failed with this error.
+    failure: Option<&'a str>,
+}
+
+/// Writes one step of a run's owner in one fenced statement.
+async fn write_turn(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    write: TurnWrite<'_>,
+) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let request = fence.request_id.as_uuid();
+    let run = fence.run_id.as_uuid();
+    let revision = to_i64(fence.revision.0);
+    let now = now_ms();
+    let checkpoints = checkpoint_rows(write.checkpoints)?;
+    let reports = new_reports(write.checkpoints)?;
+    let turn = i64::from(write.turn);
+    let first_seq = to_i64(write.first_seq);
+    let messages = json_list(write.messages)?;
+    let calls = json_list(write.calls)?;
+    sqlx::query!(
+        "INSERT INTO turn_writes (conversation_id, request_id, run_id, revision, now,
+             checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        conversation,
+        request,
+        run,
+        revision,
+        now,
+        checkpoints,
+        reports,
+        turn,
+        first_seq,
+        messages,
+        calls,
+        write.compact,
+        write.failure
+    )
+    .execute(&mut *conn)
+    .await
+    .map(drop)
+    .map_err(|e| match raised(&e) {
+        Some(Raised::Fenced) => fenced(fence),
+        _ => db("write turn step")(e),
+    })
+}
 
 /// A turn's write-ahead checkpoint, inside the group transaction.
 pub(super) async fn begin_turn_in(
@@ -20,7 +85,12 @@ pub(super) async fn begin_turn_in(
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
 ) -> Result<(), Error> {
-    save_checkpoints(conn, fence, &[checkpoint]).await
+    let write = TurnWrite {
+        checkpoints: &[checkpoint],
+        turn: checkpoint.turn,
+        ..TurnWrite::default()
+    };
+    write_turn(conn, fence, write).await
 }
 
 /// The model's answer, its checkpoint and its tool calls journaled as
@@ -31,36 +101,15 @@ pub(super) async fn record_model_response_in(
     checkpoint: &LoopCheckpoint,
     assistant: &Message,
 ) -> Result<(), Error> {
-    save_checkpoints(conn, fence, &[checkpoint]).await?;
-    insert_messages(
-        conn,
-        fence,
-        checkpoint.turn,
-        checkpoint.message_count,
-        std::slice::from_ref(assistant),
-    )
-    .await?;
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let turn = i64::from(checkpoint.turn);
-    let calls = to_json(assistant.tool_calls())?;
-    let now = now_ms();
-    sqlx::query!(
-        "INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name,
-             arguments, status, created_at)
-         SELECT ?1, ?2, value ->> '$.id', key, ?3, value ->> '$.name',
-             value ->> '$.arguments', 'requested', ?4
-         FROM json_each(?5)",
-        request,
-        turn,
-        run,
-        now,
-        calls
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("journal tool calls"))?;
-    Ok(())
+    let write = TurnWrite {
+        checkpoints: &[checkpoint],
+        turn: checkpoint.turn,
+        first_seq: checkpoint.message_count,
+        messages: std::slice::from_ref(assistant),
+        calls: assistant.tool_calls(),
+        ..TurnWrite::default()
+    };
+    write_turn(conn, fence, write).await
 }
 
 /// One tool call's result, inside the group transaction.
@@ -109,7 +158,9 @@ pub(super) async fn record_tool_result_in(
     }
     // Nothing written: either the owner was replaced, or there is no such
     // call waiting for its result.
-    check_fence(conn, fence).await?;
+    if !fence_holds(conn, fence).await? {
+        return Err(fenced(fence));
+    }
     Err(Error::InvalidInput(format!(
         "no requested tool call {call_id:?} in turn {turn} of request {}",
         fence.request_id
@@ -117,7 +168,9 @@ pub(super) async fn record_tool_result_in(
 }
 
 /// A turn's end, inside the group transaction: its checkpoint, the next
-/// turn's write-ahead if any, and the turn's `messages` at `first_seq..`.
+/// turn's write-ahead if any, and the turn's `messages` at `first_seq..`;
+/// the turn's calls and results are messages now, so the journal keeps only
+/// its record of what ran.
 pub(super) async fn finish_turn_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
@@ -126,82 +179,62 @@ pub(super) async fn finish_turn_in(
     messages: &[Message],
     next: Option<&LoopCheckpoint>,
 ) -> Result<(), Error> {
-    // The turn's checkpoint and the next turn's write-ahead, in one fenced
-    // statement.
-    match next {
-        Some(next) => save_checkpoints(conn, fence, &[checkpoint, next]).await?,
-        None => save_checkpoints(conn, fence, &[checkpoint]).await?,
-    }
-    insert_messages(conn, fence, checkpoint.turn, first_seq, messages).await?;
-    // The turn's calls and results are messages now: keep only the
-    // journal's record of what ran.
-    let request = fence.request_id.as_uuid();
-    let turn = i64::from(checkpoint.turn);
-    sqlx::query!(
-        "UPDATE tool_calls SET arguments = NULL, result = NULL
-         WHERE request_id = ?1 AND turn = ?2",
-        request,
-        turn
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("compact tool journal"))?;
-    Ok(())
+    let both;
+    let checkpoints: &[&LoopCheckpoint] = match next {
+        Some(next) => {
+            both = [checkpoint, next];
+            &both
+        }
+        None => std::slice::from_ref(&checkpoint),
+    };
+    let write = TurnWrite {
+        checkpoints,
+        turn: checkpoint.turn,
+        first_seq,
+        messages,
+        compact: true,
+        ..TurnWrite::default()
+    };
+    write_turn(conn, fence, write).await
 }
 
-/// A run's failure, inside the group transaction.
+/// A run's failure, inside the group transaction. A settled checkpoint may
+/// count usage the last write did not (an answer refused as malformed): it
+/// is saved, and the admission reports its usage.
 pub(super) async fn fail_run_in(
     conn: &mut SqliteConnection,
     fence: &Fence,
     error: &str,
     settled: Option<&LoopCheckpoint>,
 ) -> Result<(), Error> {
-    // A settled checkpoint may count usage the last write did not (an
-    // answer refused as malformed): saving it is the fence, and the
-    // admission reports its usage.
-    match settled {
-        Some(checkpoint) => save_checkpoints(conn, fence, &[checkpoint]).await?,
-        None => check_fence(conn, fence).await?,
-    }
-    let run = fence.run_id.as_uuid();
-    let now = now_ms();
-    sqlx::query!(
-        "UPDATE runs SET status = 'failed', error = ?1, ended_at = ?2
-         WHERE run_id = ?3",
-        error,
-        now,
-        run
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("record run failure"))?;
-    Ok(())
+    let write = TurnWrite {
+        checkpoints: settled.as_slice(),
+        turn: settled.map_or(0, |c| c.turn),
+        failure: Some(error),
+        ..TurnWrite::default()
+    };
+    write_turn(conn, fence, write).await
 }
 
-/// The fence on its own, for writes that save no checkpoint: touches the
-/// admission only while it still names the owner's run and revision.
-pub(super) async fn check_fence(conn: &mut SqliteConnection, fence: &Fence) -> Result<(), Error> {
+/// Whether the admission still names the owner's request, run and
+/// revision. Reads only: for explaining a write that matched nothing.
+pub(super) async fn fence_holds(conn: &mut SqliteConnection, fence: &Fence) -> Result<bool, Error> {
     let conversation = fence.conversation_id.as_uuid();
     let request = fence.request_id.as_uuid();
     let run = fence.run_id.as_uuid();
     let revision = to_i64(fence.revision.0);
-    let now = now_ms();
-    let updated = sqlx::query!(
-        "UPDATE admissions SET updated_at = ?1
-         WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4 AND active_request_id = ?5",
-        now,
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM admissions
+               WHERE conversation_id = ?1 AND revision = ?2 AND run_id = ?3
+                   AND active_request_id = ?4) AS "holds!: bool""#,
         conversation,
         revision,
         run,
         request
     )
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await
-    .map_err(db("fence"))?;
-    match updated.rows_affected() {
-        1 => Ok(()),
-        _ => Err(fenced(fence)),
-    }
+    .map_err(db("check fence"))
 }
 
 pub(super) fn fenced(fence: &Fence) -> Error {
@@ -211,92 +244,22 @@ pub(super) fn fenced(fence: &Fence) -> Error {
     }
 }
 
-/// Appends messages at `first_seq..` in one statement (a JSON array expanded
-/// by `json_each`), whatever their number. Each row keeps the role and text
-/// as columns and the message's other fields as `meta`.
-pub(super) async fn insert_messages(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    turn: u32,
-    first_seq: u64,
-    messages: &[Message],
-) -> Result<(), Error> {
-    if messages.is_empty() {
-        return Ok(());
+/// A list as the JSON array a step trigger expands, `None` (SQL NULL) when
+/// it is empty.
+pub(super) fn json_list<T: serde::Serialize>(items: &[T]) -> Result<Option<String>, Error> {
+    match items {
+        [] => Ok(None),
+        items => to_json(items).map(Some),
     }
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let turn = i64::from(turn);
-    let first_seq = to_i64(first_seq);
-    let batch = to_json(messages)?;
-    sqlx::query!(
-        "INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
-         SELECT ?1, ?2 + key, ?3, ?4, value ->> '$.role', value ->> '$.content',
-             NULLIF(json_remove(value, '$.role', '$.content'), '{}')
-         FROM json_each(?5)",
-        request,
-        first_seq,
-        run,
-        turn,
-        batch
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("insert run messages"))?;
-    Ok(())
 }
 
-/// Saves checkpoint rows (a turn's, and the next turn's write-ahead) in one
-/// statement that is also the fence: the rows are written only while the
-/// admission names the owner's run and revision, and `Fenced` otherwise.
-/// A row of the same turn is replaced whole (no other table refers to
-/// checkpoint rows); the admission takes the last row's usage by trigger
-/// (migration 0004).
-/// Verification reports new in a checkpoint's turn are saved with it (the
-/// earlier ones are already stored: a row only counts them).
-pub(super) async fn save_checkpoints(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    checkpoints: &[&LoopCheckpoint],
-) -> Result<(), Error> {
+/// Checkpoints as the JSON rows the step triggers save.
+pub(super) fn checkpoint_rows(checkpoints: &[&LoopCheckpoint]) -> Result<Option<String>, Error> {
     let rows: Vec<serde_json::Value> = checkpoints.iter().map(|c| checkpoint_row(c)).collect();
-    let rows = to_json(&rows)?;
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
-    let now = now_ms();
-    let saved = sqlx::query!(
-        "INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens,
-             output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
-             reports_count, message_count, created_at)
-         SELECT a.run_id, value ->> '$.turn', value ->> '$.phase', value ->> '$.input',
-             value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
-             value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', ?1
-         FROM admissions a, json_each(?2)
-         WHERE a.conversation_id = ?3 AND a.revision = ?4 AND a.run_id = ?5
-             AND a.active_request_id = ?6
-         ORDER BY key",
-        now,
-        rows,
-        conversation,
-        revision,
-        run,
-        request
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("save checkpoint"))?;
-    if saved.rows_affected() == 0 {
-        return Err(fenced(fence));
-    }
-    for checkpoint in checkpoints {
-        save_new_reports(conn, fence, checkpoint).await?;
-    }
-    Ok(())
+    json_list(&rows)
 }
 
-/// One checkpoint as the JSON object `save_checkpoints` expands.
+/// One checkpoint as the JSON object the step triggers expand.
 fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
     let usage = checkpoint.usage;
     serde_json::json!({
@@ -312,30 +275,27 @@ fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
     })
 }
 
-/// The verification reports a checkpoint's own turn added.
-async fn save_new_reports(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    checkpoint: &LoopCheckpoint,
-) -> Result<(), Error> {
-    let reports = &checkpoint.verification_reports;
-    let Some(first_new) = reports.iter().position(|r| r.turn == checkpoint.turn) else {
-        return Ok(());
-    };
-    let request = fence.request_id.as_uuid();
-    let first_seq = to_i64(first_new as u64);
-    let batch = to_json(&reports[first_new..])?;
-    sqlx::query!(
-        "INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
-         SELECT ?1, ?2 + key, value ->> '$.turn', value ->> '$.passed', value ->> '$.detail'
-         FROM json_each(?3) WHERE true
-         ON CONFLICT (request_id, seq) DO NOTHING",
-        request,
-        first_seq,
-        batch
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("save verification reports"))?;
-    Ok(())
+/// The verification reports the checkpoints' own turns added, by their
+/// position in the request (the earlier ones are stored already: a
+/// checkpoint row only counts them). A position two checkpoints share is
+/// taken from the first, as the trigger keeps a stored report.
+pub(super) fn new_reports(checkpoints: &[&LoopCheckpoint]) -> Result<Option<String>, Error> {
+    let mut rows = BTreeMap::new();
+    for checkpoint in checkpoints {
+        let reports = &checkpoint.verification_reports;
+        let Some(first_new) = reports.iter().position(|r| r.turn == checkpoint.turn) else {
+            continue;
+        };
+        for (seq, report) in reports.iter().enumerate().skip(first_new) {
+            rows.entry(seq).or_insert_with(|| {
+                serde_json::json!({
+                    "seq": seq,
+                    "turn": report.turn,
+                    "passed": report.passed,
+                    "detail": report.detail,
+                })
+            });
+        }
+    }
+    json_list(&rows.into_values().collect::<Vec<_>>())
 }

@@ -1,11 +1,14 @@
 //! Group commit. Every durable step of a run goes to one writer task, which
 //! commits the steps that are waiting together in one transaction: under
 //! concurrency many sessions share one commit (one fsync) instead of taking
-//! turns for the write lock. Each step still runs its own fence, inside its
-//! own savepoint, so a fenced or failing step is rolled back alone. Every
-//! caller, the failed ones included, is answered only once the transaction
-//! has ended: an error computed from a batch that then failed to commit
-//! would describe something that never happened.
+//! turns for the write lock. Each step still runs its own fence, and a
+//! fenced or failing step is undone alone: a step that writes with one
+//! statement ([`Isolation::Statement`], every step of a run's owner) is
+//! undone by SQLite itself when that statement raises, so it needs no
+//! savepoint; a step of several write statements runs inside a savepoint of
+//! its own. Every caller, the failed ones included, is answered only once
+//! the transaction has ended: an error computed from a batch that then
+//! failed to commit would describe something that never happened.
 //!
 //! A step that finds the writer idle and nobody queued runs at once in a
 //! plain transaction (no savepoint, no writer task), on a task of its own:
@@ -32,13 +35,55 @@ const MAX_BATCH: usize = 256;
 /// ended it (the step's writes, if any, are undone).
 type Reply = Box<dyn FnOnce(Option<Error>) + Send>;
 
+/// How a step's failure is undone when the step shares its transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Isolation {
+    /// The step writes with one statement, and refuses (an error that is
+    /// not [`Error::Store`] or [`Error::Corrupt`], see [`is_refusal`]) only
+    /// when nothing of it was written: its statement raised and SQLite
+    /// undid that statement alone (or it never wrote at all), and the
+    /// transaction goes on. No savepoint is taken. Any other error may have
+    /// left anything: the whole transaction is rolled back, and the steps
+    /// before it in the batch are told why.
+    Statement,
+    /// The step runs inside a savepoint of its own, rolled back if it fails.
+    Savepoint,
+}
+
+/// Whether a step's error is a refusal: a typed answer about the state it
+/// found (fenced, busy, a conflict, bad input...), not a failure of the
+/// database or of its content.
+fn is_refusal(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Busy { .. }
+            | Error::RequestMismatch { .. }
+            | Error::RequestAbandoned { .. }
+            | Error::NotActive { .. }
+            | Error::NamespaceMismatch { .. }
+            | Error::InvalidInput(_)
+            | Error::NotFound { .. }
+            | Error::AmbiguousCheckpoint { .. }
+            | Error::Fenced { .. }
+            | Error::Conflict { .. }
+    )
+}
+
 /// How a step ended inside its transaction.
 struct Ran {
     reply: Reply,
-    /// A copy of the step's error when it failed: its writes are rolled
-    /// back, and if SQLite ended the whole transaction on it (a full disk),
-    /// it is what every other caller of the transaction is told.
-    failed: Option<Error>,
+    /// When the step failed: a copy of its error, and whether nothing of
+    /// the step is left in the transaction (a refusal of a
+    /// [`Isolation::Statement`] step). Otherwise its savepoint, or the
+    /// whole transaction, is rolled back, and if the transaction ends on it
+    /// (a full disk, a step without a savepoint), the copy is what every
+    /// other caller of the transaction is told.
+    failed: Option<Failed>,
+}
+
+struct Failed {
+    error: Error,
+    undone: bool,
 }
 
 /// What a job is given: the connection to run on, or the error that kept
@@ -49,7 +94,12 @@ enum Attempt<'c> {
 }
 
 /// A step with its result type erased.
-type Job = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Ran> + Send>;
+struct Job {
+    isolation: Isolation,
+    run: RunStep,
+}
+
+type RunStep = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Ran> + Send>;
 
 /// The handle through which the store's writes reach the writer task. The
 /// task ends when the last handle is dropped.
@@ -78,8 +128,8 @@ impl GroupWriter {
 
     /// Runs `step` in the next group transaction and returns its result once
     /// that transaction has ended. The step runs inside a transaction it
-    /// must not end itself.
-    pub(super) async fn write<T, F>(&self, step: F) -> Result<T, Error>
+    /// must not end itself; `isolation` says how its failure is undone.
+    pub(super) async fn write<T, F>(&self, isolation: Isolation, step: F) -> Result<T, Error>
     where
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, Error>>
@@ -87,7 +137,7 @@ impl GroupWriter {
             + 'static,
     {
         let (answer, answered) = oneshot::channel::<Result<T, Error>>();
-        let job: Job = Box::new(move |attempt| {
+        let run: RunStep = Box::new(move |attempt| {
             Box::pin(async move {
                 let ran = match attempt {
                     Attempt::Run(conn) => step(conn).await,
@@ -101,7 +151,10 @@ impl GroupWriter {
                         failed: None,
                     },
                     Err(e) => Ran {
-                        failed: Some(copy_of(&e)),
+                        failed: Some(Failed {
+                            error: copy_of(&e),
+                            undone: isolation == Isolation::Statement && is_refusal(&e),
+                        }),
                         reply: Box::new(move |ended: Option<Error>| {
                             let _ = answer.send(Err(ended.unwrap_or(e)));
                         }),
@@ -109,6 +162,7 @@ impl GroupWriter {
                 }
             })
         });
+        let job = Job { isolation, run };
         // Nobody to group with: a batch of one, at once, on a task of its
         // own; otherwise the writer task's next batch.
         let idle = match self.queued.load(Ordering::Acquire) {
@@ -198,14 +252,15 @@ async fn one_transaction(
         }
     };
     // Alone, a step needs no savepoint: its failure rolls back everything.
-    let isolated = batch.len() > 1;
+    let shared = batch.len() > 1;
     let mut ended: Vec<Reply> = Vec::with_capacity(batch.len());
     let mut failed = 0;
     while let Some(job) = batch.pop_front() {
-        // One statement per step: savepoints of one name stack up, `ROLLBACK
-        // TO` undoes only the latest (this step's), and the commit releases
-        // them all; a RELEASE per step would be a round trip for nothing.
-        if isolated {
+        // Savepoints of one name stack up, `ROLLBACK TO` undoes only the
+        // latest (this step's), and the commit releases them all; a RELEASE
+        // per step would be a round trip for nothing.
+        let savepoint = shared && job.isolation == Isolation::Savepoint;
+        if savepoint {
             if let Err(e) = sqlx::query("SAVEPOINT step")
                 .execute(&mut *tx)
                 .await
@@ -216,32 +271,33 @@ async fn one_transaction(
                 return Err(e);
             }
         }
-        let ran = job(Attempt::Run(&mut tx)).await;
+        let ran = (job.run)(Attempt::Run(&mut tx)).await;
         let Some(cause) = ran.failed else {
             ended.push(ran.reply);
             continue;
         };
         failed += 1;
-        let undone = match isolated {
-            true => sqlx::query("ROLLBACK TO step")
-                .execute(&mut *tx)
-                .await
-                .map(drop)
-                .map_err(db("roll back to savepoint")),
+        if !shared {
             // Alone: the transaction is the step's, and ends with it.
-            false => {
-                drop(tx);
-                (ran.reply)(None);
-                return Ok(());
-            }
-        };
-        if undone.is_err() {
-            // SQLite ended the whole transaction on this step's error (a
-            // full disk, say): the steps before it are undone too, and
-            // their callers learn why.
+            drop(tx);
             (ran.reply)(None);
-            answer_all(ended, Some(&cause));
-            return Err(cause);
+            return Ok(());
+        }
+        let undone = cause.undone
+            || (savepoint
+                && sqlx::query("ROLLBACK TO step")
+                    .execute(&mut *tx)
+                    .await
+                    .is_ok());
+        if !undone {
+            // The step may have left writes that nothing can undo alone, or
+            // SQLite ended the whole transaction on its error (a full disk,
+            // say): the steps before it are undone with it, and their
+            // callers learn why.
+            drop(tx);
+            (ran.reply)(None);
+            answer_all(ended, Some(&cause.error));
+            return Err(cause.error);
         }
         ended.push(ran.reply);
     }
@@ -269,7 +325,7 @@ fn answer_all(ended: Vec<Reply>, error: Option<&Error>) {
 /// Answers steps that never ran.
 async fn fail_all(batch: VecDeque<Job>, error: &Error) {
     for job in batch {
-        let ran = job(Attempt::Fail(copy_of(error))).await;
+        let ran = (job.run)(Attempt::Fail(copy_of(error))).await;
         (ran.reply)(None);
     }
 }

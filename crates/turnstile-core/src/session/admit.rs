@@ -52,33 +52,43 @@ impl AgentSession {
         first_turn_ahead: bool,
     ) -> Result<Admitted, Error> {
         self.validate(request_id, input)?;
-        // Both reads at once (they are independent; a replay is two round
-        // trips, not three). The namespace is judged first: a replay must
-        // not cross it. The conversation is created only once the request
-        // is known to be new, so a refusal writes nothing.
-        let (conversation, record) = tokio::join!(
+        // Everything the claim depends on, read at once (one query where
+        // the store can): the conversation (its namespace is judged first:
+        // a replay must not cross it), whether the request is known, the
+        // admission and, when the claim saves the first turn's write-ahead,
+        // the model's context. The conversation is created only once the
+        // request is known to be new, so a refusal writes nothing.
+        let window = first_turn_ahead.then(|| self.policy.window());
+        let read = || {
             self.store
-                .conversation(&self.namespace, self.conversation_id),
-            self.store.request(request_id)
-        );
-        let exists = match conversation {
-            Ok(_) => true,
-            Err(Error::NotFound { .. }) => false,
-            Err(e) => return Err(e),
+                .claim_context(&self.namespace, self.conversation_id, request_id, window)
         };
+        let mut context = read().await?;
         let hash = InputHash::of(input);
-        if let Some(record) = record? {
+        if let Some(record) = context.request.take() {
             return self.existing(record, hash).await.map(Admitted::Replay);
         }
-        if !exists {
+        if context.conversation.is_none() {
             self.store
                 .ensure_conversation(&self.namespace, self.conversation_id)
                 .await?;
+            context = read().await?;
         }
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let admission = self.store.admission(self.conversation_id).await?;
+            if attempt > 1 {
+                context = read().await?;
+            }
+            // A request of this id that came meanwhile (a claim racing
+            // this one) is answered from its row.
+            if let Some(record) = context.request.take() {
+                return self.existing(record, hash).await.map(Admitted::Replay);
+            }
+            let admission = context.admission.take().ok_or_else(|| Error::NotFound {
+                what: "conversation",
+                id: self.conversation_id.to_string(),
+            })?;
             if let Some(active) = admission.active {
                 return Err(Error::Busy {
                     conversation_id: self.conversation_id,
@@ -86,12 +96,12 @@ impl AgentSession {
                     revision: admission.revision,
                 });
             }
-            // The context is read before the claim, at the revision the
+            // The context is read with the admission, at the revision the
             // claim expects: no commit can come between (a commit moves the
             // revision), and a damaged transcript refuses the request before
             // it holds the conversation or claims a turn in flight.
             let prefix = match first_turn_ahead {
-                true => Some(self.context_prefix().await?),
+                true => Some(self.window_prefix(std::mem::take(&mut context.window))),
                 false => None,
             };
             let run_id = RunId::new();

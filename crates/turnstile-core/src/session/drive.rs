@@ -12,7 +12,7 @@ use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::Message;
 use crate::outcome::Outcome;
-use crate::store::Fence;
+use crate::store::{Fence, TranscriptEntry};
 
 impl AgentSession {
     /// A fresh claim: the request is at its start, or at its first turn
@@ -169,33 +169,44 @@ impl AgentSession {
     /// passes before the first turn left fewer than a batch outside the
     /// window).
     pub(super) async fn context_prefix(&self) -> Result<Vec<Message>, Error> {
+        if self.summary.is_none() {
+            let window = self
+                .store
+                .transcript_window(self.conversation_id, self.policy.window())
+                .await?;
+            return Ok(self.window_prefix(window));
+        }
         let mut prefix = Vec::new();
         if !self.agent.system_prompt.is_empty() {
             prefix.push(Message::system(self.agent.system_prompt.clone()));
         }
-        if self.summary.is_some() {
-            let latest = self.store.latest_summary(self.conversation_id).await?;
-            let from = latest.as_ref().map_or(0, |s| s.through_seq + 1);
-            if let Some(latest) = latest {
-                prefix.push(compact::context_message(&latest.content));
-            }
-            let tail = self
-                .store
-                .transcript_range(self.conversation_id, from, u64::MAX)
-                .await?;
-            prefix.extend(tail.into_iter().map(|e| e.message));
-            return Ok(prefix);
+        let latest = self.store.latest_summary(self.conversation_id).await?;
+        let from = latest.as_ref().map_or(0, |s| s.through_seq + 1);
+        if let Some(latest) = latest {
+            prefix.push(compact::context_message(&latest.content));
         }
-        let window = self
+        let tail = self
             .store
-            .transcript_window(self.conversation_id, self.policy.window())
+            .transcript_range(self.conversation_id, from, u64::MAX)
             .await?;
+        prefix.extend(tail.into_iter().map(|e| e.message));
+        Ok(prefix)
+    }
+
+    /// The model's context without a summary agent: the system prompt and
+    /// the plain sliding `window` (as read with the policy's window), moved
+    /// forward to start at a user message.
+    pub(super) fn window_prefix(&self, window: Vec<TranscriptEntry>) -> Vec<Message> {
+        let mut prefix = Vec::new();
+        if !self.agent.system_prompt.is_empty() {
+            prefix.push(Message::system(self.agent.system_prompt.clone()));
+        }
         let start = window
             .iter()
             .position(|e| matches!(e.message, Message::User { .. }))
             .unwrap_or(window.len());
         prefix.extend(window.into_iter().skip(start).map(|e| e.message));
-        Ok(prefix)
+        prefix
     }
 }
 

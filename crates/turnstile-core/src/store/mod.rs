@@ -14,9 +14,10 @@ use async_trait::async_trait;
 /// Re-exported: the contract journals tool results.
 pub use crate::message::ToolResult;
 pub use records::{
-    ActiveAdmission, Admission, ClaimOutcome, Conversation, Fence, InputHash, JournalEntry,
-    JournalStatus, NewRequest, RecoveryClaim, RequestRecord, RequestStatus, RunRecord, RunStatus,
-    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, SummaryProgress, TranscriptEntry,
+    ActiveAdmission, Admission, ClaimContext, ClaimOutcome, Conversation, Fence, InputHash,
+    JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord, RequestStatus,
+    RunRecord, RunStatus, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    SummaryProgress, TranscriptEntry,
 };
 
 use crate::checkpoint::LoopCheckpoint;
@@ -51,6 +52,64 @@ pub trait Store: Send + Sync + 'static {
 
     /// The admission row of a conversation.
     async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error>;
+
+    /// What a new request reads before its claim: the conversation in
+    /// `namespace`, the request `request_id` (in any conversation), the
+    /// conversation's admission and, when `window` is given, its last
+    /// `window` committed entries (as [`Store::transcript_window`]). Only
+    /// what a claim would use is decoded: no admission when the request id
+    /// is known, no entries unless the admission is idle (so a damaged
+    /// entry refuses no replay and hides no `Busy`).
+    /// A backend that can should read everything in one query, a
+    /// consistent snapshot; the default reads with the methods above, in
+    /// two rounds of reads made at once.
+    ///
+    /// # Errors
+    /// [`Error::NamespaceMismatch`] if the conversation belongs to another
+    /// namespace, whatever the request: a replay must not cross it.
+    async fn claim_context(
+        &self,
+        namespace: &Namespace,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        window: Option<u32>,
+    ) -> Result<ClaimContext, Error> {
+        let (conversation, request) = tokio::join!(
+            self.conversation(namespace, conversation_id),
+            self.request(request_id)
+        );
+        let conversation = match conversation {
+            Ok(conversation) => Some(conversation),
+            Err(Error::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let request = request?;
+        if conversation.is_none() || request.is_some() {
+            return Ok(ClaimContext {
+                conversation,
+                request,
+                admission: None,
+                window: Vec::new(),
+            });
+        }
+        let (admission, entries) = tokio::join!(self.admission(conversation_id), async {
+            match window {
+                Some(limit) => self.transcript_window(conversation_id, limit).await,
+                None => Ok(Vec::new()),
+            }
+        });
+        let admission = admission?;
+        let window = match admission.active {
+            None => entries?,
+            Some(_) => Vec::new(),
+        };
+        Ok(ClaimContext {
+            conversation,
+            request,
+            admission: Some(admission),
+            window,
+        })
+    }
 
     /// Claims an idle admission at `expected_revision` for a new request:
     /// records the request, its first run and the user input as its first

@@ -188,6 +188,25 @@ pub struct RequestRecord {
     pub completed_at: Option<i64>,
 }
 
+/// What a new request reads before its claim, as
+/// [`Store::claim_context`](crate::store::Store::claim_context) returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimContext {
+    /// The conversation, in the namespace asked for; `None` if it does not
+    /// exist yet.
+    pub conversation: Option<Conversation>,
+    /// The request, if its id is known (in any conversation).
+    pub request: Option<RequestRecord>,
+    /// The conversation's admission; `None` when the conversation does not
+    /// exist or the request is known (a known request is answered from its
+    /// row, not by a claim).
+    pub admission: Option<Admission>,
+    /// The last committed entries of the conversation, oldest first, as
+    /// many as asked for; none unless a claim would use them (the
+    /// conversation exists, the request is unknown, the admission idle).
+    pub window: Vec<TranscriptEntry>,
+}
+
 /// What a commit keeps for replay: the committing run, the totals of its
 /// final checkpoint and where the request's messages are in the transcript
 /// (entries `first_seq..end_seq`, the final answer last).

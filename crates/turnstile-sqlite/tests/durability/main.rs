@@ -1,10 +1,11 @@
 //! SQLite-file behaviour: atomicity under injected faults, reopening,
-//! storage growth, schema versioning, corrupt rows, file mode and
-//! multi-process admission.
+//! storage growth, schema versioning and a database of the previous
+//! schema, corrupt rows, file mode and multi-process admission.
 
 use turnstile_conformance::support;
 
 mod atomicity;
+mod compat;
 mod corrupt;
 mod growth;
 mod processes;
