@@ -14,6 +14,10 @@ use turnstile_core::Error;
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
+/// How long a pooled connection may sit idle and still be used without a
+/// ping first.
+const IDLE_BEFORE_PING: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl PostgresStore {
     /// Connects with the default options (see [`PostgresOptions`]) and
     /// migrates the database to this build's schema. `url` is a libpq-style
@@ -71,6 +75,17 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.pool_size.max(1))
             .acquire_timeout(options.acquire_timeout)
+            // A connection in steady use is not pinged before each step (a
+            // round trip as dear as the step's own); one that sat idle may
+            // have been dropped by the server or the network, and is pinged
+            // first. A connection that fails mid-step is closed, not reused
+            // (`retry.rs`).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    Ok(meta.idle_for < IDLE_BEFORE_PING || conn.ping().await.is_ok())
+                })
+            })
             .connect_lazy_with(connect);
         let store = PostgresStore {
             pool,

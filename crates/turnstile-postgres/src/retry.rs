@@ -75,17 +75,20 @@ macro_rules! retrying {
 macro_rules! transaction {
     ($store:expr, |$conn:ident, $retry:ident| $body:expr) => {
         $crate::retry::retrying!(|$retry| async {
-            let mut tx = $store
-                .pool
-                .begin()
-                .await
-                .map_err($crate::codec::db("begin"))?;
-            let value = {
-                let $conn: &mut sqlx::PgConnection = &mut tx;
-                $body.await?
-            };
-            tx.commit().await.map_err($crate::codec::db("commit"))?;
-            Ok::<_, turnstile_core::Error>(value)
+            let mut pooled = $crate::retry::acquire(&$store.pool).await?;
+            let result = async {
+                use sqlx::Connection;
+                let mut tx = pooled.begin().await.map_err($crate::codec::db("begin"))?;
+                let value = {
+                    let $conn: &mut sqlx::PgConnection = &mut tx;
+                    $body.await?
+                };
+                tx.commit().await.map_err($crate::codec::db("commit"))?;
+                Ok::<_, turnstile_core::Error>(value)
+            }
+            .await;
+            $crate::retry::settle(&mut pooled, &result);
+            result
         })
     };
 }
@@ -96,15 +99,35 @@ macro_rules! transaction {
 macro_rules! autocommit {
     ($store:expr, |$conn:ident, $retry:ident| $body:expr) => {
         $crate::retry::retrying!(|$retry| async {
-            let mut pooled = $store
-                .pool
-                .acquire()
-                .await
-                .map_err($crate::codec::db("acquire connection"))?;
-            let $conn: &mut sqlx::PgConnection = &mut pooled;
-            $body.await
+            let mut pooled = $crate::retry::acquire(&$store.pool).await?;
+            let result = {
+                let $conn: &mut sqlx::PgConnection = &mut pooled;
+                $body.await
+            };
+            $crate::retry::settle(&mut pooled, &result);
+            result
         })
     };
+}
+
+pub(crate) async fn acquire(
+    pool: &sqlx::PgPool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Error> {
+    pool.acquire()
+        .await
+        .map_err(super::codec::db("acquire connection"))
+}
+
+/// A connection whose step failed in a way worth retrying (reset,
+/// terminated, server shutting down) is closed, not given back: the retry
+/// takes another.
+pub(crate) fn settle<T>(
+    pooled: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
+    result: &Result<T, Error>,
+) {
+    if result.as_ref().is_err_and(retryable) {
+        pooled.close_on_drop();
+    }
 }
 
 pub(crate) use {autocommit, retrying, transaction};
