@@ -92,8 +92,66 @@ fn json_figures_are_present_positive_and_consistent() {
 
     assert_eq!(report["database"], Value::Null, "not kept");
     assert!(report["debug_build"].is_boolean());
+    assert_baseline_and_ratios(&report);
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
-    assert!(left.is_empty(), "the temp database is removed: {left:?}");
+    assert!(left.is_empty(), "the temp databases are removed: {left:?}");
+}
+
+/// The floors were measured, and the ratios are the run's figures over
+/// them.
+fn assert_baseline_and_ratios(report: &Value) {
+    let bare_turn = number(report, "/baseline/bare_turn_p50_ms");
+    let bare_commits = number(report, "/baseline/bare_commit_per_second");
+    assert!(bare_turn > 0.0 && bare_commits > 0.0, "{report}");
+    assert_eq!(
+        number(report, "/baseline/bare_turn/p50_ms"),
+        bare_turn,
+        "{report}"
+    );
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    assert!(close(
+        number(report, "/ratios/turn_p50_vs_bare_turn"),
+        number(report, "/turn_latency/p50_ms") / bare_turn
+    ));
+    assert!(close(
+        number(report, "/ratios/turns_per_second_vs_bare_commits"),
+        number(report, "/turns_per_second") / bare_commits
+    ));
+}
+
+#[test]
+fn in_memory_runs_the_workload_and_its_baseline_without_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = turnstile_in(
+        tmp.path(),
+        &[
+            "bench",
+            "--in-memory",
+            "--conversations",
+            "3",
+            "--turns",
+            "2",
+            "--json",
+        ],
+    );
+    run.assert_success();
+    let report = run.json();
+    assert_eq!(report["turns"], 6, "{report}");
+    let storage = &report["storage"];
+    assert!(number(storage, "/bytes_in_use") > 0.0, "{report}");
+    assert_eq!(number(storage, "/file_bytes"), 0.0, "{report}");
+    assert_eq!(report["database"], Value::Null);
+    assert_baseline_and_ratios(&report);
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "nothing is written to disk: {left:?}");
+
+    let db = tmp.path().join("x.db");
+    turnstile_in(
+        tmp.path(),
+        &["bench", "--in-memory", "--db", db.to_str().unwrap()],
+    )
+    .assert_error(2, "cannot be used with");
+    assert!(!db.exists());
 }
 
 #[test]
@@ -113,6 +171,9 @@ fn the_human_report_says_what_it_counts() {
         "after a WAL checkpoint",
         "ids, roles and JSON not counted",
         "removed",
+        "bare turn",
+        "bare commit",
+        "ratios",
     ] {
         assert!(run.stdout.contains(label), "{label:?} in {}", run.stdout);
     }

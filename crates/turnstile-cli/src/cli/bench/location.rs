@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 use crate::cli::exit::CliError;
 
 pub(super) struct Location {
+    /// Empty for an in-memory database.
     db: PathBuf,
     /// The temp directory (removed when dropped), when the database is not
     /// kept.
     temp_dir: Option<tempfile::TempDir>,
+    in_memory: bool,
 }
 
 impl Location {
@@ -26,7 +28,21 @@ impl Location {
         Ok(Self {
             db: dir.path().join("bench.db"),
             temp_dir: Some(dir),
+            in_memory: false,
         })
+    }
+
+    /// No file: the workload runs on `SqliteStore::in_memory()`.
+    pub(super) fn memory() -> Self {
+        Self {
+            db: PathBuf::new(),
+            temp_dir: None,
+            in_memory: true,
+        }
+    }
+
+    pub(super) fn in_memory(&self) -> bool {
+        self.in_memory
     }
 
     /// `path`, which must not exist yet (nor its `-wal` or `-shm` files,
@@ -47,6 +63,7 @@ impl Location {
             Ok(_) => Ok(Self {
                 db: path,
                 temp_dir: None,
+                in_memory: false,
             }),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(exists(&path)),
             Err(e) => Err(CliError::io(format!("create {}", path.display()))(e)),
@@ -57,9 +74,9 @@ impl Location {
         &self.db
     }
 
-    /// The database stays after the bench (`--db`).
+    /// The database file stays after the bench (`--db`).
     pub(super) fn kept(&self) -> bool {
-        self.temp_dir.is_none()
+        self.temp_dir.is_none() && !self.in_memory
     }
 }
 

@@ -13,6 +13,7 @@
 //! - `storage`: pages in use after a WAL checkpoint;
 //! - `stats` and `report`: the figures and their rendering.
 
+mod baseline;
 mod location;
 mod postgres;
 mod reads;
@@ -75,8 +76,13 @@ pub struct BenchArgs {
     /// Default: a fresh temp directory, removed afterwards. Or a PostgreSQL
     /// URL: each workload then runs in a new schema of that database
     /// (`turnstile_bench_…`), dropped afterwards.
-    #[arg(long, value_name = "PATH|URL")]
+    #[arg(long, value_name = "PATH|URL", conflicts_with = "in_memory")]
     pub db: Option<DbLocation>,
+    /// Run the workload on `SqliteStore::in_memory()` (the test-harness
+    /// store), against a baseline in memory too; storage is what the
+    /// in-memory database holds.
+    #[arg(long)]
+    pub in_memory: bool,
 }
 
 /// `--durability`.
@@ -115,6 +121,7 @@ pub(super) async fn run(
             return postgres::run(&args, params, url, stop, out, style, json).await
         }
         Some(DbLocation::File(path)) => Location::new_file(path)?,
+        None if args.in_memory => Location::memory(),
         None => Location::temp()?,
     };
     if !json {
@@ -175,6 +182,14 @@ pub(super) struct Figures {
     latest_checkpoint: Latency,
     replay: Latency,
     storage: report::Storage,
+    baseline: baseline::Baseline,
+}
+
+/// Samples of each baseline floor: the workload's turn count, within
+/// bounds that keep it quick and its percentiles meaningful.
+fn baseline_samples(params: &WorkloadParams) -> usize {
+    let turns = u64::from(params.conversations) * u64::from(params.turns_per_conversation);
+    turns.clamp(100, 2_000) as usize
 }
 
 async fn measure(
@@ -182,21 +197,49 @@ async fn measure(
     durability: BenchDurability,
     location: &Location,
 ) -> Result<Figures, CliError> {
-    let options = SqliteOptions {
-        durability: durability.store(),
-        ..SqliteOptions::default()
+    // The floor first, in its own temp directory (or memory), so the
+    // workload's file holds only the workload.
+    let scratch = match location.in_memory() {
+        true => None,
+        false => Some(
+            tempfile::Builder::new()
+                .prefix("turnstile-bench-baseline-")
+                .tempdir()
+                .map_err(CliError::io("create the baseline's temp directory"))?,
+        ),
     };
-    let store = SqliteStore::open_with(location.db(), options).await?;
+    let baseline = baseline::measure(
+        scratch.as_ref().map(tempfile::TempDir::path),
+        durability,
+        params.message_bytes as usize,
+        baseline_samples(params),
+    )
+    .await?;
+    drop(scratch);
+    let store = match location.in_memory() {
+        true => SqliteStore::in_memory().await?,
+        false => {
+            let options = SqliteOptions {
+                durability: durability.store(),
+                ..SqliteOptions::default()
+            };
+            SqliteStore::open_with(location.db(), options).await?
+        }
+    };
     let shared: Arc<dyn Store> = Arc::new(store.clone());
     let written = Workload::from(params).run(shared.clone()).await?;
     let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
     let replay = reads::replays(&shared, &written.samples, params.message_bytes).await?;
     drop(shared);
-    let storage = storage::measure(&store, location.db(), written.message_text_bytes).await?;
+    let storage = match location.in_memory() {
+        true => storage::in_memory(&store, written.message_text_bytes).await?,
+        false => storage::measure(&store, location.db(), written.message_text_bytes).await?,
+    };
     Ok(Figures {
         written,
         latest_checkpoint,
         replay,
         storage,
+        baseline,
     })
 }

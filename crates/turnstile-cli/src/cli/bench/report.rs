@@ -56,6 +56,9 @@ pub(super) struct BenchReport {
     /// `AgentSession::run` of sampled committed requests again, one at a time.
     replay: Latency,
     storage: Storage,
+    /// The floors, measured in the same run on the same kind of database.
+    baseline: super::baseline::Baseline,
+    ratios: super::baseline::Ratios,
     /// The database file, when it was kept (`--db`).
     database: Option<String>,
     /// Timings of a debug build are not representative.
@@ -66,12 +69,20 @@ impl BenchReport {
     pub(super) fn new(workload: WorkloadParams, figures: Figures, location: &Location) -> Self {
         let turns = figures.written.latencies.len() as u64;
         let wall_seconds = figures.written.wall.as_secs_f64();
+        let turns_per_second = turns as f64 / wall_seconds.max(f64::MIN_POSITIVE);
+        let turn_latency = Latency::of(figures.written.latencies);
         Self {
             turns,
             messages: 2 * turns,
             wall_seconds,
-            turns_per_second: turns as f64 / wall_seconds.max(f64::MIN_POSITIVE),
-            turn_latency: Latency::of(figures.written.latencies),
+            turns_per_second,
+            ratios: super::baseline::Ratios::of(
+                turn_latency.p50_ms,
+                turns_per_second,
+                &figures.baseline,
+            ),
+            baseline: figures.baseline,
+            turn_latency,
             latest_checkpoint: figures.latest_checkpoint,
             replay: figures.replay,
             storage: figures.storage,
@@ -87,9 +98,10 @@ impl BenchReport {
         if !s.wal_checkpoint_complete {
             file.push_str(" (a reader kept the checkpoint from emptying the log)");
         }
-        let database = match &self.database {
-            Some(path) => format!("{path} (kept)"),
-            None => "a temp file, removed".to_owned(),
+        let database = match (&self.database, self.storage.file_bytes) {
+            (Some(path), _) => format!("{path} (kept)"),
+            (None, 0) => "in memory".to_owned(),
+            (None, _) => "a temp file, removed".to_owned(),
         };
         output::table(
             out,
@@ -159,6 +171,29 @@ impl BenchReport {
                     ),
                 ),
                 ("  file", file),
+                (
+                    "bare turn",
+                    latency(
+                        &self.baseline.bare_turn,
+                        "BEGIN IMMEDIATE, 2 message inserts, 1 update, COMMIT on a plain connection",
+                    ),
+                ),
+                (
+                    "bare commit",
+                    format!(
+                        "{:.1} commits/s · {}",
+                        self.baseline.bare_commit_per_second,
+                        latency(&self.baseline.bare_commit, "single-row commits, one plain connection")
+                    ),
+                ),
+                (
+                    "ratios",
+                    format!(
+                        "turn p50 ÷ bare turn p50 = {:.2} · turns/s ÷ bare commits/s = {:.2}",
+                        self.ratios.turn_p50_vs_bare_turn,
+                        self.ratios.turns_per_second_vs_bare_commits
+                    ),
+                ),
                 ("database", database),
             ],
         )?;

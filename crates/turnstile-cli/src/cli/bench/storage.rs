@@ -6,6 +6,23 @@ use std::path::Path;
 
 use turnstile::{SqliteStore, StoreAdmin};
 
+/// What an in-memory store holds after the workload: its pages in use.
+pub(super) async fn in_memory(
+    store: &SqliteStore,
+    message_text_bytes: u64,
+) -> Result<Storage, CliError> {
+    let report = store.storage().await?;
+    Ok(Storage {
+        message_text_bytes,
+        details: report.details,
+        bytes_in_use: report.bytes_in_use,
+        bytes_per_message_byte: report.bytes_in_use as f64 / message_text_bytes.max(1) as f64,
+        file_bytes: 0,
+        wal_bytes: 0,
+        wal_checkpoint_complete: true,
+    })
+}
+
 use super::report::Storage;
 use crate::cli::exit::CliError;
 
