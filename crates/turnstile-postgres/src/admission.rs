@@ -347,9 +347,16 @@ pub(crate) async fn claim_recovery_in(
         run_id: claim.new_run,
         revision,
     };
+    // The first attempt took it over, acknowledgement lost.
+    let taken_over = |admission: &Admission| {
+        admission
+            .active
+            .as_ref()
+            .is_some_and(|a| a.run_id == claim.new_run)
+    };
     if retry {
         let admission = load_admission(conn, claim.conversation_id).await?;
-        if admission.active.is_some_and(|a| a.run_id == claim.new_run) {
+        if taken_over(&admission) {
             return Ok(fence(admission.revision));
         }
     }
@@ -368,14 +375,18 @@ pub(crate) async fn claim_recovery_in(
     .await
     .map_err(db("claim recovery"))?;
     let Some(revision) = claimed else {
-        return Err(diagnose(
-            conn,
+        let admission = load_admission(conn, claim.conversation_id).await?;
+        // A first attempt still running when this retry started may have
+        // committed while this update waited for its lock.
+        if retry && taken_over(&admission) {
+            return Ok(fence(admission.revision));
+        }
+        return Err(cas_refusal(
+            admission,
             Wanted::Active,
-            claim.conversation_id,
             claim.request_id,
             claim.expected_revision,
-        )
-        .await);
+        ));
     };
     // Under the admission's row lock, so the run being continued cannot
     // move on between this check and the commit; an error rolls the claim

@@ -24,15 +24,10 @@ pub(crate) async fn commit(
     let final_seq = checkpoint.message_count.checked_sub(1).ok_or_else(|| {
         Error::InvalidInput("a commit checkpoint must count the final message".into())
     })?;
+    // Committed by the first attempt, acknowledgement lost: the stored
+    // outcome is this commit's.
     if retry {
-        // Committed by the first attempt, acknowledgement lost: the stored
-        // outcome is this commit's.
-        let record = super::reads::load_request(conn, fence.request_id).await?;
-        if let Some(outcome) = record
-            .filter(|r| r.status == RequestStatus::Completed)
-            .and_then(|r| r.outcome)
-            .filter(|o| o.run_id == fence.run_id)
-        {
+        if let Some(outcome) = committed_by(conn, fence).await? {
             return Ok(outcome);
         }
     }
@@ -129,8 +124,18 @@ pub(crate) async fn commit(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("commit"))?
-    .ok_or_else(|| fenced(fence))?;
+    .map_err(db("commit"))?;
+    let Some(placed) = placed else {
+        // A first attempt still running on the server when this retry
+        // started may have committed while this statement waited for its
+        // lock: then the outcome is this commit's, not a fence.
+        if retry {
+            if let Some(outcome) = committed_by(conn, fence).await? {
+                return Ok(outcome);
+            }
+        }
+        return Err(fenced(fence));
+    };
     let key = Row {
         table: "conversations",
         key: &fence.conversation_id,
@@ -146,4 +151,16 @@ pub(crate) async fn commit(
         first_seq,
         end_seq: first_seq + key.u64("seq", placed.pending)? + 1,
     })
+}
+
+/// The stored outcome, if this fence's run committed the request.
+async fn committed_by(
+    conn: &mut PgConnection,
+    fence: &Fence,
+) -> Result<Option<StoredOutcome>, Error> {
+    let record = super::reads::load_request(conn, fence.request_id).await?;
+    Ok(record
+        .filter(|r| r.status == RequestStatus::Completed)
+        .and_then(|r| r.outcome)
+        .filter(|o| o.run_id == fence.run_id))
 }

@@ -58,6 +58,11 @@ impl PostgresStore {
             check_schema_name(schema)?;
             connect = connect.options([("search_path", schema.as_str())]);
         }
+        // A transaction of the store never waits for anything but its own
+        // statements; one left open by a client that froze or lost its
+        // network would hold its conversation's admission lock until TCP
+        // gave up (hours). The server ends it after this long instead.
+        connect = connect.options([("idle_in_transaction_session_timeout", "30000")]);
         if let Some(timeout) = options.statement_timeout {
             let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
             connect = connect.options([("statement_timeout", millis.as_str())]);
@@ -150,6 +155,18 @@ fn check_schema_name(schema: &str) -> Result<(), Error> {
 }
 
 async fn create_schema(pool: &PgPool, schema: &str) -> Result<(), Error> {
+    // A role without CREATE on the database can use a schema made for it:
+    // `CREATE SCHEMA IF NOT EXISTS` checks the privilege first.
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1) AS "exists!""#,
+        schema
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db("find schema"))?;
+    if exists {
+        return Ok(());
+    }
     // An identifier cannot be a bind parameter; the name was checked above.
     let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
     match sqlx::query(&sql).execute(pool).await {

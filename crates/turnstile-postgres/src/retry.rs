@@ -42,8 +42,10 @@ pub(crate) fn retryable(error: &Error) -> bool {
 }
 
 /// Waits before attempt `attempt` (1-based retries): 20 ms doubling to at
-/// most 1 s, with jitter so that contending callers spread out. Eight
-/// attempts wait about 4 s in all: long enough for a server restart.
+/// most 1 s, each wait drawn between half and all of it so that contending
+/// callers spread out. Eight attempts wait 1.6–3.2 s in all: enough for a
+/// server restart without crash recovery; a longer outage reaches the
+/// caller as a store error.
 pub(crate) async fn backoff(attempt: u32) {
     let base = 20u64.saturating_mul(1 << attempt.min(6)).min(1_000);
     let jitter = (uuid::Uuid::new_v4().as_u128() % u128::from(base / 2 + 1)) as u64;

@@ -71,7 +71,7 @@ pub(crate) async fn record_model_response(
     if retry && message_stored(conn, fence, checkpoint.message_count).await? {
         return check_fence(conn, fence).await;
     }
-    write_step(
+    let written = write_step(
         conn,
         fence,
         &Step {
@@ -85,7 +85,36 @@ pub(crate) async fn record_model_response(
             ..Step::default()
         },
     )
-    .await
+    .await;
+    landed_meanwhile(conn, fence, checkpoint.message_count, retry, written).await
+}
+
+/// A retry whose first attempt was still running on the server, and
+/// committed while the retry waited for the admission's lock, finds the
+/// step's messages taken (a unique violation): the step is done.
+async fn landed_meanwhile(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    seq: u64,
+    retry: bool,
+    written: Result<(), Error>,
+) -> Result<(), Error> {
+    match written {
+        Err(Error::Store(e))
+            if retry
+                && is_unique_violation_error(&e)
+                && message_stored(conn, fence, seq).await? =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+fn is_unique_violation_error(error: &turnstile_core::StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(super::codec::is_unique_violation)
 }
 
 /// A turn's end: its checkpoint and the next turn's write-ahead, the turn's
@@ -114,7 +143,7 @@ pub(crate) async fn finish_turn(
             &one
         }
     };
-    write_step(
+    let written = write_step(
         conn,
         fence,
         &Step {
@@ -128,7 +157,8 @@ pub(crate) async fn finish_turn(
             ..Step::default()
         },
     )
-    .await
+    .await;
+    landed_meanwhile(conn, fence, first_seq, retry, written).await
 }
 
 /// A run's failure, with its settled checkpoint when it has one.
@@ -151,7 +181,9 @@ pub(crate) async fn fail_run(
     .await
 }
 
-/// One tool call's result: one statement, fenced.
+/// One tool call's result: one statement, fenced (the admission row is
+/// locked first; its activity time moves only when the result lands, so a
+/// refused result writes nothing).
 pub(crate) async fn record_tool_result(
     conn: &mut PgConnection,
     fence: &Fence,
@@ -167,16 +199,19 @@ pub(crate) async fn record_tool_result(
     };
     let row = sqlx::query!(
         r#"WITH fence AS (
-               UPDATE admissions SET updated_at = $5
+               SELECT conversation_id FROM admissions
                WHERE conversation_id = $1 AND revision = $2 AND run_id = $3
                  AND active_request_id = $4
-               RETURNING conversation_id
+               FOR UPDATE
            ), journaled AS (
                UPDATE tool_calls t SET status = $6, result = $7, completed_at = $5
                FROM fence f
                WHERE t.conversation_id = f.conversation_id AND t.request_id = $4 AND t.turn = $8
                  AND t.call_id = $9 AND t.status = 'requested'
                RETURNING 1
+           ), touched AS (
+               UPDATE admissions SET updated_at = $5
+               WHERE conversation_id = $1 AND EXISTS (SELECT 1 FROM journaled)
            )
            SELECT (SELECT COUNT(*) FROM fence) AS "fenced!",
                   (SELECT COUNT(*) FROM journaled) AS "journaled!""#,

@@ -17,8 +17,7 @@
 //!   write's connection drops before the server sees it, so the retry
 //!   (which runs with `retry = true`) must apply it after all;
 //! - a retried abandon must not take another caller's abandon for its own
-//!   (`a_retried_abandon_does_not_claim_another_callers_abandon`: fails
-//!   today, see its comment).
+//!   (`a_retried_abandon_does_not_claim_another_callers_abandon`).
 //!
 //! What must hold every time: no error reaches the caller (the store
 //! retries), and nothing is lost or applied twice: every message exactly
@@ -1010,12 +1009,10 @@ async fn sweep(fault: Fault) {
 /// refused as its attempt without the fault is (`NotActive`), not reported
 /// as a successful abandon at a revision someone else won.
 ///
-/// Fails today: `abandon_in`'s retry path (src/admission.rs) answers
-/// `Ok(expected_revision + 1)` whenever the request is abandoned, whoever
-/// abandoned it and at whatever revision: the retry cannot tell its own
-/// lost acknowledgement from another caller's abandon. Two abandoners at
-/// the same revision can thus both be told they won it; a stale one is
-/// told it won a revision that belongs to another change.
+/// A retry that only asked "is the request abandoned?" could not tell its
+/// own lost acknowledgement from another caller's abandon: two abandoners
+/// at one revision could both be told they won it. The store's retry
+/// recognizes its own abandon by the call's token.
 #[tokio::test]
 async fn a_retried_abandon_does_not_claim_another_callers_abandon() {
     let (retries, _counting) = durability::count_retries_here();

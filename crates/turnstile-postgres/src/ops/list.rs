@@ -248,8 +248,10 @@ async fn request_summary(
                   (SELECT MAX(ru.run_id::text) FROM runs ru
                    WHERE ru.conversation_id = r.conversation_id AND ru.request_id = r.request_id)
                       AS "newest_run?"
-           FROM requests r JOIN conversations c ON c.conversation_id = r.conversation_id
-           WHERE r.request_id = $1"#,
+           FROM request_ids k
+           JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
+           JOIN conversations c ON c.conversation_id = r.conversation_id
+           WHERE k.request_id = $1"#,
         id
     )
     .fetch_optional(&mut *conn)

@@ -103,7 +103,7 @@ pub(super) async fn prune(
 }
 
 /// The tables prune deletes from.
-const TABLES: [&str; 9] = [
+const TABLES: [&str; 11] = [
     "conversations",
     "admissions",
     "request_ids",
@@ -113,6 +113,8 @@ const TABLES: [&str; 9] = [
     "loop_checkpoints",
     "verification_reports",
     "tool_calls",
+    "transcript",
+    "summaries",
 ];
 
 async fn finish(
@@ -143,13 +145,15 @@ async fn prune_requests(
     // With `include_transcripts`, requests of conversations old enough to
     // be deleted whole were counted with them.
     let rows = sqlx::query!(
-        "SELECT r.conversation_id, r.request_id, r.status, r.committed_run_id FROM requests r
-         WHERE r.request_id > $1 AND r.status IN ('completed', 'abandoned')
+        "SELECT r.conversation_id, r.request_id, r.status, r.committed_run_id
+         FROM request_ids k
+         JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
+         WHERE k.request_id > $1 AND r.status IN ('completed', 'abandoned')
            AND ($2::text IS NULL OR r.status = $2) AND r.completed_at < $3
            AND NOT ($4 AND EXISTS (SELECT 1 FROM admissions a
                         WHERE a.conversation_id = r.conversation_id
                           AND a.active_request_id IS NULL AND a.updated_at < $3))
-         ORDER BY r.request_id LIMIT $5",
+         ORDER BY k.request_id LIMIT $5",
         *after,
         status,
         cutoff,
