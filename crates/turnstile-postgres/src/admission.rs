@@ -101,7 +101,7 @@ pub(crate) async fn load_conversation(
     conversation_of(namespace, id, &row.namespace, row.version, row.created_at)
 }
 
-fn conversation_of(
+pub(crate) fn conversation_of(
     namespace: &Namespace,
     id: ConversationId,
     stored_namespace: &str,

@@ -32,9 +32,9 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
-    ToolResult, TranscriptEntry,
+    Admission, ClaimContext, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest,
+    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
+    SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -131,6 +131,22 @@ impl Store for PostgresStore {
     ) -> Result<Conversation, Error> {
         autocommit!(self, |conn, _retry| admission::load_conversation(
             conn, namespace, id
+        ))
+    }
+
+    async fn claim_context(
+        &self,
+        namespace: &Namespace,
+        conversation_id: ConversationId,
+        request_id: RequestId,
+        window: Option<u32>,
+    ) -> Result<ClaimContext, Error> {
+        autocommit!(self, |conn, _retry| reads::load_claim_context(
+            conn,
+            namespace,
+            conversation_id,
+            request_id,
+            window
         ))
     }
 

@@ -7,12 +7,12 @@ use uuid::Uuid;
 
 use super::codec::{db, text, to_i64, Row};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
-use turnstile_core::ids::{ConversationId, RequestId, RunId};
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
-use turnstile_core::store::columns::{decode_message, CheckpointRow};
+use turnstile_core::store::columns::{decode_message, AdmissionRow, CheckpointRow};
 use turnstile_core::store::{
-    JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus, StoredOutcome,
-    ToolResult, TranscriptEntry,
+    ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus,
+    StoredOutcome, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -390,5 +390,142 @@ fn transcript_entry(
         seq: row.u64("seq", seq)?,
         request_id: row.checked_id::<RequestId>("request_id", request_id)?,
         message: decode_message(&row, role, content, meta.as_deref())?,
+    })
+}
+
+/// What a new request reads before its claim, in one query on the way to
+/// a claim: the conversation (in `namespace`), the admission and the window
+/// (only while the request is unknown and the admission idle). A request
+/// id that is known is read whole afterwards (a replay or a refusal).
+pub(crate) async fn load_claim_context(
+    conn: &mut PgConnection,
+    namespace: &Namespace,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    window: Option<u32>,
+) -> Result<ClaimContext, Error> {
+    let rows = sqlx::query!(
+        r#"SELECT c.namespace AS "namespace?", c.version AS "version?",
+                  c.created_at AS "created_at?", k.request_id AS "known_request?",
+                  a.revision AS "revision?", a.active_request_id, a.input_sha256, a.run_id,
+                  a.agent_fingerprint, a.input_tokens AS "input_tokens?",
+                  a.output_tokens AS "output_tokens?",
+                  a.cache_read_tokens AS "cache_read_tokens?",
+                  a.cache_write_tokens AS "cache_write_tokens?",
+                  a.summary_passes AS "summary_passes?", a.summary_from_seq,
+                  a.summary_through_seq, a.summary_version, a.summary_prompt_sha256,
+                  t.seq AS "seq?", t.request_id AS "entry_request_id?", t.role AS "role?",
+                  t.content AS "content?", t.meta
+           FROM (SELECT 1) AS one
+           LEFT JOIN conversations c ON c.conversation_id = $1
+           LEFT JOIN request_ids k ON k.request_id = $2
+           LEFT JOIN admissions a ON a.conversation_id = c.conversation_id
+               AND k.request_id IS NULL
+           LEFT JOIN LATERAL (
+               SELECT seq, request_id, role, content, meta FROM transcript
+               WHERE conversation_id = $1 AND c.namespace = $3 AND k.request_id IS NULL
+                 AND a.revision IS NOT NULL AND a.active_request_id IS NULL
+               ORDER BY seq DESC LIMIT $4
+           ) t ON true
+           ORDER BY t.seq"#,
+        conversation_id.as_uuid(),
+        request_id.as_uuid(),
+        namespace.as_str(),
+        i64::from(window.unwrap_or(0))
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load claim context"))?;
+    let Some(first) = rows.first() else {
+        return Err(Error::Store(turnstile_core::StoreError::new(
+            "load claim context: no row (a constant row is left-joined)",
+            None,
+        )));
+    };
+    // The namespace first: nothing else of another namespace's
+    // conversation is looked at.
+    let conversation = match (&first.namespace, first.version, first.created_at) {
+        (Some(stored), Some(version), Some(created_at)) => Some(super::admission::conversation_of(
+            namespace,
+            conversation_id,
+            stored,
+            version,
+            created_at,
+        )?),
+        _ => None,
+    };
+    if first.known_request.is_some() {
+        return Ok(ClaimContext {
+            conversation,
+            request: load_request(conn, request_id).await?,
+            admission: None,
+            window: Vec::new(),
+        });
+    }
+    let admission = match (
+        &conversation,
+        first.revision,
+        first.input_tokens,
+        first.output_tokens,
+        first.cache_read_tokens,
+        first.cache_write_tokens,
+        first.summary_passes,
+    ) {
+        (
+            Some(_),
+            Some(revision),
+            Some(input),
+            Some(output),
+            Some(read),
+            Some(write),
+            Some(passes),
+        ) => Some(
+            AdmissionRow {
+                revision,
+                active_request_id: first.active_request_id,
+                input_sha256: first.input_sha256.clone(),
+                run_id: first.run_id,
+                agent_fingerprint: first.agent_fingerprint.clone(),
+                input_tokens: input,
+                output_tokens: output,
+                cache_read_tokens: read,
+                cache_write_tokens: write,
+                summary_passes: passes,
+                summary_from_seq: first.summary_from_seq,
+                summary_through_seq: first.summary_through_seq,
+                summary_version: first.summary_version,
+                summary_prompt_sha256: first.summary_prompt_sha256.clone(),
+            }
+            .decode(conversation_id)?,
+        ),
+        (Some(_), ..) => {
+            return Err(Error::Corrupt {
+                table: "admissions",
+                key: conversation_id.to_string(),
+                reason: "a conversation without its admission".into(),
+            })
+        }
+        _ => None,
+    };
+    let mut entries = Vec::new();
+    for row in rows {
+        if let (Some(seq), Some(request), Some(role), Some(content)) =
+            (row.seq, row.entry_request_id, row.role, row.content)
+        {
+            entries.push(transcript_entry(
+                conversation_id,
+                seq,
+                request,
+                &role,
+                content,
+                row.meta,
+            )?);
+        }
+    }
+    Ok(ClaimContext {
+        conversation,
+        request: None,
+        admission,
+        window: entries,
     })
 }
