@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, text, to_i64, Row};
-use super::turns::check_fence;
+use super::turns::{check_fence, fenced};
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::columns::owns;
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};
@@ -222,10 +222,7 @@ async fn refusal(conn: &mut PgConnection, fence: &Fence, pass: &SummaryPass) -> 
         Err(e) => return e,
     };
     if !owns(&admission, fence) {
-        return Error::Fenced {
-            run_id: fence.run_id,
-            revision: fence.revision,
-        };
+        return fenced(fence);
     }
     let version = match sqlx::query_scalar!(
         "SELECT version FROM conversations WHERE conversation_id = $1",

@@ -245,10 +245,7 @@ async fn refusal(tx: &mut SqliteConnection, fence: &Fence, pass: &SummaryPass) -
         Err(e) => return e,
     };
     if !owns(&admission, fence) {
-        return Error::Fenced {
-            run_id: fence.run_id,
-            revision: fence.revision,
-        };
+        return fenced(fence);
     }
     let conversation = fence.conversation_id.as_uuid();
     let version = match sqlx::query_scalar!(
