@@ -77,7 +77,7 @@ macro_rules! retrying {
 macro_rules! transaction {
     ($store:expr, |$conn:ident, $retry:ident| $body:expr) => {
         $crate::retry::retrying!(|$retry| async {
-            let mut pooled = $crate::retry::acquire(&$store.pool).await?;
+            let mut pooled = $crate::retry::acquire(&$store.pool, $retry).await?;
             let result = async {
                 use sqlx::Connection;
                 let mut tx = pooled.begin().await.map_err($crate::codec::db("begin"))?;
@@ -101,7 +101,7 @@ macro_rules! transaction {
 macro_rules! autocommit {
     ($store:expr, |$conn:ident, $retry:ident| $body:expr) => {
         $crate::retry::retrying!(|$retry| async {
-            let mut pooled = $crate::retry::acquire(&$store.pool).await?;
+            let mut pooled = $crate::retry::acquire(&$store.pool, $retry).await?;
             let result = {
                 let $conn: &mut sqlx::PgConnection = &mut pooled;
                 $body.await
@@ -112,12 +112,35 @@ macro_rules! autocommit {
     };
 }
 
+/// A pooled connection. For a retry it is pinged first, and one that
+/// fails the ping is closed and another taken: whatever ended the failed
+/// attempt's connection (a restart, a terminator) has likely ended the idle
+/// ones too, and a retry that drew them one by one would spend its attempts
+/// on connections known to be dead. The pool's own ping is skipped on the
+/// first attempt (`test_before_acquire(false)`), so this costs a round trip
+/// only after a failure.
 pub(crate) async fn acquire(
     pool: &sqlx::PgPool,
+    retry: bool,
 ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Error> {
-    pool.acquire()
-        .await
-        .map_err(super::codec::db("acquire connection"))
+    use sqlx::Connection;
+    let acquire = || async {
+        pool.acquire()
+            .await
+            .map_err(super::codec::db("acquire connection"))
+    };
+    if !retry {
+        return acquire().await;
+    }
+    // Every pooled connection may be dead, plus one newly opened.
+    for _ in 0..=pool.size() {
+        let mut pooled = acquire().await?;
+        match pooled.ping().await {
+            Ok(()) => return Ok(pooled),
+            Err(_) => pooled.close_on_drop(),
+        }
+    }
+    acquire().await
 }
 
 /// A connection whose step failed in a way worth retrying (reset,
