@@ -314,6 +314,7 @@ async fn steps(dir: &Path) {
             run_id,
             agent_fingerprint: "bench".into(),
             first_turn: Some(support::first_turn(run_id)),
+            deadline_at: None,
         }
     };
 

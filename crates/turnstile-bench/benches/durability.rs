@@ -93,6 +93,7 @@ fn step(c: &mut Criterion) {
                         run_id: turnstile::RunId::new(),
                         agent_fingerprint: "bench".into(),
                         first_turn: None,
+                        deadline_at: None,
                     };
                     let turnstile::store::ClaimOutcome::Admitted(held) =
                         store.claim(&claim).await.expect("claim")

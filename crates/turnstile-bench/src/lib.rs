@@ -246,6 +246,7 @@ pub async fn claim(store: &dyn Store, conversation: ConversationId) -> Fence {
         run_id,
         agent_fingerprint: "bench".into(),
         first_turn: Some(first_turn(run_id)),
+        deadline_at: None,
     };
     match store.claim(&claim).await.expect("claim") {
         ClaimOutcome::Admitted(fence) => fence,

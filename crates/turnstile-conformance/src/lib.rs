@@ -16,6 +16,7 @@
 pub mod activity;
 pub mod admin;
 pub mod admission;
+pub mod approvals;
 pub mod concurrency;
 pub mod fencing;
 pub mod lifecycle;
@@ -76,6 +77,15 @@ macro_rules! suite {
     retention::prune_dry_run_counts_exactly_and_deletes_nothing,
     retention::prune_spares_requests_finished_within_older_than_and_filters_by_status,
     retention::prune_with_transcripts_deletes_idle_conversations_whole_and_spares_held_ones,
+    approvals::await_approval_settles_the_turn_and_lists_the_awaiting_call,
+    approvals::await_approval_of_a_replaced_owner_or_an_unknown_call_writes_nothing,
+    approvals::a_decision_moves_the_revision_on_and_is_journaled_with_its_time,
+    approvals::a_refused_decision_writes_nothing,
+    approvals::concurrent_decisions_on_one_call_let_exactly_one_win,
+    approvals::pending_approvals_leave_out_answered_calls_and_released_requests,
+    approvals::claim_stores_the_deadline_and_every_read_of_the_request_returns_it,
+    approvals::recovery_claim_with_another_fingerprint_records_the_agent_change,
+    approvals::prune_deletes_the_approvals_of_finished_requests,
             );
         }
     };

@@ -119,6 +119,7 @@ fn sum(a: TableCounts, b: TableCounts) -> TableCounts {
         verification_reports: a.verification_reports + b.verification_reports,
         tool_calls: a.tool_calls + b.tool_calls,
         run_messages: a.run_messages + b.run_messages,
+        approvals: a.approvals + b.approvals,
     }
 }
 
@@ -320,6 +321,7 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
         verification_reports: 3,
         tool_calls: 2,
         run_messages: 3,
+        approvals: 0,
     };
     let options = PruneOptions {
         include_transcripts: true,

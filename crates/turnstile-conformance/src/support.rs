@@ -43,6 +43,7 @@ pub fn new_request(
         run_id: RunId::new(),
         agent_fingerprint: "fp".into(),
         first_turn: None,
+        deadline_at: None,
     }
 }
 
@@ -241,6 +242,7 @@ pub async fn recover(store: &dyn Store, fence: &Fence) -> Result<Fence, Error> {
             from_run: fence.run_id,
             new_run: RunId::new(),
             reject_in_flight: false,
+            agent_fingerprint: None,
         })
         .await
 }

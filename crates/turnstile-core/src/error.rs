@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::store::PendingApproval;
 
 /// Everything turnstile can refuse or fail with.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +101,25 @@ pub enum Error {
     /// The run's deadline passed; the admission stays held.
     #[error("run {run_id} passed its deadline at revision {revision}")]
     DeadlineExceeded { run_id: RunId, revision: Revision },
+    /// The run stopped to wait for approval of tool calls (every call of the
+    /// answer that needed none has run and is journaled). The admission
+    /// stays held at `revision`; decide each call with
+    /// `AgentSession::approve` / `reject`, then continue the request.
+    #[error("run {run_id} awaits approval of {} tool call(s) at revision {revision}: {}", pending.len(), call_list(pending))]
+    AwaitingApproval {
+        request_id: RequestId,
+        run_id: RunId,
+        revision: Revision,
+        pending: Vec<PendingApproval>,
+    },
+    /// A decision for a tool call that is not awaiting one: it was decided
+    /// already, it is not a call of the request's current turn, or its result
+    /// is journaled. Nothing was written.
+    #[error("tool call {call_id:?} of request {request_id} is not awaiting approval")]
+    NoPendingApproval {
+        request_id: RequestId,
+        call_id: String,
+    },
     /// The run was cancelled; the admission stays held.
     #[error("run {run_id} was cancelled at revision {revision}")]
     Cancelled { run_id: RunId, revision: Revision },
@@ -149,10 +169,22 @@ impl Error {
             }
             | Error::InvalidSummary {
                 run_id, revision, ..
+            }
+            | Error::AwaitingApproval {
+                run_id, revision, ..
             } => Some((*run_id, *revision)),
             _ => None,
         }
     }
+}
+
+/// `id (tool), …` for the error line.
+fn call_list(pending: &[PendingApproval]) -> String {
+    let calls: Vec<String> = pending
+        .iter()
+        .map(|p| format!("{:?} ({})", p.call_id, p.tool))
+        .collect();
+    calls.join(", ")
 }
 
 /// Which budget ran out.

@@ -16,6 +16,29 @@ pub enum Event {
         resumed_from: Option<RunId>,
         revision: Revision,
     },
+    /// The run continues a request that was admitted with another agent
+    /// (an upgrade the caller accepted): sent right after `RunStarted`.
+    AgentChanged {
+        run_id: RunId,
+        /// The fingerprint the request was held with.
+        from: String,
+        /// This run's agent's.
+        to: String,
+    },
+    /// A tool call waits for a human's decision; it is journaled as awaiting
+    /// approval and the turn's checkpoint is settled. Sent for each such call
+    /// once the stop is durable; the stream then ends with
+    /// [`Error::AwaitingApproval`](crate::Error::AwaitingApproval).
+    ApprovalRequested {
+        request_id: RequestId,
+        run_id: RunId,
+        call_id: String,
+        tool: String,
+        /// The call's arguments as the model gave them (JSON text).
+        arguments: String,
+        /// The admission's revision a decision must name.
+        revision: Revision,
+    },
     /// A summary pass is recorded and its summary model is being called
     /// (before the request's first turn). `turn` is the request's turn the
     /// pass counts as.

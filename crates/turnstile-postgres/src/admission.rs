@@ -246,8 +246,9 @@ async fn claim_statement(
            ), reserved AS (
                INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
-               INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at)
-               SELECT $6, $1, $2, 'active', $5 FROM claimed
+               INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at,
+                   deadline_at)
+               SELECT $6, $1, $2, 'active', $5, $28 FROM claimed
            ), run AS (
                INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
                SELECT $6, $3, $1, 'running', $5 FROM claimed
@@ -299,7 +300,8 @@ async fn claim_statement(
         &reports.seqs,
         &reports.turns,
         &reports.passed,
-        &reports.details as &[&[u8]]
+        &reports.details as &[&[u8]],
+        claim.deadline_at
     )
     .fetch_optional(&mut *conn)
     .await
@@ -360,21 +362,34 @@ pub(crate) async fn claim_recovery_in(
             return Ok(fence(admission.revision));
         }
     }
-    let claimed = sqlx::query_scalar!(
-        "UPDATE admissions SET run_id = $1, revision = revision + 1, updated_at = $2
-         WHERE conversation_id = $3 AND revision = $4 AND active_request_id = $5 AND run_id = $6
-         RETURNING revision",
+    // The admission's fingerprint before the claim, from the row the claim
+    // locks (`FOR UPDATE` reads its latest version): an upgrade records it
+    // on the new run.
+    let claimed = sqlx::query!(
+        r#"WITH held AS (
+               SELECT conversation_id, agent_fingerprint FROM admissions
+               WHERE conversation_id = $3 AND revision = $4 AND active_request_id = $5
+                 AND run_id = $6
+               FOR UPDATE
+           )
+           UPDATE admissions a SET run_id = $1, revision = a.revision + 1, updated_at = $2,
+               agent_fingerprint = COALESCE($7, a.agent_fingerprint)
+           FROM held h
+           WHERE a.conversation_id = h.conversation_id AND a.revision = $4
+             AND a.active_request_id = $5 AND a.run_id = $6
+           RETURNING a.revision, h.agent_fingerprint AS replaced_fingerprint"#,
         new_run,
         now,
         conversation,
         to_i64(claim.expected_revision.0),
         claim.request_id.as_uuid(),
-        from_run
+        from_run,
+        claim.agent_fingerprint.as_deref()
     )
     .fetch_optional(&mut *conn)
     .await
     .map_err(db("claim recovery"))?;
-    let Some(revision) = claimed else {
+    let Some(claimed) = claimed else {
         let admission = load_admission(conn, claim.conversation_id).await?;
         // A first attempt still running when this retry started may have
         // committed while this update waited for its lock.
@@ -423,8 +438,10 @@ pub(crate) async fn claim_recovery_in(
              UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, $1)
              WHERE conversation_id = $2 AND run_id = $3 AND status IN ('running', 'failed')
          ), resumed AS (
-             INSERT INTO runs (conversation_id, run_id, request_id, resumed_from, status, started_at)
-             VALUES ($2, $4, $5, $3, 'running', $1)
+             INSERT INTO runs (conversation_id, run_id, request_id, resumed_from, status,
+                 started_at, agent_fingerprint, replaced_fingerprint)
+             VALUES ($2, $4, $5, $3, 'running', $1, $6::text,
+                 CASE WHEN $6::text IS NOT NULL THEN $7::text END)
          )
          INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
@@ -438,12 +455,14 @@ pub(crate) async fn claim_recovery_in(
         conversation,
         from_run,
         new_run,
-        claim.request_id.as_uuid()
+        claim.request_id.as_uuid(),
+        claim.agent_fingerprint.as_deref(),
+        claimed.replaced_fingerprint
     )
     .execute(&mut *conn)
     .await
     .map_err(db("start resumed run"))?;
-    Ok(fence(fence_at(claim.conversation_id, revision)?))
+    Ok(fence(fence_at(claim.conversation_id, claimed.revision)?))
 }
 
 /// The abandon: one statement that releases the admission and marks its

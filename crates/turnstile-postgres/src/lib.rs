@@ -2,8 +2,9 @@
 //! server that many processes on many machines share.
 //!
 //! Each durable step is one statement that commits on its own (one round
-//! trip): a claim, each turn write, a tool result, a commit, an abandon; a
-//! recovery claim and the summary writes are one short transaction. So
+//! trip): a claim, each turn write, a tool result, a commit, an abandon, an
+//! approval decision; a recovery claim, the summary writes and a stop for
+//! approval are one short transaction. So
 //! no connection is held across a model or tool call. Every ownership
 //! change is one guarded `UPDATE admissions … WHERE revision = $n` whose
 //! row count decides it; every write of a run's owner starts with a fenced
@@ -13,6 +14,7 @@
 //! The schema is ready for a distributed Postgres (`docs/scale-out.md`).
 
 mod admission;
+mod approvals;
 mod codec;
 mod commit;
 mod connect;
@@ -32,9 +34,9 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ClaimContext, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest,
-    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
-    SummaryPass, ToolResult, TranscriptEntry,
+    Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation, Fence,
+    JournalEntry, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, Store,
+    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -350,6 +352,46 @@ impl Store for PostgresStore {
     ) -> Result<StoredSummary, Error> {
         transaction!(self, |conn, _retry| summaries::commit_summary_in(
             conn, fence, summary
+        ))
+    }
+
+    async fn await_approval(
+        &self,
+        fence: &Fence,
+        settled: &LoopCheckpoint,
+        call_ids: &[String],
+        reason: &str,
+    ) -> Result<Vec<PendingApproval>, Error> {
+        transaction!(self, |conn, _retry| approvals::await_approval_in(
+            conn, fence, settled, call_ids, reason
+        ))
+    }
+
+    async fn approvals(
+        &self,
+        request_id: RequestId,
+        turn: u32,
+    ) -> Result<Vec<ApprovalRecord>, Error> {
+        autocommit!(self, |conn, _retry| approvals::load_approvals(
+            conn, request_id, turn
+        ))
+    }
+
+    async fn pending_approvals(
+        &self,
+        conversation_id: Option<ConversationId>,
+    ) -> Result<Vec<PendingApproval>, Error> {
+        autocommit!(self, |conn, _retry| approvals::load_pending_approvals(
+            conn,
+            conversation_id
+        ))
+    }
+
+    async fn decide_approval(&self, decision: &ApprovalDecision) -> Result<Revision, Error> {
+        // One token per call, the same across its attempts.
+        let token = uuid::Uuid::new_v4();
+        autocommit!(self, |conn, retry| approvals::decide_approval(
+            conn, decision, token, retry
         ))
     }
 }

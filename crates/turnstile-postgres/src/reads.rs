@@ -11,8 +11,8 @@ use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
 use turnstile_core::store::columns::{decode_message, AdmissionRow, CheckpointRow};
 use turnstile_core::store::{
-    ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus,
-    StoredOutcome, ToolResult, TranscriptEntry,
+    AgentChange, ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus,
+    RunRecord, RunStatus, StoredOutcome, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -21,7 +21,8 @@ pub(crate) async fn load_run(
     run_id: RunId,
 ) -> Result<Option<RunRecord>, Error> {
     let Some(row) = sqlx::query!(
-        "SELECT request_id, resumed_from, status, error, started_at, ended_at
+        "SELECT request_id, resumed_from, status, error, started_at, ended_at,
+                agent_fingerprint, replaced_fingerprint
          FROM runs WHERE run_id = $1",
         run_id.as_uuid()
     )
@@ -47,6 +48,11 @@ pub(crate) async fn load_run(
         error: row.error.map(|e| text(&key, "error", e)).transpose()?,
         started_at: row.started_at,
         ended_at: row.ended_at,
+        agent_change: match (row.replaced_fingerprint, row.agent_fingerprint) {
+            (Some(from), Some(to)) => Some(AgentChange { from, to }),
+            (None, None) => None,
+            _ => return Err(key.corrupt("one of agent_fingerprint and replaced_fingerprint")),
+        },
     }))
 }
 
@@ -251,7 +257,7 @@ pub(crate) async fn load_request(
     let Some(row) = sqlx::query!(
         r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
                   r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
-                  c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
+                  r.deadline_at, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
                   c.output_tokens AS "output_tokens?", c.cache_read_tokens AS "cache_read_tokens?",
                   c.cache_write_tokens AS "cache_write_tokens?",
                   c.tool_calls_count AS "tool_calls_count?", c.reports_count AS "reports_count?"
@@ -326,6 +332,7 @@ pub(crate) async fn load_request(
         outcome,
         created_at: row.created_at,
         completed_at: row.completed_at,
+        deadline_at: row.deadline_at,
     }))
 }
 

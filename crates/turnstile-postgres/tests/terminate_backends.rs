@@ -17,7 +17,11 @@
 //!   write's connection drops before the server sees it, so the retry
 //!   (which runs with `retry = true`) must apply it after all;
 //! - a retried abandon must not take another caller's abandon for its own
-//!   (`a_retried_abandon_does_not_claim_another_callers_abandon`).
+//!   (`a_retried_abandon_does_not_claim_another_callers_abandon`), nor a
+//!   retried approval decision another caller's decision; a stop for
+//!   approval and a decision whose acknowledgements are lost answer as
+//!   they would have
+//!   (`approval_steps_whose_acknowledgement_is_lost_answer_as_applied`).
 //!
 //! What must hold every time: no error reaches the caller (the store
 //! retries), and nothing is lost or applied twice: every message exactly
@@ -1054,6 +1058,7 @@ async fn a_retried_abandon_does_not_claim_another_callers_abandon() {
         run_id: turnstile::RunId::new(),
         agent_fingerprint: "fingerprint".into(),
         first_turn: None,
+        deadline_at: None,
     };
     let fence = match direct.claim(&claim).await.expect("claim") {
         turnstile::store::ClaimOutcome::Admitted(fence) => fence,
@@ -1086,6 +1091,156 @@ async fn a_retried_abandon_does_not_claim_another_callers_abandon() {
         "a late abandon whose first attempt was lost was answered {late:?}: revision {} was \
          won by the first abandon, not by this caller",
         won
+    );
+    proxied.close().await;
+    direct.close().await;
+    admin.close().await;
+}
+
+/// The approval steps meet both halves of the ambiguity: a stop for
+/// approval and a decision that committed without their acknowledgement
+/// are answered as applied (the stop's calls, the decision's revision, not
+/// `NoPendingApproval`), and a decision whose first attempt never reached
+/// the server, aimed at a revision another decision won, is refused as it
+/// would be without the fault.
+#[tokio::test]
+async fn approval_steps_whose_acknowledgement_is_lost_answer_as_applied() {
+    use turnstile::store::{ApprovalDecision, ApprovalStatus, ToolResult, Verdict};
+    use turnstile::{CheckpointPhase, LoopCheckpoint, Message};
+    use turnstile_conformance::support::{admit, checkpoint, new_conversation, tool_call};
+
+    let (retries, _counting) = durability::count_retries_here();
+    let server = Server::shared();
+    let url = server.fresh_database();
+    let port: u16 = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .expect("the server's port in its URL");
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("an admin connection");
+    let cutter = AckCutter::start(port, admin.clone()).await;
+    let direct = PostgresStore::connect_with(options(&url, "approvals"))
+        .await
+        .expect("connect");
+    let proxied = PostgresStore::connect_with(options(
+        &durability::url_via(&url, cutter.port),
+        "approvals",
+    ))
+    .await
+    .expect("connect through the proxy");
+
+    // A run whose turn 1 asked for two calls, one answered.
+    let conversation = new_conversation(&direct).await.expect("conversation");
+    let fence = admit(&direct, conversation, "hello").await.expect("admit");
+    let mut start = checkpoint(fence.run_id, 0, CheckpointPhase::TurnInFlight, 1);
+    start.turn = 1;
+    direct.begin_turn(&fence, &start).await.expect("begin turn");
+    let assistant = Message::Assistant {
+        content: "calling".into(),
+        tool_calls: vec![tool_call("gated", "{}"), tool_call("free", "{}")],
+    };
+    let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
+    direct
+        .record_model_response(&fence, &answered, &assistant)
+        .await
+        .expect("model response");
+    let result = ToolResult {
+        content: "free result".into(),
+        is_error: false,
+    };
+    direct
+        .record_tool_result(&fence, 1, "free", &result)
+        .await
+        .expect("tool result");
+    let settled = LoopCheckpoint {
+        phase: CheckpointPhase::ToolsPending,
+        ..answered
+    };
+
+    // The stop, its COMMIT's acknowledgement withheld.
+    cutter.armed.store(true, Ordering::SeqCst);
+    let before = retries.count();
+    let pending = proxied
+        .await_approval(&fence, &settled, &["gated".to_owned()], "awaiting")
+        .await
+        .expect("a stop whose acknowledgement was lost");
+    assert_eq!(cutter.cuts().len(), 1, "the fault missed");
+    assert!(retries.count() > before, "the store did not retry");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].call_id, "gated");
+    assert_eq!(pending[0].revision, fence.revision);
+    assert_eq!(
+        direct
+            .pending_approvals(Some(conversation))
+            .await
+            .expect("pending"),
+        pending
+    );
+
+    // The decision, its acknowledgement withheld: the revision it won.
+    let decision = |revision, reason: &str| ApprovalDecision {
+        conversation_id: conversation,
+        request_id: fence.request_id,
+        call_id: "gated".into(),
+        expected_revision: revision,
+        verdict: Verdict::Reject {
+            reason: reason.into(),
+        },
+    };
+    cutter.armed.store(true, Ordering::SeqCst);
+    let before = retries.count();
+    let won = proxied
+        .decide_approval(&decision(fence.revision, "no"))
+        .await
+        .expect("a decision whose acknowledgement was lost");
+    assert_eq!(cutter.cuts().len(), 2, "the fault missed");
+    assert!(retries.count() > before, "the store did not retry");
+    assert_eq!(won, turnstile::Revision(fence.revision.0 + 1));
+    let rows = direct
+        .approvals(fence.request_id, 1)
+        .await
+        .expect("approvals");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, ApprovalStatus::Rejected);
+    assert_eq!(rows[0].reason.as_deref(), Some("no"));
+    assert_eq!(
+        direct
+            .admission(conversation)
+            .await
+            .expect("admission")
+            .revision,
+        won
+    );
+
+    // A late decision at the revision just won, its first attempt lost on
+    // the way: refused as without the fault.
+    cutter.drop_next.store(true, Ordering::SeqCst);
+    let before = retries.count();
+    let late = proxied
+        .decide_approval(&decision(fence.revision, "late"))
+        .await;
+    assert_eq!(cutter.dropped.load(Ordering::SeqCst), 1, "the fault missed");
+    assert!(
+        retries.count() > before,
+        "the store did not retry: {late:?}"
+    );
+    assert!(
+        matches!(late, Err(Error::Conflict { .. })),
+        "a late decision whose first attempt was lost was answered {late:?}"
+    );
+    assert_eq!(
+        direct
+            .approvals(fence.request_id, 1)
+            .await
+            .expect("approvals")[0]
+            .reason
+            .as_deref(),
+        Some("no")
     );
     proxied.close().await;
     direct.close().await;

@@ -203,7 +203,7 @@ async fn diagnose(
 }
 
 /// The claim's writes, inside the group transaction: one statement (an
-/// `INSERT` into the `claims` view of migration 0005), whose trigger makes
+/// `INSERT` into the `claims` view of migration 0006), whose trigger makes
 /// the compare-and-swap and writes the request, its run, its input and the
 /// first turn's write-ahead. A refused claim writes nothing, and is
 /// explained by reads.
@@ -223,8 +223,8 @@ pub(super) async fn claim_in(
     let reports = new_reports(&first_turn)?;
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
-               input_sha256, agent_fingerprint, now, input, checkpoints, reports)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+               input_sha256, agent_fingerprint, now, input, checkpoints, reports, deadline_at)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
            RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
                AS "revision!: i64""#,
         conversation,
@@ -236,7 +236,8 @@ pub(super) async fn claim_in(
         now,
         input,
         checkpoints,
-        reports
+        reports,
+        claim.deadline_at
     )
     .fetch_one(&mut *tx)
     .await;
@@ -302,7 +303,7 @@ fn in_flight_phases() -> Vec<&'static str> {
 }
 
 /// The recovery claim's writes, inside the group transaction: one statement
-/// (the `recovery_claims` view of migration 0005): the compare-and-swap,
+/// (the `recovery_claims` view of migration 0006): the compare-and-swap,
 /// under the write lock the check that the run being continued is not in
 /// flight (when the claim rejects ambiguity), the run superseded, the new
 /// run and its copy of the latest checkpoint.
@@ -322,8 +323,8 @@ pub(super) async fn claim_recovery_in(
     let now = now_ms();
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO recovery_claims (conversation_id, request_id, from_run, new_run,
-               expected_revision, refuse_phases, now)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+               expected_revision, refuse_phases, now, agent_fingerprint)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
            RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
                AS "revision!: i64""#,
         conversation,
@@ -332,7 +333,8 @@ pub(super) async fn claim_recovery_in(
         new_run,
         expected,
         refuse,
-        now
+        now,
+        claim.agent_fingerprint
     )
     .fetch_one(&mut *tx)
     .await;

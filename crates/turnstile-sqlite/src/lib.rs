@@ -9,6 +9,7 @@
 //! directly (`write_connection.rs`).
 
 mod admission;
+mod approvals;
 mod close;
 mod codec;
 mod commit;
@@ -31,9 +32,9 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ClaimContext, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest,
-    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
-    SummaryPass, ToolResult, TranscriptEntry,
+    Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation, Fence,
+    JournalEntry, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, Store,
+    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 use writer::Isolation;
@@ -171,7 +172,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
-        let claim = *claim;
+        let claim = claim.clone();
         self.group
             .write(Isolation::Statement, move |conn| {
                 Box::pin(async move { admission::claim_recovery_in(conn, &claim).await })
@@ -387,6 +388,48 @@ impl Store for SqliteStore {
         self.group
             .write(Isolation::Savepoint, move |conn| {
                 Box::pin(async move { summaries::commit_summary_in(conn, &fence, &summary).await })
+            })
+            .await
+    }
+
+    async fn await_approval(
+        &self,
+        fence: &Fence,
+        settled: &LoopCheckpoint,
+        call_ids: &[String],
+        reason: &str,
+    ) -> Result<Vec<PendingApproval>, Error> {
+        let (fence, settled) = (*fence, settled.clone());
+        let (call_ids, reason) = (call_ids.to_vec(), reason.to_owned());
+        self.group
+            .write(Isolation::Savepoint, move |conn| {
+                Box::pin(async move {
+                    approvals::await_approval_in(conn, &fence, &settled, &call_ids, &reason).await
+                })
+            })
+            .await
+    }
+
+    async fn approvals(
+        &self,
+        request_id: RequestId,
+        turn: u32,
+    ) -> Result<Vec<ApprovalRecord>, Error> {
+        approvals::load_approvals(&self.reader, request_id, turn).await
+    }
+
+    async fn pending_approvals(
+        &self,
+        conversation_id: Option<ConversationId>,
+    ) -> Result<Vec<PendingApproval>, Error> {
+        approvals::load_pending_approvals(&self.reader, conversation_id).await
+    }
+
+    async fn decide_approval(&self, decision: &ApprovalDecision) -> Result<Revision, Error> {
+        let decision = decision.clone();
+        self.group
+            .write(Isolation::Savepoint, move |conn| {
+                Box::pin(async move { approvals::decide_approval_in(conn, &decision).await })
             })
             .await
     }

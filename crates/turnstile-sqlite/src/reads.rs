@@ -10,8 +10,8 @@ use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
 use turnstile_core::store::columns::CheckpointRow;
 use turnstile_core::store::{
-    ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus, RunRecord, RunStatus,
-    StoredOutcome, ToolResult, TranscriptEntry,
+    AgentChange, ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus,
+    RunRecord, RunStatus, StoredOutcome, ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -21,7 +21,9 @@ pub(super) async fn load_run(
 ) -> Result<Option<RunRecord>, Error> {
     let uuid = run_id.as_uuid();
     let Some(row) = sqlx::query!(
-        "SELECT request_id, resumed_from, status, error, started_at, ended_at FROM runs WHERE run_id = ?1",
+        "SELECT request_id, resumed_from, status, error, started_at, ended_at, agent_fingerprint,
+             replaced_fingerprint
+         FROM runs WHERE run_id = ?1",
         uuid
     )
     .fetch_optional(reader)
@@ -46,7 +48,16 @@ pub(super) async fn load_run(
         error: row.error,
         started_at: row.started_at,
         ended_at: row.ended_at,
+        agent_change: agent_change(row.replaced_fingerprint, row.agent_fingerprint),
     }))
+}
+
+/// The agent change a run row records: both fingerprints, or none.
+fn agent_change(from: Option<String>, to: Option<String>) -> Option<AgentChange> {
+    Some(AgentChange {
+        from: from?,
+        to: to?,
+    })
 }
 
 pub(super) async fn load_transcript_window(
@@ -263,7 +274,7 @@ pub(super) async fn load_request(
         RequestColumns,
         r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
                   r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
-                  c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
+                  r.deadline_at, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
                   c.output_tokens AS "output_tokens?", c.cache_read_tokens AS "cache_read_tokens?",
                   c.cache_write_tokens AS "cache_write_tokens?",
                   c.tool_calls_count AS "tool_calls_count?", c.reports_count AS "reports_count?"
@@ -293,6 +304,7 @@ pub(super) struct RequestColumns {
     pub(super) end_seq: Option<i64>,
     pub(super) created_at: i64,
     pub(super) completed_at: Option<i64>,
+    pub(super) deadline_at: Option<i64>,
     pub(super) turn: Option<i64>,
     pub(super) phase: Option<String>,
     pub(super) input_tokens: Option<i64>,
@@ -363,6 +375,7 @@ impl RequestColumns {
             outcome,
             created_at: row.created_at,
             completed_at: row.completed_at,
+            deadline_at: row.deadline_at,
         })
     }
 }
@@ -472,6 +485,7 @@ pub(super) async fn load_claim_context(
                   r.first_seq AS "first_seq?: i64", r.end_seq AS "end_seq?: i64",
                   r.created_at AS "request_created_at?: i64",
                   r.completed_at AS "completed_at?: i64",
+                  r.deadline_at AS "deadline_at?: i64",
                   k.turn AS "turn?: i64", k.phase AS "phase?: String",
                   k.input_tokens AS "input_tokens?: i64", k.output_tokens AS "output_tokens?: i64",
                   k.cache_read_tokens AS "cache_read_tokens?: i64",
@@ -544,6 +558,7 @@ pub(super) async fn load_claim_context(
                 end_seq: first.end_seq,
                 created_at,
                 completed_at: first.completed_at,
+                deadline_at: first.deadline_at,
                 turn: first.turn,
                 phase: first.phase.clone(),
                 input_tokens: first.input_tokens,

@@ -66,6 +66,7 @@ fn is_refusal(error: &Error) -> bool {
             | Error::AmbiguousCheckpoint { .. }
             | Error::Fenced { .. }
             | Error::Conflict { .. }
+            | Error::NoPendingApproval { .. }
     )
 }
 

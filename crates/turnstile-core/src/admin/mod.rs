@@ -278,6 +278,7 @@ pub struct TableCounts {
     pub verification_reports: u64,
     pub tool_calls: u64,
     pub run_messages: u64,
+    pub approvals: u64,
 }
 
 impl TableCounts {
@@ -287,7 +288,7 @@ impl TableCounts {
     }
 
     /// `(table, rows)` in a fixed order.
-    pub fn rows(&self) -> [(&'static str, u64); 9] {
+    pub fn rows(&self) -> [(&'static str, u64); 10] {
         [
             ("conversations", self.conversations),
             ("admissions", self.admissions),
@@ -298,6 +299,7 @@ impl TableCounts {
             ("verification_reports", self.verification_reports),
             ("tool_calls", self.tool_calls),
             ("run_messages", self.run_messages),
+            ("approvals", self.approvals),
         ]
     }
 }

@@ -1,6 +1,7 @@
 //! What a caller gives one run: budget, deadline, cancellation, metadata.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,8 +22,21 @@ pub struct Budget {
 pub struct RunContext {
     pub budget: Budget,
     /// Interrupts a model or tool call in flight; the turn is left in flight
-    /// only if a tool was interrupted.
+    /// only if a tool was interrupted. A monotonic instant of this process:
+    /// it is not stored, so a run resumed or recovered elsewhere (or after
+    /// a restart) does not know it. Use [`RunContext::deadline_at`] for one
+    /// that outlives the process.
     pub deadline: Option<Instant>,
+    /// A wall-clock deadline, stored with the request by the run that admits
+    /// it: every later run of the request (`resume_run`,
+    /// `recover_after_owner_exit`, `continue_after_approval`, in any process)
+    /// stops at the same moment, as with [`RunContext::deadline`]. Given to
+    /// a resume or recovery it tightens the stored one for that run only.
+    /// Where both are set the earlier wins.
+    pub deadline_at: Option<SystemTime>,
+    /// Whether a resume or recovery may continue a request that was admitted
+    /// with another agent (model, prompt, tools). Ignored by `run`.
+    pub agent_upgrade: AgentUpgrade,
     /// Cancels the run at its next clean point: a model call in flight is
     /// abandoned (it has no side effects; its cost may be lost), a tool call
     /// in flight finishes and is journaled first, and no new call starts. The
@@ -44,8 +58,65 @@ impl RunContext {
         self
     }
 
+    pub fn with_deadline_at(mut self, deadline: SystemTime) -> Self {
+        self.deadline_at = Some(deadline);
+        self
+    }
+
+    pub fn with_agent_upgrade(mut self, upgrade: AgentUpgrade) -> Self {
+        self.agent_upgrade = upgrade;
+        self
+    }
+
+    /// [`RunContext::deadline_at`] as Unix milliseconds, as it is stored.
+    pub(crate) fn deadline_at_ms(&self) -> Option<i64> {
+        self.deadline_at.map(|at| {
+            let since = at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+        })
+    }
+
+    /// This context with one monotonic deadline: the earliest of
+    /// [`RunContext::deadline`], [`RunContext::deadline_at`] and `stored`
+    /// (a request's stored deadline, Unix milliseconds). A wall-clock time
+    /// is turned into an instant of this process once, here.
+    pub(crate) fn with_deadlines(&self, stored: Option<i64>) -> RunContext {
+        let stored = stored.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+        let wall = [self.deadline_at, stored].into_iter().flatten().min();
+        let mut ctx = self.clone();
+        if let Some(wall) = wall {
+            let now = Instant::now();
+            let at = match wall.duration_since(SystemTime::now()) {
+                Ok(left) => now.checked_add(left),
+                Err(_) => Some(now),
+            };
+            ctx.deadline = match (ctx.deadline, at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        ctx
+    }
+
     pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
         self.cancel = cancel;
         self
     }
+}
+
+/// What a resume or recovery does with a request admitted by another agent
+/// (its fingerprint differs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AgentUpgrade {
+    /// Refuse with [`Error::ConfigurationMismatch`](crate::Error::ConfigurationMismatch):
+    /// a request is continued only by the agent that planned it.
+    #[default]
+    Refuse,
+    /// Continue with this agent: the admission takes its fingerprint, the
+    /// new run records the old and the new one
+    /// ([`RunRecord::agent_change`](crate::store::RunRecord::agent_change)),
+    /// and the stream says so ([`Event::AgentChanged`](crate::events::Event::AgentChanged)).
+    /// The messages, journal and checkpoint are kept as they are: the new
+    /// agent sees the request where the old one left it.
+    Accept,
 }

@@ -1,6 +1,7 @@
 //! The agent: a model, its tools, a system prompt and limits. The loop that
 //! runs it turn by turn is the session's (`session/turns.rs`).
 
+mod approval;
 mod arguments;
 mod context;
 mod model;
@@ -14,13 +15,15 @@ use std::time::Duration;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-pub use context::{Budget, RunContext};
+pub use approval::ApprovalPolicy;
+pub use context::{AgentUpgrade, Budget, RunContext};
 pub use model::{Model, ModelRequest, ModelResponse, TextDeltas};
 pub use scripted::{ScriptedModel, ScriptedReply};
 pub use tool::{Tool, ToolContext, ToolError};
 pub use verifier::Verifier;
 
 use crate::message::ToolSpec;
+use approval::ApprovalRules;
 use arguments::ArgumentCheck;
 
 /// Limits of the agent itself (the caller's [`Budget`] may be tighter).
@@ -57,6 +60,7 @@ pub struct Agent {
     pub(crate) system_prompt: String,
     pub(crate) limits: AgentLimits,
     pub(crate) verifier: Option<Arc<dyn Verifier>>,
+    approvals: ApprovalRules,
 }
 
 impl Agent {
@@ -69,6 +73,7 @@ impl Agent {
             system_prompt: String::new(),
             limits: AgentLimits::default(),
             verifier: None,
+            approvals: ApprovalRules::default(),
         }
     }
 
@@ -94,6 +99,37 @@ impl Agent {
             self.checks.push(check);
         }
         self
+    }
+
+    /// Adds a tool whose every call waits for a human's approval: when the
+    /// model asks for it, the run stops at a clean point with
+    /// [`Error::AwaitingApproval`](crate::Error::AwaitingApproval) (the
+    /// admission stays held), and the call runs only once it is approved
+    /// in the store (`AgentSession::approve`). A rejected call is answered
+    /// with the reason as an error result and never runs.
+    pub fn with_tool_requiring_approval(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.approvals.require(tool.spec().name);
+        self.with_tool(tool)
+    }
+
+    /// Asks `policy` of every call (of any tool) whether it needs approval,
+    /// on top of the tools added with
+    /// [`Agent::with_tool_requiring_approval`]. A call whose arguments are
+    /// not valid JSON, or of an unknown tool, never runs, so it needs none.
+    pub fn with_approval_policy(mut self, policy: Arc<dyn ApprovalPolicy>) -> Self {
+        self.approvals.set_policy(policy);
+        self
+    }
+
+    /// Whether this call waits for approval before it runs.
+    pub(crate) fn requires_approval(&self, tool: &str, arguments: &str) -> bool {
+        if self.approvals.is_empty() || self.tool(tool).is_none() {
+            return false;
+        }
+        match serde_json::from_str(arguments) {
+            Ok(arguments) => self.approvals.requires_approval(tool, &arguments),
+            Err(_) => false,
+        }
     }
 
     pub fn with_limits(mut self, limits: AgentLimits) -> Self {
@@ -122,8 +158,8 @@ impl Agent {
     }
 
     /// SHA-256 over what defines the agent's plan: model name, system
-    /// prompt, tool names and parameter schemas, plus `extra` (the summary
-    /// settings). A request admitted with one fingerprint is never continued
+    /// prompt, tool names and parameter schemas, which calls need approval,
+    /// plus `extra` (the summary settings). A request admitted with one fingerprint is never continued
     /// by an agent with another.
     pub fn fingerprint(&self) -> String {
         self.fingerprint_with(&serde_json::Value::Null)
@@ -135,12 +171,18 @@ impl Agent {
             .iter()
             .map(|s| json!({ "name": s.name, "parameters": s.parameters }))
             .collect();
-        let canonical = json!({
+        let mut canonical = json!({
             "model": self.model.name(),
             "system_prompt": self.system_prompt,
             "tools": tools,
             "extra": extra,
         });
+        // Added only when set, so an agent without approvals keeps the
+        // fingerprint it had before approvals existed (its held requests
+        // still resume).
+        if !self.approvals.is_empty() {
+            canonical["approvals"] = self.approvals.fingerprint();
+        }
         let digest = Sha256::digest(canonical.to_string().as_bytes());
         digest.iter().map(|b| format!("{b:02x}")).collect()
     }

@@ -33,10 +33,17 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
+        // A wall-clock deadline is stored with the claim; this run keeps
+        // the earliest of its deadlines as one instant.
+        let deadline_at = ctx.deadline_at_ms();
+        let ctx = &ctx.with_deadlines(None);
         // Without summary passes to run first, the claim also saves the
         // first turn's write-ahead: one commit fewer per request.
         let first_turn_ahead = self.summary.is_none() && first_turn_may_start(&self.agent, ctx);
-        match self.admit(request_id, input, first_turn_ahead).await? {
+        match self
+            .admit(request_id, input, first_turn_ahead, deadline_at)
+            .await?
+        {
             Admitted::Replay(outcome) => Ok(outcome),
             Admitted::Claimed(fence, prefix) => {
                 self.drive_fresh(fence, Message::user(input), prefix, ctx, events)
@@ -50,6 +57,7 @@ impl AgentSession {
         request_id: RequestId,
         input: &str,
         first_turn_ahead: bool,
+        deadline_at: Option<i64>,
     ) -> Result<Admitted, Error> {
         self.validate(request_id, input)?;
         // Everything the claim depends on, read at once (one query where
@@ -114,6 +122,7 @@ impl AgentSession {
                 run_id,
                 agent_fingerprint: self.fingerprint(),
                 first_turn: first_turn_ahead.then(|| first_turn(run_id)),
+                deadline_at,
             };
             match self.store.claim(&claim).await {
                 Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence, prefix)),

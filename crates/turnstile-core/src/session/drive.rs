@@ -12,7 +12,7 @@ use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::Message;
 use crate::outcome::Outcome;
-use crate::store::{Fence, TranscriptEntry};
+use crate::store::{AgentChange, Fence, TranscriptEntry};
 
 impl AgentSession {
     /// A fresh claim: the request is at its start, or at its first turn
@@ -40,6 +40,7 @@ impl AgentSession {
         &self,
         fence: Fence,
         resumed_from: RunId,
+        agent_change: Option<AgentChange>,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
@@ -60,7 +61,11 @@ impl AgentSession {
             Some(seed) => Seed::Resumed(seed, prefix),
             None => Seed::Start(prefix),
         };
-        self.drive(fence, Some(resumed_from), seed, messages, ctx, events)
+        let continues = Continues {
+            from: resumed_from,
+            agent_change,
+        };
+        self.drive(fence, Some(continues), seed, messages, ctx, events)
             .await
     }
 
@@ -104,13 +109,17 @@ impl AgentSession {
     async fn drive(
         &self,
         fence: Fence,
-        resumed_from: Option<RunId>,
+        continues: Option<Continues>,
         seed: Seed,
         messages: Vec<Message>,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
         tracing::Span::current().record("run_id", tracing::field::display(fence.run_id));
+        let (resumed_from, agent_change) = match continues {
+            Some(c) => (Some(c.from), c.agent_change),
+            None => (None, None),
+        };
         events
             .emit(Event::RunStarted {
                 run_id: fence.run_id,
@@ -119,6 +128,15 @@ impl AgentSession {
                 revision: fence.revision,
             })
             .await;
+        if let Some(change) = agent_change {
+            events
+                .emit(Event::AgentChanged {
+                    run_id: fence.run_id,
+                    from: change.from,
+                    to: change.to,
+                })
+                .await;
+        }
         let (seed, prefix) = match seed {
             Seed::Resumed(seed, Some(prefix)) => (seed, prefix),
             Seed::Resumed(seed, None) => (seed, self.context_prefix().await?),
@@ -208,6 +226,12 @@ impl AgentSession {
         prefix.extend(window.into_iter().skip(start).map(|e| e.message));
         prefix
     }
+}
+
+/// The run a resumed run continues, and the agent change it accepted.
+struct Continues {
+    from: RunId,
+    agent_change: Option<AgentChange>,
 }
 
 /// Where a run starts.

@@ -4,6 +4,7 @@
 //! the release of its admission.
 
 mod admit;
+mod approvals;
 mod compact;
 mod drive;
 mod resume;

@@ -3,11 +3,11 @@
 
 use super::stream::Emitter;
 use super::{AgentSession, ResumePolicy};
-use crate::agent::RunContext;
+use crate::agent::{AgentUpgrade, RunContext};
 use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::outcome::Outcome;
-use crate::store::{InputHash, RecoveryClaim, RequestStatus};
+use crate::store::{AgentChange, InputHash, RecoveryClaim, RequestStatus};
 
 impl AgentSession {
     pub(super) async fn resume(
@@ -36,7 +36,7 @@ impl AgentSession {
                 self.take_over(
                     record.request_id,
                     Some(run_id),
-                    ctx,
+                    &ctx.with_deadlines(record.deadline_at),
                     expected_revision,
                     policy,
                     events,
@@ -62,7 +62,8 @@ impl AgentSession {
             RequestStatus::Completed => self.replay(record).await,
             RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),
             RequestStatus::Active => {
-                self.take_over(request_id, None, ctx, expected_revision, policy, events)
+                let ctx = ctx.with_deadlines(record.deadline_at);
+                self.take_over(request_id, None, &ctx, expected_revision, policy, events)
                     .await
             }
         }
@@ -70,7 +71,7 @@ impl AgentSession {
 
     /// Checks everything that can be checked without writing, then claims
     /// the admission for a new run with one compare-and-swap.
-    async fn take_over(
+    pub(super) async fn take_over(
         &self,
         request_id: RequestId,
         from_run: Option<RunId>,
@@ -91,9 +92,15 @@ impl AgentSession {
             }
             None => return Err(Error::NotActive { request_id }),
         };
-        if active.agent_fingerprint != self.fingerprint() {
-            return Err(Error::ConfigurationMismatch { request_id });
-        }
+        let fingerprint = self.fingerprint();
+        let agent_change = match active.agent_fingerprint == fingerprint {
+            true => None,
+            false if ctx.agent_upgrade == AgentUpgrade::Accept => Some(AgentChange {
+                from: active.agent_fingerprint.clone(),
+                to: fingerprint,
+            }),
+            false => return Err(Error::ConfigurationMismatch { request_id }),
+        };
         if admission.revision != expected_revision {
             return Err(Error::Conflict {
                 conversation_id: self.conversation_id,
@@ -121,8 +128,10 @@ impl AgentSession {
                 from_run,
                 new_run: RunId::new(),
                 reject_in_flight: policy == ResumePolicy::RejectAmbiguous,
+                agent_fingerprint: agent_change.as_ref().map(|c| c.to.clone()),
             })
             .await?;
-        self.drive_resumed(fence, from_run, ctx, events).await
+        self.drive_resumed(fence, from_run, agent_change, ctx, events)
+            .await
     }
 }

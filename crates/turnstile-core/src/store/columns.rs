@@ -10,7 +10,9 @@ use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
 use crate::message::{Message, Usage, VerificationReport};
-use crate::store::{ActiveAdmission, Admission, Fence, InputHash, SummaryPass, SummaryProgress};
+use crate::store::{
+    ActiveAdmission, Admission, ApprovalDecision, Fence, InputHash, SummaryPass, SummaryProgress,
+};
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -262,6 +264,31 @@ pub fn cas_refusal(
             expected,
             actual: admission.revision,
         },
+    }
+}
+
+/// Why a decision on an approval matched no awaiting call, given the
+/// admission as it is now: `NotActive` (the request holds no admission),
+/// `Conflict` (the revision moved), or `NoPendingApproval` (the call awaits
+/// no decision).
+pub fn decision_refusal(admission: Admission, decision: &ApprovalDecision) -> Error {
+    let request_id = decision.request_id;
+    match admission.active {
+        Some(active) if active.request_id == request_id => {
+            if admission.revision != decision.expected_revision {
+                Error::Conflict {
+                    conversation_id: admission.conversation_id,
+                    expected: decision.expected_revision,
+                    actual: admission.revision,
+                }
+            } else {
+                Error::NoPendingApproval {
+                    request_id,
+                    call_id: decision.call_id.clone(),
+                }
+            }
+        }
+        _ => Error::NotActive { request_id },
     }
 }
 

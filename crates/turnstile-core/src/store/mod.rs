@@ -6,6 +6,7 @@
 //! default); the `turnstile-conformance` suite holds each of them to the
 //! same contract.
 
+mod approvals;
 pub mod columns;
 mod records;
 
@@ -13,10 +14,14 @@ use async_trait::async_trait;
 
 /// Re-exported: the contract journals tool results.
 pub use crate::message::ToolResult;
+pub use approvals::{
+    ApprovalDecision, ApprovalRecord, ApprovalStatus, PendingApproval, Verdict,
+    MAX_REJECTION_REASON_BYTES,
+};
 pub use records::{
-    ActiveAdmission, Admission, ClaimContext, ClaimOutcome, Conversation, Fence, InputHash,
-    JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord, RequestStatus,
-    RunRecord, RunStatus, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    ActiveAdmission, Admission, AgentChange, ClaimContext, ClaimOutcome, Conversation, Fence,
+    InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord,
+    RequestStatus, RunRecord, RunStatus, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
     SummaryProgress, TranscriptEntry,
 };
 
@@ -251,4 +256,46 @@ pub trait Store: Send + Sync + 'static {
         fence: &Fence,
         summary: &SummaryCommit,
     ) -> Result<StoredSummary, Error>;
+
+    /// Stops a run to wait for approval of tool calls of its turn's recorded
+    /// answer, in one transaction, fenced: journals each of `call_ids` as
+    /// awaiting approval (a call with an approval row already keeps it),
+    /// saves `settled` (phase `ToolsPending`) and marks the run stopped with
+    /// `reason`. The admission stays held at its revision. Returns the calls
+    /// as [`Store::pending_approvals`] lists them, in the order of
+    /// `call_ids`.
+    async fn await_approval(
+        &self,
+        fence: &Fence,
+        settled: &LoopCheckpoint,
+        call_ids: &[String],
+        reason: &str,
+    ) -> Result<Vec<PendingApproval>, Error>;
+
+    /// The approval rows of one turn of a request.
+    async fn approvals(
+        &self,
+        request_id: RequestId,
+        turn: u32,
+    ) -> Result<Vec<ApprovalRecord>, Error>;
+
+    /// Tool calls awaiting a decision, of one conversation or of all: only
+    /// calls of requests that still hold their admission and whose result
+    /// is not journaled. Oldest first.
+    async fn pending_approvals(
+        &self,
+        conversation_id: Option<ConversationId>,
+    ) -> Result<Vec<PendingApproval>, Error>;
+
+    /// Decides one awaiting tool call: one compare-and-swap on the
+    /// admission's revision, which it bumps (fencing any run of the request
+    /// still alive), with the decision and its time journaled. Returns the
+    /// new revision.
+    ///
+    /// # Errors
+    /// [`Error::NotActive`] when the request holds no admission,
+    /// [`Error::Conflict`] for a stale revision, [`Error::NoPendingApproval`]
+    /// when the call is not awaiting a decision (decided already, unknown, or
+    /// answered). Nothing is written.
+    async fn decide_approval(&self, decision: &ApprovalDecision) -> Result<Revision, Error>;
 }

@@ -134,6 +134,9 @@ pub struct NewRequest {
     /// saved with the claim when the run goes straight to its first turn:
     /// one commit instead of two.
     pub first_turn: Option<LoopCheckpoint>,
+    /// A wall-clock deadline (Unix milliseconds) stored with the request:
+    /// every run of it, in any process, stops there.
+    pub deadline_at: Option<i64>,
 }
 
 /// The result of [`Store::claim`](super::Store::claim).
@@ -146,7 +149,7 @@ pub enum ClaimOutcome {
 }
 
 /// A claim of an active admission by a run that continues another.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RecoveryClaim {
     pub conversation_id: ConversationId,
     pub request_id: RequestId,
@@ -158,6 +161,10 @@ pub struct RecoveryClaim {
     /// if `from_run`'s latest checkpoint has a turn in flight, checked in
     /// the same transaction as the compare-and-swap.
     pub reject_in_flight: bool,
+    /// The new run's agent fingerprint when it differs from the one the
+    /// admission holds (an explicit upgrade): the admission takes it and the
+    /// new run records both. `None` keeps the admission's.
+    pub agent_fingerprint: Option<String>,
 }
 
 /// Lifecycle of a request.
@@ -186,6 +193,8 @@ pub struct RequestRecord {
     pub outcome: Option<StoredOutcome>,
     pub created_at: i64,
     pub completed_at: Option<i64>,
+    /// The wall-clock deadline stored with the request (Unix milliseconds).
+    pub deadline_at: Option<i64>,
 }
 
 /// What a new request reads before its claim, as
@@ -254,6 +263,19 @@ pub struct RunRecord {
     pub error: Option<String>,
     pub started_at: i64,
     pub ended_at: Option<i64>,
+    /// Set when the run continued its request with another agent than the
+    /// run before it (an explicit upgrade).
+    pub agent_change: Option<AgentChange>,
+}
+
+/// The agent fingerprints of a run that continued its request with another
+/// agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentChange {
+    /// The fingerprint the request was held with before this run.
+    pub from: String,
+    /// This run's.
+    pub to: String,
 }
 
 /// One committed message.

@@ -103,7 +103,7 @@ pub(super) async fn prune(
 }
 
 /// The tables prune deletes from.
-const TABLES: [&str; 11] = [
+const TABLES: [&str; 12] = [
     "conversations",
     "admissions",
     "request_ids",
@@ -113,6 +113,7 @@ const TABLES: [&str; 11] = [
     "loop_checkpoints",
     "verification_reports",
     "tool_calls",
+    "approvals",
     "transcript",
     "summaries",
 ];
@@ -191,6 +192,11 @@ async fn prune_requests(
                                    WHERE k.conversation_id = c.conversation_id
                                      AND k.run_id = c.run_id))
                RETURNING 1
+           ), asked AS (
+               -- Deleted here to be counted (the journal's would cascade).
+               DELETE FROM approvals a USING batch b
+               WHERE a.conversation_id = b.conversation_id AND a.request_id = b.request_id
+               RETURNING 1
            ), journal AS (
                DELETE FROM tool_calls t USING batch b
                WHERE t.conversation_id = b.conversation_id AND t.request_id = b.request_id
@@ -212,6 +218,7 @@ async fn prune_requests(
            )
            SELECT (SELECT COUNT(*) FROM checkpoints) AS checkpoints,
                   (SELECT COUNT(*) FROM journal) AS journal,
+                  (SELECT COUNT(*) FROM asked) AS approvals,
                   (SELECT COUNT(*) FROM pending) AS pending,
                   (SELECT COUNT(*) FROM reports) AS reports,
                   (SELECT COUNT(*) FROM old_runs) AS runs"#,
@@ -225,6 +232,7 @@ async fn prune_requests(
     .map_err(db("prune requests"))?;
     deleted.loop_checkpoints += count(counts.checkpoints);
     deleted.tool_calls += count(counts.journal);
+    deleted.approvals += count(counts.approvals);
     deleted.run_messages += count(counts.pending);
     deleted.verification_reports += count(counts.reports);
     deleted.runs += count(counts.runs);
@@ -268,6 +276,7 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM verification_reports WHERE conversation_id = ANY($1))
                  AS "verification_reports!",
              (SELECT COUNT(*) FROM tool_calls WHERE conversation_id = ANY($1)) AS "tool_calls!",
+             (SELECT COUNT(*) FROM approvals WHERE conversation_id = ANY($1)) AS "approvals!",
              (SELECT COUNT(*) FROM run_messages WHERE conversation_id = ANY($1))
                  AS "run_messages!""#,
         &ids
@@ -296,6 +305,7 @@ async fn prune_conversations(
     deleted.loop_checkpoints += n(counts.loop_checkpoints);
     deleted.verification_reports += n(counts.verification_reports);
     deleted.tool_calls += n(counts.tool_calls);
+    deleted.approvals += n(counts.approvals);
     deleted.run_messages += n(counts.run_messages);
     Ok(ids.len() as i64)
 }

@@ -185,6 +185,14 @@ async fn prune_requests(
     .await
     .map_err(db("prune tool journal"))?
     .rows_affected();
+    let approvals = sqlx::query!(
+        "DELETE FROM approvals WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))",
+        requests
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("prune approvals"))?
+    .rows_affected();
     let run_messages = sqlx::query!(
         "DELETE FROM run_messages WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))",
         requests
@@ -216,6 +224,7 @@ async fn prune_requests(
     finish(tx, dry_run).await?;
     deleted.loop_checkpoints += earlier_runs_checkpoints + superseded_checkpoints;
     deleted.tool_calls += tool_calls;
+    deleted.approvals += approvals;
     deleted.run_messages += run_messages;
     deleted.verification_reports += verification_reports;
     deleted.runs += runs;
@@ -273,7 +282,9 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM tool_calls
               WHERE request_id IN (SELECT id FROM reqs)) AS "tool_calls!: i64",
              (SELECT COUNT(*) FROM run_messages
-              WHERE request_id IN (SELECT id FROM reqs)) AS "run_messages!: i64""#,
+              WHERE request_id IN (SELECT id FROM reqs)) AS "run_messages!: i64",
+             (SELECT COUNT(*) FROM approvals
+              WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64""#,
         doomed
     )
     .fetch_one(&mut *tx)
@@ -298,6 +309,7 @@ async fn prune_conversations(
     deleted.verification_reports += n(counts.verification_reports);
     deleted.tool_calls += n(counts.tool_calls);
     deleted.run_messages += n(counts.run_messages);
+    deleted.approvals += n(counts.approvals);
     Ok(ids.len() as i64)
 }
 

@@ -49,7 +49,8 @@ fn request(n: u128) -> RequestId {
     RequestId::from_uuid(id(n)).expect("a request id")
 }
 
-async fn snapshot(path: &Path) -> Result<Snapshot, sqlx::Error> {
+/// Every table and its columns, as the schema has them now.
+async fn shape(path: &Path) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
     let pool = crate::raw_pool(path).await?;
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'table'
@@ -57,13 +58,27 @@ async fn snapshot(path: &Path) -> Result<Snapshot, sqlx::Error> {
     )
     .fetch_all(&pool)
     .await?;
-    let mut snapshot = Vec::new();
+    let mut shape = Vec::new();
     for table in tables {
         // Names come from the schema, not from input.
         let columns: Vec<String> =
             sqlx::query_scalar(&format!("SELECT name FROM pragma_table_info('{table}')"))
                 .fetch_all(&pool)
                 .await?;
+        shape.push((table, columns));
+    }
+    pool.close().await;
+    Ok(shape)
+}
+
+/// Every row of the tables and columns of `shape`, as SQL literals.
+async fn snapshot(
+    path: &Path,
+    shape: &[(String, Vec<String>)],
+) -> Result<Snapshot, sqlx::Error> {
+    let pool = crate::raw_pool(path).await?;
+    let mut snapshot = Vec::new();
+    for (table, columns) in shape {
         let row = columns
             .iter()
             .map(|c| format!("quote(\"{c}\")"))
@@ -73,7 +88,7 @@ async fn snapshot(path: &Path) -> Result<Snapshot, sqlx::Error> {
             sqlx::query_scalar(&format!("SELECT {row} FROM \"{table}\" ORDER BY 1"))
                 .fetch_all(&pool)
                 .await?;
-        snapshot.push((table, rows));
+        snapshot.push((table.clone(), rows));
     }
     pool.close().await;
     Ok(snapshot)
@@ -185,7 +200,8 @@ async fn a_schema_4_database_is_migrated_in_place_and_every_row_survives_and_rep
 {
     let dir = tempfile::tempdir()?;
     let path = copy_of_fixture(dir.path())?;
-    let before = snapshot(&path).await?;
+    let old_shape = shape(&path).await?;
+    let before = snapshot(&path, &old_shape).await?;
     let count = |table: &str| {
         before
             .iter()
@@ -206,7 +222,27 @@ async fn a_schema_4_database_is_migrated_in_place_and_every_row_survives_and_rep
         (1..=supported).collect::<Vec<_>>(),
         "migrated in place"
     );
-    assert_eq!(snapshot(&path).await?, before, "the migration changed rows");
+    // Every old column of every old row as it was; what later migrations
+    // added is empty or NULL.
+    assert_eq!(
+        snapshot(&path, &old_shape).await?,
+        before,
+        "the migration changed rows"
+    );
+    for (table, columns) in shape(&path).await? {
+        let old = old_shape.iter().find(|(t, _)| *t == table);
+        let added: Vec<&String> = columns
+            .iter()
+            .filter(|c| old.is_none_or(|(_, o)| !o.contains(c)))
+            .collect();
+        for column in added {
+            let set = snapshot(&path, &[(table.clone(), vec![column.clone()])]).await?;
+            assert!(
+                set[0].1.iter().all(|v| v == "NULL"),
+                "{table}.{column} was filled by the migration: {set:?}"
+            );
+        }
+    }
 
     // Committed requests replay their stored answers, no model called.
     let replay = |n: u128, input: &'static str| {

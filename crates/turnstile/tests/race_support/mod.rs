@@ -730,6 +730,7 @@ impl Racers {
             agent_fingerprint: self.fingerprint.clone(),
             // The owner writes its turn's write-ahead itself.
             first_turn: None,
+            deadline_at: None,
         };
         match self.store.claim(&claim).await {
             Ok(ClaimOutcome::Admitted(fence)) => {
@@ -803,6 +804,7 @@ impl Racers {
             from_run,
             new_run: RunId::new(),
             reject_in_flight,
+            agent_fingerprint: None,
         };
         match self.store.claim_recovery(&claim).await {
             Ok(fence) => {

@@ -8,9 +8,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use turnstile::store::{
-    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult,
-    TranscriptEntry,
+    Admission, ApprovalDecision, ApprovalRecord, ClaimOutcome, Conversation, Fence, JournalEntry,
+    NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, StoredOutcome,
+    StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile::{
     ConversationId, Error, LoopCheckpoint, Message, Namespace, RequestId, Revision, RunId, Store,
@@ -359,6 +359,49 @@ impl Store for Hooked {
             self.inner.commit_summary(fence, summary),
         )
         .await
+    }
+
+    async fn await_approval(
+        &self,
+        fence: &Fence,
+        settled: &LoopCheckpoint,
+        call_ids: &[String],
+        reason: &str,
+    ) -> Result<Vec<PendingApproval>, Error> {
+        let call = Call::fenced("await_approval", fence).at_turn(settled.turn);
+        self.wrap(
+            call,
+            self.inner.await_approval(fence, settled, call_ids, reason),
+        )
+        .await
+    }
+
+    async fn approvals(
+        &self,
+        request_id: RequestId,
+        turn: u32,
+    ) -> Result<Vec<ApprovalRecord>, Error> {
+        self.wrap(
+            Call::read("approvals"),
+            self.inner.approvals(request_id, turn),
+        )
+        .await
+    }
+
+    async fn pending_approvals(
+        &self,
+        conversation_id: Option<ConversationId>,
+    ) -> Result<Vec<PendingApproval>, Error> {
+        self.wrap(
+            Call::read("pending_approvals"),
+            self.inner.pending_approvals(conversation_id),
+        )
+        .await
+    }
+
+    async fn decide_approval(&self, decision: &ApprovalDecision) -> Result<Revision, Error> {
+        let call = Call::write("decide_approval", decision.request_id);
+        self.wrap(call, self.inner.decide_approval(decision)).await
     }
 }
 

@@ -30,7 +30,7 @@ use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::ToolResult;
 use crate::message::{Message, ToolCall, VerificationReport};
-use crate::store::{Fence, JournalStatus, Store, StoredOutcome};
+use crate::store::{ApprovalRecord, ApprovalStatus, Fence, JournalStatus, Store, StoredOutcome};
 
 /// The largest tool output fed back to the model.
 pub const MAX_TOOL_OUTPUT_BYTES: usize = 1 << 20;
@@ -61,7 +61,9 @@ impl RunLoop<'_> {
         match self.drive().await {
             Ok(outcome) => Ok((outcome, self.messages)),
             Err(error) => {
-                if error.stopped_run().is_some() {
+                // A stop for approval recorded itself, with its calls.
+                if matches!(error, Error::AwaitingApproval { .. }) {
+                } else if error.stopped_run().is_some() {
                     self.record_stop(&error).await;
                 } else if let Error::Store(failure) = &error {
                     self.record_failed_step(failure).await;
@@ -209,26 +211,19 @@ impl RunLoop<'_> {
         }
         self.back_in_flight().await?;
         let mut journaled = self.journaled_results(turn).await?;
+        let decisions = self.decisions(turn, &calls, &journaled).await?;
         let mut answered = Vec::with_capacity(calls.len());
+        let mut waiting = Vec::new();
         for (index, call) in calls.into_iter().enumerate() {
             let (result, reused) = match journaled.remove(&call.id) {
                 Some(result) => (result, true),
                 None => {
-                    self.events
-                        .emit(Event::ToolStarted {
-                            turn,
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            arguments: call.arguments.clone(),
-                        })
-                        .await;
-                    let result = if index < self.agent.limits.max_tool_calls_per_turn as usize {
-                        self.execute(&call, turn).await?
-                    } else {
-                        error_result(format!(
-                            "not run: more than {} tool calls in one turn",
-                            self.agent.limits.max_tool_calls_per_turn
-                        ))
+                    let result = match self.answer(index, &call, turn, &decisions).await? {
+                        Some(result) => result,
+                        None => {
+                            waiting.push(call);
+                            continue;
+                        }
                     };
                     self.store
                         .record_tool_result(&self.fence, turn, &call.id, &result)
@@ -248,6 +243,9 @@ impl RunLoop<'_> {
                 })
                 .await;
             answered.push((call, result));
+        }
+        if !waiting.is_empty() {
+            return Err(self.stop_for_approval(&waiting).await);
         }
 
         if let Some(verifier) = &self.agent.verifier {
@@ -291,6 +289,110 @@ impl RunLoop<'_> {
                 .await;
         }
         Ok(())
+    }
+
+    /// Answers one call not answered yet: runs it, or says why it does not
+    /// run; `None` when it waits for a decision on its approval.
+    async fn answer(
+        &mut self,
+        index: usize,
+        call: &ToolCall,
+        turn: u32,
+        decisions: &HashMap<String, ApprovalRecord>,
+    ) -> Result<Option<ToolResult>, Error> {
+        let limit = self.agent.limits.max_tool_calls_per_turn;
+        if index >= limit as usize {
+            self.tool_started(call, turn).await;
+            return Ok(Some(error_result(format!(
+                "not run: more than {limit} tool calls in one turn"
+            ))));
+        }
+        if self.agent.requires_approval(&call.name, &call.arguments) {
+            let decision = decisions.get(&call.id);
+            match decision.map(|d| d.status) {
+                Some(ApprovalStatus::Approved) => {}
+                Some(ApprovalStatus::Rejected) => {
+                    let reason = decision.and_then(|d| d.reason.as_deref());
+                    return Ok(Some(error_result(rejection(reason))));
+                }
+                Some(ApprovalStatus::Awaiting) | None => return Ok(None),
+            }
+        }
+        self.tool_started(call, turn).await;
+        self.execute(call, turn).await.map(Some)
+    }
+
+    async fn tool_started(&self, call: &ToolCall, turn: u32) {
+        self.events
+            .emit(Event::ToolStarted {
+                turn,
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            })
+            .await;
+    }
+
+    /// The approval decisions of the turn, read only when a call not
+    /// answered yet needs one.
+    async fn decisions(
+        &self,
+        turn: u32,
+        calls: &[ToolCall],
+        journaled: &HashMap<String, ToolResult>,
+    ) -> Result<HashMap<String, ApprovalRecord>, Error> {
+        let asks = calls.iter().any(|call| {
+            !journaled.contains_key(&call.id)
+                && self.agent.requires_approval(&call.name, &call.arguments)
+        });
+        if !asks {
+            return Ok(HashMap::new());
+        }
+        let approvals = self.store.approvals(self.fence.request_id, turn).await?;
+        Ok(approvals
+            .into_iter()
+            .map(|a| (a.call_id.clone(), a))
+            .collect())
+    }
+
+    /// Stops the run at a clean point to wait for decisions on `waiting`
+    /// (every other call of the turn is answered and journaled): the calls
+    /// journaled as awaiting approval and the turn settled, in one write;
+    /// then each is announced. The error the run ends with.
+    async fn stop_for_approval(&mut self, waiting: &[ToolCall]) -> Error {
+        let settled = LoopCheckpoint {
+            phase: CheckpointPhase::ToolsPending,
+            ..self.checkpoint.clone()
+        };
+        let ids: Vec<String> = waiting.iter().map(|c| c.id.clone()).collect();
+        let reason = format!("awaiting approval of {} tool call(s)", ids.len());
+        let pending = match self
+            .store
+            .await_approval(&self.fence, &settled, &ids, &reason)
+            .await
+        {
+            Ok(pending) => pending,
+            Err(e) => return e,
+        };
+        self.checkpoint = settled;
+        for p in &pending {
+            self.events
+                .emit(Event::ApprovalRequested {
+                    request_id: p.request_id,
+                    run_id: p.run_id,
+                    call_id: p.call_id.clone(),
+                    tool: p.tool.clone(),
+                    arguments: p.arguments.clone(),
+                    revision: p.revision,
+                })
+                .await;
+        }
+        Error::AwaitingApproval {
+            request_id: self.fence.request_id,
+            run_id: self.fence.run_id,
+            revision: self.fence.revision,
+            pending,
+        }
     }
 
     /// The tool calls of the assistant message recorded for this turn.
@@ -459,6 +561,16 @@ pub(super) fn turn_limit(agent: &Agent, ctx: &RunContext) -> u32 {
     ctx.budget
         .max_turns
         .map_or(agent.limits.max_turns, |m| m.min(agent.limits.max_turns))
+}
+
+/// The result a rejected call gives the model.
+fn rejection(reason: Option<&str>) -> String {
+    match reason {
+        Some(reason) if !reason.is_empty() => {
+            format!("not run: the tool call was rejected by the approver: {reason}")
+        }
+        _ => "not run: the tool call was rejected by the approver".to_owned(),
+    }
 }
 
 fn error_result(content: String) -> ToolResult {
