@@ -8,7 +8,9 @@ mod cli_support;
 
 use std::path::Path;
 
-use cli_support::{add_script, command, run_and_kill_at, script, scripted, turnstile, uuid, Run};
+use cli_support::{
+    add_script, command, pasted, printed, run_and_kill_at, script, scripted, turnstile, uuid, Run,
+};
 use serde_json::{json, Value};
 use turnstile::store::{Admission, RequestStatus, RunStatus};
 use turnstile::{ConversationId, PostgresStore, RequestId, RunId, Store};
@@ -565,6 +567,62 @@ async fn a_password_in_the_url_is_never_printed() {
     server.psql("postgres", &format!("DROP ROLE {role}"));
 }
 
+#[tokio::test]
+async fn a_call_awaiting_approval_is_listed_approved_and_resumed_on_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, url) = fresh();
+    // The shared cluster trusts loopback: the password is not checked, and
+    // must never be printed.
+    let password = format!("pw-{}", uuid().replace('-', ""));
+    let join = if url.contains('?') { '&' } else { '?' };
+    let secret = format!("{url}{join}password={password}");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let mut run = on("run", &secret, &conversation);
+    run.extend(["--model", &model, "--require-approval", "add", INPUT]);
+    let stopped = turnstile(&run);
+    assert_eq!(stopped.code, 6, "{stopped:#?}");
+    assert!(
+        stopped.stdout.contains("call c1 · add {\"a\":2,\"b\":3}"),
+        "{stopped:#?}"
+    );
+    let approve = printed(&stopped, "turnstile approve ");
+    assert!(approve.contains(&url), "{approve}");
+
+    let listed = turnstile(&["approvals", "--db", &secret, "--json"]);
+    listed.assert_success();
+    let calls = listed.json();
+    assert_eq!(calls.as_array().unwrap().len(), 1, "{calls:#}");
+    assert_eq!(calls[0]["call_id"], "c1");
+    let held = admission(&url, &conversation).await;
+    assert_eq!(calls[0]["revision"], held.revision.0);
+
+    let approved = pasted(approve);
+    approved.assert_success();
+    let resume = printed(&approved, "turnstile resume ");
+    let resumed = pasted(resume);
+    resumed.assert_success();
+    assert!(
+        resumed.stdout.contains("✓ add {\"a\":2,\"b\":3} → 5"),
+        "{resumed:#?}"
+    );
+    assert!(
+        resumed.stdout.contains("answer      2 + 3 = 5"),
+        "{resumed:#?}"
+    );
+    assert!(admission(&url, &conversation).await.active.is_none());
+    let none = turnstile(&["approvals", "--db", &secret]);
+    none.assert_success();
+    assert_eq!(none.stdout, "no tool calls await approval\n");
+    for run in [&stopped, &listed, &approved, &resumed, &none] {
+        assert_no_panic(run);
+        assert!(
+            !run.stdout.contains(&password) && !run.stderr.contains(&password),
+            "the password is printed: {run:#?}"
+        );
+    }
+}
+
 #[test]
 fn a_server_that_is_not_there_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -604,6 +662,7 @@ fn read_commands_on_a_database_without_the_schema_are_not_found_and_create_nothi
         vec!["show", &conversation, "--db", &url],
         vec!["checkpoints", &run, "--db", &url],
         vec!["export", &conversation, "--db", &url],
+        vec!["approvals", "--db", &url],
         vec!["doctor", "--db", &url],
     ] {
         turnstile(&args).assert_error(4, "no turnstile schema");

@@ -7,11 +7,13 @@
 //! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
 //! | 3 | busy: the conversation is held by an active request |
 //! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run |
-//! | 5 | fenced, conflict (stale `--revision`), ambiguous checkpoint, request not active |
+//! | 5 | fenced, conflict (stale `--revision`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |
+//! | 6 | awaiting approval: the run stopped cleanly (admission held) until tool calls are approved or rejected; it printed them and the commands that decide them |
 //! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory, a server that cannot be reached): nothing is known about its health |
 //!
 //! Scripts can tell "retry later" (3), "fix the command" (2), "look it up"
-//! (4) and "re-read the state and decide" (5) apart without parsing text.
+//! (4), "re-read the state and decide" (5) and "a human must decide" (6)
+//! apart without parsing text.
 
 use turnstile::Error;
 
@@ -26,6 +28,8 @@ pub const BUSY: u8 = 3;
 pub const NOT_FOUND: u8 = 4;
 /// The state moved: fenced, conflicting revision, ambiguous checkpoint.
 pub const CONFLICT: u8 = 5;
+/// The run stopped to wait for a human's approval of tool calls.
+pub const AWAITING_APPROVAL: u8 = 6;
 /// The database could not be opened to be checked (`doctor`): no
 /// permission, not a regular file, a read-only directory. Says nothing
 /// about its health.
@@ -74,6 +78,13 @@ pub enum CliError {
         source: Error,
         resume: String,
     },
+    /// A library error with what to change to get past it.
+    #[error("{source}: {advice}")]
+    Advised {
+        #[source]
+        source: Error,
+        advice: &'static str,
+    },
     /// A failure of a request whose id was generated: the id is named so the
     /// request can be retried or recovered.
     #[error("{source} (request {request_id})")]
@@ -95,7 +106,9 @@ impl CliError {
         match self {
             CliError::Usage(_) => USAGE,
             CliError::MissingDatabase(_) | CliError::MissingSchema(_) => NOT_FOUND,
-            CliError::Turnstile(e) | CliError::Stopped { source: e, .. } => code_for(e),
+            CliError::Turnstile(e)
+            | CliError::Stopped { source: e, .. }
+            | CliError::Advised { source: e, .. } => code_for(e),
             CliError::Io { .. } | CliError::Failed(_) => FAILURE,
             CliError::CannotOpen(_) => CANNOT_OPEN,
             CliError::ForRequest { source, .. } => source.exit_code(),
@@ -177,7 +190,9 @@ pub fn code_for(error: &Error) -> u8 {
         Error::Fenced { .. }
         | Error::Conflict { .. }
         | Error::AmbiguousCheckpoint { .. }
-        | Error::NotActive { .. } => CONFLICT,
+        | Error::NotActive { .. }
+        | Error::NoPendingApproval { .. } => CONFLICT,
+        Error::AwaitingApproval { .. } => AWAITING_APPROVAL,
         // Another process held the database past the busy timeout: retry
         // later, like a busy conversation.
         Error::Store(e) if e.is_busy() => BUSY,
@@ -217,6 +232,18 @@ mod tests {
         };
         assert_eq!(code_for(&missing), NOT_FOUND);
         assert_eq!(code_for(&Error::InvalidInput("x".into())), USAGE);
+        let awaiting = Error::AwaitingApproval {
+            request_id,
+            run_id: RunId::new(),
+            revision: Revision(4),
+            pending: Vec::new(),
+        };
+        assert_eq!(code_for(&awaiting), AWAITING_APPROVAL);
+        let decided = Error::NoPendingApproval {
+            request_id,
+            call_id: "c1".into(),
+        };
+        assert_eq!(code_for(&decided), CONFLICT, "the state moved");
         assert_eq!(
             code_for(&Error::RequestAbandoned { request_id }),
             USAGE,

@@ -1,26 +1,73 @@
-//! The `turnstile resume …` command printed with a stopped run's error:
-//! the same database, conversation and model, quoted so that it pastes
-//! and runs, with no secret in it.
+//! The commands printed with a stopped run's error, and with a run that
+//! waits for approval: the same database, conversation and agent (model and
+//! `--require-approval`), quoted so that they paste and run, with no secret
+//! in them.
 
-use turnstile::ids::{Revision, RunId};
+use turnstile::ids::{RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 
 use super::exit::CliError;
 use super::model::{ModelArgs, ModelSpec};
 use super::{output, SessionArgs};
 
+/// The options that rebuild a run's agent in a printed command: its model
+/// and the tools whose calls need approval (both are part of the agent
+/// fingerprint a continued request is checked against).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AgentFlags<'a> {
+    pub model: &'a ModelSpec,
+    pub base_url: Option<&'a str>,
+    pub api_key_env: Option<&'a str>,
+    /// Checked, sorted, without repeats.
+    pub require_approval: &'a [String],
+}
+
+impl<'a> AgentFlags<'a> {
+    pub(super) fn new(model: &'a ModelArgs, require_approval: &'a [String]) -> Self {
+        Self {
+            model: &model.model,
+            base_url: model.base_url.as_deref(),
+            api_key_env: model.api_key_env.as_deref(),
+            require_approval,
+        }
+    }
+
+    fn words(&self) -> Vec<String> {
+        let spec = match self.model {
+            ModelSpec::Scripted(path) => format!("scripted:{}", path.display()),
+            ModelSpec::OpenAi(name) => format!("openai:{name}"),
+        };
+        let mut words = vec!["--model".to_owned(), quote(&spec)];
+        if let Some(url) = self.base_url {
+            words.extend(["--base-url".into(), quote(&turnstile::redacted_url(url))]);
+        }
+        if let Some(var) = self.api_key_env {
+            words.extend(["--api-key-env".into(), quote(var)]);
+        }
+        if !self.require_approval.is_empty() {
+            words.extend([
+                "--require-approval".into(),
+                quote(&self.require_approval.join(",")),
+            ]);
+        }
+        words
+    }
+}
+
 /// A stopped run's error with the command that continues it (the run id
-/// and revision it carries; the same database, conversation and model).
+/// and revision it carries; the same database, conversation and agent).
 ///
 /// A run that failed in the store (a full disk, an I/O error) carries no
 /// run id: if its request still holds the admission, the admission says
-/// which run and revision continue it.
+/// which run and revision continue it. A run that waits for approval is
+/// left as it is: its revision moves with each decision, and the decisions
+/// print the command that continues it.
 pub(super) async fn with_hint<T>(
     result: Result<T, CliError>,
     agent_session: &AgentSession,
     started: Option<RunId>,
     session: &SessionArgs,
-    model: &ModelArgs,
+    agent: &AgentFlags<'_>,
 ) -> Result<T, CliError> {
     let error = match result {
         Ok(value) => return Ok(value),
@@ -31,11 +78,15 @@ pub(super) async fn with_hint<T>(
             Some(run) => held_by(agent_session, run).await,
             None => None,
         },
+        CliError::Turnstile(turnstile::Error::AwaitingApproval { .. }) => None,
         CliError::Turnstile(source) => source.stopped_run(),
         _ => None,
     };
     Err(match (error, stopped) {
-        (CliError::Turnstile(source), Some(stopped)) => resumable(source, stopped, session, model),
+        (CliError::Turnstile(source), Some((run, revision))) => CliError::Stopped {
+            source,
+            resume: resume_command(run, revision, session, Some(agent)),
+        },
         (error, _) => error,
     })
 }
@@ -48,19 +99,74 @@ async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision)
     (active.run_id == run).then_some((run, state.revision))
 }
 
-fn resumable(
-    source: turnstile::Error,
-    (run, revision): (RunId, Revision),
+/// `turnstile resume RUN --revision N` on the same database and
+/// conversation, with the agent's options when they are known.
+pub(super) fn resume_command(
+    run: RunId,
+    revision: Revision,
     session: &SessionArgs,
-    model: &ModelArgs,
-) -> CliError {
+    agent: Option<&AgentFlags<'_>>,
+) -> String {
     let mut words = vec![
         "turnstile".to_owned(),
         "resume".into(),
         run.to_string(),
         "--revision".into(),
         revision.to_string(),
-        "--db".into(),
+    ];
+    words.extend(session_words(session));
+    if let Some(agent) = agent {
+        words.extend(agent.words());
+    }
+    words.join(" ")
+}
+
+/// How a tool call waiting for approval is decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Decision {
+    Approve,
+    Reject,
+}
+
+/// `turnstile approve REQUEST CALL --revision N …` (or `reject … --reason
+/// '…'`, the reason left for the user to write), with the agent's options
+/// when they are known, so the command it prints next pastes too.
+pub(super) fn decide_command(
+    decision: Decision,
+    request: RequestId,
+    call_id: &str,
+    revision: Revision,
+    session: &SessionArgs,
+    agent: Option<&AgentFlags<'_>>,
+) -> String {
+    let verb = match decision {
+        Decision::Approve => "approve",
+        Decision::Reject => "reject",
+    };
+    let mut words = vec!["turnstile".to_owned(), verb.into(), request.to_string()];
+    // A call id that looks like an option goes last, after `--`.
+    let hyphen = call_id.starts_with('-');
+    if !hyphen {
+        words.push(quote(call_id));
+    }
+    words.extend(["--revision".into(), revision.to_string()]);
+    if decision == Decision::Reject {
+        words.extend(["--reason".into(), quote("…")]);
+    }
+    words.extend(session_words(session));
+    if let Some(agent) = agent {
+        words.extend(agent.words());
+    }
+    if hyphen {
+        words.extend(["--".into(), quote(call_id)]);
+    }
+    words.join(" ")
+}
+
+/// `--db … --conversation …` and the session options given.
+fn session_words(session: &SessionArgs) -> Vec<String> {
+    let mut words = vec![
+        "--db".to_owned(),
         // A URL without its password: PGPASSWORD or ~/.pgpass supply it.
         quote(&session.db.to_string()),
         "--conversation".into(),
@@ -78,33 +184,23 @@ fn resumable(
             quote(&humantime::format_duration(wait).to_string()),
         ]);
     }
-    let spec = match &model.model {
-        ModelSpec::Scripted(path) => format!("scripted:{}", path.display()),
-        ModelSpec::OpenAi(name) => format!("openai:{name}"),
-    };
-    words.extend(["--model".into(), quote(&spec)]);
-    if let Some(url) = &model.base_url {
-        words.extend(["--base-url".into(), quote(&turnstile::redacted_url(url))]);
-    }
-    if let Some(var) = &model.api_key_env {
-        words.extend(["--api-key-env".into(), quote(var)]);
-    }
-    CliError::Stopped {
-        source,
-        resume: words.join(" "),
-    }
+    words
 }
 
 /// A shell word that pastes and runs: as it is when it is plain,
 /// single-quoted when it has spaces or shell characters, and ANSI-C quoted
-/// (`$'…'`, bash and zsh) when it has control or reordering characters, so
-/// that a path with a newline, a tab or a bidi mark still fits the
-/// one-line error, which shows such characters escaped.
-fn quote(word: &str) -> String {
+/// (`$'…'`, bash and zsh) when it has line breaks, control or reordering
+/// characters, so that a path with a newline, a tab or a bidi mark still
+/// fits the one-line error (or a printed command line), which shows such
+/// characters escaped.
+pub(super) fn quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         word.to_owned()
-    } else if word.chars().any(output::unsafe_for_terminal) {
+    } else if word
+        .chars()
+        .any(|c| c == '\n' || output::unsafe_for_terminal(c))
+    {
         let mut quoted = String::from("$'");
         for c in word.chars() {
             match c {
@@ -125,5 +221,71 @@ fn quote(word: &str) -> String {
         quoted
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile::ids::ConversationId;
+
+    fn session() -> SessionArgs {
+        SessionArgs {
+            db: super::super::DbLocation::File("my db.sqlite".into()),
+            conversation: ConversationId::new(),
+            namespace: turnstile::ids::Namespace::new("default").unwrap(),
+            max_db_bytes: None,
+            busy_timeout: None,
+        }
+    }
+
+    #[test]
+    fn line_breaks_are_ansi_c_quoted_so_a_command_stays_on_one_line() {
+        assert_eq!(quote("c1"), "c1");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("a\nb"), r"$'a\nb'");
+        assert_eq!(quote("it's\x1b"), r"$'it\'s\x1b'");
+    }
+
+    #[test]
+    fn decide_commands_carry_the_agent_and_put_an_option_like_call_id_last() {
+        let session = session();
+        let request = RequestId::new();
+        let model = ModelSpec::Scripted("s.json".into());
+        let tools = ["add".to_owned(), "clock".to_owned()];
+        let agent = AgentFlags {
+            model: &model,
+            base_url: None,
+            api_key_env: None,
+            require_approval: &tools,
+        };
+        let approve = decide_command(
+            Decision::Approve,
+            request,
+            "c1",
+            Revision(4),
+            &session,
+            Some(&agent),
+        );
+        assert_eq!(
+            approve,
+            format!(
+                "turnstile approve {request} c1 --revision 4 --db 'my db.sqlite' \
+                 --conversation {} --model scripted:s.json --require-approval add,clock",
+                session.conversation
+            )
+        );
+        let reject = decide_command(Decision::Reject, request, "-x", Revision(4), &session, None);
+        assert!(
+            reject.contains(" --revision 4 --reason '…' --db "),
+            "{reject}"
+        );
+        assert!(reject.ends_with(" -- -x"), "{reject}");
+        let resume = resume_command(RunId::new(), Revision(5), &session, None);
+        assert!(
+            resume.contains(" --revision 5 --db 'my db.sqlite' "),
+            "{resume}"
+        );
+        assert!(!resume.contains("--model"), "{resume}");
     }
 }

@@ -7,6 +7,7 @@
 //! prints them as one `error: …` line on stderr with the exit code of
 //! [`CliError::exit_code`] (see [`exit`] for the table).
 
+mod approvals;
 mod bench;
 mod db;
 mod demo;
@@ -26,6 +27,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use approvals::{ApprovalsArgs, ApproveArgs, RejectArgs};
 pub use bench::BenchArgs;
 pub use db::DbLocation;
 pub use demo::{DemoArgs, WorkerArgs};
@@ -42,7 +44,7 @@ use turnstile::ids::{ConversationId, Namespace, Revision};
 #[command(
     after_help = "Exit codes: 0 success, 1 failure, 2 usage or mismatch, 3 busy, \
                         4 not found, 5 fenced, conflict or ambiguous checkpoint, \
-                        7 doctor cannot open the database.\n\
+                        6 awaiting approval, 7 doctor cannot open the database.\n\
                         Logging: RUST_LOG (default warn), on stderr."
 )]
 pub struct Cli {
@@ -67,6 +69,17 @@ pub enum Command {
     Recover(RecoverArgs),
     /// Release a request's admission without committing; its id is burned.
     Abandon(AbandonArgs),
+    /// List the tool calls that wait for a human's approval (oldest first),
+    /// with the commands that decide them.
+    Approvals(ApprovalsArgs),
+    /// Approve a tool call that waits for approval: the run that continues
+    /// the request executes it. Prints the new revision and the next
+    /// command.
+    Approve(ApproveArgs),
+    /// Reject a tool call that waits for approval: it never runs, and the
+    /// model is given the reason. Prints the new revision and the next
+    /// command.
+    Reject(RejectArgs),
     /// List conversations, requests or runs (newest first), or only what
     /// stuck admissions hold.
     Ls(LsArgs),
@@ -160,6 +173,9 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Resume(args) => session_cmds::resume(args, out, style, json).await,
             Command::Recover(args) => session_cmds::recover(args, out, style, json).await,
             Command::Abandon(args) => session_cmds::abandon(args, out, style, json).await,
+            Command::Approvals(args) => approvals::list(args, out, style, json).await,
+            Command::Approve(args) => approvals::approve(args, out, style, json).await,
+            Command::Reject(args) => approvals::reject(args, out, style, json).await,
             Command::Ls(args) => ops::ls(args, out, style, json).await,
             Command::Show(args) => ops::show(args, out, style, json).await,
             Command::Checkpoints(args) => ops::checkpoints(args, out, style, json).await,

@@ -51,6 +51,17 @@ impl Progress {
                 }
                 self.line(out, &text)
             }
+            Event::AgentChanged { from, to, .. } => {
+                let short = |f: &str| f.chars().take(12).collect::<String>();
+                self.line(
+                    out,
+                    &s.yellow(&format!(
+                        "the agent changed: {} → {} (upgrade accepted)",
+                        clip(&short(from), 12),
+                        clip(&short(to), 12)
+                    )),
+                )
+            }
             Event::TurnStarted { turn } => {
                 if s.terminal {
                     self.transient_line(
@@ -128,6 +139,21 @@ impl Progress {
                 };
                 self.line(out, &format!("    {mark} {text}"))
             }
+            Event::ApprovalRequested {
+                call_id,
+                tool,
+                arguments,
+                ..
+            } => self.line(
+                out,
+                &format!(
+                    "    {} {} {} · awaits approval (call {})",
+                    s.yellow("?"),
+                    clip(tool, 60),
+                    clip(arguments, 60),
+                    clip(call_id, 60)
+                ),
+            ),
             Event::CheckpointSaved { turn, revision } => self.line(
                 out,
                 &s.dim(&format!(
@@ -184,14 +210,14 @@ impl Progress {
 }
 
 fn tool_line(name: &str, arguments: &str, content: &str, is_error: bool) -> String {
-    let name = clip(name, 60);
+    // A call that never started (a rejected one) has no arguments here.
+    let call = match arguments.is_empty() {
+        true => clip(name, 60),
+        false => format!("{} {}", clip(name, 60), clip(arguments, 60)),
+    };
     match is_error {
-        false => format!("{name} {} → {}", clip(arguments, 60), clip(content, 40)),
-        true => format!(
-            "{name} {} → error: {}",
-            clip(arguments, 60),
-            clip(content, 60)
-        ),
+        false => format!("{call} → {}", clip(content, 40)),
+        true => format!("{call} → error: {}", clip(content, 60)),
     }
 }
 
@@ -246,6 +272,14 @@ mod tests {
                 is_error: true,
                 reused: false,
             },
+            Event::ApprovalRequested {
+                request_id: turnstile::ids::RequestId::new(),
+                run_id: turnstile::ids::RunId::new(),
+                call_id: "c3".into(),
+                tool: "clock".into(),
+                arguments: "{}".into(),
+                revision: Revision(4),
+            },
             Event::CheckpointSaved {
                 turn: 1,
                 revision: Revision(4),
@@ -261,6 +295,7 @@ mod tests {
                 "  turn 1 · write-ahead checkpoint saved, calling the model",
                 r#"      ✓ add {"a":1,"b":2} → 3"#,
                 r#"      ✗ nope {} → error: unknown tool "nope""#,
+                "      ? clock {} · awaits approval (call c3)",
                 "      checkpoint saved · turn 1 · revision 4",
             ]
         );

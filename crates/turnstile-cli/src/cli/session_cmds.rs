@@ -1,4 +1,6 @@
 //! `run`, `resume`, `recover` and `abandon`: the session API from a shell.
+//! A run that stops to wait for approval of tool calls exits 6 (see
+//! [`super::approvals`]).
 //!
 //! Every argument, the script and the input are checked before the database
 //! is opened, so bad input writes nothing (not even a new database file).
@@ -11,15 +13,16 @@ use clap::Args;
 use futures_util::StreamExt;
 use serde::Serialize;
 
+use super::approvals::{report_awaiting, ApprovalArgs};
 use super::db::DbLocation;
 use super::exit::CliError;
-use super::hint::with_hint;
+use super::hint::{with_hint, AgentFlags};
 use super::interrupt::Interrupt;
 use super::model::{self, ModelArgs};
 use super::output::{self, Style};
 use super::progress::Progress;
 use super::{parse_revision, tools, SessionArgs};
-use turnstile::agent::{Agent, Model, RunContext, ScriptedModel};
+use turnstile::agent::{Agent, AgentUpgrade, Model, RunContext, ScriptedModel};
 use turnstile::events::Event;
 use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;
@@ -43,6 +46,8 @@ pub struct RunArgs {
     pub request: Option<RequestId>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub approval: ApprovalArgs,
     /// The user input. Read from stdin when absent (trailing newlines
     /// dropped).
     #[arg(value_name = "INPUT")]
@@ -60,10 +65,16 @@ pub struct ResumeArgs {
     /// Re-run a turn that was in flight (journaled tool results are reused).
     #[arg(long)]
     pub retry_interrupted: bool,
+    /// Continue even if the request was run with another agent (model,
+    /// tools, approval rules): the run records both agent fingerprints.
+    #[arg(long)]
+    pub accept_agent_change: bool,
     #[command(flatten)]
     pub session: SessionArgs,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub approval: ApprovalArgs,
 }
 
 #[derive(Args, Debug)]
@@ -77,10 +88,16 @@ pub struct RecoverArgs {
     /// Re-run a turn that was in flight (journaled tool results are reused).
     #[arg(long)]
     pub retry_interrupted: bool,
+    /// Continue even if the request was run with another agent (model,
+    /// tools, approval rules): the run records both agent fingerprints.
+    #[arg(long)]
+    pub accept_agent_change: bool,
     #[command(flatten)]
     pub session: SessionArgs,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub approval: ApprovalArgs,
     /// The request's input, exactly as first given. Read from stdin when
     /// absent (trailing newlines dropped).
     #[arg(value_name = "INPUT")]
@@ -101,9 +118,20 @@ pub struct AbandonArgs {
 
 /// The command-line agent: `model`, the real tools and [`SYSTEM_PROMPT`].
 pub(super) fn agent(model: Arc<dyn Model>) -> Agent {
+    agent_requiring(model, &[])
+}
+
+/// The command-line agent whose calls of the tools named in `approval`
+/// wait for a human's approval.
+pub(super) fn agent_requiring(model: Arc<dyn Model>, approval: &[String]) -> Agent {
     tools::toolbox()
         .into_iter()
-        .fold(Agent::new(model), Agent::with_tool)
+        .fold(Agent::new(model), |agent, tool| {
+            match approval.contains(&tool.spec().name) {
+                true => agent.with_tool_requiring_approval(tool),
+                false => agent.with_tool(tool),
+            }
+        })
         .with_system_prompt(SYSTEM_PROMPT)
 }
 
@@ -232,9 +260,14 @@ fn read_input(arg: Option<String>) -> Result<String, CliError> {
     Ok(input)
 }
 
-fn session(args: &SessionArgs, store: Arc<dyn StoreAdmin>, model: Arc<dyn Model>) -> AgentSession {
+pub(super) fn session(
+    args: &SessionArgs,
+    store: Arc<dyn StoreAdmin>,
+    model: Arc<dyn Model>,
+    approval: &[String],
+) -> AgentSession {
     AgentSession::new(
-        agent(model),
+        agent_requiring(model, approval),
         store,
         args.conversation,
         args.namespace.clone(),
@@ -256,6 +289,7 @@ pub(super) async fn run(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
+    let approval = args.approval.tools()?;
     let model = model::load(&args.model)?;
     let input = read_input(args.input)?;
     let generated = args.request.is_none();
@@ -276,7 +310,7 @@ pub(super) async fn run(
                 "request {request_id} (generated: pass --request {request_id} to retry it)"
             );
         }
-        let session = session(&args.session, store.clone(), model);
+        let session = session(&args.session, store.clone(), model, &approval);
         let events = session.stream(request_id, input, ctx);
         // With --json the output is the outcome alone.
         let mut quiet = std::io::sink();
@@ -284,7 +318,9 @@ pub(super) async fn run(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let outcome = with_hint(followed, &session, started, &args.session, &args.model)
+        let agent = AgentFlags::new(&args.model, &approval);
+        let followed = report_awaiting(followed, out, style, json, &args.session, &agent);
+        let outcome = with_hint(followed, &session, started, &args.session, &agent)
             .await
             .map_err(|e| match generated {
                 true => CliError::ForRequest {
@@ -313,12 +349,15 @@ pub(super) async fn resume(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
+    let approval = args.approval.tools()?;
     let what = TakeOver::Resume(args.run);
     let target = Target {
         session: &args.session,
         model: &args.model,
+        approval: &approval,
         revision: args.revision,
         retry_interrupted: args.retry_interrupted,
+        accept_agent_change: args.accept_agent_change,
     };
     take_over(target, what, out, style, json).await
 }
@@ -329,13 +368,16 @@ pub(super) async fn recover(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
+    let approval = args.approval.tools()?;
     let input = read_input(args.input)?;
     let what = TakeOver::Recover(args.request, input);
     let target = Target {
         session: &args.session,
         model: &args.model,
+        approval: &approval,
         revision: args.revision,
         retry_interrupted: args.retry_interrupted,
+        accept_agent_change: args.accept_agent_change,
     };
     take_over(target, what, out, style, json).await
 }
@@ -351,8 +393,11 @@ enum TakeOver {
 struct Target<'a> {
     session: &'a SessionArgs,
     model: &'a ModelArgs,
+    /// The tools whose calls need approval (checked).
+    approval: &'a [String],
     revision: Revision,
     retry_interrupted: bool,
+    accept_agent_change: bool,
 }
 
 /// Continues a request in a new run, with live progress and Ctrl-C.
@@ -366,9 +411,15 @@ async fn take_over(
     let model = model::load(target.model)?;
     let store = open_store(&target.session.db, Access::Write(target.session.limits())).await?;
     let result = async {
-        let session = session(target.session, store.clone(), model);
+        let session = session(target.session, store.clone(), model, target.approval);
         let interrupt = Interrupt::watch();
-        let ctx = RunContext::default().with_cancel(interrupt.token());
+        let upgrade = match target.accept_agent_change {
+            true => AgentUpgrade::Accept,
+            false => AgentUpgrade::Refuse,
+        };
+        let ctx = RunContext::default()
+            .with_cancel(interrupt.token())
+            .with_agent_upgrade(upgrade);
         let policy = policy(target.retry_interrupted);
         let events = match what {
             TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
@@ -382,7 +433,21 @@ async fn take_over(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let outcome = with_hint(followed, &session, started, target.session, target.model).await?;
+        let agent = AgentFlags::new(target.model, target.approval);
+        let followed = report_awaiting(followed, out, style, json, target.session, &agent);
+        let outcome = with_hint(followed, &session, started, target.session, &agent)
+            .await
+            .map_err(|e| match e {
+                CliError::Turnstile(source @ turnstile::Error::ConfigurationMismatch { .. }) => {
+                    CliError::Advised {
+                        source,
+                        advice: "resume and recover need the --model and --require-approval \
+                                 the request was run with (or --accept-agent-change to continue \
+                                 it with this agent)",
+                    }
+                }
+                e => e,
+            })?;
         show_outcome(
             out,
             style,
@@ -413,7 +478,7 @@ pub(super) async fn abandon(
     let store = open_store(&args.session.db, Access::Write(args.session.limits())).await?;
     // Abandoning calls no model: any agent will do.
     let idle: Arc<dyn Model> = Arc::new(ScriptedModel::new(Vec::new()));
-    let abandoned = session(&args.session, store.clone(), idle)
+    let abandoned = session(&args.session, store.clone(), idle, &[])
         .abandon(args.request, args.revision)
         .await;
     let revision = closed(&*store, abandoned.map_err(CliError::from)).await?;

@@ -107,6 +107,38 @@ pub fn run_and_kill_at(args: &[&str], marker: &str) -> Vec<String> {
     panic!("exited ({status}) before printing {marker:?}: {seen:#?}");
 }
 
+/// Runs a command line the CLI printed, through bash, as a user pasting it.
+pub fn pasted(line: &str) -> Run {
+    let binary = env!("CARGO_BIN_EXE_turnstile");
+    let line = line.trim();
+    assert!(line.starts_with("turnstile "), "{line}");
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(line.replacen("turnstile", &format!("'{binary}'"), 1))
+        .env_remove("RUST_LOG")
+        .env_remove("OPENAI_API_KEY")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+/// The one line of `run`'s stdout that starts (after its indent) with
+/// `prefix`.
+pub fn printed<'a>(run: &'a Run, prefix: &str) -> &'a str {
+    let lines: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(prefix))
+        .collect();
+    assert_eq!(lines.len(), 1, "one {prefix:?} line: {run:#?}");
+    lines[0]
+}
+
 pub fn uuid() -> String {
     ConversationId::new().to_string()
 }

@@ -219,7 +219,16 @@ pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Res
 #[derive(Serialize)]
 struct RunCheckpoints<'a> {
     run: &'a RunSummary,
+    /// Set when the run continued its request with another agent.
+    agent_change: Option<AgentChangeShown<'a>>,
     checkpoints: &'a [LoopCheckpoint],
+}
+
+/// The fingerprints of an accepted agent upgrade.
+#[derive(Serialize)]
+struct AgentChangeShown<'a> {
+    from: &'a str,
+    to: &'a str,
 }
 
 pub(in crate::cli) async fn checkpoints(
@@ -238,13 +247,24 @@ pub(in crate::cli) async fn checkpoints(
                 id: args.run.to_string(),
             })?;
         let rows = store.checkpoints(args.run).await?;
+        let record = store.run(args.run).await?;
+        let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         if json {
             let shown = RunCheckpoints {
                 run: &run,
+                agent_change: change.map(|c| AgentChangeShown {
+                    from: &c.from,
+                    to: &c.to,
+                }),
                 checkpoints: &rows,
             };
             return output::json(out, &shown);
         }
+        // Fingerprints are SHA-256 hex: their first 12 digits tell them apart.
+        let short = |f: &str| output::plain(&f.chars().take(12).collect::<String>()).into_owned();
+        let agent = change.map_or("-".into(), |c| {
+            format!("upgraded from {} to {}", short(&c.from), short(&c.to))
+        });
         let admission = match &run.held {
             Some(held) if held.stuck => {
                 style.red(&format!("holds revision {}, stuck", held.revision))
@@ -265,6 +285,7 @@ pub(in crate::cli) async fn checkpoints(
                     run.resumed_from.map_or("-".into(), |r| r.to_string()),
                 ),
                 ("admission", admission),
+                ("agent", agent),
                 (
                     "error",
                     run.error
