@@ -27,6 +27,10 @@ use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::store::{RequestStatus, RunStatus, Store};
 
+mod retention;
+
+pub use retention::{Retention, RetentionOutcome, RetentionPolicy, RetentionReport};
+
 /// The operations on a store, for people and scripts: every command of the
 /// `turnstile` tool works on a backend that implements it.
 ///
@@ -87,6 +91,22 @@ pub trait StoreAdmin: Store {
     /// [`Error::InvalidInput`] for `status: Some(Active)`; [`Error::Store`]
     /// if the database fails (batches already committed stay committed).
     async fn prune(&self, options: &PruneOptions) -> Result<PruneReport, Error>;
+
+    /// Applies a [`RetentionPolicy`]: idle conversations first, then
+    /// completed and abandoned requests, each as one [`StoreAdmin::prune`]
+    /// pass (batches of one write transaction each, active requests never
+    /// touched, what a replay needs kept). [`Retention::spawn`] runs it on
+    /// a timer.
+    ///
+    /// # Errors
+    /// As [`StoreAdmin::prune`]; the passes before a failing one stay done.
+    async fn apply_retention(&self, policy: &RetentionPolicy) -> Result<RetentionReport, Error> {
+        let mut passes = Vec::new();
+        for options in policy.passes() {
+            passes.push(self.prune(&options).await?);
+        }
+        Ok(RetentionReport { passes })
+    }
 
     /// Checks the open database without changing it: integrity, schema
     /// version, sizes, held and stuck admissions.
@@ -246,9 +266,16 @@ pub struct PruneOptions {
     /// `None`.
     pub status: Option<RequestStatus>,
     /// Also delete whole conversations that are idle (no active admission)
-    /// and whose last activity is older than `older_than`: transcript,
-    /// requests (their ids are forgotten: reusable) and everything else.
+    /// and whose last activity is older than `conversations_older_than`
+    /// (or `older_than`): transcript, requests (their ids are forgotten:
+    /// reusable) and everything else.
     pub include_transcripts: bool,
+    /// The idle age past which `include_transcripts` deletes a conversation;
+    /// `older_than` when `None`.
+    pub conversations_older_than: Option<Duration>,
+    /// The newest this many requests of each conversation are not pruned,
+    /// whatever their age (0: age alone decides).
+    pub keep_last_requests: u32,
     /// Count what would be deleted and delete nothing.
     pub dry_run: bool,
 }
@@ -261,8 +288,15 @@ impl PruneOptions {
             older_than,
             status: None,
             include_transcripts: false,
+            conversations_older_than: None,
+            keep_last_requests: 0,
             dry_run: false,
         }
+    }
+
+    /// The idle age of the conversations `include_transcripts` deletes.
+    pub fn conversation_age(&self) -> Duration {
+        self.conversations_older_than.unwrap_or(self.older_than)
     }
 }
 

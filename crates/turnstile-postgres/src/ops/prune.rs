@@ -42,6 +42,8 @@ pub(super) async fn prune(
         }
     };
     let cutoff = cutoff(options.older_than);
+    let idle_cutoff = super::cutoff(options.conversation_age());
+    let keep_last = i64::from(options.keep_last_requests);
     let database_bytes_before = table_bytes(&store.pool).await?;
     let mut deleted = TableCounts::default();
     // Conversations first: a request of a conversation deleted whole is not
@@ -50,7 +52,7 @@ pub(super) async fn prune(
         let mut after = Uuid::nil();
         loop {
             let mut tx = store.pool.begin().await.map_err(db("begin"))?;
-            let batch = prune_conversations(&mut tx, &mut after, cutoff, &mut deleted).await?;
+            let batch = prune_conversations(&mut tx, &mut after, idle_cutoff, &mut deleted).await?;
             finish(tx, options.dry_run).await?;
             if batch < BATCH {
                 break;
@@ -61,15 +63,13 @@ pub(super) async fn prune(
     let mut after = Uuid::nil();
     loop {
         let mut tx = store.pool.begin().await.map_err(db("begin"))?;
-        let batch = prune_requests(
-            &mut tx,
-            &mut after,
+        let selection = Selection {
             status,
             cutoff,
-            options.include_transcripts,
-            &mut deleted,
-        )
-        .await?;
+            keep_last,
+            idle_cutoff: options.include_transcripts.then_some(idle_cutoff),
+        };
+        let batch = prune_requests(&mut tx, &mut after, &selection, &mut deleted).await?;
         finish(tx, options.dry_run).await?;
         requests_examined += batch as u64;
         if batch < BATCH {
@@ -133,14 +133,24 @@ fn count(value: Option<i64>) -> u64 {
     value.and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
 }
 
+/// Which finished requests a prune pass takes.
+struct Selection<'a> {
+    status: Option<&'a str>,
+    /// Finished before this (Unix ms).
+    cutoff: i64,
+    /// Spare the newest this many requests of each conversation.
+    keep_last: i64,
+    /// Skip the requests of conversations idle since before this: the
+    /// conversations pass deleted (or counted) them whole.
+    idle_cutoff: Option<i64>,
+}
+
 /// One batch of finished requests after the key `after` (which moves to
 /// the batch's last key). Returns the batch size.
 async fn prune_requests(
     conn: &mut PgConnection,
     after: &mut Uuid,
-    status: Option<&str>,
-    cutoff: i64,
-    skip_idle_conversations: bool,
+    selection: &Selection<'_>,
     deleted: &mut TableCounts,
 ) -> Result<i64, Error> {
     // With `include_transcripts`, requests of conversations old enough to
@@ -151,15 +161,20 @@ async fn prune_requests(
          JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
          WHERE k.request_id > $1 AND r.status IN ('completed', 'abandoned')
            AND ($2::text IS NULL OR r.status = $2) AND r.completed_at < $3
-           AND NOT ($4 AND EXISTS (SELECT 1 FROM admissions a
+           AND NOT ($4::bigint IS NOT NULL AND EXISTS (SELECT 1 FROM admissions a
                         WHERE a.conversation_id = r.conversation_id
-                          AND a.active_request_id IS NULL AND a.updated_at < $3))
+                          AND a.active_request_id IS NULL AND a.updated_at < $4))
+           AND ($6::bigint = 0 OR (SELECT COUNT(*) FROM requests n
+                           WHERE n.conversation_id = r.conversation_id
+                             AND (n.created_at, n.request_id) > (r.created_at, r.request_id))
+                          >= $6::bigint)
          ORDER BY k.request_id LIMIT $5",
         *after,
-        status,
-        cutoff,
-        skip_idle_conversations,
-        BATCH
+        selection.status,
+        selection.cutoff,
+        selection.idle_cutoff,
+        BATCH,
+        selection.keep_last
     )
     .fetch_all(&mut *conn)
     .await

@@ -54,13 +54,22 @@ pub(super) async fn prune(
         }
     };
     let cutoff = cutoff(options.older_than);
+    let idle_cutoff = super::cutoff(options.conversation_age());
+    let keep_last = i64::from(options.keep_last_requests);
     let (database_bytes_before, wal_bytes_before) = store_file_sizes(store);
     let mut deleted = TableCounts::default();
     // Conversations first: a request of a conversation deleted whole is
     // not counted twice (in a dry run, nothing is deleted in between).
     if options.include_transcripts {
         let mut after = Vec::new();
-        while prune_conversations(store, &mut after, cutoff, options.dry_run, &mut deleted).await?
+        while prune_conversations(
+            store,
+            &mut after,
+            idle_cutoff,
+            options.dry_run,
+            &mut deleted,
+        )
+        .await?
             == BATCH
         {}
     }
@@ -70,9 +79,12 @@ pub(super) async fn prune(
         let batch = prune_requests(
             store,
             &mut after,
-            status,
-            cutoff,
-            options.include_transcripts,
+            Selection {
+                status,
+                cutoff,
+                keep_last,
+                idle_cutoff: options.include_transcripts.then_some(idle_cutoff),
+            },
             options.dry_run,
             &mut deleted,
         )
@@ -104,14 +116,24 @@ pub(super) async fn prune(
     })
 }
 
+/// Which finished requests a prune pass takes.
+struct Selection<'a> {
+    status: Option<&'a str>,
+    /// Finished before this (Unix ms).
+    cutoff: i64,
+    /// Spare the newest this many requests of each conversation.
+    keep_last: i64,
+    /// Skip the requests of conversations idle since before this: the
+    /// conversations pass deleted (or counted) them whole.
+    idle_cutoff: Option<i64>,
+}
+
 /// One batch of finished requests after the key `after` (which moves to
 /// the batch's last key). Returns the batch size.
 async fn prune_requests(
     store: &SqliteStore,
     after: &mut Vec<u8>,
-    status: Option<&str>,
-    cutoff: i64,
-    skip_idle_conversations: bool,
+    selection: Selection<'_>,
     dry_run: bool,
     deleted: &mut TableCounts,
 ) -> Result<i64, Error> {
@@ -127,15 +149,20 @@ async fn prune_requests(
         "SELECT r.request_id, r.status, r.committed_run_id FROM requests r
          WHERE r.request_id > ?1 AND r.status IN ('completed', 'abandoned')
            AND (?2 IS NULL OR r.status = ?2) AND r.completed_at < ?3
-           AND NOT (?4 AND EXISTS (SELECT 1 FROM admissions a
+           AND NOT (?4 IS NOT NULL AND EXISTS (SELECT 1 FROM admissions a
                         WHERE a.conversation_id = r.conversation_id
-                          AND a.active_request_id IS NULL AND a.updated_at < ?3))
+                          AND a.active_request_id IS NULL AND a.updated_at < ?4))
+           AND (?6 = 0 OR (SELECT COUNT(*) FROM requests n
+                           WHERE n.conversation_id = r.conversation_id
+                             AND (n.created_at, n.request_id) > (r.created_at, r.request_id))
+                          >= ?6)
          ORDER BY r.request_id LIMIT ?5",
         from,
-        status,
-        cutoff,
-        skip_idle_conversations,
-        BATCH
+        selection.status,
+        selection.cutoff,
+        selection.idle_cutoff,
+        BATCH,
+        selection.keep_last
     )
     .fetch_all(&mut *tx)
     .await

@@ -72,10 +72,7 @@ async fn shape(path: &Path) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
 }
 
 /// Every row of the tables and columns of `shape`, as SQL literals.
-async fn snapshot(
-    path: &Path,
-    shape: &[(String, Vec<String>)],
-) -> Result<Snapshot, sqlx::Error> {
+async fn snapshot(path: &Path, shape: &[(String, Vec<String>)]) -> Result<Snapshot, sqlx::Error> {
     let pool = crate::raw_pool(path).await?;
     let mut snapshot = Vec::new();
     for (table, columns) in shape {

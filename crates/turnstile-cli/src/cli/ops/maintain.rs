@@ -27,6 +27,8 @@ pub(in crate::cli) async fn prune(
                 PruneStatus::Abandoned => RequestStatus::Abandoned,
             }),
             include_transcripts: args.include_transcripts,
+            conversations_older_than: args.conversations_older_than,
+            keep_last_requests: args.keep_last,
             dry_run: args.dry_run,
         };
         let report = store.prune(&options).await?;

@@ -121,6 +121,13 @@ pub struct PruneArgs {
     /// transcripts, requests (their ids become unknown) and all.
     #[arg(long, conflicts_with = "status")]
     pub include_transcripts: bool,
+    /// With --include-transcripts: the idle age past which a conversation
+    /// goes whole (--older-than when absent).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "include_transcripts")]
+    pub conversations_older_than: Option<Duration>,
+    /// Spare the newest N requests of each conversation, whatever their age.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_last: u32,
 }
 
 #[derive(Args, Debug)]
