@@ -170,6 +170,17 @@ impl Scenario {
             .count()
     }
 
+    /// [`Scenario::stopped_and_killed`], then `d1` approved from this
+    /// process, whose store is closed again. Returns the new revision.
+    async fn approved_after_the_kill(&self) -> Revision {
+        let revision = self.stopped_and_killed().await;
+        let (store, session) = self.open().await;
+        let revision = session.approve(self.request, "d1", revision).await.unwrap();
+        drop(session);
+        store.close().await.unwrap();
+        revision
+    }
+
     /// A child runs the request to its stop for approval and is killed
     /// while it waits. Returns the revision a decision must name.
     async fn stopped_and_killed(&self) -> Revision {
@@ -270,14 +281,7 @@ async fn a_stop_for_approval_survives_the_kill_of_the_waiting_process() {
 async fn killed_after_the_approval_and_before_the_tool_the_call_runs_once() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = Scenario::new(dir.path());
-    let revision = scenario.stopped_and_killed().await;
-    let (store, session) = scenario.open().await;
-    let revision = session
-        .approve(scenario.request, "d1", revision)
-        .await
-        .unwrap();
-    drop(session);
-    drop(store);
+    let revision = scenario.approved_after_the_kill().await;
 
     // The continuing process dies right after it took the request over.
     scenario.run_child_and_kill("continue:started", revision, None, "STARTED");
@@ -307,14 +311,7 @@ async fn killed_after_the_approval_and_before_the_tool_the_call_runs_once() {
 async fn killed_after_the_approved_call_is_journaled_it_never_runs_again() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = Scenario::new(dir.path());
-    let revision = scenario.stopped_and_killed().await;
-    let (store, session) = scenario.open().await;
-    let revision = session
-        .approve(scenario.request, "d1", revision)
-        .await
-        .unwrap();
-    drop(session);
-    drop(store);
+    let revision = scenario.approved_after_the_kill().await;
 
     scenario.run_child_and_kill("continue:journaled", revision, None, "JOURNALED");
     assert_eq!(scenario.effects("d1"), 1);
@@ -356,14 +353,7 @@ async fn killed_after_the_approved_call_is_journaled_it_never_runs_again() {
 async fn killed_inside_the_approved_call_is_ambiguous_by_the_usual_rules() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = Scenario::new(dir.path());
-    let revision = scenario.stopped_and_killed().await;
-    let (store, session) = scenario.open().await;
-    let revision = session
-        .approve(scenario.request, "d1", revision)
-        .await
-        .unwrap();
-    drop(session);
-    drop(store);
+    let revision = scenario.approved_after_the_kill().await;
 
     scenario.run_child_and_kill("continue:in-tool", revision, None, "IN TOOL d1");
     let (store, session) = scenario.open().await;
