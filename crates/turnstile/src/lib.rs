@@ -93,9 +93,17 @@
 //!   the model sees; with [`AgentSession::with_summary_agent`], older entries
 //!   are summarized in batches before a request's first turn, at most
 //!   [`MaxPasses`] passes per request, kept across recoveries.
+//!   Human approval of tool calls: a tool added with
+//!   [`Agent::with_tool_requiring_approval`] (or named by an
+//!   [`ApprovalPolicy`]) stops the run with [`Error::AwaitingApproval`];
+//!   [`AgentSession::approve`] / [`AgentSession::reject`] decide each call
+//!   in the store and [`AgentSession::continue_after_approval`] goes on.
 //! - [`store`]: the [`Store`] contract and its records; [`admin`]: the
-//!   operations contract ([`StoreAdmin`]: listings, retention, health).
-//! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets.
+//!   operations contract ([`StoreAdmin`]: listings, retention with
+//!   [`admin::RetentionPolicy`] and [`admin::Retention`], health).
+//! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets,
+//!   [`RunContext`] (a wall-clock deadline stored with the request,
+//!   [`AgentUpgrade`] to continue a request with a changed agent).
 //!
 //! The revision compare-and-swap fences competing recoverers and a replaced
 //! owner's writes to the database. It cannot fence external services a
