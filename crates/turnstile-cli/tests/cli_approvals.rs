@@ -561,23 +561,37 @@ async fn an_upgraded_agent_continues_only_with_accept_agent_change_and_checkpoin
 
     resume.push("--accept-agent-change");
     let upgraded = turnstile(&resume);
-    upgraded.assert_success();
+    // The new agent would not ask, but a human was asked: the call waits.
+    assert_eq!(upgraded.code, 6, "{upgraded:#?}");
     assert!(
         upgraded.stdout.contains("the agent changed: "),
         "{upgraded:#?}"
     );
-    // The new agent needs no approval for `add`: it ran.
+    let new_run = upgraded
+        .stdout
+        .lines()
+        .find_map(|l| l.split("run ").nth(1)?.split(' ').next().map(str::to_owned))
+        .unwrap();
+    let calls = pending(&db);
+    let revision = calls[0]["revision"].to_string();
+    let mut approve = on("approve", &db, &conversation);
+    approve.extend([request.as_str(), "c1", "--revision", &revision]);
+    turnstile(&approve).assert_success();
+    // The request holds the new agent's fingerprint now: no flag needed.
+    let held = admission(&db, &conversation).await;
+    let (run_now, revision) = (
+        held.active.unwrap().run_id.to_string(),
+        held.revision.to_string(),
+    );
+    let mut finish = on("resume", &db, &conversation);
+    finish.extend([run_now.as_str(), "--revision", &revision, "--model", &model]);
+    turnstile(&finish).assert_success();
     let results: Vec<String> = tool_messages(&db, &conversation)
         .iter()
         .map(|m| m["content"].as_str().unwrap().to_owned())
         .collect();
     assert!(results.contains(&"5".to_owned()), "{results:?}");
 
-    let new_run = upgraded
-        .stdout
-        .lines()
-        .find_map(|l| l.split("run ").nth(1)?.split(' ').next().map(str::to_owned))
-        .unwrap();
     let shown = turnstile(&[
         "checkpoints",
         &new_run,

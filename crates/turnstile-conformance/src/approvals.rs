@@ -391,12 +391,14 @@ pub async fn pending_approvals_leave_out_answered_calls_and_released_requests(
         ApprovalStatus::Approved
     );
 
-    // Answered without a decision (an agent upgrade that needs none).
+    // Answered without a decision (the store does not judge the session's
+    // rules), then stopped.
     let (second, _) = stopped(&*store).await?;
     let owner = recover(&*store, &second).await?;
     store
         .record_tool_result(&owner, 1, "gated", &result)
         .await?;
+    store.fail_run(&owner, "stopped", None).await?;
     assert!(store
         .pending_approvals(Some(second.conversation_id))
         .await?
@@ -530,5 +532,53 @@ pub async fn prune_deletes_the_approvals_of_finished_requests(store: SharedAdmin
         1
     );
     assert!(store.request(fence.request_id).await?.is_some());
+    Ok(())
+}
+
+pub async fn a_decision_waits_while_a_run_of_the_request_goes_on(store: SharedStore) -> TestResult {
+    let (fence, _) = stopped(&*store).await?;
+    // Another run took the request over and is running: a decision now
+    // could fence it in the middle of a call decided before.
+    let owner = recover(&*store, &fence).await?;
+    let runs = [fence.run_id, owner.run_id];
+    let requests = [fence.request_id];
+    let before = Snapshot::take(&*store, fence.conversation_id, &requests, &runs, 1).await?;
+    match store
+        .decide_approval(&decision(&fence, owner.revision, Verdict::Approve))
+        .await
+    {
+        Err(Error::Busy {
+            request_id,
+            revision,
+            ..
+        }) => assert_eq!((request_id, revision), (fence.request_id, owner.revision)),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert_eq!(
+        Snapshot::take(&*store, fence.conversation_id, &requests, &runs, 1).await?,
+        before
+    );
+    assert_eq!(
+        store.approvals(fence.request_id, 1).await?[0].status,
+        ApprovalStatus::Awaiting
+    );
+
+    // The new run asks again: the call is listed under the run that holds
+    // the request now, and a decision goes through.
+    let settled = checkpoint(owner.run_id, 1, CheckpointPhase::ToolsPending, 1);
+    let pending = store
+        .await_approval(&owner, &settled, &["gated".to_owned()], REASON)
+        .await?;
+    assert_eq!(pending[0].run_id, owner.run_id);
+    let listed = store.pending_approvals(Some(fence.conversation_id)).await?;
+    assert_eq!(listed, pending);
+    assert_eq!(
+        store.approvals(fence.request_id, 1).await?[0].run_id,
+        fence.run_id,
+        "the approval row keeps the run that first asked"
+    );
+    store
+        .decide_approval(&decision(&fence, owner.revision, Verdict::Approve))
+        .await?;
     Ok(())
 }

@@ -51,6 +51,7 @@ pub(crate) async fn await_approval_in(
                    CROSS JOIN UNNEST($6::bytea[]) WITH ORDINALITY AS c(id, ord)
                    LEFT JOIN tool_calls t ON t.conversation_id = f.conversation_id
                        AND t.request_id = $4 AND t.turn = $5 AND t.call_id = c.id
+                       AND t.status = 'requested'
                ), awaiting AS (
                    INSERT INTO approvals (conversation_id, request_id, turn, position, run_id,
                        status, requested_at)
@@ -59,7 +60,7 @@ pub(crate) async fn await_approval_in(
                    ON CONFLICT DO NOTHING
                )
                SELECT q.id AS "call_id!", q.position AS "position?", q.name AS "name?",
-                      q.arguments, COALESCE(a.run_id, $3) AS "run_id!",
+                      q.arguments, $3::uuid AS "run_id!",
                       COALESCE(a.requested_at, $7) AS "requested_at!"
                FROM asked q
                LEFT JOIN approvals a ON a.conversation_id = $1 AND a.request_id = $4
@@ -194,7 +195,7 @@ pub(crate) async fn load_pending_approvals(
         Some(conversation) => {
             sqlx::query_as!(
                 PendingRow,
-                "SELECT a.conversation_id, a.request_id, a.run_id, a.turn, t.call_id, t.name,
+                r#"SELECT a.conversation_id, a.request_id, ad.run_id AS "run_id!", a.turn, t.call_id, t.name,
                     t.arguments, ad.revision, a.requested_at
              FROM approvals a
              JOIN admissions ad ON ad.conversation_id = a.conversation_id
@@ -202,7 +203,7 @@ pub(crate) async fn load_pending_approvals(
              JOIN tool_calls t ON t.conversation_id = a.conversation_id
                  AND t.request_id = a.request_id AND t.turn = a.turn AND t.position = a.position
              WHERE a.conversation_id = $1 AND a.status = 'awaiting' AND t.status = 'requested'
-             ORDER BY a.requested_at, a.request_id, a.turn, a.position",
+             ORDER BY a.requested_at, a.request_id, a.turn, a.position"#,
                 conversation.as_uuid()
             )
             .fetch_all(&mut *conn)
@@ -211,7 +212,7 @@ pub(crate) async fn load_pending_approvals(
         None => {
             sqlx::query_as!(
                 PendingRow,
-                "SELECT a.conversation_id, a.request_id, a.run_id, a.turn, t.call_id, t.name,
+                r#"SELECT a.conversation_id, a.request_id, ad.run_id AS "run_id!", a.turn, t.call_id, t.name,
                     t.arguments, ad.revision, a.requested_at
              FROM approvals a
              JOIN admissions ad ON ad.conversation_id = a.conversation_id
@@ -219,7 +220,7 @@ pub(crate) async fn load_pending_approvals(
              JOIN tool_calls t ON t.conversation_id = a.conversation_id
                  AND t.request_id = a.request_id AND t.turn = a.turn AND t.position = a.position
              WHERE a.status = 'awaiting' AND t.status = 'requested'
-             ORDER BY a.requested_at, a.request_id, a.turn, a.position"
+             ORDER BY a.requested_at, a.request_id, a.turn, a.position"#
             )
             .fetch_all(&mut *conn)
             .await
@@ -250,7 +251,8 @@ pub(crate) async fn load_pending_approvals(
 
 /// The decision as one statement: the admission's compare-and-swap, only
 /// while the call awaits a decision (its latest turn's awaiting row, its
-/// result not journaled), and the row decided by `token` (one per call, the
+/// result not journaled) and the request's run has stopped (a decision must
+/// not fence a run that is executing the calls decided before it), and the row decided by `token` (one per call, the
 /// same for all its attempts) with the revision it produced. A refusal
 /// writes nothing and is explained by a fresh read of the admission.
 pub(crate) async fn decide_approval(
@@ -278,6 +280,8 @@ pub(crate) async fn decide_approval(
                UPDATE admissions SET revision = revision + 1, updated_at = $4
                WHERE conversation_id = $1 AND active_request_id = $2 AND revision = $5
                  AND EXISTS (SELECT 1 FROM target)
+                 AND EXISTS (SELECT 1 FROM runs r WHERE r.conversation_id = $1
+                             AND r.run_id = admissions.run_id AND r.status = 'failed')
                RETURNING revision
            ), decided AS (
                UPDATE approvals a SET status = $6, reason = $7, decided_at = $4,
@@ -325,7 +329,19 @@ pub(crate) async fn decide_approval(
         }
     }
     match super::admission::load_admission(conn, decision.conversation_id).await {
-        Ok(admission) => Err(decision_refusal(admission, decision)),
+        Ok(admission) => {
+            let run = admission.active.as_ref().map(|a| a.run_id.as_uuid());
+            let stopped = sqlx::query_scalar!(
+                r#"SELECT EXISTS (SELECT 1 FROM runs WHERE conversation_id = $1 AND run_id = $2
+                                  AND status = 'failed') AS "stopped!""#,
+                conversation,
+                run
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("read the owning run's status"))?;
+            Err(decision_refusal(admission, stopped, decision))
+        }
         // No conversation: the request holds no admission there.
         Err(Error::NotFound { .. }) => Err(Error::NotActive {
             request_id: decision.request_id,

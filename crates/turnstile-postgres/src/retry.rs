@@ -112,6 +112,9 @@ macro_rules! autocommit {
     };
 }
 
+/// How long a retry's ping of a pooled connection may take.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A pooled connection. For a retry it is pinged first, and one that
 /// fails the ping is closed and another taken: whatever ended the failed
 /// attempt's connection (a restart, a terminator) has likely ended the idle
@@ -132,12 +135,13 @@ pub(crate) async fn acquire(
     if !retry {
         return acquire().await;
     }
-    // Every pooled connection may be dead, plus one newly opened.
+    // Every pooled connection may be dead, plus one newly opened. A ping
+    // that hangs (a half-open connection) counts as dead.
     for _ in 0..=pool.size() {
         let mut pooled = acquire().await?;
-        match pooled.ping().await {
-            Ok(()) => return Ok(pooled),
-            Err(_) => pooled.close_on_drop(),
+        match tokio::time::timeout(PING_TIMEOUT, pooled.ping()).await {
+            Ok(Ok(())) => return Ok(pooled),
+            _ => pooled.close_on_drop(),
         }
     }
     acquire().await

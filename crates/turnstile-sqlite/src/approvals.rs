@@ -84,14 +84,19 @@ pub(super) async fn decide_approval_in(
     };
     let status = status.as_str();
     let now = now_ms();
+    // Only while the request's run has stopped (`failed`): a decision must
+    // not fence a run that is executing the calls decided before it.
     let decided = sqlx::query!(
         "UPDATE approvals SET status = ?1, reason = ?2, decided_at = ?3
          WHERE request_id = ?4 AND call_id = ?5 AND status = 'awaiting'
+           AND turn = (SELECT MAX(turn) FROM approvals
+                       WHERE request_id = ?4 AND call_id = ?5 AND status = 'awaiting')
            AND EXISTS (SELECT 1 FROM tool_calls t
                        WHERE t.request_id = approvals.request_id AND t.turn = approvals.turn
                          AND t.call_id = approvals.call_id AND t.status = 'requested')
-           AND EXISTS (SELECT 1 FROM admissions
-                       WHERE conversation_id = ?6 AND active_request_id = ?4 AND revision = ?7)",
+           AND EXISTS (SELECT 1 FROM admissions a JOIN runs r ON r.run_id = a.run_id
+                       WHERE a.conversation_id = ?6 AND a.active_request_id = ?4
+                         AND a.revision = ?7 AND r.status = 'failed')",
         status,
         reason,
         now,
@@ -104,8 +109,24 @@ pub(super) async fn decide_approval_in(
     .await
     .map_err(db("decide approval"))?;
     if decided.rows_affected() == 0 {
-        let admission = load_admission(&mut *conn, decision.conversation_id).await?;
-        return Err(decision_refusal(admission, decision));
+        let admission = match load_admission(&mut *conn, decision.conversation_id).await {
+            Err(Error::NotFound { .. }) => {
+                return Err(Error::NotActive {
+                    request_id: decision.request_id,
+                })
+            }
+            other => other?,
+        };
+        let run = admission.active.as_ref().map(|a| a.run_id.as_uuid());
+        let stopped = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1 AND status = 'failed')
+                   AS "stopped!: bool""#,
+            run
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read the owning run's status"))?;
+        return Err(decision_refusal(admission, stopped, decision));
     }
     let revision = sqlx::query_scalar!(
         "UPDATE admissions SET revision = revision + 1, updated_at = ?1
@@ -127,8 +148,11 @@ pub(super) async fn load_approvals(
     let request = request_id.as_uuid();
     let turn = i64::from(turn);
     let rows = sqlx::query!(
-        "SELECT turn, call_id, run_id, status, reason, requested_at, decided_at FROM approvals
-         WHERE request_id = ?1 AND turn = ?2 ORDER BY requested_at, call_id",
+        "SELECT a.turn, a.call_id, a.run_id, a.status, a.reason, a.requested_at, a.decided_at
+         FROM approvals a
+         LEFT JOIN tool_calls t ON t.request_id = a.request_id AND t.turn = a.turn
+             AND t.call_id = a.call_id
+         WHERE a.request_id = ?1 AND a.turn = ?2 ORDER BY a.requested_at, t.position",
         request,
         turn
     )
@@ -175,7 +199,7 @@ async fn pending(
     let conversation = conversation_id.map(|c| c.as_uuid());
     let request = request_id.map(|r| r.as_uuid());
     let rows = sqlx::query!(
-        r#"SELECT d.conversation_id, a.request_id, a.run_id, a.turn, a.call_id,
+        r#"SELECT d.conversation_id, a.request_id, d.run_id AS "run_id!", a.turn, a.call_id,
                   t.name, t.arguments, d.revision, a.requested_at
            FROM approvals a
            JOIN tool_calls t ON t.request_id = a.request_id AND t.turn = a.turn

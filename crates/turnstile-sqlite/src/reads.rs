@@ -48,16 +48,12 @@ pub(super) async fn load_run(
         error: row.error,
         started_at: row.started_at,
         ended_at: row.ended_at,
-        agent_change: agent_change(row.replaced_fingerprint, row.agent_fingerprint),
+        agent_change: match (row.replaced_fingerprint, row.agent_fingerprint) {
+            (Some(from), Some(to)) => Some(AgentChange { from, to }),
+            (None, None) => None,
+            _ => return Err(key.corrupt("one of the two fingerprints of an agent change")),
+        },
     }))
-}
-
-/// The agent change a run row records: both fingerprints, or none.
-fn agent_change(from: Option<String>, to: Option<String>) -> Option<AgentChange> {
-    Some(AgentChange {
-        from: from?,
-        to: to?,
-    })
 }
 
 pub(super) async fn load_transcript_window(

@@ -414,18 +414,17 @@ async fn a_policy_on_arguments_gates_only_the_calls_it_names() {
 }
 
 #[tokio::test]
-async fn an_agent_without_approvals_keeps_its_fingerprint() {
-    // Requests held before approvals existed still resume: the fingerprint
-    // of an agent without approval rules is what it was (pinned).
-    let agent = Agent::new(scripted(Vec::new()));
-    assert_eq!(
-        agent.fingerprint(),
-        Agent::new(scripted(Vec::new())).fingerprint()
-    );
+async fn approval_rules_are_part_of_the_agent_fingerprint() {
+    // (That an agent without rules keeps the fingerprint it had before
+    // approvals existed is proved by `durability::compat`, which resumes a
+    // request held by the old code.)
     let gated =
         Agent::new(scripted(Vec::new())).with_tool_requiring_approval(CountingTool::new("deploy"));
     let plain = Agent::new(scripted(Vec::new())).with_tool(CountingTool::new("deploy"));
+    let also_gated =
+        Agent::new(scripted(Vec::new())).with_tool_requiring_approval(CountingTool::new("deploy"));
     assert_ne!(gated.fingerprint(), plain.fingerprint());
+    assert_eq!(gated.fingerprint(), also_gated.fingerprint());
 }
 
 #[tokio::test]
@@ -483,18 +482,96 @@ async fn an_upgraded_agent_is_refused_by_default_and_recorded_when_accepted() {
     });
     let (run_id, from, to) = changed.expect("AgentChanged event");
     assert_eq!((from.as_str(), to.as_str()), (old.as_str(), new.as_str()));
-    let committed = match events.last() {
-        Some(Ok(Event::ConversationCommitted { outcome, .. })) => outcome.clone(),
-        other => panic!("expected the commit, got {other:?}"),
-    };
-    assert_eq!(committed.final_text.as_str(), "deployed v2");
-    assert_eq!(
-        setup.deploy.calls(),
-        1,
-        "no approval is needed by the new agent"
-    );
     let run = setup.store.run(run_id).await.unwrap().unwrap();
-    assert_eq!(run.agent_change, Some(AgentChange { from: old, to: new }));
+    assert_eq!(
+        run.agent_change,
+        Some(AgentChange {
+            from: old,
+            to: new.clone()
+        })
+    );
+    // The new agent needs no approval for `deploy`, but a human was asked:
+    // the call waits for the answer all the same.
+    let revision = match events.last() {
+        Some(Err(Error::AwaitingApproval { revision, .. })) => *revision,
+        other => panic!("expected AwaitingApproval, got {other:?}"),
+    };
+    assert_eq!(setup.deploy.calls(), 0);
+    let revision = upgraded.approve(request, "d1", revision).await.unwrap();
+    let outcome = upgraded
+        .continue_after_approval(request, RunContext::default(), revision)
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text.as_str(), "deployed v2");
+    assert_eq!(setup.deploy.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_rejected_call_stays_rejected_under_an_agent_that_would_not_ask() {
+    let setup = Setup::new().await;
+    let session = setup.session();
+    let request = RequestId::new();
+    let (_, revision, _) = awaiting(expect_err(
+        session.run(request, "ship it", RunContext::default()).await,
+    ));
+    let revision = session.reject(request, "d1", revision, "no").await.unwrap();
+    // Continued by an agent without the approval rule (accepted upgrade).
+    let script = vec![
+        text_reply("unused", usage(0, 0)),
+        text_reply("not deployed", usage(5, 5)),
+    ];
+    let agent = Agent::new(scripted(script))
+        .with_tool(setup.deploy.clone())
+        .with_tool(setup.lookup.clone());
+    let upgraded = common::session(agent, &setup.store, setup.conversation);
+    let ctx = RunContext::default().with_agent_upgrade(AgentUpgrade::Accept);
+    let outcome = upgraded
+        .continue_after_approval(request, ctx, revision)
+        .await
+        .unwrap();
+    assert_eq!(setup.deploy.calls(), 0, "a rejected call never runs");
+    assert!(tool_results(&outcome.messages).contains(&(
+        "d1".to_owned(),
+        "not run: the tool call was rejected by the approver: no".to_owned(),
+        true
+    )));
+}
+
+#[tokio::test]
+async fn asking_again_leaves_the_turn_settled() {
+    let setup = Setup::new().await;
+    let session = setup.session();
+    let request = RequestId::new();
+    let (_, revision, pending) = awaiting(expect_err(
+        session.run(request, "ship it", RunContext::default()).await,
+    ));
+    let error = expect_err(
+        session
+            .resume_run(
+                pending[0].run_id,
+                RunContext::default(),
+                revision,
+                ResumePolicy::RejectAmbiguous,
+            )
+            .await,
+    );
+    let (_, _, again) = awaiting(error);
+    let asking = again[0].run_id;
+    assert_ne!(
+        asking, pending[0].run_id,
+        "listed under the run that holds it now"
+    );
+    // The run that only asked never marked the round in flight: a crash
+    // while it asked leaves nothing ambiguous.
+    let phases: Vec<_> = setup
+        .store
+        .checkpoints(asking)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.phase)
+        .collect();
+    assert_eq!(phases, [turnstile::CheckpointPhase::ToolsPending]);
 }
 
 #[tokio::test]

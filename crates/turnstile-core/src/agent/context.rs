@@ -81,7 +81,9 @@ impl RunContext {
     /// (a request's stored deadline, Unix milliseconds). A wall-clock time
     /// is turned into an instant of this process once, here.
     pub(crate) fn with_deadlines(&self, stored: Option<i64>) -> RunContext {
-        let stored = stored.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+        // A time past what `SystemTime` holds on this platform is no deadline.
+        let stored =
+            stored.and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms.max(0) as u64)));
         let wall = [self.deadline_at, stored].into_iter().flatten().min();
         let mut ctx = self.clone();
         if let Some(wall) = wall {

@@ -45,7 +45,8 @@ pub struct ApprovalRecord {
 pub struct PendingApproval {
     pub conversation_id: ConversationId,
     pub request_id: RequestId,
-    /// The run that stopped to ask.
+    /// The run that holds the request now: the one to resume once the
+    /// calls are decided.
     pub run_id: RunId,
     pub turn: u32,
     pub call_id: String,

@@ -268,10 +268,15 @@ pub fn cas_refusal(
 }
 
 /// Why a decision on an approval matched no awaiting call, given the
-/// admission as it is now: `NotActive` (the request holds no admission),
-/// `Conflict` (the revision moved), or `NoPendingApproval` (the call awaits
-/// no decision).
-pub fn decision_refusal(admission: Admission, decision: &ApprovalDecision) -> Error {
+/// admission as it is now and whether its run has stopped: `NotActive` (the
+/// request holds no admission), `Conflict` (the revision moved), `Busy` (a
+/// run of the request is going on: decide once it stops), or
+/// `NoPendingApproval` (the call awaits no decision).
+pub fn decision_refusal(
+    admission: Admission,
+    owner_stopped: bool,
+    decision: &ApprovalDecision,
+) -> Error {
     let request_id = decision.request_id;
     match admission.active {
         Some(active) if active.request_id == request_id => {
@@ -280,6 +285,12 @@ pub fn decision_refusal(admission: Admission, decision: &ApprovalDecision) -> Er
                     conversation_id: admission.conversation_id,
                     expected: decision.expected_revision,
                     actual: admission.revision,
+                }
+            } else if !owner_stopped {
+                Error::Busy {
+                    conversation_id: admission.conversation_id,
+                    request_id,
+                    revision: admission.revision,
                 }
             } else {
                 Error::NoPendingApproval {

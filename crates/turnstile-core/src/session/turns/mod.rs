@@ -209,9 +209,12 @@ impl RunLoop<'_> {
                 return Err(self.budget_exceeded(BudgetKind::ToolCalls, used, limit));
             }
         }
-        self.back_in_flight().await?;
+        // A run that goes on from a settled stop marks the round in flight
+        // again only right before it runs a tool (`answer`): a run that
+        // only asks again for approval leaves the turn settled.
+        let resuming = self.reuse_journal;
         let mut journaled = self.journaled_results(turn).await?;
-        let decisions = self.decisions(turn, &calls, &journaled).await?;
+        let decisions = self.decisions(turn, &calls, &journaled, resuming).await?;
         let mut answered = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for (index, call) in calls.into_iter().enumerate() {
@@ -307,17 +310,21 @@ impl RunLoop<'_> {
                 "not run: more than {limit} tool calls in one turn"
             ))));
         }
-        if self.agent.requires_approval(&call.name, &call.arguments) {
-            let decision = decisions.get(&call.id);
-            match decision.map(|d| d.status) {
-                Some(ApprovalStatus::Approved) => {}
-                Some(ApprovalStatus::Rejected) => {
-                    let reason = decision.and_then(|d| d.reason.as_deref());
-                    return Ok(Some(error_result(rejection(reason))));
-                }
-                Some(ApprovalStatus::Awaiting) | None => return Ok(None),
+        // A stored decision binds whatever the agent's rules are now (an
+        // upgrade, a policy that answers otherwise): a rejected call never
+        // runs, and one a human was asked about waits for the answer.
+        let decision = decisions.get(&call.id);
+        match decision.map(|d| d.status) {
+            Some(ApprovalStatus::Approved) => {}
+            Some(ApprovalStatus::Rejected) => {
+                let reason = decision.and_then(|d| d.reason.as_deref());
+                return Ok(Some(error_result(rejection(reason))));
             }
+            Some(ApprovalStatus::Awaiting) => return Ok(None),
+            None if self.agent.requires_approval(&call.name, &call.arguments) => return Ok(None),
+            None => {}
         }
+        self.back_in_flight().await?;
         self.tool_started(call, turn).await;
         self.execute(call, turn).await.map(Some)
     }
@@ -333,19 +340,22 @@ impl RunLoop<'_> {
             .await;
     }
 
-    /// The approval decisions of the turn, read only when a call not
-    /// answered yet needs one.
+    /// The approval rows of the turn: read when the run goes on with a
+    /// round an earlier run may have asked about, or when a call not
+    /// answered yet needs approval.
     async fn decisions(
         &self,
         turn: u32,
         calls: &[ToolCall],
         journaled: &HashMap<String, ToolResult>,
+        resuming: bool,
     ) -> Result<HashMap<String, ApprovalRecord>, Error> {
-        let asks = calls.iter().any(|call| {
-            !journaled.contains_key(&call.id)
-                && self.agent.requires_approval(&call.name, &call.arguments)
-        });
-        if !asks {
+        let unanswered = calls.iter().filter(|c| !journaled.contains_key(&c.id));
+        let asks = resuming
+            || unanswered
+                .clone()
+                .any(|call| self.agent.requires_approval(&call.name, &call.arguments));
+        if !asks || unanswered.count() == 0 {
             return Ok(HashMap::new());
         }
         let approvals = self.store.approvals(self.fence.request_id, turn).await?;
