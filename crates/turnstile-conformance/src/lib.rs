@@ -18,7 +18,9 @@ pub mod admin;
 pub mod admission;
 pub mod approvals;
 pub mod concurrency;
+pub mod deletion;
 pub mod fencing;
+pub mod fork;
 pub mod lifecycle;
 pub mod logs;
 pub mod retention;
@@ -91,6 +93,14 @@ macro_rules! suite {
     retention_policy::keep_last_requests_spares_the_newest_requests_of_each_conversation,
     retention_policy::a_retention_policy_prunes_each_status_at_its_own_age_and_idle_conversations_whole,
     retention_policy::the_retention_task_applies_its_policy_on_a_timer_until_stopped,
+    deletion::delete_removes_every_row_and_leaves_tombstones_of_the_id_and_its_requests,
+    deletion::a_refused_delete_changes_nothing,
+    deletion::owner_writes_after_a_delete_are_fenced_and_resurrect_nothing,
+    deletion::a_claim_racing_a_delete_either_wins_whole,
+    fork::fork_at_every_boundary_copies_the_prefix_or_refuses_a_cut_inside_a_tool_round,
+    fork::fork_to_a_taken_id_or_from_a_missing_conversation_is_refused,
+    fork::fork_of_a_busy_conversation_copies_its_committed_history_and_the_latest_summary_within_the_cut,
+    fork::a_fork_and_its_source_take_requests_independently,
             );
         }
     };

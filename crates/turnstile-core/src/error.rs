@@ -64,6 +64,21 @@ pub enum Error {
         actual: Revision,
     },
 
+    /// The conversation was deleted: its id and its request ids are
+    /// tombstones, never admitted again, and nothing of it is left to
+    /// replay.
+    #[error("conversation {conversation_id} was deleted")]
+    Deleted { conversation_id: ConversationId },
+    /// The conversation's version (its committed requests) is not the one
+    /// the caller expected: a request committed since it looked. Nothing
+    /// was written.
+    #[error("conversation {conversation_id} is at version {actual}, not the expected {expected}")]
+    VersionConflict {
+        conversation_id: ConversationId,
+        expected: u64,
+        actual: u64,
+    },
+
     /// The agent differs from the one the request was admitted with.
     #[error("request {request_id} was admitted with another agent configuration")]
     ConfigurationMismatch { request_id: RequestId },

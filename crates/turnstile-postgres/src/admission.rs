@@ -74,7 +74,12 @@ pub(crate) async fn ensure_conversation(
         )
         .fetch_optional(&mut *conn)
         .await
-        .map_err(db("create conversation"))?;
+        .map_err(|e| match super::deletion::is_deleted(&e) {
+            true => Error::Deleted {
+                conversation_id: id,
+            },
+            false => db("create conversation")(e),
+        })?;
         if let Some(row) = row {
             return conversation_of(namespace, id, &row.namespace, row.version, row.created_at);
         }
@@ -93,11 +98,10 @@ pub(crate) async fn load_conversation(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("load conversation"))?
-    .ok_or_else(|| Error::NotFound {
-        what: "conversation",
-        id: id.to_string(),
-    })?;
+    .map_err(db("load conversation"))?;
+    let Some(row) = row else {
+        return Err(super::deletion::missing(conn, Some(namespace), id).await);
+    };
     conversation_of(namespace, id, &row.namespace, row.version, row.created_at)
 }
 
@@ -132,7 +136,7 @@ pub(crate) async fn load_admission(
     conn: &mut PgConnection,
     conversation_id: ConversationId,
 ) -> Result<Admission, Error> {
-    sqlx::query_as!(
+    let row = sqlx::query_as!(
         AdmissionRow,
         "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
                 input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
@@ -143,12 +147,11 @@ pub(crate) async fn load_admission(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("load admission"))?
-    .ok_or_else(|| Error::NotFound {
-        what: "conversation",
-        id: conversation_id.to_string(),
-    })?
-    .decode(conversation_id)
+    .map_err(db("load admission"))?;
+    match row {
+        Some(row) => row.decode(conversation_id),
+        None => Err(super::deletion::missing(conn, None, conversation_id).await),
+    }
 }
 
 /// Explains why a compare-and-swap on the admission matched no row.
@@ -204,6 +207,9 @@ pub(crate) async fn claim(
     }
     if let Some(record) = super::reads::load_request(conn, claim.request_id).await? {
         return existing(conn, claim, record, retry).await;
+    }
+    if let Some(conversation_id) = super::deletion::deleted_request(conn, claim.request_id).await? {
+        return Err(Error::Deleted { conversation_id });
     }
     Err(diagnose(
         conn,

@@ -18,6 +18,8 @@ mod approvals;
 mod codec;
 mod commit;
 mod connect;
+mod deletion;
+mod fork;
 mod ops;
 mod reads;
 mod retry;
@@ -34,9 +36,10 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation, Fence,
-    JournalEntry, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, Store,
-    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
+    Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
+    DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
+    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -392,6 +395,42 @@ impl Store for PostgresStore {
         let token = uuid::Uuid::new_v4();
         autocommit!(self, |conn, retry| approvals::decide_approval(
             conn, decision, token, retry
+        ))
+    }
+
+    async fn delete_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_version: u64,
+        active_revision: Option<Revision>,
+    ) -> Result<DeleteReport, Error> {
+        // One token per call, the same across its attempts.
+        let token = uuid::Uuid::new_v4();
+        transaction!(self, |conn, _retry| deletion::delete_in(
+            conn,
+            namespace,
+            id,
+            expected_version,
+            active_revision,
+            token
+        ))
+    }
+
+    async fn fork_conversation(
+        &self,
+        namespace: &Namespace,
+        from: ConversationId,
+        through_seq: u64,
+        new_id: ConversationId,
+    ) -> Result<ForkOutcome, Error> {
+        transaction!(self, |conn, retry| fork::fork_in(
+            conn,
+            namespace,
+            from,
+            through_seq,
+            new_id,
+            retry
         ))
     }
 }

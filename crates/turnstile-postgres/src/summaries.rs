@@ -219,6 +219,8 @@ pub(crate) async fn commit_summary_in(
 async fn refusal(conn: &mut PgConnection, fence: &Fence, pass: &SummaryPass) -> Error {
     let admission = match load_admission(conn, fence.conversation_id).await {
         Ok(admission) => admission,
+        // Deleted under the owner: fenced, as by any takeover.
+        Err(Error::Deleted { .. }) => return fenced(fence),
         Err(e) => return e,
     };
     if !owns(&admission, fence) {

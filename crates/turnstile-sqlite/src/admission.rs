@@ -65,7 +65,12 @@ pub(super) async fn ensure_conversation_in(
     )
     .fetch_one(&mut *tx)
     .await
-    .map_err(db("create conversation"))?;
+    .map_err(|e| match raised(&e) {
+        Some(Raised::Deleted) => Error::Deleted {
+            conversation_id: id,
+        },
+        _ => db("create conversation")(e),
+    })?;
     conversation_of(namespace, id, row.namespace, row.version, row.created_at)
 }
 
@@ -81,11 +86,10 @@ pub(super) async fn load_conversation(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("load conversation"))?
-    .ok_or_else(|| Error::NotFound {
-        what: "conversation",
-        id: id.to_string(),
-    })?;
+    .map_err(db("load conversation"))?;
+    let Some(row) = row else {
+        return Err(super::deletion::missing(conn, Some(namespace), id).await);
+    };
     conversation_of(namespace, id, row.namespace, row.version, row.created_at)
 }
 
@@ -122,7 +126,7 @@ pub(super) async fn load_admission(
     conversation_id: ConversationId,
 ) -> Result<Admission, Error> {
     let uuid = conversation_id.as_uuid();
-    sqlx::query_as!(
+    let row = sqlx::query_as!(
         AdmissionColumns,
         "SELECT revision, active_request_id, input_sha256, run_id, agent_fingerprint,
                 input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
@@ -133,12 +137,11 @@ pub(super) async fn load_admission(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("load admission"))?
-    .ok_or_else(|| Error::NotFound {
-        what: "conversation",
-        id: conversation_id.to_string(),
-    })?
-    .decode(conversation_id)
+    .map_err(db("load admission"))?;
+    match row {
+        Some(row) => row.decode(conversation_id),
+        None => Err(super::deletion::missing(conn, None, conversation_id).await),
+    }
 }
 
 /// An `admissions` row as SQLite reads it: ids as 16-byte blobs.
@@ -251,6 +254,11 @@ pub(super) async fn claim_in(
                         None => Err(db("claim admission")(e)),
                     }
                 }
+                Some(Raised::Deleted) => Err(Error::Deleted {
+                    conversation_id: super::deletion::deleted_request(&mut *tx, claim.request_id)
+                        .await?
+                        .unwrap_or(claim.conversation_id),
+                }),
                 Some(Raised::AdmissionMoved) => Err(diagnose(
                     &mut *tx,
                     Wanted::Idle,

@@ -32,6 +32,9 @@ pub(super) enum Raised {
     AdmissionMoved,
     /// A recovery claim refused: the run's latest checkpoint is in flight.
     TurnInFlight,
+    /// A conversation or request of a deleted conversation's id (the
+    /// tombstone triggers of migration 0008).
+    Deleted,
 }
 
 /// The step refusal an error is, if it is one: `SQLITE_CONSTRAINT` with one
@@ -47,6 +50,7 @@ pub(super) fn raised(error: &sqlx::Error) -> Option<Raised> {
         "turnstile: request exists" => Some(Raised::RequestExists),
         "turnstile: admission moved" => Some(Raised::AdmissionMoved),
         "turnstile: turn in flight" => Some(Raised::TurnInFlight),
+        "turnstile: deleted" => Some(Raised::Deleted),
         _ => None,
     }
 }

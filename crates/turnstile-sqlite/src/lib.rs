@@ -13,6 +13,8 @@ mod approvals;
 mod close;
 mod codec;
 mod commit;
+mod deletion;
+mod fork;
 mod open;
 mod ops;
 mod reads;
@@ -32,9 +34,10 @@ use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
 use turnstile_core::store::{
-    Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation, Fence,
-    JournalEntry, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, Store,
-    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
+    Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
+    DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
+    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
+    ToolResult, TranscriptEntry,
 };
 use turnstile_core::Error;
 use writer::Isolation;
@@ -432,5 +435,25 @@ impl Store for SqliteStore {
                 Box::pin(async move { approvals::decide_approval_in(conn, &decision).await })
             })
             .await
+    }
+
+    async fn delete_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_version: u64,
+        active_revision: Option<Revision>,
+    ) -> Result<DeleteReport, Error> {
+        deletion::delete_conversation(self, namespace, id, expected_version, active_revision).await
+    }
+
+    async fn fork_conversation(
+        &self,
+        namespace: &Namespace,
+        from: ConversationId,
+        through_seq: u64,
+        new_id: ConversationId,
+    ) -> Result<ForkOutcome, Error> {
+        fork::fork_conversation(self, namespace, from, through_seq, new_id).await
     }
 }

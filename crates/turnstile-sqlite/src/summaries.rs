@@ -242,6 +242,8 @@ pub(super) async fn commit_summary_in(
 async fn refusal(tx: &mut SqliteConnection, fence: &Fence, pass: &SummaryPass) -> Error {
     let admission = match load_admission(tx, fence.conversation_id).await {
         Ok(admission) => admission,
+        // Deleted under the owner: fenced, as by any takeover.
+        Err(Error::Deleted { .. }) => return fenced(fence),
         Err(e) => return e,
     };
     if !owns(&admission, fence) {

@@ -67,6 +67,8 @@ fn is_refusal(error: &Error) -> bool {
             | Error::Fenced { .. }
             | Error::Conflict { .. }
             | Error::NoPendingApproval { .. }
+            | Error::Deleted { .. }
+            | Error::VersionConflict { .. }
     )
 }
 

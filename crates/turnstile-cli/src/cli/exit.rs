@@ -6,8 +6,8 @@
 //! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database (a PostgreSQL server that cannot be reached included), I/O |
 //! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
 //! | 3 | busy: the conversation is held by an active request |
-//! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run |
-//! | 5 | fenced, conflict (stale `--revision`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |
+//! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run; a deleted conversation (the message says so) |
+//! | 5 | fenced, conflict (stale `--revision`, a stale `delete --version`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |
 //! | 6 | awaiting approval: the run stopped cleanly (admission held) until tool calls are approved or rejected; it printed them and the commands that decide them |
 //! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory, a server that cannot be reached): nothing is known about its health |
 //!
@@ -186,8 +186,9 @@ pub fn code_for(error: &Error) -> u8 {
         | Error::NamespaceMismatch { .. }
         | Error::ConfigurationMismatch { .. }
         | Error::InvalidInput(_) => USAGE,
-        Error::NotFound { .. } => NOT_FOUND,
+        Error::NotFound { .. } | Error::Deleted { .. } => NOT_FOUND,
         Error::Fenced { .. }
+        | Error::VersionConflict { .. }
         | Error::Conflict { .. }
         | Error::AmbiguousCheckpoint { .. }
         | Error::NotActive { .. }

@@ -10,6 +10,7 @@
 mod approvals;
 mod bench;
 mod db;
+mod deletion;
 mod demo;
 pub mod exit;
 mod hint;
@@ -30,6 +31,7 @@ use clap::{Args, Parser, Subcommand};
 pub use approvals::{ApprovalsArgs, ApproveArgs, RejectArgs};
 pub use bench::BenchArgs;
 pub use db::DbLocation;
+pub use deletion::{DeleteArgs, ForkArgs};
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
@@ -102,6 +104,13 @@ pub enum Command {
     /// The demo's child process: runs a request and freezes after a turn.
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Delete a conversation and everything of it (exit 5 if its version
+    /// moved, 3 while a request holds it unless --revision names it). Its
+    /// id and request ids are never admitted again.
+    Delete(DeleteArgs),
+    /// Create a new conversation from the first SEQ committed entries of
+    /// another (left untouched). Prints the new id.
+    Fork(ForkArgs),
 }
 
 /// Where a conversation lives: the options every session command shares.
@@ -184,6 +193,8 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Doctor(args) => ops::doctor(args, out, style, json).await,
             Command::Bench(args) => bench::run(args, out, style, json).await,
             Command::Worker(args) => demo::worker(args, out).await,
+            Command::Delete(args) => deletion::delete(args, out, style, json).await,
+            Command::Fork(args) => deletion::fork(args, out, json).await,
         }
     })
 }

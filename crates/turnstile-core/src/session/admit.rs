@@ -93,10 +93,16 @@ impl AgentSession {
             if let Some(record) = context.request.take() {
                 return self.existing(record, hash).await.map(Admitted::Replay);
             }
-            let admission = context.admission.take().ok_or_else(|| Error::NotFound {
-                what: "conversation",
-                id: self.conversation_id.to_string(),
-            })?;
+            let Some(admission) = context.admission.take() else {
+                // Gone since it was read (deleted): the store says so.
+                self.store
+                    .conversation(&self.namespace, self.conversation_id)
+                    .await?;
+                return Err(Error::NotFound {
+                    what: "conversation",
+                    id: self.conversation_id.to_string(),
+                });
+            };
             if let Some(active) = admission.active {
                 return Err(Error::Busy {
                     conversation_id: self.conversation_id,

@@ -8,6 +8,7 @@
 
 mod approvals;
 pub mod columns;
+mod deletion;
 mod records;
 
 use async_trait::async_trait;
@@ -18,6 +19,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, PendingApproval, Verdict,
     MAX_REJECTION_REASON_BYTES,
 };
+pub use deletion::{check_fork_cut, DeleteReport, ForkOutcome};
 pub use records::{
     ActiveAdmission, Admission, AgentChange, ClaimContext, ClaimOutcome, Conversation, Fence,
     InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord,
@@ -298,4 +300,51 @@ pub trait Store: Send + Sync + 'static {
     /// when the call is not awaiting a decision (decided already, unknown, or
     /// answered). Nothing is written.
     async fn decide_approval(&self, decision: &ApprovalDecision) -> Result<Revision, Error>;
+
+    /// Deletes a conversation in one transaction: its transcript, requests,
+    /// runs, checkpoints, verification reports, tool-call journal,
+    /// approvals, pending messages, summaries and admission. Its id and its
+    /// request ids stay as tombstones: [`Store::ensure_conversation`] and a
+    /// claim of one of those request ids answer [`Error::Deleted`], and
+    /// every fenced write of an owner still running answers
+    /// [`Error::Fenced`] and re-creates nothing. Then gives the space back
+    /// (as `prune` does).
+    ///
+    /// # Errors
+    /// [`Error::VersionConflict`] when the conversation's version is not
+    /// `expected_version`; [`Error::Busy`] while a request holds the
+    /// admission, unless `active_revision` is the admission's current
+    /// revision (the caller owns, or takes over, that request);
+    /// [`Error::NotFound`], [`Error::NamespaceMismatch`] as usual;
+    /// [`Error::Deleted`] when it was deleted already. Nothing is written
+    /// on any refusal.
+    async fn delete_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_version: u64,
+        active_revision: Option<Revision>,
+    ) -> Result<DeleteReport, Error>;
+
+    /// Creates `new_id` in `namespace` (idle admission) whose committed
+    /// history is the first `through_seq` transcript entries of `from`,
+    /// with a copy of the latest summary of `from` that covers no more than
+    /// those entries. `from` is not changed, and may be busy: only its
+    /// committed history is read. The fork's version is the number of
+    /// requests whose entries it copied. One transaction.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for `through_seq` 0 or past the transcript,
+    /// a cut between an assistant message with tool calls and its tool
+    /// results, or a `new_id` that exists; [`Error::Deleted`] when `from`
+    /// or `new_id` is a deleted conversation; [`Error::NotFound`],
+    /// [`Error::NamespaceMismatch`] for `from`. Nothing is written on any
+    /// refusal.
+    async fn fork_conversation(
+        &self,
+        namespace: &Namespace,
+        from: ConversationId,
+        through_seq: u64,
+        new_id: ConversationId,
+    ) -> Result<ForkOutcome, Error>;
 }

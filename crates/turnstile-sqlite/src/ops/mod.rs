@@ -7,6 +7,8 @@ mod list;
 mod prune;
 mod storage;
 
+pub(crate) use prune::reclaim;
+
 use std::time::Duration;
 
 use async_trait::async_trait;

@@ -342,7 +342,7 @@ async fn prune_conversations(
 
 /// Gives free pages back and truncates the log. Returns the pages freed,
 /// the free pages left and whether the checkpoint was blocked.
-async fn reclaim(store: &SqliteStore) -> Result<(u64, u64, bool), Error> {
+pub(crate) async fn reclaim(store: &SqliteStore) -> Result<(u64, u64, bool), Error> {
     // Both write, so they run on the writer connection. Under WAL the
     // vacuum's truncation reaches the file at the checkpoint, hence this
     // order.

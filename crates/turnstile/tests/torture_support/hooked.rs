@@ -403,6 +403,44 @@ impl Store for Hooked {
         let call = Call::write("decide_approval", decision.request_id);
         self.wrap(call, self.inner.decide_approval(decision)).await
     }
+
+    async fn delete_conversation(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_version: u64,
+        active_revision: Option<Revision>,
+    ) -> Result<turnstile::store::DeleteReport, Error> {
+        let call = Call {
+            op: "delete_conversation",
+            write: true,
+            detail: id.to_string(),
+            ..Call::read("delete_conversation")
+        };
+        let deleted =
+            self.inner
+                .delete_conversation(namespace, id, expected_version, active_revision);
+        self.wrap(call, deleted).await
+    }
+
+    async fn fork_conversation(
+        &self,
+        namespace: &Namespace,
+        from: ConversationId,
+        through_seq: u64,
+        new_id: ConversationId,
+    ) -> Result<turnstile::store::ForkOutcome, Error> {
+        let call = Call {
+            op: "fork_conversation",
+            write: true,
+            detail: new_id.to_string(),
+            ..Call::read("fork_conversation")
+        };
+        let forked = self
+            .inner
+            .fork_conversation(namespace, from, through_seq, new_id);
+        self.wrap(call, forked).await
+    }
 }
 
 /// The crash tortures' trace of one conversation's store calls: `@C + KIND
