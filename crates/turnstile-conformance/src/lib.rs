@@ -19,6 +19,7 @@ pub mod admission;
 pub mod approvals;
 pub mod concurrency;
 pub mod fencing;
+pub mod leases;
 pub mod lifecycle;
 pub mod logs;
 pub mod retention;
@@ -86,6 +87,11 @@ macro_rules! suite {
     approvals::claim_stores_the_deadline_and_every_read_of_the_request_returns_it,
     approvals::recovery_claim_with_another_fingerprint_records_the_agent_change,
     approvals::prune_deletes_the_approvals_of_finished_requests,
+    leases::a_renewal_sets_the_lease_and_moves_neither_the_revision_nor_the_activity_time,
+    leases::a_renewal_by_a_replaced_or_finished_owner_is_fenced_and_writes_nothing,
+    leases::expired_leases_lists_only_expired_leases_of_running_owners_soonest_first,
+    leases::stuck_goes_by_the_lease_when_the_owner_holds_one,
+    leases::a_recovery_claim_a_commit_and_an_abandon_each_drop_the_lease,
             );
         }
     };

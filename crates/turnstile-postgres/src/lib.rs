@@ -18,6 +18,7 @@ mod approvals;
 mod codec;
 mod commit;
 mod connect;
+mod leases;
 mod ops;
 mod reads;
 mod retry;
@@ -33,6 +34,7 @@ use retry::{autocommit, transaction};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
+use turnstile_core::store::ExpiredLease;
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation, Fence,
     JournalEntry, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, Store,
@@ -392,6 +394,18 @@ impl Store for PostgresStore {
         let token = uuid::Uuid::new_v4();
         autocommit!(self, |conn, retry| approvals::decide_approval(
             conn, decision, token, retry
+        ))
+    }
+
+    async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error> {
+        autocommit!(self, |conn, _retry| leases::renew_lease_in(
+            conn, fence, expires_at
+        ))
+    }
+
+    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        autocommit!(self, |conn, _retry| leases::load_expired_leases(
+            conn, now, limit
         ))
     }
 }

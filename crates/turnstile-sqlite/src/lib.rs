@@ -13,6 +13,7 @@ mod approvals;
 mod close;
 mod codec;
 mod commit;
+mod leases;
 mod open;
 mod ops;
 mod reads;
@@ -31,6 +32,7 @@ use codec::db;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
+use turnstile_core::store::ExpiredLease;
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation, Fence,
     JournalEntry, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, Store,
@@ -432,5 +434,18 @@ impl Store for SqliteStore {
                 Box::pin(async move { approvals::decide_approval_in(conn, &decision).await })
             })
             .await
+    }
+
+    async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error> {
+        let fence = *fence;
+        self.group
+            .write(Isolation::Statement, move |conn| {
+                Box::pin(async move { leases::renew_lease_in(conn, &fence, expires_at).await })
+            })
+            .await
+    }
+
+    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        leases::load_expired_leases(&self.reader, now, limit).await
     }
 }
