@@ -224,8 +224,9 @@ pub struct ListFilter {
     /// Only what stuck admissions hold: the conversations, their active
     /// requests, their owning runs (stalest first).
     pub stuck_only: bool,
-    /// How long a `running` owner may leave its admission unchanged before it
-    /// counts as stuck.
+    /// How long a `running` owner without a lease may leave its admission
+    /// unchanged before it counts as stuck (one with a lease is stuck once
+    /// the lease expired).
     pub stale_after: Duration,
     /// At most this many rows.
     pub limit: u32,
