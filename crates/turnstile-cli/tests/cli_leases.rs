@@ -68,7 +68,7 @@ async fn stuck_listings_and_doctor_go_by_the_lease() {
     for stale in [&[][..], &["--stale-after", "0s"][..]] {
         let args = [&["ls", "requests", "--stuck"][..], stale].concat();
         let listed = ops(&args, &db);
-        assert_eq!(request_ids(&listed), [lapsed_id.clone()], "{stale:?}");
+        assert_eq!(request_ids(&listed), [lapsed_id.as_str()], "{stale:?}");
         assert_eq!(listed[0]["held"]["stuck"], true);
         assert!(listed[0]["held"]["lease_expires_at"].is_i64());
         let doctor = ops(&[&["doctor"][..], stale].concat(), &db);
