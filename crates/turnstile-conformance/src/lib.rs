@@ -21,6 +21,7 @@ pub mod concurrency;
 pub mod deletion;
 pub mod fencing;
 pub mod fork;
+pub mod leases;
 pub mod lifecycle;
 pub mod logs;
 pub mod retention;
@@ -101,6 +102,11 @@ macro_rules! suite {
     fork::fork_to_a_taken_id_or_from_a_missing_conversation_is_refused,
     fork::fork_of_a_busy_conversation_copies_its_committed_history_and_the_latest_summary_within_the_cut,
     fork::a_fork_and_its_source_take_requests_independently,
+    leases::a_renewal_sets_the_lease_and_moves_neither_the_revision_nor_the_activity_time,
+    leases::a_renewal_by_a_replaced_or_finished_owner_is_fenced_and_writes_nothing,
+    leases::expired_leases_lists_only_expired_leases_of_running_owners_soonest_first,
+    leases::stuck_goes_by_the_lease_when_the_owner_holds_one,
+    leases::a_recovery_claim_a_commit_and_an_abandon_each_drop_the_lease,
             );
         }
     };

@@ -21,7 +21,10 @@
 //!   `recover_after_owner_exit`, each also as an [`EventStream`]: `stream`,
 //!   `resume_stream`, `recover_stream`; `admission`, `recovery_usage`,
 //!   `abandon`) and the turn protocol (`session/turns.rs`): how a request
-//!   runs. Compaction ([`ContextPolicy`], [`MaxPasses`]) lives there too.
+//!   runs. Compaction ([`ContextPolicy`], [`MaxPasses`]) lives there too,
+//!   and opt-in leases ([`LeasePolicy`], `AgentSession::with_lease`,
+//!   [`recover_expired`]): takeover of a request whose owner stopped
+//!   renewing, for many processes or machines on one store.
 //! - [`store`]: the [`Store`] contract and its records: what must be durable.
 //!   [`admin`]: the operations contract (listings, retention, health).
 //! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets.
@@ -57,6 +60,7 @@ pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
 pub use outcome::Outcome;
 pub use session::MaxPasses;
+pub use session::{recover_expired, LeasePolicy};
 pub use session::{
     ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream, ResumePolicy,
 };

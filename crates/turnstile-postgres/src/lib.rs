@@ -20,6 +20,7 @@ mod commit;
 mod connect;
 mod deletion;
 mod fork;
+mod leases;
 mod ops;
 mod reads;
 mod retry;
@@ -35,6 +36,7 @@ use retry::{autocommit, transaction};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
+use turnstile_core::store::ExpiredLease;
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
     DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
@@ -431,6 +433,18 @@ impl Store for PostgresStore {
             through_seq,
             new_id,
             retry
+        ))
+    }
+
+    async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error> {
+        autocommit!(self, |conn, _retry| leases::renew_lease_in(
+            conn, fence, expires_at
+        ))
+    }
+
+    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        autocommit!(self, |conn, _retry| leases::load_expired_leases(
+            conn, now, limit
         ))
     }
 }

@@ -57,9 +57,12 @@ async fn a_newer_schema_is_refused_and_left_as_it_was() {
         "{newer:?}"
     );
     // This build's migrations and the one from the future: nothing ran.
+    let migrations = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .expect("the migrations")
+        .count();
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) FROM _sqlx_migrations").await,
-        3
+        i64::try_from(migrations).unwrap() + 1
     );
     assert_eq!(
         count(&mut conn, "SELECT COUNT(*) FROM conversations").await,

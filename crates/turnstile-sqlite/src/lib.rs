@@ -15,6 +15,7 @@ mod codec;
 mod commit;
 mod deletion;
 mod fork;
+mod leases;
 mod open;
 mod ops;
 mod reads;
@@ -33,6 +34,7 @@ use codec::db;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
+use turnstile_core::store::ExpiredLease;
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
     DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
@@ -455,5 +457,18 @@ impl Store for SqliteStore {
         new_id: ConversationId,
     ) -> Result<ForkOutcome, Error> {
         fork::fork_conversation(self, namespace, from, through_seq, new_id).await
+    }
+
+    async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error> {
+        let fence = *fence;
+        self.group
+            .write(Isolation::Statement, move |conn| {
+                Box::pin(async move { leases::renew_lease_in(conn, &fence, expires_at).await })
+            })
+            .await
+    }
+
+    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        leases::load_expired_leases(&self.reader, now, limit).await
     }
 }

@@ -14,6 +14,10 @@
 //! `stale_after` therefore looks stuck too: choose it above your longest
 //! step. An admission naming a run with no row, or a run in a final status,
 //! is stuck whatever its age.
+//!
+//! A `running` owner that holds a lease (`AgentSession::with_lease`) is
+//! judged by the lease instead: stuck once the lease expired, whatever its
+//! activity time; `stale_after` does not apply to it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -161,6 +165,9 @@ pub struct HeldAdmission {
     pub last_checkpoint: Option<CheckpointMark>,
     /// Held by a run that is not live (see the module docs).
     pub stuck: bool,
+    /// Unix milliseconds at which the owner's lease expires, when it holds
+    /// one: then `stuck` follows the lease, not `updated_at`.
+    pub lease_expires_at: Option<i64>,
 }
 
 /// A conversation: its header, admission and transcript length.
@@ -237,8 +244,9 @@ pub struct ListFilter {
     /// Only what stuck admissions hold: the conversations, their active
     /// requests, their owning runs (stalest first).
     pub stuck_only: bool,
-    /// How long a `running` owner may leave its admission unchanged before it
-    /// counts as stuck.
+    /// How long a `running` owner without a lease may leave its admission
+    /// unchanged before it counts as stuck (one with a lease is stuck once
+    /// the lease expired).
     pub stale_after: Duration,
     /// At most this many rows.
     pub limit: u32,
@@ -417,11 +425,19 @@ pub struct StorageReport {
 }
 
 /// Whether an admission held by a run of `status`, last changed at
-/// `updated_at`, is stuck (see the module docs). A backend that selects
-/// stuck admissions in SQL says the same there.
-pub fn is_stuck(status: Option<RunStatus>, updated_at: i64, cutoff: i64) -> bool {
-    match status {
-        Some(RunStatus::Running) => updated_at < cutoff,
+/// `updated_at`, with the lease `lease_expires_at`, is stuck at `now` with
+/// activity older than `cutoff` counting as stale (see the module docs). A
+/// backend that selects stuck admissions in SQL says the same there.
+pub fn is_stuck(
+    status: Option<RunStatus>,
+    updated_at: i64,
+    lease_expires_at: Option<i64>,
+    cutoff: i64,
+    now: i64,
+) -> bool {
+    match (status, lease_expires_at) {
+        (Some(RunStatus::Running), Some(lease)) => lease < now,
+        (Some(RunStatus::Running), None) => updated_at < cutoff,
         _ => true,
     }
 }
@@ -432,9 +448,36 @@ mod tests {
 
     #[test]
     fn failed_or_unknown_owners_are_stuck_and_running_ones_only_when_stale() {
-        assert!(is_stuck(Some(RunStatus::Failed), 1_000, 0));
-        assert!(is_stuck(None, 1_000, 0));
-        assert!(!is_stuck(Some(RunStatus::Running), 1_000, 1_000));
-        assert!(is_stuck(Some(RunStatus::Running), 999, 1_000));
+        assert!(is_stuck(Some(RunStatus::Failed), 1_000, None, 0, 0));
+        assert!(is_stuck(None, 1_000, None, 0, 0));
+        assert!(!is_stuck(Some(RunStatus::Running), 1_000, None, 1_000, 0));
+        assert!(is_stuck(Some(RunStatus::Running), 999, None, 1_000, 0));
+    }
+
+    #[test]
+    fn a_running_owner_with_a_lease_is_stuck_only_once_it_expired() {
+        // Stale activity does not matter while the lease holds …
+        assert!(!is_stuck(
+            Some(RunStatus::Running),
+            0,
+            Some(5_000),
+            1_000,
+            4_999
+        ));
+        // … fresh activity does not save an expired lease.
+        assert!(is_stuck(
+            Some(RunStatus::Running),
+            9_000,
+            Some(5_000),
+            1_000,
+            5_001
+        ));
+        assert!(is_stuck(
+            Some(RunStatus::Failed),
+            9_000,
+            Some(9_999),
+            1_000,
+            0
+        ));
     }
 }

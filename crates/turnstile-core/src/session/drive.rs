@@ -104,9 +104,24 @@ impl AgentSession {
         Ok((seed, messages))
     }
 
+    /// Runs the request from `seed`, with its lease renewed alongside when
+    /// the session has one.
+    async fn drive(
+        &self,
+        fence: Fence,
+        continues: Option<Continues>,
+        seed: Seed,
+        messages: Vec<Message>,
+        ctx: &RunContext,
+        events: &Emitter,
+    ) -> Result<Outcome, Error> {
+        let run = self.drive_owned(fence, continues, seed, messages, ctx, events);
+        self.leased(fence, run).await
+    }
+
     /// Runs the request from `seed`, or from its start (summary passes
     /// first) when it has no checkpoint yet.
-    async fn drive(
+    async fn drive_owned(
         &self,
         fence: Fence,
         continues: Option<Continues>,

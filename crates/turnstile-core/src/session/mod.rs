@@ -7,6 +7,7 @@ mod admit;
 mod approvals;
 mod compact;
 mod drive;
+mod lease;
 mod resume;
 mod state;
 mod stream;
@@ -20,6 +21,7 @@ use tracing::instrument;
 
 pub use crate::outcome::Outcome;
 pub use admit::MAX_INPUT_BYTES;
+pub use lease::{recover_expired, LeasePolicy, Recovery};
 pub use state::{ActiveRequest, AdmissionState};
 
 use crate::agent::{Agent, RunContext};
@@ -139,6 +141,8 @@ pub struct AgentSession {
     namespace: Namespace,
     policy: ContextPolicy,
     summary: Option<SummarySettings>,
+    /// Set by [`AgentSession::with_lease`].
+    lease: Option<LeasePolicy>,
 }
 
 /// The summary agent and the per-request pass limit.
@@ -164,6 +168,7 @@ impl AgentSession {
             namespace,
             policy,
             summary: None,
+            lease: None,
         }
     }
 

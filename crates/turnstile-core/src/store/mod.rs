@@ -9,6 +9,7 @@
 mod approvals;
 pub mod columns;
 mod deletion;
+mod leases;
 mod records;
 
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ pub use approvals::{
     MAX_REJECTION_REASON_BYTES,
 };
 pub use deletion::{check_fork_cut, DeleteReport, ForkOutcome};
+pub use leases::ExpiredLease;
 pub use records::{
     ActiveAdmission, Admission, AgentChange, ClaimContext, ClaimOutcome, Conversation, Fence,
     InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord,
@@ -347,4 +349,25 @@ pub trait Store: Send + Sync + 'static {
         through_seq: u64,
         new_id: ConversationId,
     ) -> Result<ForkOutcome, Error>;
+
+    /// Renews the lease of the admission `fence` owns: it expires at
+    /// `expires_at` (Unix milliseconds). One fenced UPDATE that moves
+    /// neither the revision nor the activity time. A lease is dropped by
+    /// every change of owner (claim, recovery claim, commit, abandon,
+    /// approval decision): the new owner takes its own with its first
+    /// renewal.
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when the admission moved on (another revision or
+    /// run, or released). Nothing is written.
+    async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error>;
+
+    /// Held admissions whose lease expired before `now` (Unix
+    /// milliseconds) and whose owning run is still `running` (a run that
+    /// stopped, failed or awaits approval is not taken over by a lease),
+    /// soonest expired first, at most `limit`. An admission without a lease
+    /// is never listed. PostgreSQL skips rows locked by a takeover in
+    /// progress (`FOR UPDATE SKIP LOCKED`), so concurrent recoverers spread
+    /// over different rows.
+    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error>;
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use super::cutoff;
-use crate::codec::db;
+use crate::codec::{db, now_ms};
 use crate::connect::schema_version;
 use crate::PostgresStore;
 use turnstile_core::admin::{DoctorReport, StorageReport};
@@ -160,11 +160,13 @@ pub(super) async fn doctor(
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!",
                   COUNT(*) FILTER (WHERE ru.status IS NULL OR ru.status <> 'running'
-                                   OR a.updated_at < $1) AS "stuck!"
+                                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1
+                                           ELSE a.lease_expires_at < $2 END) AS "stuck!"
            FROM admissions a
            LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
            WHERE a.active_request_id IS NOT NULL"#,
-        cutoff(stale_after)
+        cutoff(stale_after),
+        now_ms()
     )
     .fetch_one(&store.pool)
     .await;

@@ -9,7 +9,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::cutoff;
-use crate::codec::{db, text, Row};
+use crate::codec::{db, now_ms, text, Row};
 use crate::PostgresStore;
 use turnstile_core::admin::{
     is_stuck, CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary,
@@ -38,10 +38,13 @@ struct Keys<'a> {
     conversation: Option<Uuid>,
     cutoff: i64,
     limit: i64,
+    /// A lease expired before this (Unix milliseconds) is stuck.
+    now: i64,
 }
 
 fn keys(filter: &ListFilter) -> Keys<'_> {
     Keys {
+        now: now_ms(),
         namespace: filter.namespace.as_ref().map(Namespace::as_str),
         conversation: filter.conversation_id.map(|id| id.as_uuid()),
         cutoff: cutoff(filter.stale_after),
@@ -51,7 +54,8 @@ fn keys(filter: &ListFilter) -> Keys<'_> {
 
 /// The keys `(conversation, request, run)` of stuck admissions, stalest
 /// first: held by a run that is not `running`, has no row, or left the
-/// admission unchanged since the cutoff (the rule of [`is_stuck`]).
+/// admission unchanged since the cutoff or, holding a lease, let it expire
+/// (the rule of [`is_stuck`]).
 async fn stuck_keys(
     conn: &mut PgConnection,
     k: &Keys<'_>,
@@ -62,14 +66,17 @@ async fn stuck_keys(
            JOIN conversations c ON c.conversation_id = a.conversation_id
            LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
            WHERE a.active_request_id IS NOT NULL
-             AND (ru.status IS NULL OR ru.status <> 'running' OR a.updated_at < $1)
+             AND (ru.status IS NULL OR ru.status <> 'running'
+                  OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1
+                          ELSE a.lease_expires_at < $5 END)
              AND ($2::text IS NULL OR c.namespace = $2)
              AND ($3::uuid IS NULL OR a.conversation_id = $3)
            ORDER BY a.updated_at LIMIT $4"#,
         k.cutoff,
         k.namespace,
         k.conversation,
-        k.limit
+        k.limit,
+        k.now
     )
     .fetch_all(&mut *conn)
     .await
@@ -358,7 +365,8 @@ async fn held_admission(
     cutoff: i64,
 ) -> Result<Option<HeldAdmission>, Error> {
     let Some(row) = sqlx::query!(
-        r#"SELECT a.revision, a.active_request_id AS "request_id!", a.run_id, a.updated_at
+        r#"SELECT a.revision, a.active_request_id AS "request_id!", a.run_id, a.updated_at,
+                  a.lease_expires_at
            FROM admissions a
            WHERE a.conversation_id = $1 AND a.active_request_id IS NOT NULL"#,
         conversation
@@ -387,7 +395,14 @@ async fn held_admission(
         run_status,
         updated_at: row.updated_at,
         last_checkpoint,
-        stuck: is_stuck(run_status, row.updated_at, cutoff),
+        stuck: is_stuck(
+            run_status,
+            row.updated_at,
+            row.lease_expires_at,
+            cutoff,
+            now_ms(),
+        ),
+        lease_expires_at: row.lease_expires_at,
     }))
 }
 

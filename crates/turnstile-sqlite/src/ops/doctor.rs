@@ -11,7 +11,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection};
 
 use super::cutoff;
 use super::prune::file_sizes;
-use crate::codec::db;
+use crate::codec::{db, now_ms};
 use crate::SqliteStore;
 use turnstile_core::admin::DoctorReport;
 use turnstile_core::Error;
@@ -169,15 +169,18 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
             return;
         }
     }
-    let cutoff = cutoff(stale_after);
+    let (cutoff, now) = (cutoff(stale_after), now_ms());
     // The rule of `ops::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!: i64",
-                  COALESCE(SUM(ru.status IS NULL OR ru.status <> 'running' OR a.updated_at < ?1), 0)
+                  COALESCE(SUM(ru.status IS NULL OR ru.status <> 'running'
+                               OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
+                                       ELSE a.lease_expires_at < ?2 END), 0)
                       AS "stuck!: i64"
            FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
            WHERE a.active_request_id IS NOT NULL"#,
-        cutoff
+        cutoff,
+        now
     )
     .fetch_one(&mut *conn)
     .await;

@@ -11,7 +11,7 @@ use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::cutoff;
-use crate::codec::{db, Row};
+use crate::codec::{db, now_ms, Row};
 use crate::SqliteStore;
 use turnstile_core::admin::{
     is_stuck, CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary,
@@ -234,7 +234,8 @@ fn in_namespace(filter: &ListFilter, namespace: &Namespace) -> bool {
 
 /// The keys of stuck admissions, stalest first: held, and owned by a run
 /// that is not `running`, has no row, or left the admission unchanged since
-/// `cutoff` (the rule of [`is_stuck`]). Served by the held-admissions index.
+/// `cutoff` or, when it holds a lease, let it expire (the rule of
+/// [`is_stuck`]). Served by the held-admissions index.
 async fn stuck_keys(
     conn: &mut SqliteConnection,
     filter: &ListFilter,
@@ -243,20 +244,24 @@ async fn stuck_keys(
     let namespace = filter.namespace.as_ref().map(Namespace::as_str);
     let conversation = filter.conversation_id.map(|id| id.as_uuid());
     let limit = i64::from(filter.limit);
+    let now = now_ms();
     let rows = sqlx::query!(
         r#"SELECT a.conversation_id, a.active_request_id AS "request_id!", a.run_id
            FROM admissions a
            JOIN conversations c ON c.id = a.conversation_id
            LEFT JOIN runs ru ON ru.run_id = a.run_id
            WHERE a.active_request_id IS NOT NULL
-             AND (ru.status IS NULL OR ru.status <> 'running' OR a.updated_at < ?1)
+             AND (ru.status IS NULL OR ru.status <> 'running'
+                  OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
+                          ELSE a.lease_expires_at < ?5 END)
              AND (?2 IS NULL OR c.namespace = ?2)
              AND (?3 IS NULL OR a.conversation_id = ?3)
            ORDER BY a.updated_at LIMIT ?4"#,
         cutoff,
         namespace,
         conversation,
-        limit
+        limit,
+        now
     )
     .fetch_all(&mut *conn)
     .await
@@ -426,7 +431,7 @@ async fn held_admission(
 ) -> Result<Option<HeldAdmission>, Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT a.revision, a.active_request_id AS "request_id!", a.run_id, a.updated_at,
-                  ru.status AS "run_status?"
+                  a.lease_expires_at, ru.status AS "run_status?"
            FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
            WHERE a.conversation_id = ?1 AND a.active_request_id IS NOT NULL"#,
         conversation
@@ -465,7 +470,14 @@ async fn held_admission(
         run_status,
         updated_at: row.updated_at,
         last_checkpoint: run_position(conn, run_id).await?.1,
-        stuck: is_stuck(run_status, row.updated_at, cutoff),
+        stuck: is_stuck(
+            run_status,
+            row.updated_at,
+            row.lease_expires_at,
+            cutoff,
+            now_ms(),
+        ),
+        lease_expires_at: row.lease_expires_at,
     }))
 }
 

@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use turnstile::store::ExpiredLease;
 use turnstile::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimOutcome, Conversation, Fence, JournalEntry,
     NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, StoredOutcome,
@@ -440,6 +441,20 @@ impl Store for Hooked {
             .inner
             .fork_conversation(namespace, from, through_seq, new_id);
         self.wrap(call, forked).await
+    }
+
+    async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error> {
+        let call = Call::write("renew_lease", fence.request_id);
+        self.wrap(call, self.inner.renew_lease(fence, expires_at))
+            .await
+    }
+
+    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        self.wrap(
+            Call::read("expired_leases"),
+            self.inner.expired_leases(now, limit),
+        )
+        .await
     }
 }
 

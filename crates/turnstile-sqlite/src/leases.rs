@@ -1,0 +1,88 @@
+//! Opt-in leases: the owner's renewal (one fenced UPDATE that moves neither
+//! the revision nor the activity time) and the listing of expired ones.
+//! Migration 0009's trigger drops a lease with every revision bump.
+
+use sqlx::sqlite::SqlitePool;
+use sqlx::SqliteConnection;
+
+use super::codec::{db, to_i64, Row};
+use super::turns::fenced;
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use turnstile_core::store::{ExpiredLease, Fence};
+use turnstile_core::Error;
+
+/// A renewal, inside the group transaction.
+pub(super) async fn renew_lease_in(
+    conn: &mut SqliteConnection,
+    fence: &Fence,
+    expires_at: i64,
+) -> Result<(), Error> {
+    let conversation = fence.conversation_id.as_uuid();
+    let (request, run) = (fence.request_id.as_uuid(), fence.run_id.as_uuid());
+    let revision = to_i64(fence.revision.0);
+    let renewed = sqlx::query!(
+        "UPDATE admissions SET lease_expires_at = ?1
+         WHERE conversation_id = ?2 AND revision = ?3 AND active_request_id = ?4
+           AND run_id = ?5",
+        expires_at,
+        conversation,
+        revision,
+        request,
+        run
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("renew lease"))?;
+    match renewed.rows_affected() {
+        1 => Ok(()),
+        _ => Err(fenced(fence)),
+    }
+}
+
+/// Held admissions of `running` owners whose lease expired before `now`,
+/// soonest expired first. Served by the leased-admissions index.
+pub(super) async fn load_expired_leases(
+    reader: &SqlitePool,
+    now: i64,
+    limit: u32,
+) -> Result<Vec<ExpiredLease>, Error> {
+    let limit = i64::from(limit);
+    let rows = sqlx::query!(
+        r#"SELECT a.conversation_id, c.namespace, a.active_request_id AS "request_id!",
+                  a.run_id AS "run_id!", a.revision, a.lease_expires_at AS "lease_expires_at!"
+           FROM admissions a
+           JOIN conversations c ON c.id = a.conversation_id
+           JOIN runs ru ON ru.run_id = a.run_id
+           WHERE a.lease_expires_at IS NOT NULL AND a.active_request_id IS NOT NULL
+             AND a.lease_expires_at < ?1 AND ru.status = 'running'
+           ORDER BY a.lease_expires_at LIMIT ?2"#,
+        now,
+        limit
+    )
+    .fetch_all(reader)
+    .await
+    .map_err(db("list expired leases"))?;
+    rows.into_iter()
+        .map(|row| {
+            let key = Row {
+                table: "admissions",
+                key: &"expired lease",
+            };
+            let conversation_id =
+                key.id::<ConversationId>("conversation_id", &row.conversation_id)?;
+            let key = Row {
+                table: "admissions",
+                key: &conversation_id,
+            };
+            Ok(ExpiredLease {
+                conversation_id,
+                namespace: Namespace::new(row.namespace)
+                    .map_err(|e| key.corrupt(format!("namespace: {e}")))?,
+                request_id: key.id::<RequestId>("active_request_id", &row.request_id)?,
+                run_id: key.id::<RunId>("run_id", &row.run_id)?,
+                revision: Revision(key.u64("revision", row.revision)?),
+                lease_expires_at: row.lease_expires_at,
+            })
+        })
+        .collect()
+}
