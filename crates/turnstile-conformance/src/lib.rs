@@ -21,6 +21,7 @@ pub mod concurrency;
 pub mod fencing;
 pub mod lifecycle;
 pub mod logs;
+pub mod meta;
 pub mod retention;
 pub mod summaries;
 pub mod support;
@@ -86,6 +87,14 @@ macro_rules! suite {
     approvals::claim_stores_the_deadline_and_every_read_of_the_request_returns_it,
     approvals::recovery_claim_with_another_fingerprint_records_the_agent_change,
     approvals::prune_deletes_the_approvals_of_finished_requests,
+    meta::metadata_is_set_read_and_versioned_apart_from_the_admission,
+    meta::a_stale_meta_version_conflicts_and_writes_nothing,
+    meta::metadata_set_at_creation_creates_the_conversation_idle,
+    meta::metadata_out_of_bounds_is_refused_naming_the_bound_and_writes_nothing,
+    meta::metadata_of_another_namespace_is_a_namespace_mismatch,
+    meta::conversation_listing_filters_by_owner_metadata_and_times,
+    meta::pages_walk_every_conversation_once_newest_first,
+    meta::pages_stay_stable_while_conversations_are_created,
             );
         }
     };

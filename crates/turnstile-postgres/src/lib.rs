@@ -18,6 +18,7 @@ mod approvals;
 mod codec;
 mod commit;
 mod connect;
+mod meta;
 mod ops;
 mod reads;
 mod retry;
@@ -392,6 +393,34 @@ impl Store for PostgresStore {
         let token = uuid::Uuid::new_v4();
         autocommit!(self, |conn, retry| approvals::decide_approval(
             conn, decision, token, retry
+        ))
+    }
+
+    async fn conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        transaction!(self, |conn, _retry| meta::load_meta(conn, namespace, id))
+    }
+
+    async fn set_conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_meta_version: u64,
+        update: &turnstile_core::store::MetaUpdate,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        // One token per call, the same across its attempts.
+        let token = uuid::Uuid::new_v4();
+        transaction!(self, |conn, retry| meta::set_meta(
+            conn,
+            namespace,
+            id,
+            expected_meta_version,
+            update,
+            token,
+            retry
         ))
     }
 }

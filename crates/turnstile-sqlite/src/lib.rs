@@ -13,6 +13,7 @@ mod approvals;
 mod close;
 mod codec;
 mod commit;
+mod meta;
 mod open;
 mod ops;
 mod reads;
@@ -430,6 +431,32 @@ impl Store for SqliteStore {
         self.group
             .write(Isolation::Savepoint, move |conn| {
                 Box::pin(async move { approvals::decide_approval_in(conn, &decision).await })
+            })
+            .await
+    }
+
+    async fn conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        let mut tx = self.reader.begin().await.map_err(db("begin read"))?;
+        meta::load_meta(&mut tx, namespace, id).await
+    }
+
+    async fn set_conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_meta_version: u64,
+        update: &turnstile_core::store::MetaUpdate,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        let (namespace, update) = (namespace.clone(), update.clone());
+        self.group
+            .write(Isolation::Savepoint, move |conn| {
+                Box::pin(async move {
+                    meta::set_meta_in(conn, &namespace, id, expected_meta_version, &update).await
+                })
             })
             .await
     }

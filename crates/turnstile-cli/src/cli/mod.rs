@@ -14,11 +14,13 @@ mod demo;
 pub mod exit;
 mod hint;
 mod interrupt;
+mod meta;
 mod model;
 mod ops;
 pub mod output;
 mod postgres;
 mod progress;
+mod search;
 mod session_cmds;
 pub mod tools;
 
@@ -32,6 +34,7 @@ pub use bench::BenchArgs;
 pub use db::DbLocation;
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
+pub use meta::MetaArgs;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
 pub use output::Style;
 pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
@@ -102,6 +105,9 @@ pub enum Command {
     /// The demo's child process: runs a request and freezes after a turn.
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// A conversation's title, owner and metadata: shows them, or changes
+    /// them with a compare-and-swap on their version (exit 5 if it moved).
+    Meta(MetaArgs),
 }
 
 /// Where a conversation lives: the options every session command shares.
@@ -184,6 +190,7 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Doctor(args) => ops::doctor(args, out, style, json).await,
             Command::Bench(args) => bench::run(args, out, style, json).await,
             Command::Worker(args) => demo::worker(args, out).await,
+            Command::Meta(args) => meta::run(args, out, style, json).await,
         }
     })
 }
