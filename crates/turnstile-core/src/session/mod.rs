@@ -7,6 +7,7 @@ mod admit;
 mod approvals;
 mod compact;
 mod drive;
+mod meta;
 mod resume;
 mod state;
 mod stream;
