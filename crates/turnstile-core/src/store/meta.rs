@@ -160,18 +160,19 @@ pub fn check_key(key: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks a value a listing matches a metadata key against: a string, an
-/// integer, a boolean or null (a float, array or object cannot be matched
-/// the same way on every backend).
+/// Checks a value a listing matches a metadata key against: a string
+/// (without U+0000), a 64-bit signed integer, a boolean or null (a float,
+/// a larger integer, an array or an object cannot be matched the same way
+/// on every backend).
 ///
 /// # Errors
 /// [`Error::InvalidInput`] for any other value.
 pub fn check_filter_value(value: &Value) -> Result<(), Error> {
     match value {
-        Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
-        Value::Number(n) if n.is_i64() || n.is_u64() => check_value("filter", value),
+        Value::Null | Value::Bool(_) | Value::String(_) => check_value("filter", value),
+        Value::Number(n) if n.is_i64() => Ok(()),
         _ => Err(invalid(
-            "a metadata filter matches a string, an integer, a boolean or null",
+            "a metadata filter matches a string, an integer (64-bit signed), a boolean or null",
         )),
     }
 }
@@ -387,7 +388,13 @@ mod tests {
         for ok in [json!("s"), json!(3), json!(true), json!(null)] {
             check_filter_value(&ok).unwrap();
         }
-        for bad in [json!(1.5), json!([1]), json!({"a": 1})] {
+        for bad in [
+            json!(1.5),
+            json!(u64::MAX),
+            json!("a\0"),
+            json!([1]),
+            json!({"a": 1}),
+        ] {
             assert!(check_filter_value(&bad).is_err(), "{bad}");
         }
     }
