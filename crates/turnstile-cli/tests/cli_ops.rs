@@ -202,7 +202,10 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     let held = admission(&db, &second).await;
     let failed_run = held.active.as_ref().unwrap().run_id.to_string();
 
-    let conversations = ops(&["ls", "conversations"], &db);
+    // One page: the conversations, and no next page.
+    let page = ops(&["ls", "conversations"], &db);
+    assert_eq!(page["next"], Value::Null);
+    let conversations = page["conversations"].clone();
     assert_eq!(ids(&conversations, "id"), [second.clone(), first.clone()]);
     let [newer, older] = conversations.as_array().unwrap().as_slice() else {
         panic!("two conversations: {conversations:#}");
@@ -222,9 +225,9 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     assert_eq!(newer["held"]["last_checkpoint"]["phase"], "model_pending");
 
     // Filters: namespace, conversation, both, limit.
-    let team = ops(&["ls", "conversations", "--namespace", "team-b"], &db);
+    let team = ops(&["ls", "conversations", "--namespace", "team-b"], &db)["conversations"].clone();
     assert_eq!(ids(&team, "id"), [second.as_str()]);
-    let one = ops(&["ls", "conversations", "--conversation", &first], &db);
+    let one = ops(&["ls", "conversations", "--conversation", &first], &db)["conversations"].clone();
     assert_eq!(ids(&one, "id"), [first.as_str()]);
     let none = ops(
         &[
@@ -237,9 +240,16 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
         ],
         &db,
     );
-    assert_eq!(none, json!([]));
+    assert_eq!(none["conversations"], json!([]));
     let limited = ops(&["ls", "conversations", "--limit", "1"], &db);
-    assert_eq!(ids(&limited, "id"), [second.as_str()]);
+    assert_eq!(ids(&limited["conversations"], "id"), [second.as_str()]);
+    let after = limited["next"].as_str().expect("a next page").to_owned();
+    let rest = ops(
+        &["ls", "conversations", "--limit", "1", "--after", &after],
+        &db,
+    );
+    assert_eq!(ids(&rest["conversations"], "id"), [first.as_str()]);
+    assert_eq!(rest["next"], Value::Null);
 
     // Requests of the second conversation, newest first.
     let requests = ops(&["ls", "requests", "--conversation", &second], &db);
@@ -352,7 +362,10 @@ async fn ls_stuck_finds_a_request_whose_worker_was_sigkilled() {
     assert_eq!(requests[0]["last_checkpoint"]["turn"], 1);
     assert_eq!(requests[0]["last_checkpoint"]["phase"], "turn_in_flight");
     let conversations = ops(&[&["ls", "conversations"][..], &stale].concat(), &db);
-    assert_eq!(ids(&conversations, "id"), [conversation.as_str()]);
+    assert_eq!(
+        ids(&conversations["conversations"], "id"),
+        [conversation.as_str()]
+    );
     let runs = ops(&[&["ls", "runs"][..], &stale].concat(), &db);
     assert_eq!(ids(&runs, "run_id"), [run.as_str()]);
     assert_eq!(runs[0]["status"], "running");

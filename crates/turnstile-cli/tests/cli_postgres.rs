@@ -123,7 +123,7 @@ async fn run_then_ls_show_checkpoints_and_export_read_it_back() {
 
     // `postgresql://` is the same server.
     let alias = url.replacen("postgres://", "postgresql://", 1);
-    let conversations = ops(&["ls", "conversations"], &alias);
+    let conversations = ops(&["ls", "conversations"], &alias)["conversations"].clone();
     assert_eq!(
         conversations[0]["id"],
         conversation.as_str(),

@@ -763,7 +763,11 @@ async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
         namespace: Some(tenant_a()),
         ..b_only.clone()
     };
-    let conversations = sqlite.list_conversations(&b_only).await.unwrap();
+    let conversations = sqlite
+        .list_conversations(&b_only)
+        .await
+        .unwrap()
+        .conversations;
     assert_eq!(
         conversations.iter().map(|c| c.id).collect::<Vec<_>>(),
         [own]
@@ -780,14 +784,24 @@ async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
         conversation_id: Some(conversation),
         ..b_only.clone()
     };
-    assert!(sqlite.list_conversations(&scoped).await.unwrap().is_empty());
+    assert!(sqlite
+        .list_conversations(&scoped)
+        .await
+        .unwrap()
+        .conversations
+        .is_empty());
     assert!(sqlite.list_requests(&scoped).await.unwrap().is_empty());
     assert!(sqlite.list_runs(&scoped).await.unwrap().is_empty());
     let stuck = ListFilter {
         stuck_only: true,
         ..b_only.clone()
     };
-    assert!(sqlite.list_conversations(&stuck).await.unwrap().is_empty());
+    assert!(sqlite
+        .list_conversations(&stuck)
+        .await
+        .unwrap()
+        .conversations
+        .is_empty());
     assert!(sqlite.list_requests(&stuck).await.unwrap().is_empty());
     assert!(sqlite.list_runs(&stuck).await.unwrap().is_empty());
     // The same listings for tenant A do show its rows: the filter is real.

@@ -87,7 +87,7 @@ pub(crate) async fn conversation_ids(
     store: &dyn StoreAdmin,
     filter: ListFilter,
 ) -> Result<Vec<ConversationId>, Error> {
-    let listed = store.list_conversations(&filter).await?;
+    let listed = store.list_conversations(&filter).await?.conversations;
     Ok(listed.into_iter().map(|c| c.id).collect())
 }
 
@@ -139,7 +139,7 @@ pub async fn conversation_listing_is_newest_first_filtered_and_limited(
     assert_eq!(conversation_ids(&*store, limited).await?, [l.c2]);
 
     // What each shows.
-    let listed = store.list_conversations(&filter()).await?;
+    let listed = store.list_conversations(&filter()).await?.conversations;
     let (o1, c2, c1) = (&listed[0], &listed[1], &listed[2]);
     assert_eq!((&c1.namespace, &o1.namespace), (&ns(), &other_ns()));
     // c1: r1 committed 4 entries (claim, commit), r2 claimed and recovered.
@@ -317,7 +317,7 @@ pub async fn summaries_of_unknown_ids_are_none_and_of_known_ones_match_the_listi
     );
     assert_eq!(store.run_summary(RunId::new(), PATIENT).await?, None);
 
-    let listed = store.list_conversations(&filter()).await?;
+    let listed = store.list_conversations(&filter()).await?.conversations;
     for conversation in &listed {
         let one = store.conversation_summary(conversation.id, PATIENT).await?;
         assert_eq!(one.as_ref(), Some(conversation));
@@ -367,7 +367,10 @@ pub async fn stuck_only_lists_a_failed_owner_and_a_running_one_only_once_stale(
         [failed.request_id]
     );
     assert_eq!(run_ids(&*store, stuck(PATIENT)).await?, [failed.run_id]);
-    let listed = store.list_conversations(&stuck(PATIENT)).await?;
+    let listed = store
+        .list_conversations(&stuck(PATIENT))
+        .await?
+        .conversations;
     let held = listed[0].held.as_ref().expect("held");
     assert_eq!(
         (held.run_id, held.run_status, held.stuck),

@@ -165,7 +165,13 @@ pub async fn stuck_goes_by_the_lease_when_the_owner_holds_one(store: SharedAdmin
         let store = store.clone();
         async move {
             let listed = store.list_conversations(&filter).await?;
-            Ok::<_, Error>(listed.into_iter().map(|c| c.id).collect::<Vec<_>>())
+            Ok::<_, Error>(
+                listed
+                    .conversations
+                    .into_iter()
+                    .map(|c| c.id)
+                    .collect::<Vec<_>>(),
+            )
         }
     };
     // Patient: only the expired lease is stuck, though its activity is fresh.

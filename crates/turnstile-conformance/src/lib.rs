@@ -24,6 +24,7 @@ pub mod fork;
 pub mod leases;
 pub mod lifecycle;
 pub mod logs;
+pub mod meta;
 pub mod retention;
 pub mod retention_policy;
 pub mod summaries;
@@ -107,6 +108,14 @@ macro_rules! suite {
     leases::expired_leases_lists_only_expired_leases_of_running_owners_soonest_first,
     leases::stuck_goes_by_the_lease_when_the_owner_holds_one,
     leases::a_recovery_claim_a_commit_and_an_abandon_each_drop_the_lease,
+    meta::metadata_is_set_read_and_versioned_apart_from_the_admission,
+    meta::a_stale_meta_version_conflicts_and_writes_nothing,
+    meta::metadata_set_at_creation_creates_the_conversation_idle,
+    meta::metadata_out_of_bounds_is_refused_naming_the_bound_and_writes_nothing,
+    meta::metadata_of_another_namespace_is_a_namespace_mismatch,
+    meta::conversation_listing_filters_by_owner_metadata_and_times,
+    meta::pages_walk_every_conversation_once_newest_first,
+    meta::pages_stay_stable_while_conversations_are_created,
             );
         }
     };

@@ -78,6 +78,14 @@ pub enum Error {
         expected: u64,
         actual: u64,
     },
+    /// A compare-and-swap of a conversation's metadata lost: it is not at
+    /// the expected `meta_version`. Nothing was written.
+    #[error("metadata of conversation {conversation_id} changed: expected meta version {expected}, found {actual}")]
+    MetaVersionConflict {
+        conversation_id: ConversationId,
+        expected: u64,
+        actual: u64,
+    },
 
     /// The agent differs from the one the request was admitted with.
     #[error("request {request_id} was admitted with another agent configuration")]

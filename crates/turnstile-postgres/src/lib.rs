@@ -21,6 +21,7 @@ mod connect;
 mod deletion;
 mod fork;
 mod leases;
+mod meta;
 mod ops;
 mod reads;
 mod retry;
@@ -445,6 +446,34 @@ impl Store for PostgresStore {
     async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
         autocommit!(self, |conn, _retry| leases::load_expired_leases(
             conn, now, limit
+        ))
+    }
+
+    async fn conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        transaction!(self, |conn, _retry| meta::load_meta(conn, namespace, id))
+    }
+
+    async fn set_conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_meta_version: u64,
+        update: &turnstile_core::store::MetaUpdate,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        // One token per call, the same across its attempts.
+        let token = uuid::Uuid::new_v4();
+        transaction!(self, |conn, retry| meta::set_meta(
+            conn,
+            namespace,
+            id,
+            expected_meta_version,
+            update,
+            token,
+            retry
         ))
     }
 }

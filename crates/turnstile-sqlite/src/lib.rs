@@ -16,6 +16,7 @@ mod commit;
 mod deletion;
 mod fork;
 mod leases;
+mod meta;
 mod open;
 mod ops;
 mod reads;
@@ -470,5 +471,31 @@ impl Store for SqliteStore {
 
     async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
         leases::load_expired_leases(&self.reader, now, limit).await
+    }
+
+    async fn conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        let mut tx = self.reader.begin().await.map_err(db("begin read"))?;
+        meta::load_meta(&mut tx, namespace, id).await
+    }
+
+    async fn set_conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_meta_version: u64,
+        update: &turnstile_core::store::MetaUpdate,
+    ) -> Result<turnstile_core::store::ConversationMeta, Error> {
+        let (namespace, update) = (namespace.clone(), update.clone());
+        self.group
+            .write(Isolation::Savepoint, move |conn| {
+                Box::pin(async move {
+                    meta::set_meta_in(conn, &namespace, id, expected_meta_version, &update).await
+                })
+            })
+            .await
     }
 }

@@ -7,7 +7,7 @@
 //! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
 //! | 3 | busy: the conversation is held by an active request |
 //! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run; a deleted conversation (the message says so) |
-//! | 5 | fenced, conflict (stale `--revision`, a stale `delete --version`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |
+//! | 5 | fenced, conflict (stale `--revision`, a stale `delete --version`, or stale metadata `--version` of `meta`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |
 //! | 6 | awaiting approval: the run stopped cleanly (admission held) until tool calls are approved or rejected; it printed them and the commands that decide them |
 //! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory, a server that cannot be reached): nothing is known about its health |
 //!
@@ -192,7 +192,8 @@ pub fn code_for(error: &Error) -> u8 {
         | Error::Conflict { .. }
         | Error::AmbiguousCheckpoint { .. }
         | Error::NotActive { .. }
-        | Error::NoPendingApproval { .. } => CONFLICT,
+        | Error::NoPendingApproval { .. }
+        | Error::MetaVersionConflict { .. } => CONFLICT,
         Error::AwaitingApproval { .. } => AWAITING_APPROVAL,
         // Another process held the database past the busy timeout: retry
         // later, like a busy conversation.

@@ -15,11 +15,13 @@ mod demo;
 pub mod exit;
 mod hint;
 mod interrupt;
+mod meta;
 mod model;
 mod ops;
 pub mod output;
 mod postgres;
 mod progress;
+mod search;
 mod session_cmds;
 pub mod tools;
 
@@ -34,6 +36,7 @@ pub use db::DbLocation;
 pub use deletion::{DeleteArgs, ForkArgs};
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
+pub use meta::MetaArgs;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
 pub use output::Style;
 pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
@@ -111,6 +114,9 @@ pub enum Command {
     /// Create a new conversation from the first SEQ committed entries of
     /// another (left untouched). Prints the new id.
     Fork(ForkArgs),
+    /// A conversation's title, owner and metadata: shows them, or changes
+    /// them with a compare-and-swap on their version (exit 5 if it moved).
+    Meta(MetaArgs),
 }
 
 /// Where a conversation lives: the options every session command shares.
@@ -195,6 +201,7 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Worker(args) => demo::worker(args, out).await,
             Command::Delete(args) => deletion::delete(args, out, style, json).await,
             Command::Fork(args) => deletion::fork(args, out, json).await,
+            Command::Meta(args) => meta::run(args, out, style, json).await,
         }
     })
 }

@@ -29,7 +29,8 @@ use serde_json::Value;
 use crate::checkpoint::CheckpointPhase;
 use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use crate::store::{RequestStatus, RunStatus, Store};
+use crate::store::meta::{check_filter_value, check_owner};
+use crate::store::{ConversationCursor, ConversationMeta, RequestStatus, RunStatus, Store};
 
 mod retention;
 
@@ -44,15 +45,17 @@ pub use retention::{Retention, RetentionOutcome, RetentionPolicy, RetentionRepor
 /// batch deleted whole or not at all.
 #[async_trait]
 pub trait StoreAdmin: Store {
-    /// Conversations, newest first: header, admission, transcript length.
+    /// Conversations, newest first by `(created_at, id)`: header,
+    /// admission, transcript length, metadata; one page of at most
+    /// `filter.limit`, and the cursor of the next page when there is one
+    /// (see [`ListFilter::after`]). With `stuck_only` or `conversation_id`
+    /// the conversations are those, filtered, and there is no next page.
     ///
     /// # Errors
+    /// [`Error::InvalidInput`] for a bad owner or metadata filter;
     /// [`Error::Store`] if the database fails; [`Error::Corrupt`] for an
     /// undecodable row.
-    async fn list_conversations(
-        &self,
-        filter: &ListFilter,
-    ) -> Result<Vec<ConversationSummary>, Error>;
+    async fn list_conversations(&self, filter: &ListFilter) -> Result<ConversationPage, Error>;
 
     /// One conversation, or `None` if it does not exist. `stale_after` as in
     /// [`ListFilter::stale_after`].
@@ -188,6 +191,17 @@ pub struct ConversationSummary {
     pub last_activity_at: i64,
     /// The active request holding the conversation, if any.
     pub held: Option<HeldAdmission>,
+    /// Title, owner and metadata.
+    pub meta: ConversationMeta,
+}
+
+/// One page of [`StoreAdmin::list_conversations`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConversationPage {
+    pub conversations: Vec<ConversationSummary>,
+    /// Where the next page starts (give it as [`ListFilter::after`]);
+    /// `None` on the last page.
+    pub next: Option<ConversationCursor>,
 }
 
 /// A request: its status, its latest run and where that run stands.
@@ -250,6 +264,64 @@ pub struct ListFilter {
     pub stale_after: Duration,
     /// At most this many rows.
     pub limit: u32,
+    /// Conversations: only those of this owner.
+    pub owner: Option<String>,
+    /// Conversations: only those whose metadata has this key with this
+    /// value (a string, an integer, a boolean or null; see
+    /// [`check_filter_value`]).
+    pub meta: Option<(String, Value)>,
+    /// Conversations created at or after this (Unix milliseconds).
+    pub created_after: Option<i64>,
+    /// Conversations created before this (Unix milliseconds).
+    pub created_before: Option<i64>,
+    /// Conversations updated at or after this (Unix milliseconds):
+    /// "updated" is the later of the admission's last change
+    /// ([`ConversationSummary::last_activity_at`]) and the metadata's
+    /// ([`ConversationMeta::updated_at`]).
+    pub updated_after: Option<i64>,
+    /// Conversations updated before this (Unix milliseconds).
+    pub updated_before: Option<i64>,
+    /// Conversations: the page after this cursor (from
+    /// [`ConversationPage::next`]). Keyset pagination: a conversation
+    /// created meanwhile never shifts a page, so a walk lists every
+    /// conversation that existed when it started exactly once.
+    pub after: Option<ConversationCursor>,
+}
+
+impl ListFilter {
+    /// Checks the conversation filters a backend passes to its query.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a bad owner, metadata key or value.
+    pub fn check_conversation_filters(&self) -> Result<(), Error> {
+        if let Some(owner) = &self.owner {
+            check_owner(owner)?;
+        }
+        if let Some((key, value)) = &self.meta {
+            crate::store::meta::check_key(key)?;
+            check_filter_value(value)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a conversation passes the owner, metadata and time filters:
+    /// what a backend applies to conversations it did not select by them
+    /// (`stuck_only`, `conversation_id`).
+    pub fn admits(&self, summary: &ConversationSummary) -> bool {
+        let meta = &summary.meta;
+        let updated = summary.last_activity_at.max(meta.updated_at);
+        self.owner
+            .as_ref()
+            .is_none_or(|o| meta.owner.as_ref() == Some(o))
+            && self
+                .meta
+                .as_ref()
+                .is_none_or(|(k, v)| meta.metadata.get(k) == Some(v))
+            && self.created_after.is_none_or(|t| summary.created_at >= t)
+            && self.created_before.is_none_or(|t| summary.created_at < t)
+            && self.updated_after.is_none_or(|t| updated >= t)
+            && self.updated_before.is_none_or(|t| updated < t)
+    }
 }
 
 impl Default for ListFilter {
@@ -260,6 +332,13 @@ impl Default for ListFilter {
             stuck_only: false,
             stale_after: Duration::from_secs(300),
             limit: 50,
+            owner: None,
+            meta: None,
+            created_after: None,
+            created_before: None,
+            updated_after: None,
+            updated_before: None,
+            after: None,
         }
     }
 }

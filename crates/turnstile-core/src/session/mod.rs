@@ -8,6 +8,7 @@ mod approvals;
 mod compact;
 mod drive;
 mod lease;
+mod meta;
 mod resume;
 mod state;
 mod stream;

@@ -10,6 +10,7 @@ mod approvals;
 pub mod columns;
 mod deletion;
 mod leases;
+pub mod meta;
 mod records;
 
 use async_trait::async_trait;
@@ -22,6 +23,7 @@ pub use approvals::{
 };
 pub use deletion::{check_fork_cut, DeleteReport, ForkOutcome};
 pub use leases::ExpiredLease;
+pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{
     ActiveAdmission, Admission, AgentChange, ClaimContext, ClaimOutcome, Conversation, Fence,
     InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord,
@@ -370,4 +372,34 @@ pub trait Store: Send + Sync + 'static {
     /// progress (`FOR UPDATE SKIP LOCKED`), so concurrent recoverers spread
     /// over different rows.
     async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error>;
+
+    /// The metadata of a conversation of `namespace`: [`Error::NotFound`]
+    /// if it does not exist, [`Error::NamespaceMismatch`] if it belongs to
+    /// another namespace.
+    async fn conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<ConversationMeta, Error>;
+
+    /// Changes a conversation's metadata in one transaction: a
+    /// compare-and-swap on its `meta_version`, which it moves on by one
+    /// (the admission and its revision are untouched). With
+    /// `expected_meta_version` 0 a conversation that does not exist is
+    /// created first, with its idle admission (as
+    /// [`Store::ensure_conversation`]): metadata set at creation. Returns
+    /// the metadata as stored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an update or a result out of the bounds
+    /// of [`meta`]; [`Error::MetaVersionConflict`] for a stale version;
+    /// [`Error::NotFound`] / [`Error::NamespaceMismatch`] as
+    /// [`Store::conversation_meta`]. Nothing is written.
+    async fn set_conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_meta_version: u64,
+        update: &MetaUpdate,
+    ) -> Result<ConversationMeta, Error>;
 }

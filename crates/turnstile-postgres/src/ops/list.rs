@@ -9,11 +9,12 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::cutoff;
+use super::page::conversation_page;
 use crate::codec::{db, now_ms, text, Row};
 use crate::PostgresStore;
 use turnstile_core::admin::{
-    is_stuck, CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary,
-    RunSummary,
+    is_stuck, CheckpointMark, ConversationPage, ConversationSummary, HeldAdmission, ListFilter,
+    RequestSummary, RunSummary,
 };
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
@@ -90,34 +91,25 @@ async fn stuck_keys(
 pub(super) async fn list_conversations(
     store: &PostgresStore,
     filter: &ListFilter,
-) -> Result<Vec<ConversationSummary>, Error> {
+) -> Result<ConversationPage, Error> {
+    filter.check_conversation_filters()?;
     let mut tx = snapshot(store).await?;
     let k = keys(filter);
-    let ids: Vec<Uuid> = if filter.stuck_only {
-        stuck_keys(&mut tx, &k)
-            .await?
-            .into_iter()
-            .map(|k| k.0)
-            .collect()
+    let (ids, next): (Vec<Uuid>, _) = if filter.stuck_only {
+        let keys = stuck_keys(&mut tx, &k).await?;
+        (keys.into_iter().map(|k| k.0).collect(), None)
     } else {
-        sqlx::query_scalar!(
-            "SELECT conversation_id FROM conversations
-             WHERE ($1::text IS NULL OR namespace = $1)
-               AND ($2::uuid IS NULL OR conversation_id = $2)
-             ORDER BY created_at DESC, conversation_id DESC LIMIT $3",
-            k.namespace,
-            k.conversation,
-            k.limit
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("list conversations"))?
+        conversation_page(&mut tx, filter).await?
     };
-    let mut summaries = Vec::with_capacity(ids.len());
+    let mut conversations = Vec::with_capacity(ids.len());
     for id in ids {
-        summaries.extend(conversation_summary(&mut tx, id, k.cutoff).await?);
+        let summary = conversation_summary(&mut tx, id, k.cutoff).await?;
+        conversations.extend(summary.filter(|s| filter.admits(s)));
     }
-    Ok(summaries)
+    Ok(ConversationPage {
+        conversations,
+        next,
+    })
 }
 
 pub(super) async fn one_conversation(
@@ -230,15 +222,17 @@ async fn conversation_summary(
         table: "conversations",
         key: &id,
     };
+    let conversation_id = key.checked_id("conversation_id", id)?;
     Ok(Some(ConversationSummary {
-        id: key.checked_id("conversation_id", id)?,
+        id: conversation_id,
         namespace: namespace_of(&key, row.namespace)?,
         version: key.u64("version", row.version)?,
         revision: Revision(key.u64("revision", row.revision)?),
         transcript_entries: key.u64("transcript_entries", row.transcript_entries)?,
         created_at: row.created_at,
         last_activity_at: row.updated_at,
-        held: held_admission(conn, id, cutoff).await?,
+        held: held_admission(&mut *conn, id, cutoff).await?,
+        meta: crate::meta::meta_of(conn, conversation_id, false).await?.0,
     }))
 }
 

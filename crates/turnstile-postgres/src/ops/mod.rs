@@ -3,14 +3,15 @@
 
 mod doctor;
 mod list;
+mod page;
 mod prune;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use turnstile_core::admin::{
-    ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport, RequestSummary,
-    RunSummary, StorageReport, StoreAdmin,
+    ConversationPage, ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport,
+    RequestSummary, RunSummary, StorageReport, StoreAdmin,
 };
 use turnstile_core::ids::{ConversationId, RunId};
 use turnstile_core::Error;
@@ -20,10 +21,7 @@ use super::PostgresStore;
 
 #[async_trait]
 impl StoreAdmin for PostgresStore {
-    async fn list_conversations(
-        &self,
-        filter: &ListFilter,
-    ) -> Result<Vec<ConversationSummary>, Error> {
+    async fn list_conversations(&self, filter: &ListFilter) -> Result<ConversationPage, Error> {
         list::list_conversations(self, filter).await
     }
 

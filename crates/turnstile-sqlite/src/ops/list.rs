@@ -11,11 +11,12 @@ use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::cutoff;
+use super::page::conversation_page;
 use crate::codec::{db, now_ms, Row};
 use crate::SqliteStore;
 use turnstile_core::admin::{
-    is_stuck, CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary,
-    RunSummary,
+    is_stuck, CheckpointMark, ConversationPage, ConversationSummary, HeldAdmission, ListFilter,
+    RequestSummary, RunSummary,
 };
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
@@ -37,46 +38,30 @@ struct StuckKeys {
 pub(super) async fn list_conversations(
     store: &SqliteStore,
     filter: &ListFilter,
-) -> Result<Vec<ConversationSummary>, Error> {
+) -> Result<ConversationPage, Error> {
+    filter.check_conversation_filters()?;
     let mut tx = store.reader.begin().await.map_err(db("begin read"))?;
     let cutoff = cutoff(filter.stale_after);
-    let limit = i64::from(filter.limit);
-    let keys: Vec<Vec<u8>> = if filter.stuck_only {
-        stuck_keys(&mut tx, filter, cutoff)
-            .await?
-            .into_iter()
-            .map(|k| k.conversation)
-            .collect()
+    let (keys, next) = if filter.stuck_only {
+        let keys = stuck_keys(&mut tx, filter, cutoff).await?;
+        (keys.into_iter().map(|k| k.conversation).collect(), None)
     } else if let Some(id) = filter.conversation_id {
-        vec![id.as_uuid().as_bytes().to_vec()]
-    } else if let Some(namespace) = &filter.namespace {
-        let namespace = namespace.as_str();
-        sqlx::query_scalar!(
-            "SELECT id FROM conversations WHERE namespace = ?1 ORDER BY created_at DESC LIMIT ?2",
-            namespace,
-            limit
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("list conversations"))?
+        (vec![id.as_uuid().as_bytes().to_vec()], None)
     } else {
-        sqlx::query_scalar!(
-            "SELECT id FROM conversations ORDER BY created_at DESC LIMIT ?1",
-            limit
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("list conversations"))?
+        conversation_page(&mut tx, filter).await?
     };
-    let mut summaries = Vec::with_capacity(keys.len());
+    let mut conversations = Vec::with_capacity(keys.len());
     for key in keys {
         if let Some(summary) = conversation_summary(&mut tx, &key, cutoff).await? {
-            if in_namespace(filter, &summary.namespace) {
-                summaries.push(summary);
+            if in_namespace(filter, &summary.namespace) && filter.admits(&summary) {
+                conversations.push(summary);
             }
         }
     }
-    Ok(summaries)
+    Ok(ConversationPage {
+        conversations,
+        next,
+    })
 }
 
 /// One conversation, in any namespace; `None` if it does not exist.
@@ -300,15 +285,17 @@ async fn conversation_summary(
         table: "conversations",
         key: &id,
     };
+    let conversation_id = key.checked_id("id", id)?;
     Ok(Some(ConversationSummary {
-        id: key.checked_id("id", id)?,
+        id: conversation_id,
         namespace: namespace_of(&key, row.namespace)?,
         version: key.u64("version", row.version)?,
         revision: Revision(key.u64("revision", row.revision)?),
         transcript_entries: key.u64("transcript_entries", row.transcript_entries)?,
         created_at: row.created_at,
         last_activity_at: row.updated_at,
-        held: held_admission(conn, id, cutoff).await?,
+        held: held_admission(&mut *conn, id, cutoff).await?,
+        meta: crate::meta::meta_of(conn, conversation_id).await?,
     }))
 }
 
@@ -550,7 +537,11 @@ fn uuid_of(table: &'static str, column: &str, bytes: &[u8]) -> Result<Uuid, Erro
 }
 
 /// A row's own id, before a [`Row`] can name it.
-fn id_of<T: TryFrom<Uuid>>(table: &'static str, column: &str, bytes: &[u8]) -> Result<T, Error> {
+pub(super) fn id_of<T: TryFrom<Uuid>>(
+    table: &'static str,
+    column: &str,
+    bytes: &[u8],
+) -> Result<T, Error> {
     let uuid = uuid_of(table, column, bytes)?;
     Row { table, key: &uuid }.checked_id(column, uuid)
 }

@@ -4,6 +4,7 @@
 
 mod doctor;
 mod list;
+mod page;
 mod prune;
 mod storage;
 
@@ -13,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use turnstile_core::admin::{
-    ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport, RequestSummary,
-    RunSummary, StorageReport, StoreAdmin,
+    ConversationPage, ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport,
+    RequestSummary, RunSummary, StorageReport, StoreAdmin,
 };
 use turnstile_core::ids::{ConversationId, RunId};
 use turnstile_core::Error;
@@ -24,10 +25,7 @@ use super::SqliteStore;
 
 #[async_trait]
 impl StoreAdmin for SqliteStore {
-    async fn list_conversations(
-        &self,
-        filter: &ListFilter,
-    ) -> Result<Vec<ConversationSummary>, Error> {
+    async fn list_conversations(&self, filter: &ListFilter) -> Result<ConversationPage, Error> {
         list::list_conversations(self, filter).await
     }
 

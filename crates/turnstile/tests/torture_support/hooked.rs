@@ -456,6 +456,37 @@ impl Store for Hooked {
         )
         .await
     }
+
+    async fn conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+    ) -> Result<turnstile::store::ConversationMeta, Error> {
+        self.wrap(
+            Call::read("conversation_meta"),
+            self.inner.conversation_meta(namespace, id),
+        )
+        .await
+    }
+
+    async fn set_conversation_meta(
+        &self,
+        namespace: &Namespace,
+        id: ConversationId,
+        expected_meta_version: u64,
+        update: &turnstile::store::MetaUpdate,
+    ) -> Result<turnstile::store::ConversationMeta, Error> {
+        let call = Call {
+            op: "set_conversation_meta",
+            write: true,
+            detail: id.to_string(),
+            ..Call::read("set_conversation_meta")
+        };
+        let set = self
+            .inner
+            .set_conversation_meta(namespace, id, expected_meta_version, update);
+        self.wrap(call, set).await
+    }
 }
 
 /// The crash tortures' trace of one conversation's store calls: `@C + KIND

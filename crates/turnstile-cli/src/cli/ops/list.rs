@@ -1,5 +1,6 @@
 //! `ls conversations|requests|runs`: one row per item, newest first (stuck
-//! ones stalest first), or with `--json` one array.
+//! ones stalest first), or with `--json` one array (conversations: one
+//! page object, `{"conversations": [...], "next": CURSOR|null}`).
 
 use std::io::Write;
 
@@ -19,20 +20,31 @@ pub(in crate::cli) async fn ls(
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, Access::Read).await?;
     let result = async {
-        let filter = ListFilter {
+        if args.kind != ListKind::Conversations && args.search.any() {
+            return Err(CliError::Usage(
+                "--owner, --meta, --created-*, --updated-* and --after filter conversations only"
+                    .into(),
+            ));
+        }
+        let filter = args.search.apply(ListFilter {
             namespace: args.namespace,
             conversation_id: args.conversation,
             stuck_only: args.stuck,
             stale_after: args.stale_after,
             limit: args.limit,
-        };
+            ..ListFilter::default()
+        });
         match args.kind {
             ListKind::Conversations => {
-                let rows = store.list_conversations(&filter).await?;
+                let page = store.list_conversations(&filter).await?;
                 if json {
-                    return output::json(out, &rows);
+                    return output::json(out, &page);
                 }
-                conversations(out, style, &rows)
+                conversations(out, style, &page.conversations)?;
+                if let Some(next) = page.next {
+                    writeln!(out, "more: --after {next}")?;
+                }
+                Ok(())
             }
             ListKind::Requests => {
                 let rows = store.list_requests(&filter).await?;
@@ -78,6 +90,14 @@ fn conversations(
                 mark(c.held.as_ref().and_then(|h| h.last_checkpoint.as_ref())),
                 utc(c.created_at),
                 utc(c.last_activity_at),
+                c.meta
+                    .owner
+                    .as_deref()
+                    .map_or("-".into(), |o| output::clip(o, 40)),
+                c.meta
+                    .title
+                    .as_deref()
+                    .map_or("-".into(), |t| output::clip(t, 40)),
             ]
         })
         .collect();
@@ -94,6 +114,8 @@ fn conversations(
             "CHECKPOINT",
             "CREATED (UTC)",
             "LAST ACTIVITY (UTC)",
+            "OWNER",
+            "TITLE",
         ],
         &table,
     )

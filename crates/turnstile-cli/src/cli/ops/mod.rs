@@ -54,6 +54,8 @@ pub struct LsArgs {
     #[arg(long, value_name = "N", default_value_t = 50,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
+    #[command(flatten)]
+    pub search: super::search::SearchArgs,
 }
 
 #[derive(Args, Debug)]
