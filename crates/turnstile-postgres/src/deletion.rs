@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 use crate::codec::{db, now_ms, Row};
 use turnstile_core::admin::TableCounts;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
-use turnstile_core::store::DeleteReport;
+use turnstile_core::store::{check_delete, missing_conversation, DeleteReport};
 use turnstile_core::Error;
 
 /// Deletes `id` inside the caller's transaction (see
@@ -50,28 +50,21 @@ pub(crate) async fn delete_in(
         table: "conversations",
         key: &id,
     };
-    let version = key.u64("version", found.version)?;
-    if version != expected_version {
-        return Err(Error::VersionConflict {
-            conversation_id: id,
-            expected: expected_version,
-            actual: version,
-        });
-    }
     let admission = Row {
         table: "admissions",
         key: &id,
     };
-    let revision = Revision(admission.u64("revision", found.revision)?);
-    if let Some(active) = found.active_request_id {
-        if active_revision != Some(revision) {
-            return Err(Error::Busy {
-                conversation_id: id,
-                request_id: admission.checked_id::<RequestId>("active_request_id", active)?,
-                revision,
-            });
-        }
-    }
+    check_delete(
+        id,
+        key.u64("version", found.version)?,
+        Revision(admission.u64("revision", found.revision)?),
+        found
+            .active_request_id
+            .map(|active| admission.checked_id::<RequestId>("active_request_id", active))
+            .transpose()?,
+        expected_version,
+        active_revision,
+    )?;
     let c = sqlx::query!(
         r#"SELECT
              (SELECT COUNT(*) FROM transcript WHERE conversation_id = $1) AS "transcript!",
@@ -184,19 +177,7 @@ pub(crate) async fn missing(
     .await;
     match tombstone {
         Err(e) => db("read conversation tombstone")(e),
-        Ok(Some(stored)) => match namespace {
-            Some(ns) if ns.as_str() != stored => Error::NamespaceMismatch {
-                conversation_id: id,
-                namespace: ns.clone(),
-            },
-            _ => Error::Deleted {
-                conversation_id: id,
-            },
-        },
-        Ok(None) => Error::NotFound {
-            what: "conversation",
-            id: id.to_string(),
-        },
+        Ok(stored) => missing_conversation(namespace, id, stored),
     }
 }
 

@@ -8,7 +8,7 @@ use crate::codec::{db, now_ms, Row};
 use crate::SqliteStore;
 use turnstile_core::admin::TableCounts;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
-use turnstile_core::store::DeleteReport;
+use turnstile_core::store::{check_delete, missing_conversation, DeleteReport};
 use turnstile_core::Error;
 
 /// Deletes `id` (see `Store::delete_conversation`): the checks and the
@@ -73,28 +73,21 @@ async fn delete_in(
         table: "conversations",
         key: &id,
     };
-    let version = key.u64("version", found.version)?;
-    if version != expected_version {
-        return Err(Error::VersionConflict {
-            conversation_id: id,
-            expected: expected_version,
-            actual: version,
-        });
-    }
     let admission = Row {
         table: "admissions",
         key: &id,
     };
-    let revision = Revision(admission.u64("revision", found.revision.unwrap_or(0))?);
-    if let Some(active) = found.active_request_id {
-        if active_revision != Some(revision) {
-            return Err(Error::Busy {
-                conversation_id: id,
-                request_id: admission.id::<RequestId>("active_request_id", &active)?,
-                revision,
-            });
-        }
-    }
+    check_delete(
+        id,
+        key.u64("version", found.version)?,
+        Revision(admission.u64("revision", found.revision.unwrap_or(0))?),
+        found
+            .active_request_id
+            .map(|active| admission.id::<RequestId>("active_request_id", &active))
+            .transpose()?,
+        expected_version,
+        active_revision,
+    )?;
     let counts = sqlx::query!(
         r#"WITH reqs(id) AS (SELECT request_id FROM requests WHERE conversation_id = ?1),
                 rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs))
@@ -178,19 +171,7 @@ pub(crate) async fn missing(
     .await;
     match tombstone {
         Err(e) => db("read conversation tombstone")(e),
-        Ok(Some(stored)) => match namespace {
-            Some(ns) if ns.as_str() != stored => Error::NamespaceMismatch {
-                conversation_id: id,
-                namespace: ns.clone(),
-            },
-            _ => Error::Deleted {
-                conversation_id: id,
-            },
-        },
-        Ok(None) => Error::NotFound {
-            what: "conversation",
-            id: id.to_string(),
-        },
+        Ok(stored) => missing_conversation(namespace, id, stored),
     }
 }
 

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::TranscriptEntry;
 use crate::admin::TableCounts;
 use crate::error::Error;
-use crate::ids::ConversationId;
+use crate::ids::{ConversationId, Namespace, RequestId, Revision};
 use crate::message::Message;
 
 /// What [`Store::delete_conversation`](super::Store::delete_conversation)
@@ -26,6 +26,59 @@ pub struct DeleteReport {
     /// vacuum, as `prune` does; 0 where the backend reclaims space by
     /// itself).
     pub pages_freed: u64,
+}
+
+/// Whether a delete may go on, given the conversation as found (its row
+/// decoded, its namespace checked): its version must be `expected_version`
+/// ([`Error::VersionConflict`]), and a request holding it refuses the delete
+/// ([`Error::Busy`]) unless the caller names that admission's revision.
+pub fn check_delete(
+    id: ConversationId,
+    version: u64,
+    revision: Revision,
+    active_request: Option<RequestId>,
+    expected_version: u64,
+    active_revision: Option<Revision>,
+) -> Result<(), Error> {
+    if version != expected_version {
+        return Err(Error::VersionConflict {
+            conversation_id: id,
+            expected: expected_version,
+            actual: version,
+        });
+    }
+    match active_request {
+        Some(request_id) if active_revision != Some(revision) => Err(Error::Busy {
+            conversation_id: id,
+            request_id,
+            revision,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Why a conversation has no row, given its tombstone's namespace if it has
+/// one: [`Error::Deleted`] (or, for a tombstone of another namespace than
+/// `namespace` when one is given, [`Error::NamespaceMismatch`], as its row
+/// was), otherwise [`Error::NotFound`].
+pub fn missing_conversation(
+    namespace: Option<&Namespace>,
+    id: ConversationId,
+    tombstone: Option<String>,
+) -> Error {
+    match (tombstone, namespace) {
+        (Some(stored), Some(ns)) if ns.as_str() != stored => Error::NamespaceMismatch {
+            conversation_id: id,
+            namespace: ns.clone(),
+        },
+        (Some(_), _) => Error::Deleted {
+            conversation_id: id,
+        },
+        (None, _) => Error::NotFound {
+            what: "conversation",
+            id: id.to_string(),
+        },
+    }
 }
 
 /// What [`Store::fork_conversation`](super::Store::fork_conversation)

@@ -21,7 +21,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, PendingApproval, Verdict,
     MAX_REJECTION_REASON_BYTES,
 };
-pub use deletion::{check_fork_cut, DeleteReport, ForkOutcome};
+pub use deletion::{check_delete, check_fork_cut, missing_conversation, DeleteReport, ForkOutcome};
 pub use leases::ExpiredLease;
 pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{
