@@ -5,7 +5,8 @@
 //!   among them, a `SAVEPOINT` is);
 //! - round trips to sqlx's connection worker per step: the statements plus
 //!   a `BEGIN` and a `COMMIT` per commit (every measured write transaction
-//!   writes, so each ends in a commit frame of the WAL);
+//!   writes, so each ends in a commit frame of the WAL), except for a step
+//!   the store commits as its statement alone (the writer logs each);
 //! - commits and WAL pages per step, read from the WAL file's frame headers
 //!   (a commit is a frame with a non-zero "database size" field);
 //! - storage after the default workload (200 conversations × 20
@@ -45,15 +46,31 @@ use support::{
 };
 
 const SQL_TARGET: &str = "sqlx::query";
+const WRITER_TARGET: &str = "turnstile_sqlite::writer";
+const ALONE: &str = "step committed alone";
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+static ALONE_COMMITS: AtomicU64 = AtomicU64::new(0);
 
-/// Counts the statement events sqlx emits while [`COUNTING`] is on.
+/// Counts the statement events sqlx emits, and the steps the store's writer
+/// commits with no `BEGIN` or `COMMIT`, while [`COUNTING`] is on.
 struct StatementCounter;
+
+/// Whether an event's message is [`ALONE`].
+#[derive(Default)]
+struct IsAlone(bool);
+
+impl tracing::field::Visit for IsAlone {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}") == ALONE;
+        }
+    }
+}
 
 impl Subscriber for StatementCounter {
     fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
-        if meta.target() == SQL_TARGET {
+        if [SQL_TARGET, WRITER_TARGET].contains(&meta.target()) {
             Interest::sometimes()
         } else {
             Interest::never()
@@ -61,7 +78,7 @@ impl Subscriber for StatementCounter {
     }
 
     fn enabled(&self, meta: &Metadata<'_>) -> bool {
-        meta.target() == SQL_TARGET && COUNTING.load(Ordering::SeqCst)
+        [SQL_TARGET, WRITER_TARGET].contains(&meta.target()) && COUNTING.load(Ordering::SeqCst)
     }
 
     fn max_level_hint(&self) -> Option<LevelFilter> {
@@ -77,8 +94,18 @@ impl Subscriber for StatementCounter {
     fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
 
     fn event(&self, event: &Event<'_>) {
-        if event.metadata().target() == SQL_TARGET {
-            STATEMENTS.fetch_add(1, Ordering::SeqCst);
+        match event.metadata().target() {
+            SQL_TARGET => {
+                STATEMENTS.fetch_add(1, Ordering::SeqCst);
+            }
+            WRITER_TARGET => {
+                let mut alone = IsAlone::default();
+                event.record(&mut alone);
+                if alone.0 {
+                    ALONE_COMMITS.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -132,6 +159,8 @@ fn wal_state(db: &Path) -> Option<WalState> {
 struct Measured {
     label: String,
     statements: u64,
+    /// Commits with no `BEGIN` or `COMMIT` of their own.
+    alone: u64,
     /// Context switches of all the process's threads (`None` off Linux).
     switches: Option<u64>,
     /// `None` when the WAL was reset (checkpointed) in between.
@@ -149,10 +178,12 @@ async fn measure<T>(
     let before = wal_state(db);
     let switches_before = context_switches();
     STATEMENTS.store(0, Ordering::SeqCst);
+    ALONE_COMMITS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     let out = work.await;
     COUNTING.store(false, Ordering::SeqCst);
     let statements = STATEMENTS.load(Ordering::SeqCst);
+    let alone = ALONE_COMMITS.load(Ordering::SeqCst);
     let switches = context_switches()
         .zip(switches_before)
         .map(|(after, before)| after.saturating_sub(before));
@@ -169,6 +200,7 @@ async fn measure<T>(
     rows.push(Measured {
         label: label.to_owned(),
         statements,
+        alone,
         switches,
         wal,
     });
@@ -211,7 +243,7 @@ fn print_rows(rows: &[Measured]) {
         let (commits, trips, frames, kib) = match row.wal {
             Some((c, f, b)) => (
                 c.to_string(),
-                (row.statements + 2 * c).to_string(),
+                (row.statements + 2 * c.saturating_sub(row.alone)).to_string(),
                 f.to_string(),
                 format!("{:.1}", b as f64 / 1024.0),
             ),

@@ -5,7 +5,11 @@ use sqlx::sqlite::SqlitePool;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
-use super::turns::{checkpoint_rows, new_reports};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::batch::hex;
+use super::turns::{checkpoint_rows, new_reports, raw_json};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
@@ -205,78 +209,142 @@ async fn diagnose(
     }
 }
 
-/// The claim's writes, inside the group transaction: one statement (an
-/// `INSERT` into the `claims` view of migration 0006), whose trigger makes
-/// the compare-and-swap and writes the request, its run, its input and the
+/// A claim, its values ready for its statement: one statement (an `INSERT`
+/// into the `claims` view of migration 0006), whose trigger makes the
+/// compare-and-swap and writes the request, its run, its input and the
 /// first turn's write-ahead. A refused claim writes nothing, and is
 /// explained by reads.
-pub(super) async fn claim_in(
-    tx: &mut SqliteConnection,
-    claim: &NewRequest,
-) -> Result<ClaimOutcome, Error> {
-    let conversation = claim.conversation_id.as_uuid();
-    let request = claim.request_id.as_uuid();
-    let run = claim.run_id.as_uuid();
-    let hash = claim.input_sha256.0.to_vec();
-    let expected = to_i64(claim.expected_revision.0);
-    let now = now_ms();
-    let input = to_json(std::slice::from_ref(&claim.input))?;
-    let first_turn: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
-    let checkpoints = checkpoint_rows(&first_turn)?;
-    let reports = new_reports(&first_turn)?;
-    let claimed = sqlx::query_scalar!(
-        r#"INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
-               input_sha256, agent_fingerprint, now, input, checkpoints, reports, deadline_at)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-           RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
-               AS "revision!: i64""#,
-        conversation,
-        request,
-        run,
-        expected,
-        hash,
-        claim.agent_fingerprint,
-        now,
-        input,
-        checkpoints,
-        reports,
-        claim.deadline_at
-    )
-    .fetch_one(&mut *tx)
-    .await;
-    let revision = match claimed {
-        Ok(revision) => revision,
-        Err(e) => {
-            return match raised(&e) {
-                Some(Raised::RequestExists) => {
-                    match super::reads::load_request(&mut *tx, claim.request_id).await? {
-                        Some(existing) => Ok(ClaimOutcome::Existing(existing)),
-                        None => Err(db("claim admission")(e)),
+pub(super) struct ClaimStep {
+    claim: NewRequest,
+    now: i64,
+    input: Box<RawValue>,
+    checkpoints: Option<Box<RawValue>>,
+    reports: Option<Box<RawValue>>,
+}
+
+/// A [`ClaimStep`] as its row of a shared statement (`batch.rs`).
+#[derive(Serialize)]
+struct ClaimRow<'a> {
+    conversation: String,
+    request: String,
+    run: String,
+    expected_revision: i64,
+    input_sha256: String,
+    agent_fingerprint: &'a str,
+    now: i64,
+    input: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoints: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reports: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deadline_at: Option<i64>,
+}
+
+impl ClaimStep {
+    pub(super) fn new(claim: NewRequest) -> Result<Self, Error> {
+        let first_turn: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
+        Ok(Self {
+            now: now_ms(),
+            input: raw_json(std::slice::from_ref(&claim.input))?,
+            checkpoints: checkpoint_rows(&first_turn)?,
+            reports: new_reports(&first_turn)?,
+            claim,
+        })
+    }
+
+    /// Claims as a statement of its own.
+    pub(super) async fn write(&self, tx: &mut SqliteConnection) -> Result<ClaimOutcome, Error> {
+        let claim = &self.claim;
+        let conversation = claim.conversation_id.as_uuid();
+        let request = claim.request_id.as_uuid();
+        let run = claim.run_id.as_uuid();
+        let hash = claim.input_sha256.0.to_vec();
+        let expected = to_i64(claim.expected_revision.0);
+        let input = self.input.get();
+        let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
+        let reports = self.reports.as_deref().map(RawValue::get);
+        let claimed = sqlx::query_scalar!(
+            r#"INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
+                   input_sha256, agent_fingerprint, now, input, checkpoints, reports, deadline_at)
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+               RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
+                   AS "revision!: i64""#,
+            conversation,
+            request,
+            run,
+            expected,
+            hash,
+            claim.agent_fingerprint,
+            self.now,
+            input,
+            checkpoints,
+            reports,
+            claim.deadline_at
+        )
+        .fetch_one(&mut *tx)
+        .await;
+        let revision = match claimed {
+            Ok(revision) => revision,
+            Err(e) => {
+                return match raised(&e) {
+                    Some(Raised::RequestExists) => {
+                        match super::reads::load_request(&mut *tx, claim.request_id).await? {
+                            Some(existing) => Ok(ClaimOutcome::Existing(existing)),
+                            None => Err(db("claim admission")(e)),
+                        }
                     }
-                }
-                Some(Raised::Deleted) => Err(Error::Deleted {
-                    conversation_id: super::deletion::deleted_request(&mut *tx, claim.request_id)
+                    Some(Raised::Deleted) => Err(Error::Deleted {
+                        conversation_id: super::deletion::deleted_request(
+                            &mut *tx,
+                            claim.request_id,
+                        )
                         .await?
                         .unwrap_or(claim.conversation_id),
-                }),
-                Some(Raised::AdmissionMoved) => Err(diagnose(
-                    &mut *tx,
-                    Wanted::Idle,
-                    claim.conversation_id,
-                    claim.request_id,
-                    claim.expected_revision,
-                )
-                .await),
-                _ => Err(db("claim admission")(e)),
-            };
-        }
-    };
-    Ok(ClaimOutcome::Admitted(Fence {
-        conversation_id: claim.conversation_id,
-        request_id: claim.request_id,
-        run_id: claim.run_id,
-        revision: admission_revision(claim.conversation_id, revision)?,
-    }))
+                    }),
+                    Some(Raised::AdmissionMoved) => Err(diagnose(
+                        &mut *tx,
+                        Wanted::Idle,
+                        claim.conversation_id,
+                        claim.request_id,
+                        claim.expected_revision,
+                    )
+                    .await),
+                    _ => Err(db("claim admission")(e)),
+                };
+            }
+        };
+        self.admitted(revision)
+    }
+
+    /// The step as its row of a shared statement.
+    pub(super) fn row(&self) -> Result<String, Error> {
+        let claim = &self.claim;
+        to_json(&ClaimRow {
+            conversation: hex(claim.conversation_id.as_uuid().as_bytes()),
+            request: hex(claim.request_id.as_uuid().as_bytes()),
+            run: hex(claim.run_id.as_uuid().as_bytes()),
+            expected_revision: to_i64(claim.expected_revision.0),
+            input_sha256: hex(&claim.input_sha256.0),
+            agent_fingerprint: &claim.agent_fingerprint,
+            now: self.now,
+            input: &self.input,
+            checkpoints: self.checkpoints.as_deref(),
+            reports: self.reports.as_deref(),
+            deadline_at: claim.deadline_at,
+        })
+    }
+
+    /// The admitted claim's fence, from the revision its statement returned.
+    pub(super) fn admitted(&self, revision: i64) -> Result<ClaimOutcome, Error> {
+        let claim = &self.claim;
+        Ok(ClaimOutcome::Admitted(Fence {
+            conversation_id: claim.conversation_id,
+            request_id: claim.request_id,
+            run_id: claim.run_id,
+            revision: admission_revision(claim.conversation_id, revision)?,
+        }))
+    }
 }
 
 /// A revision as the admission stored it.

@@ -7,7 +7,7 @@ use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, to_i64, to_json, Row};
-use super::turns::fail_run_in;
+use super::turns::fail_run;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile_core::store::columns::decision_refusal;
@@ -26,7 +26,7 @@ pub(super) async fn await_approval_in(
     call_ids: &[String],
     reason: &str,
 ) -> Result<Vec<PendingApproval>, Error> {
-    fail_run_in(conn, fence, reason, Some(settled)).await?;
+    fail_run(fence, reason, Some(settled))?.write(conn).await?;
     let request = fence.request_id.as_uuid();
     let run = fence.run_id.as_uuid();
     let turn = i64::from(settled.turn);

@@ -4,77 +4,145 @@
 //! replay, releases the admission and completes the run. There is no moment
 //! where the answer is committed but the conversation is still held.
 
+use serde::Serialize;
+use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
+use super::batch::hex;
 use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
-use super::turns::{checkpoint_rows, fenced, new_reports};
+use super::turns::{checkpoint_rows, fenced, new_reports, raw_json};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, StoredOutcome};
 use turnstile_core::Error;
 
-/// The commit's writes, inside the group transaction.
-pub(super) async fn commit_in(
-    tx: &mut SqliteConnection,
-    fence: &Fence,
-    checkpoint: &LoopCheckpoint,
-    final_message: &Message,
-) -> Result<StoredOutcome, Error> {
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
-    let now = now_ms();
-    let final_seq = checkpoint.message_count.checked_sub(1).ok_or_else(|| {
-        Error::InvalidInput("a commit checkpoint must count the final message".into())
-    })?;
-    let final_seq = to_i64(final_seq);
+/// A commit, its values ready for its statement.
+pub(super) struct CommitStep {
+    fence: Fence,
+    checkpoint: LoopCheckpoint,
+    now: i64,
+    checkpoints: Option<Box<RawValue>>,
+    reports: Option<Box<RawValue>>,
+    answer: Box<RawValue>,
+    final_seq: i64,
+}
 
-    // The committed turn's checkpoint holds the outcome's totals.
-    let completed = LoopCheckpoint {
-        phase: CheckpointPhase::Completed,
-        ..checkpoint.clone()
-    };
-    let checkpoints = checkpoint_rows(&[&completed])?;
-    let reports = new_reports(&[&completed])?;
-    let answer = to_json(std::slice::from_ref(final_message))?;
-    // The RETURNING subqueries read the request row as the trigger left it.
-    let placed = sqlx::query!(
-        r#"INSERT INTO commits (conversation_id, request_id, run_id, revision, now,
-               checkpoints, reports, answer, final_seq)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-           RETURNING
-               (SELECT conversation_version FROM requests WHERE request_id = ?2) AS "version!: i64",
-               (SELECT first_seq FROM requests WHERE request_id = ?2) AS "first_seq!: i64",
-               (SELECT end_seq FROM requests WHERE request_id = ?2) AS "end_seq!: i64""#,
-        conversation,
-        request,
-        run,
-        revision,
-        now,
-        checkpoints,
-        reports,
-        answer,
-        final_seq
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(|e| match raised(&e) {
-        Some(Raised::Fenced) => fenced(fence),
-        _ => db("commit request")(e),
-    })?;
-    let key = Row {
-        table: "requests",
-        key: &fence.request_id,
-    };
-    Ok(StoredOutcome {
-        run_id: fence.run_id,
-        usage: checkpoint.usage,
-        turns: checkpoint.turn,
-        tool_calls: checkpoint.tool_calls_count,
-        verification_reports: checkpoint.verification_reports.clone(),
-        conversation_version: key.u64("conversation_version", placed.version)?,
-        first_seq: key.u64("first_seq", placed.first_seq)?,
-        end_seq: key.u64("end_seq", placed.end_seq)?,
-    })
+/// A [`CommitStep`] as its row of a shared statement (`batch.rs`).
+#[derive(Serialize)]
+struct CommitRow<'a> {
+    conversation: String,
+    request: String,
+    run: String,
+    revision: i64,
+    now: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoints: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reports: Option<&'a RawValue>,
+    answer: &'a RawValue,
+    final_seq: i64,
+}
+
+impl CommitStep {
+    pub(super) fn new(
+        fence: &Fence,
+        checkpoint: &LoopCheckpoint,
+        final_message: &Message,
+    ) -> Result<Self, Error> {
+        let final_seq = checkpoint.message_count.checked_sub(1).ok_or_else(|| {
+            Error::InvalidInput("a commit checkpoint must count the final message".into())
+        })?;
+        // The committed turn's checkpoint holds the outcome's totals.
+        let completed = LoopCheckpoint {
+            phase: CheckpointPhase::Completed,
+            ..checkpoint.clone()
+        };
+        Ok(Self {
+            fence: *fence,
+            now: now_ms(),
+            checkpoints: checkpoint_rows(&[&completed])?,
+            reports: new_reports(&[&completed])?,
+            answer: raw_json(std::slice::from_ref(final_message))?,
+            final_seq: to_i64(final_seq),
+            checkpoint: completed,
+        })
+    }
+
+    /// Commits as a statement of its own, fenced.
+    pub(super) async fn write(&self, tx: &mut SqliteConnection) -> Result<StoredOutcome, Error> {
+        let fence = &self.fence;
+        let conversation = fence.conversation_id.as_uuid();
+        let request = fence.request_id.as_uuid();
+        let run = fence.run_id.as_uuid();
+        let revision = to_i64(fence.revision.0);
+        let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
+        let reports = self.reports.as_deref().map(RawValue::get);
+        let answer = self.answer.get();
+        // The RETURNING subqueries read the request row as the trigger left it.
+        let placed = sqlx::query!(
+            r#"INSERT INTO commits (conversation_id, request_id, run_id, revision, now,
+                   checkpoints, reports, answer, final_seq)
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+               RETURNING
+                   (SELECT conversation_version FROM requests WHERE request_id = ?2) AS "version!: i64",
+                   (SELECT first_seq FROM requests WHERE request_id = ?2) AS "first_seq!: i64",
+                   (SELECT end_seq FROM requests WHERE request_id = ?2) AS "end_seq!: i64""#,
+            conversation,
+            request,
+            run,
+            revision,
+            self.now,
+            checkpoints,
+            reports,
+            answer,
+            self.final_seq
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| match raised(&e) {
+            Some(Raised::Fenced) => fenced(fence),
+            _ => db("commit request")(e),
+        })?;
+        self.outcome(placed.version, placed.first_seq, placed.end_seq)
+    }
+
+    /// The step as its row of a shared statement.
+    pub(super) fn row(&self) -> Result<String, Error> {
+        let fence = &self.fence;
+        to_json(&CommitRow {
+            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
+            request: hex(fence.request_id.as_uuid().as_bytes()),
+            run: hex(fence.run_id.as_uuid().as_bytes()),
+            revision: to_i64(fence.revision.0),
+            now: self.now,
+            checkpoints: self.checkpoints.as_deref(),
+            reports: self.reports.as_deref(),
+            answer: &self.answer,
+            final_seq: self.final_seq,
+        })
+    }
+
+    /// The outcome, from what the commit's statement returned.
+    pub(super) fn outcome(
+        &self,
+        version: i64,
+        first_seq: i64,
+        end_seq: i64,
+    ) -> Result<StoredOutcome, Error> {
+        let key = Row {
+            table: "requests",
+            key: &self.fence.request_id,
+        };
+        let checkpoint = &self.checkpoint;
+        Ok(StoredOutcome {
+            run_id: self.fence.run_id,
+            usage: checkpoint.usage,
+            turns: checkpoint.turn,
+            tool_calls: checkpoint.tool_calls_count,
+            verification_reports: checkpoint.verification_reports.clone(),
+            conversation_version: key.u64("conversation_version", version)?,
+            first_seq: key.u64("first_seq", first_seq)?,
+            end_seq: key.u64("end_seq", end_seq)?,
+        })
+    }
 }

@@ -2,14 +2,17 @@
 //!
 //! One writer connection takes every write transaction with
 //! `BEGIN IMMEDIATE` (so concurrent writers queue on the busy timeout instead
-//! of failing a read-to-write upgrade); reads go to a separate reader pool.
-//! Every write of the `Store` contract reaches that connection through the
-//! group writer (`writer.rs`), which commits the steps of concurrent
-//! sessions together; only the maintenance operations (`prune`) take it
-//! directly (`write_connection.rs`).
+//! of failing a read-to-write upgrade), or as one writing statement, which
+//! SQLite starts the same way; reads go to a separate reader pool. Every
+//! write of the `Store` contract reaches that connection through the group
+//! writer (`writer.rs`), which commits the steps of concurrent sessions
+//! together, the steps of one kind as one statement (`batch.rs`); only the
+//! maintenance operations (`prune`, delete, fork) take it directly
+//! (`write_connection.rs`).
 
 mod admission;
 mod approvals;
+mod batch;
 mod close;
 mod codec;
 mod commit;
@@ -26,11 +29,13 @@ mod write_connection;
 mod writer;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::SqlitePool;
 
+use batch::{Applied, BatchKind};
 use codec::db;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
@@ -42,8 +47,8 @@ use turnstile_core::store::{
     RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
     ToolResult, TranscriptEntry,
 };
-use turnstile_core::Error;
-use writer::Isolation;
+use turnstile_core::{Error, StoreError};
+use writer::{Batchable, Isolation};
 
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,6 +127,35 @@ impl SqliteStore {
     pub fn path(&self) -> Option<&std::path::Path> {
         self.path.as_deref()
     }
+
+    /// Writes a step of a run's owner: alone, or in one statement with the
+    /// other turn steps of its group transaction.
+    async fn write_turn(&self, step: turns::TurnStep) -> Result<(), Error> {
+        let step = Arc::new(step);
+        let row = step.clone();
+        self.group
+            .write_batchable(
+                Batchable {
+                    kind: BatchKind::TurnWrite,
+                    row: Box::new(move || row.row()),
+                },
+                move |conn| Box::pin(async move { step.write(conn).await }),
+                |returned| match returned {
+                    Applied::TurnWrite => Ok(()),
+                    other => Err(misanswered(other)),
+                },
+            )
+            .await
+    }
+}
+
+/// A shared statement's answer for another kind of step: a defect of the
+/// group writer, reported rather than trusted.
+fn misanswered(returned: Applied) -> Error {
+    Error::Store(StoreError::new(
+        format!("a step was answered with another kind's result: {returned:?}"),
+        None,
+    ))
 }
 
 // Each write moves its inputs into one step of the group writer, which runs
@@ -169,11 +203,20 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        let claim = claim.clone();
+        let step = Arc::new(admission::ClaimStep::new(claim.clone())?);
+        let (row, applied) = (step.clone(), step.clone());
         self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(async move { admission::claim_in(conn, &claim).await })
-            })
+            .write_batchable(
+                Batchable {
+                    kind: BatchKind::Claim,
+                    row: Box::new(move || row.row()),
+                },
+                move |conn| Box::pin(async move { step.write(conn).await }),
+                move |returned| match returned {
+                    Applied::Claim { revision } => applied.admitted(revision),
+                    other => Err(misanswered(other)),
+                },
+            )
             .await
     }
 
@@ -196,12 +239,7 @@ impl Store for SqliteStore {
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(async move { turns::begin_turn_in(conn, &fence, &checkpoint).await })
-            })
-            .await
+        self.write_turn(turns::begin_turn(fence, checkpoint)?).await
     }
 
     async fn record_model_response(
@@ -210,14 +248,7 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let assistant = assistant.clone();
-        self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(async move {
-                    turns::record_model_response_in(conn, &fence, &checkpoint, &assistant).await
-                })
-            })
+        self.write_turn(turns::model_response(fence, checkpoint, assistant)?)
             .await
     }
 
@@ -253,24 +284,10 @@ impl Store for SqliteStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let messages = messages.to_vec();
-        let next = next.cloned();
-        self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(async move {
-                    turns::finish_turn_in(
-                        conn,
-                        &fence,
-                        &checkpoint,
-                        first_seq,
-                        &messages,
-                        next.as_ref(),
-                    )
-                    .await
-                })
-            })
-            .await
+        self.write_turn(turns::finish_turn(
+            fence, checkpoint, first_seq, messages, next,
+        )?)
+        .await
     }
 
     async fn commit(
@@ -279,14 +296,24 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         final_message: &Message,
     ) -> Result<StoredOutcome, Error> {
-        let (fence, checkpoint) = (*fence, checkpoint.clone());
-        let final_message = final_message.clone();
+        let step = Arc::new(commit::CommitStep::new(fence, checkpoint, final_message)?);
+        let (row, applied) = (step.clone(), step.clone());
         self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(async move {
-                    commit::commit_in(conn, &fence, &checkpoint, &final_message).await
-                })
-            })
+            .write_batchable(
+                Batchable {
+                    kind: BatchKind::Commit,
+                    row: Box::new(move || row.row()),
+                },
+                move |conn| Box::pin(async move { step.write(conn).await }),
+                move |returned| match returned {
+                    Applied::Commit {
+                        version,
+                        first_seq,
+                        end_seq,
+                    } => applied.outcome(version, first_seq, end_seq),
+                    other => Err(misanswered(other)),
+                },
+            )
             .await
     }
 
@@ -296,15 +323,7 @@ impl Store for SqliteStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        let fence = *fence;
-        let error = error.to_owned();
-        let settled = settled.cloned();
-        self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(
-                    async move { turns::fail_run_in(conn, &fence, &error, settled.as_ref()).await },
-                )
-            })
+        self.write_turn(turns::fail_run(fence, error, settled)?)
             .await
     }
 

@@ -10,6 +10,10 @@ use std::collections::BTreeMap;
 
 use sqlx::SqliteConnection;
 
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::batch::hex;
 use super::codec::{db, now_ms, raised, to_i64, to_json, Raised};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
@@ -35,72 +39,136 @@ struct TurnWrite<'a> {
     failure: Option<&'a str>,
 }
 
-/// Writes one step of a run's owner in one fenced statement.
-async fn write_turn(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    write: TurnWrite<'_>,
-) -> Result<(), Error> {
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
-    let now = now_ms();
-    let checkpoints = checkpoint_rows(write.checkpoints)?;
-    let reports = new_reports(write.checkpoints)?;
-    let turn = i64::from(write.turn);
-    let first_seq = to_i64(write.first_seq);
-    let messages = json_list(write.messages)?;
-    let calls = json_list(write.calls)?;
-    sqlx::query!(
-        "INSERT INTO turn_writes (conversation_id, request_id, run_id, revision, now,
-             checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-        conversation,
-        request,
-        run,
-        revision,
-        now,
-        checkpoints,
-        reports,
-        turn,
-        first_seq,
-        messages,
-        calls,
-        write.compact,
-        write.failure
-    )
-    .execute(&mut *conn)
-    .await
-    .map(drop)
-    .map_err(|e| match raised(&e) {
-        Some(Raised::Fenced) => fenced(fence),
-        _ => db("write turn step")(e),
-    })
+/// One step of a run's owner, its values ready for its statement: built on
+/// the caller's task, so the writer only sends it.
+pub(super) struct TurnStep {
+    fence: Fence,
+    now: i64,
+    checkpoints: Option<Box<RawValue>>,
+    reports: Option<Box<RawValue>>,
+    turn: i64,
+    first_seq: i64,
+    messages: Option<Box<RawValue>>,
+    calls: Option<Box<RawValue>>,
+    compact: bool,
+    failure: Option<String>,
 }
 
-/// A turn's write-ahead checkpoint, inside the group transaction.
-pub(super) async fn begin_turn_in(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    checkpoint: &LoopCheckpoint,
-) -> Result<(), Error> {
+/// A [`TurnStep`] as its row of a shared statement (`batch.rs`).
+#[derive(Serialize)]
+struct TurnRow<'a> {
+    conversation: String,
+    request: String,
+    run: String,
+    revision: i64,
+    now: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoints: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reports: Option<&'a RawValue>,
+    turn: i64,
+    first_seq: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    messages: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    calls: Option<&'a RawValue>,
+    compact: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failure: Option<&'a str>,
+}
+
+impl TurnStep {
+    fn new(fence: &Fence, write: TurnWrite<'_>) -> Result<Self, Error> {
+        Ok(Self {
+            fence: *fence,
+            now: now_ms(),
+            checkpoints: checkpoint_rows(write.checkpoints)?,
+            reports: new_reports(write.checkpoints)?,
+            turn: i64::from(write.turn),
+            first_seq: to_i64(write.first_seq),
+            messages: raw_list(write.messages)?,
+            calls: raw_list(write.calls)?,
+            compact: write.compact,
+            failure: write.failure.map(str::to_owned),
+        })
+    }
+
+    /// Writes the step as a statement of its own, fenced.
+    pub(super) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        let fence = &self.fence;
+        let conversation = fence.conversation_id.as_uuid();
+        let request = fence.request_id.as_uuid();
+        let run = fence.run_id.as_uuid();
+        let revision = to_i64(fence.revision.0);
+        let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
+        let reports = self.reports.as_deref().map(RawValue::get);
+        let messages = self.messages.as_deref().map(RawValue::get);
+        let calls = self.calls.as_deref().map(RawValue::get);
+        sqlx::query!(
+            "INSERT INTO turn_writes (conversation_id, request_id, run_id, revision, now,
+                 checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            conversation,
+            request,
+            run,
+            revision,
+            self.now,
+            checkpoints,
+            reports,
+            self.turn,
+            self.first_seq,
+            messages,
+            calls,
+            self.compact,
+            self.failure
+        )
+        .execute(&mut *conn)
+        .await
+        .map(drop)
+        .map_err(|e| match raised(&e) {
+            Some(Raised::Fenced) => fenced(fence),
+            _ => db("write turn step")(e),
+        })
+    }
+
+    /// The step as its row of a shared statement.
+    pub(super) fn row(&self) -> Result<String, Error> {
+        let fence = &self.fence;
+        to_json(&TurnRow {
+            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
+            request: hex(fence.request_id.as_uuid().as_bytes()),
+            run: hex(fence.run_id.as_uuid().as_bytes()),
+            revision: to_i64(fence.revision.0),
+            now: self.now,
+            checkpoints: self.checkpoints.as_deref(),
+            reports: self.reports.as_deref(),
+            turn: self.turn,
+            first_seq: self.first_seq,
+            messages: self.messages.as_deref(),
+            calls: self.calls.as_deref(),
+            compact: self.compact,
+            failure: self.failure.as_deref(),
+        })
+    }
+}
+
+/// A turn's write-ahead checkpoint.
+pub(super) fn begin_turn(fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<TurnStep, Error> {
     let write = TurnWrite {
         checkpoints: &[checkpoint],
         turn: checkpoint.turn,
         ..TurnWrite::default()
     };
-    write_turn(conn, fence, write).await
+    TurnStep::new(fence, write)
 }
 
 /// The model's answer, its checkpoint and its tool calls journaled as
-/// requested, inside the group transaction.
-pub(super) async fn record_model_response_in(
-    conn: &mut SqliteConnection,
+/// requested.
+pub(super) fn model_response(
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
     assistant: &Message,
-) -> Result<(), Error> {
+) -> Result<TurnStep, Error> {
     let write = TurnWrite {
         checkpoints: &[checkpoint],
         turn: checkpoint.turn,
@@ -109,7 +177,7 @@ pub(super) async fn record_model_response_in(
         calls: assistant.tool_calls(),
         ..TurnWrite::default()
     };
-    write_turn(conn, fence, write).await
+    TurnStep::new(fence, write)
 }
 
 /// One tool call's result, inside the group transaction.
@@ -167,18 +235,16 @@ pub(super) async fn record_tool_result_in(
     )))
 }
 
-/// A turn's end, inside the group transaction: its checkpoint, the next
-/// turn's write-ahead if any, and the turn's `messages` at `first_seq..`;
-/// the turn's calls and results are messages now, so the journal keeps only
-/// its record of what ran.
-pub(super) async fn finish_turn_in(
-    conn: &mut SqliteConnection,
+/// A turn's end: its checkpoint, the next turn's write-ahead if any, and
+/// the turn's `messages` at `first_seq..`; the turn's calls and results are
+/// messages now, so the journal keeps only its record of what ran.
+pub(super) fn finish_turn(
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
     first_seq: u64,
     messages: &[Message],
     next: Option<&LoopCheckpoint>,
-) -> Result<(), Error> {
+) -> Result<TurnStep, Error> {
     let both;
     let checkpoints: &[&LoopCheckpoint] = match next {
         Some(next) => {
@@ -195,25 +261,24 @@ pub(super) async fn finish_turn_in(
         compact: true,
         ..TurnWrite::default()
     };
-    write_turn(conn, fence, write).await
+    TurnStep::new(fence, write)
 }
 
-/// A run's failure, inside the group transaction. A settled checkpoint may
-/// count usage the last write did not (an answer refused as malformed): it
-/// is saved, and the admission reports its usage.
-pub(super) async fn fail_run_in(
-    conn: &mut SqliteConnection,
+/// A run's failure. A settled checkpoint may count usage the last write did
+/// not (an answer refused as malformed): it is saved, and the admission
+/// reports its usage.
+pub(super) fn fail_run(
     fence: &Fence,
     error: &str,
     settled: Option<&LoopCheckpoint>,
-) -> Result<(), Error> {
+) -> Result<TurnStep, Error> {
     let write = TurnWrite {
         checkpoints: settled.as_slice(),
         turn: settled.map_or(0, |c| c.turn),
         failure: Some(error),
         ..TurnWrite::default()
     };
-    write_turn(conn, fence, write).await
+    TurnStep::new(fence, write)
 }
 
 /// Whether the admission still names the owner's request, run and
@@ -246,17 +311,25 @@ pub(super) fn fenced(fence: &Fence) -> Error {
 
 /// A list as the JSON array a step trigger expands, `None` (SQL NULL) when
 /// it is empty.
-pub(super) fn json_list<T: serde::Serialize>(items: &[T]) -> Result<Option<String>, Error> {
+pub(super) fn raw_list<T: Serialize>(items: &[T]) -> Result<Option<Box<RawValue>>, Error> {
     match items {
         [] => Ok(None),
-        items => to_json(items).map(Some),
+        items => raw_json(items).map(Some),
     }
 }
 
+/// A value as JSON, kept as text to bind or to embed in a row.
+pub(super) fn raw_json<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, Error> {
+    serde_json::value::to_raw_value(value)
+        .map_err(|e| Error::InvalidInput(format!("value cannot be serialized: {e}")))
+}
+
 /// Checkpoints as the JSON rows the step triggers save.
-pub(super) fn checkpoint_rows(checkpoints: &[&LoopCheckpoint]) -> Result<Option<String>, Error> {
+pub(super) fn checkpoint_rows(
+    checkpoints: &[&LoopCheckpoint],
+) -> Result<Option<Box<RawValue>>, Error> {
     let rows: Vec<serde_json::Value> = checkpoints.iter().map(|c| checkpoint_row(c)).collect();
-    json_list(&rows)
+    raw_list(&rows)
 }
 
 /// One checkpoint as the JSON object the step triggers expand.
@@ -279,7 +352,7 @@ fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
 /// position in the request (the earlier ones are stored already: a
 /// checkpoint row only counts them). A position two checkpoints share is
 /// taken from the first, as the trigger keeps a stored report.
-pub(super) fn new_reports(checkpoints: &[&LoopCheckpoint]) -> Result<Option<String>, Error> {
+pub(super) fn new_reports(checkpoints: &[&LoopCheckpoint]) -> Result<Option<Box<RawValue>>, Error> {
     let mut rows = BTreeMap::new();
     for checkpoint in checkpoints {
         let reports = &checkpoint.verification_reports;
@@ -297,5 +370,5 @@ pub(super) fn new_reports(checkpoints: &[&LoopCheckpoint]) -> Result<Option<Stri
             });
         }
     }
-    json_list(&rows.into_values().collect::<Vec<_>>())
+    raw_list(&rows.into_values().collect::<Vec<_>>())
 }

@@ -10,9 +10,10 @@
 //! the transaction has ended: an error computed from a batch that then
 //! failed to commit would describe something that never happened.
 //!
-//! A step that finds the writer idle and nobody queued runs at once in a
-//! plain transaction (no savepoint, no writer task), on a task of its own:
-//! a caller that pauses or drops its future never holds the write lock.
+//! A step that finds the writer idle and nobody queued runs at once, on a
+//! task of its own (a caller that pauses or drops its future never holds
+//! the write lock): a one-statement step as that statement alone, with no
+//! `BEGIN` or `COMMIT` around it, any other in a plain transaction.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +23,7 @@ use futures_core::future::BoxFuture;
 use sqlx::{Connection, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{self, Applied, BatchKind};
 use super::codec::db;
 use super::write_connection::{Held, WriteConnection};
 use turnstile_core::Error;
@@ -89,17 +91,28 @@ struct Failed {
     undone: bool,
 }
 
-/// What a job is given: the connection to run on, or the error that kept
-/// it from running.
+/// What a job is given: the connection to run on, what its row of a
+/// shared statement returned, or the error that kept it from running.
 enum Attempt<'c> {
     Run(&'c mut SqliteConnection),
+    Applied(Applied),
     Fail(Error),
 }
 
 /// A step with its result type erased.
 struct Job {
     isolation: Isolation,
+    /// Its row for one statement with the other steps of its kind in the
+    /// transaction; `None` once that was tried and the step runs alone.
+    batch: Option<Batchable>,
     run: RunStep,
+}
+
+/// A step that can share one statement with the other steps of its kind.
+pub(super) struct Batchable {
+    pub(super) kind: BatchKind,
+    /// Its row (a JSON object), built only when the step is batched.
+    pub(super) row: Box<dyn Fn() -> Result<String, Error> + Send>,
 }
 
 type RunStep = Box<dyn for<'c> FnOnce(Attempt<'c>) -> BoxFuture<'c, Ran> + Send>;
@@ -139,11 +152,50 @@ impl GroupWriter {
             + Send
             + 'static,
     {
+        self.submit(isolation, None, step, |_| Err(not_batched()))
+            .await
+    }
+
+    /// Like [`GroupWriter::write`] for a one-statement step that may share
+    /// its statement with other steps of its kind: `applied` answers it
+    /// from what its row returned.
+    pub(super) async fn write_batchable<T, F, A>(
+        &self,
+        batch: Batchable,
+        step: F,
+        applied: A,
+    ) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, Error>>
+            + Send
+            + 'static,
+        A: FnOnce(Applied) -> Result<T, Error> + Send + 'static,
+    {
+        self.submit(Isolation::Statement, Some(batch), step, applied)
+            .await
+    }
+
+    async fn submit<T, F, A>(
+        &self,
+        isolation: Isolation,
+        batch: Option<Batchable>,
+        step: F,
+        applied: A,
+    ) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, Error>>
+            + Send
+            + 'static,
+        A: FnOnce(Applied) -> Result<T, Error> + Send + 'static,
+    {
         let (answer, answered) = oneshot::channel::<Result<T, Error>>();
         let run: RunStep = Box::new(move |attempt| {
             Box::pin(async move {
                 let ran = match attempt {
                     Attempt::Run(conn) => step(conn).await,
+                    Attempt::Applied(returned) => applied(returned),
                     Attempt::Fail(e) => Err(e),
                 };
                 match ran {
@@ -165,7 +217,11 @@ impl GroupWriter {
                 }
             })
         });
-        let job = Job { isolation, run };
+        let job = Job {
+            isolation,
+            batch,
+            run,
+        };
         // Nobody to group with: a batch of one, at once, on a task of its
         // own; otherwise the writer task's next batch.
         let idle = match self.queued.load(Ordering::Acquire) {
@@ -243,6 +299,12 @@ async fn one_transaction(
     conn: &mut SqliteConnection,
     batch: &mut VecDeque<Job>,
 ) -> Result<(), Error> {
+    if batch.len() == 1 && batch[0].isolation == Isolation::Statement {
+        if let Some(job) = batch.pop_front() {
+            autocommit(conn, job).await;
+            return Ok(());
+        }
+    }
     let mut tx = match conn
         .begin_with("BEGIN IMMEDIATE")
         .await
@@ -258,6 +320,13 @@ async fn one_transaction(
     let shared = batch.len() > 1;
     let mut ended: Vec<Reply> = Vec::with_capacity(batch.len());
     let mut failed = 0;
+    if shared {
+        if let Err(e) = run_batched(&mut tx, batch, &mut ended).await {
+            drop(tx);
+            answer_all(ended, Some(&e));
+            return Err(e);
+        }
+    }
     while let Some(job) = batch.pop_front() {
         // Savepoints of one name stack up, `ROLLBACK TO` undoes only the
         // latest (this step's), and the commit releases them all; a RELEASE
@@ -317,6 +386,101 @@ async fn one_transaction(
     }
 }
 
+/// Sends the steps of each kind that has several in `batch` as one
+/// statement. An applied step's caller is answered into `ended`; a step
+/// its statement skipped (a refusal) goes back to `batch` to run alone,
+/// which names the refusal. If the statement fails, nothing of it is
+/// written: on a refusal raised inside it, its steps run alone in this
+/// transaction; on any other error, which may have ended the transaction,
+/// the error is returned for `ended`, and the steps run alone in the next.
+async fn run_batched(
+    conn: &mut SqliteConnection,
+    batch: &mut VecDeque<Job>,
+    ended: &mut Vec<Reply>,
+) -> Result<(), Error> {
+    for kind in BatchKind::ALL {
+        let of_kind = batch
+            .iter()
+            .filter(|job| job.batch.as_ref().is_some_and(|b| b.kind == kind))
+            .count();
+        if of_kind < 2 {
+            continue;
+        }
+        let (mut group, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(batch)
+            .into_iter()
+            .partition(|job| job.batch.as_ref().is_some_and(|b| b.kind == kind));
+        *batch = rest;
+        let rows: Result<Vec<String>, Error> = group
+            .iter()
+            .filter_map(|job| job.batch.as_ref().map(|b| (b.row)()))
+            .collect();
+        let written = match rows {
+            Ok(rows) => batch::write(conn, kind, &rows).await,
+            Err(e) => Err(batch::Failed::Error(e)),
+        };
+        let mut returned = match written {
+            Ok(returned) => returned,
+            Err(failed) => {
+                batch.extend(group.into_iter().map(alone));
+                match failed {
+                    batch::Failed::Refused => continue,
+                    batch::Failed::Error(e) => return Err(e),
+                }
+            }
+        };
+        tracing::trace!(
+            ?kind,
+            steps = group.len(),
+            applied = returned.len(),
+            "steps written in one statement"
+        );
+        returned.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
+        let mut step = 0;
+        while let Some(job) = group.pop_front() {
+            let applied = match returned.last() {
+                Some((applied_step, _)) if *applied_step == step => returned.pop(),
+                _ => None,
+            };
+            step += 1;
+            let Some((_, applied)) = applied else {
+                batch.push_back(alone(job));
+                continue;
+            };
+            let ran = (job.run)(Attempt::Applied(applied)).await;
+            if let Some(cause) = ran.failed {
+                // Written, then not understood (a corrupt row): the
+                // transaction is rolled back with it, and the steps not
+                // answered yet go on in the next.
+                (ran.reply)(None);
+                batch.extend(group.into_iter().map(alone));
+                return Err(cause.error);
+            }
+            ended.push(ran.reply);
+        }
+    }
+    Ok(())
+}
+
+/// The job, to run as a statement of its own.
+fn alone(job: Job) -> Job {
+    Job { batch: None, ..job }
+}
+
+/// Runs a lone one-statement step with no `BEGIN` or `COMMIT`: two round
+/// trips fewer. SQLite opens the transaction of a writing statement with
+/// the write lock before the statement reads anything (waiting out the
+/// busy timeout for it), which is what `BEGIN IMMEDIATE` gives, and ends
+/// it, durably, before answering; a statement that raises is undone whole.
+/// The step's follow-up reads, which explain a refusal, run after it on
+/// the same connection, still held against this process's other writes.
+async fn autocommit(conn: &mut SqliteConnection, job: Job) {
+    let ran = (job.run)(Attempt::Run(conn)).await;
+    if ran.failed.is_none() {
+        tracing::trace!("step committed alone");
+    }
+    (ran.reply)(None);
+}
+
 /// Answers the callers of a transaction that ended: committed (`None`), or
 /// with (a copy of) the error that ended it.
 fn answer_all(ended: Vec<Reply>, error: Option<&Error>) {
@@ -340,6 +504,13 @@ fn copy_of(error: &Error) -> Error {
         Error::Store(e) => Error::Store(e.replicate()),
         other => Error::Store(turnstile_core::StoreError::new(other.to_string(), None)),
     }
+}
+
+fn not_batched() -> Error {
+    Error::Store(turnstile_core::StoreError::new(
+        "a step that shares no statement was answered as one",
+        None,
+    ))
 }
 
 fn writer_gone() -> Error {

@@ -10,6 +10,9 @@
 //! The steps of a run's owner are one statement each and take no savepoint:
 //! a refused one (fenced) is undone by SQLite alone; one that fails
 //! otherwise (here an injected fault) rolls its whole transaction back.
+//! Claims, turn writes and commits that queue together go as one statement
+//! per kind (migration 0011): a step that statement skips runs alone and
+//! gets its own answer.
 //! Steps of several statements (a summary's commit) still run in a
 //! savepoint of their own.
 
@@ -20,11 +23,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::{Connection, SqliteConnection};
-use turnstile::store::{Fence, SummaryCommit, SummaryPass};
+use turnstile::store::{
+    ClaimOutcome, Fence, NewRequest, StoredOutcome, SummaryCommit, SummaryPass,
+};
 use turnstile::{CheckpointPhase, Error, SqliteStore, Store, Usage};
 use turnstile_conformance::logs::LogBuffer;
 use turnstile_conformance::support::{
-    admit, checkpoint, complete_request, new_conversation, recover, TestResult,
+    admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
+    TestResult,
 };
 
 /// The log of every test of this file (one subscriber per process).
@@ -45,7 +51,7 @@ fn logs() -> LogBuffer {
     .clone()
 }
 
-type Step = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
+type Step<T = ()> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
 
 /// A turn's write-ahead of `fence`'s run, as a step to send.
 fn write_ahead(store: &Arc<dyn Store>, fence: Fence) -> Step {
@@ -60,11 +66,11 @@ fn write_ahead(store: &Arc<dyn Store>, fence: Fence) -> Step {
 /// a first step (`first`) waits for the lock, the crowd queues behind it in
 /// order; nobody is answered until the lock is let go. Returns the first
 /// step's result and the crowd's, in order.
-async fn crowd_behind_a_lock(
+async fn crowd_behind_a_lock<T: Send + 'static>(
     path: &Path,
     first: Step,
-    crowd: Vec<Step>,
-) -> Result<(Result<(), Error>, Vec<Result<(), Error>>), Box<dyn std::error::Error + Send + Sync>> {
+    crowd: Vec<Step<T>>,
+) -> Result<(Result<(), Error>, Vec<Result<T, Error>>), Box<dyn std::error::Error + Send + Sync>> {
     let mut holder = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
     sqlx::query("BEGIN IMMEDIATE").execute(&mut holder).await?;
     let first = tokio::spawn(first);
@@ -92,6 +98,28 @@ fn batches(logs: &LogBuffer) -> Vec<(usize, usize)> {
     text.lines()
         .filter(|line| line.contains("group transaction committed"))
         .filter_map(|line| Some((field(line, "steps=")?, field(line, "failed=")?)))
+        .collect()
+}
+
+/// The (kind, steps, applied) counts of the statements that wrote several
+/// steps at once, logged so far.
+fn shared_statements(logs: &LogBuffer) -> Vec<(String, usize, usize)> {
+    let text = logs.text();
+    text.lines()
+        .filter(|line| line.contains("steps written in one statement"))
+        .filter_map(|line| {
+            let field = |name: &str| -> Option<&str> {
+                let at = line.find(name)? + name.len();
+                line[at..]
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .next()
+            };
+            Some((
+                field("kind=")?.to_owned(),
+                field("steps=")?.parse().ok()?,
+                field("applied=")?.parse().ok()?,
+            ))
+        })
         .collect()
 }
 
@@ -170,6 +198,14 @@ async fn a_crowd_of_steps_commits_together_and_a_fenced_step_fails_alone() -> Te
     assert!(
         batches.contains(&(LIVE, 1)),
         "no group transaction of {LIVE} steps with 1 failed in {batches:?}"
+    );
+    // The crowd's write-aheads went as one statement, which skipped the
+    // zombie's; it then ran alone and was fenced.
+    let shared = shared_statements(&logs);
+    assert!(
+        shared.contains(&("TurnWrite".into(), LIVE, LIVE - 1)),
+        "no statement of {LIVE} turn writes with {} applied in {shared:?}",
+        LIVE - 1
     );
     Ok(())
 }
@@ -328,6 +364,205 @@ async fn a_refused_summary_commit_in_a_crowd_is_rolled_back_to_its_savepoint() -
     assert!(
         batches.contains(&(LIVE + 1, 1)),
         "no group transaction of {} steps with 1 failed in {batches:?}",
+        LIVE + 1
+    );
+    Ok(())
+}
+
+/// Claims that queue together are sent as one statement. The ones it skips
+/// (a rival claim of a conversation claimed earlier in the same statement,
+/// a known request id, a request id of a deleted conversation) then run
+/// alone and get the answer they would have got alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> TestResult {
+    let logs = logs();
+    const FREE: usize = 12;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("group.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let first = admit(
+        store.as_ref(),
+        new_conversation(store.as_ref()).await?,
+        "first",
+    )
+    .await?;
+    let mut claims = Vec::new();
+    for i in 0..FREE {
+        let conversation = new_conversation(store.as_ref()).await?;
+        let revision = store.admission(conversation).await?.revision;
+        claims.push(new_request(conversation, revision, &format!("claim {i}")));
+    }
+    let rival = new_request(
+        claims[0].conversation_id,
+        claims[0].expected_revision,
+        "rival",
+    );
+    let known = admit(
+        store.as_ref(),
+        new_conversation(store.as_ref()).await?,
+        "known",
+    )
+    .await?;
+    let idle = new_conversation(store.as_ref()).await?;
+    let idle_revision = store.admission(idle).await?.revision;
+    let known_again = NewRequest {
+        request_id: known.request_id,
+        ..new_request(idle, idle_revision, "known")
+    };
+    let doomed = new_conversation(store.as_ref()).await?;
+    let (gone, _) = complete_request(store.as_ref(), doomed, "doomed", 0, "bye").await?;
+    store.delete_conversation(&ns(), doomed, 1, None).await?;
+    let of_deleted = NewRequest {
+        request_id: gone.request_id,
+        ..new_request(idle, idle_revision, "doomed")
+    };
+
+    let mut all = claims.clone();
+    all.extend([rival, known_again, of_deleted]);
+    let crowd: Vec<Step<ClaimOutcome>> = all
+        .iter()
+        .map(|claim| {
+            let (store, claim) = (store.clone(), claim.clone());
+            Box::pin(async move { store.claim(&claim).await }) as Step<ClaimOutcome>
+        })
+        .collect();
+    let (first_result, mut results) =
+        crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
+    first_result?;
+
+    match results.pop() {
+        Some(Err(Error::Deleted { conversation_id })) => assert_eq!(conversation_id, doomed),
+        other => panic!("expected the deleted conversation's request refused, got {other:?}"),
+    }
+    match results.pop() {
+        Some(Ok(ClaimOutcome::Existing(record))) => {
+            assert_eq!(record.request_id, known.request_id);
+            assert_eq!(record.conversation_id, known.conversation_id);
+        }
+        other => panic!("expected the known request, got {other:?}"),
+    }
+    match results.pop() {
+        Some(Err(Error::Busy { .. })) => {}
+        other => panic!("expected the rival claim to find the conversation busy, got {other:?}"),
+    }
+    for (claim, result) in claims.iter().zip(results) {
+        let ClaimOutcome::Admitted(fence) = result? else {
+            panic!("claim of {} not admitted", claim.conversation_id);
+        };
+        assert_eq!(fence.request_id, claim.request_id);
+        assert_eq!(fence.run_id, claim.run_id);
+        let admission = store.admission(claim.conversation_id).await?;
+        assert_eq!(admission.revision, fence.revision);
+        assert_eq!(admission.revision.0, claim.expected_revision.0 + 1);
+        assert_eq!(
+            admission.active.map(|a| a.request_id),
+            Some(claim.request_id)
+        );
+        let pending = store.request_messages(claim.request_id, u64::MAX).await?;
+        assert_eq!(pending, vec![claim.input.clone()]);
+    }
+    assert_eq!(
+        store.admission(idle).await?.revision,
+        idle_revision,
+        "nothing claimed it"
+    );
+    let shared = shared_statements(&logs);
+    assert!(
+        shared.contains(&("Claim".into(), FREE + 3, FREE)),
+        "no statement of {} claims with {FREE} applied in {shared:?}",
+        FREE + 3
+    );
+    Ok(())
+}
+
+/// Commits that queue together are sent as one statement; each caller gets
+/// its own request's outcome, and a replaced owner's commit among them is
+/// fenced alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() -> TestResult {
+    let logs = logs();
+    const LIVE: usize = 10;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("group.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let first = admit(
+        store.as_ref(),
+        new_conversation(store.as_ref()).await?,
+        "first",
+    )
+    .await?;
+    let mut live = Vec::new();
+    for i in 0..LIVE {
+        let conversation = new_conversation(store.as_ref()).await?;
+        // Earlier requests of different lengths, so each commit lands at its
+        // own position of its own transcript.
+        for j in 0..i % 3 {
+            let (q, a) = (format!("q{i}.{j}"), format!("a{i}.{j}"));
+            complete_request(store.as_ref(), conversation, &q, 0, &a).await?;
+        }
+        live.push(admit(store.as_ref(), conversation, &format!("question {i}")).await?);
+    }
+    let conversation = new_conversation(store.as_ref()).await?;
+    let zombie = admit(store.as_ref(), conversation, "zombie").await?;
+    let successor = recover(store.as_ref(), &zombie).await?;
+
+    let mut owners = live.clone();
+    owners.push(zombie);
+    let crowd: Vec<Step<StoredOutcome>> = owners
+        .iter()
+        .enumerate()
+        .map(|(i, fence)| {
+            let (store, fence) = (store.clone(), *fence);
+            Box::pin(async move {
+                commit_answer(store.as_ref(), &fence, 1, 1, &format!("answer {i}")).await
+            }) as Step<StoredOutcome>
+        })
+        .collect();
+    let (first_result, mut results) =
+        crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
+    first_result?;
+
+    match results.pop() {
+        Some(Err(Error::Fenced { run_id, revision })) => {
+            assert_eq!((run_id, revision), (zombie.run_id, zombie.revision));
+        }
+        other => panic!("expected the zombie to be fenced, got {other:?}"),
+    }
+    let admission = store.admission(conversation).await?;
+    assert_eq!(admission.active.map(|a| a.run_id), Some(successor.run_id));
+    for (i, (fence, result)) in live.iter().zip(results).enumerate() {
+        let outcome = result?;
+        let stored = store
+            .request(fence.request_id)
+            .await?
+            .and_then(|r| r.outcome);
+        assert_eq!(stored.as_ref(), Some(&outcome), "request {i}");
+        let earlier = (i % 3) as u64;
+        assert_eq!(
+            (outcome.first_seq, outcome.end_seq),
+            (2 * earlier, 2 * earlier + 2)
+        );
+        assert_eq!(outcome.conversation_version, earlier + 1);
+        let transcript = store
+            .transcript_window(fence.conversation_id, u32::MAX)
+            .await?;
+        let texts: Vec<&str> = transcript.iter().map(|e| e.message.content()).collect();
+        let (question, answer) = (format!("question {i}"), format!("answer {i}"));
+        assert_eq!(
+            &texts[2 * earlier as usize..],
+            &[question.as_str(), answer.as_str()][..],
+            "{texts:?}"
+        );
+        assert!(store
+            .admission(fence.conversation_id)
+            .await?
+            .active
+            .is_none());
+    }
+    let shared = shared_statements(&logs);
+    assert!(
+        shared.contains(&("Commit".into(), LIVE + 1, LIVE)),
+        "no statement of {} commits with {LIVE} applied in {shared:?}",
         LIVE + 1
     );
     Ok(())

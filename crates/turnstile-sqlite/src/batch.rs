@@ -1,0 +1,185 @@
+//! Many steps of one kind as one statement (the `*_batches` views of
+//! migration 0011): one round trip to sqlx's worker thread for every claim,
+//! turn write or commit of a group transaction, instead of one each. A row
+//! is a step's values as a JSON object (`*Step::row` in `admission.rs`,
+//! `turns.rs`, `commit.rs`); ids and hashes are hex, which the statement
+//! `unhex`es back into the blobs the single statements bind. A row whose
+//! step would be refused is skipped and returns nothing; the group writer
+//! runs it alone, which names the refusal.
+
+use sqlx::SqliteConnection;
+
+use super::codec::{db, raised};
+use turnstile_core::Error;
+
+/// The kinds of step that share a statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BatchKind {
+    Claim,
+    TurnWrite,
+    Commit,
+}
+
+impl BatchKind {
+    /// Every kind. A batch holds at most one step of a session (a session
+    /// waits for each of its steps), so their order does not matter.
+    pub(super) const ALL: [BatchKind; 3] = [Self::Claim, Self::TurnWrite, Self::Commit];
+}
+
+/// What an applied step's row returned.
+#[derive(Debug)]
+pub(super) enum Applied {
+    Claim {
+        revision: i64,
+    },
+    TurnWrite,
+    Commit {
+        version: i64,
+        first_seq: i64,
+        end_seq: i64,
+    },
+}
+
+/// Why a shared statement wrote nothing.
+pub(super) enum Failed {
+    /// A step trigger refused one row by raising: SQLite undid the
+    /// statement alone and the transaction goes on.
+    Refused,
+    /// Anything else, which may have ended the transaction.
+    Error(Error),
+}
+
+/// Writes `rows` (each a JSON object) as one statement; returns each
+/// applied row's position and what it returned.
+pub(super) async fn write(
+    conn: &mut SqliteConnection,
+    kind: BatchKind,
+    rows: &[String],
+) -> Result<Vec<(usize, Applied)>, Failed> {
+    let rows = format!("[{}]", rows.join(","));
+    let written = match kind {
+        BatchKind::Claim => claims(conn, &rows).await,
+        BatchKind::TurnWrite => turn_writes(conn, &rows).await,
+        BatchKind::Commit => commits(conn, &rows).await,
+    };
+    let returned = written.map_err(|e| match raised(&e) {
+        Some(_) => Failed::Refused,
+        None => Failed::Error(db("write steps together")(e)),
+    })?;
+    returned
+        .into_iter()
+        .map(|(step, applied)| match usize::try_from(step) {
+            Ok(step) => Ok((step, applied)),
+            Err(_) => Err(Failed::Error(Error::Store(
+                turnstile_core::StoreError::new("a shared statement returned no step", None),
+            ))),
+        })
+        .collect()
+}
+
+async fn claims(
+    conn: &mut SqliteConnection,
+    rows: &str,
+) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
+    let returned = sqlx::query!(
+        r#"INSERT INTO claim_batches (step, conversation_id, request_id, run_id,
+               expected_revision, input_sha256, agent_fingerprint, now, input, checkpoints,
+               reports, deadline_at)
+           SELECT key, unhex(value ->> '$.conversation'), unhex(value ->> '$.request'),
+               unhex(value ->> '$.run'), value ->> '$.expected_revision',
+               unhex(value ->> '$.input_sha256'), value ->> '$.agent_fingerprint',
+               value ->> '$.now', value -> '$.input', value -> '$.checkpoints',
+               value -> '$.reports', value ->> '$.deadline_at'
+           FROM json_each(?1)
+           RETURNING CAST(step AS INTEGER) AS "step!: i64",
+               (SELECT revision FROM admissions
+                WHERE conversation_id = claim_batches.conversation_id) AS "revision!: i64""#,
+        rows
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(returned
+        .into_iter()
+        .map(|r| {
+            (
+                r.step,
+                Applied::Claim {
+                    revision: r.revision,
+                },
+            )
+        })
+        .collect())
+}
+
+async fn turn_writes(
+    conn: &mut SqliteConnection,
+    rows: &str,
+) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
+    let returned = sqlx::query_scalar!(
+        r#"INSERT INTO turn_write_batches (step, conversation_id, request_id, run_id, revision,
+               now, checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
+           SELECT key, unhex(value ->> '$.conversation'), unhex(value ->> '$.request'),
+               unhex(value ->> '$.run'), value ->> '$.revision', value ->> '$.now',
+               value -> '$.checkpoints', value -> '$.reports', value ->> '$.turn',
+               value ->> '$.first_seq', value -> '$.messages', value -> '$.calls',
+               value ->> '$.compact', value ->> '$.failure'
+           FROM json_each(?1)
+           RETURNING CAST(step AS INTEGER) AS "step!: i64""#,
+        rows
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(returned
+        .into_iter()
+        .map(|step| (step, Applied::TurnWrite))
+        .collect())
+}
+
+async fn commits(
+    conn: &mut SqliteConnection,
+    rows: &str,
+) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
+    // The RETURNING subqueries read the request row as its trigger left it.
+    let returned = sqlx::query!(
+        r#"INSERT INTO commit_batches (step, conversation_id, request_id, run_id, revision, now,
+               checkpoints, reports, answer, final_seq)
+           SELECT key, unhex(value ->> '$.conversation'), unhex(value ->> '$.request'),
+               unhex(value ->> '$.run'), value ->> '$.revision', value ->> '$.now',
+               value -> '$.checkpoints', value -> '$.reports', value -> '$.answer',
+               value ->> '$.final_seq'
+           FROM json_each(?1)
+           RETURNING CAST(step AS INTEGER) AS "step!: i64",
+               (SELECT conversation_version FROM requests
+                WHERE request_id = commit_batches.request_id) AS "version!: i64",
+               (SELECT first_seq FROM requests
+                WHERE request_id = commit_batches.request_id) AS "first_seq!: i64",
+               (SELECT end_seq FROM requests
+                WHERE request_id = commit_batches.request_id) AS "end_seq!: i64""#,
+        rows
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(returned
+        .into_iter()
+        .map(|r| {
+            (
+                r.step,
+                Applied::Commit {
+                    version: r.version,
+                    first_seq: r.first_seq,
+                    end_seq: r.end_seq,
+                },
+            )
+        })
+        .collect())
+}
+
+/// Bytes as the lowercase hex the statements `unhex`.
+pub(super) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
