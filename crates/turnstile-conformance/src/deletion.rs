@@ -1,16 +1,21 @@
-//! Deleting a conversation: every row goes in one transaction, the id and
-//! its request ids stay as tombstones, a refusal writes nothing, and an
-//! owner still running afterwards is fenced and re-creates nothing.
+//! Deleting a conversation: every row goes in one transaction, the id, its
+//! request ids and its run ids stay as tombstones, a refusal writes
+//! nothing, and an owner still running afterwards is fenced and re-creates
+//! nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use turnstile_core::admin::PruneOptions;
 use turnstile_core::store::{ClaimOutcome, Fence, SummaryCommit, SummaryPass, ToolResult};
 use turnstile_core::{
-    CheckpointPhase, ConversationId, Error, Message, Namespace, RequestId, Revision, Usage,
+    CheckpointPhase, ConversationId, Error, Message, Namespace, RequestId, Revision, RunId, Usage,
 };
 
+use crate::activity::SharedAdmin;
+use crate::admin::tick;
 use crate::support::{
-    admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns,
+    admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
     tool_call, tool_turn, SharedStore, Snapshot, TestResult,
 };
 
@@ -68,7 +73,7 @@ async fn assert_gone(
         .is_empty());
     assert_eq!(store.latest_summary(conversation).await?, None);
     for &run in runs {
-        assert_eq!(store.run(run).await?, None);
+        assert_deleted(store.run(run).await, conversation, "run");
         assert!(store.checkpoints(run).await?.is_empty());
     }
     Ok(())
@@ -125,6 +130,58 @@ pub async fn delete_removes_every_row_and_leaves_tombstones_of_the_id_and_its_re
     assert_eq!(store.request(fence.request_id).await?, None);
     // Another conversation is untouched.
     assert_eq!(store.transcript_window(other, u32::MAX).await?, kept);
+    Ok(())
+}
+
+/// Run ids are tombstones too: every run of a deleted conversation (a
+/// superseded one, a committing one, an abandoned one, one held at the
+/// delete) answers `Deleted` to a lookup by id. Pruning is not deletion: a
+/// run it removed is unknown (`None`), and the committing run it keeps
+/// stays readable.
+pub async fn run_ids_of_a_deleted_conversation_answer_deleted_and_pruned_ones_are_unknown(
+    store: SharedAdmin,
+) -> TestResult {
+    // A completed request whose first run was recovered, in each conversation.
+    let superseded_and_committed = |conversation| {
+        let store = store.clone();
+        async move {
+            let first = admit(&*store, conversation, "completed").await?;
+            let count = tool_turn(&*store, &first, 1, 1, tool_call("call-1", "{}"), "r").await?;
+            let second = recover(&*store, &first).await?;
+            commit_answer(&*store, &second, 2, count, "done").await?;
+            Ok::<_, Error>((first.run_id, second.run_id))
+        }
+    };
+    let pruned = new_conversation(&*store).await?;
+    let (earlier, committing) = superseded_and_committed(pruned).await?;
+    tick().await;
+    store
+        .prune(&PruneOptions::older_than(Duration::ZERO))
+        .await?;
+    assert_eq!(store.run(earlier).await?, None, "a pruned run is unknown");
+    assert!(
+        store.run(committing).await?.is_some(),
+        "kept for the replay"
+    );
+
+    let conversation = new_conversation(&*store).await?;
+    let (superseded, committed) = superseded_and_committed(conversation).await?;
+    let abandoned = admit(&*store, conversation, "abandoned").await?;
+    store
+        .abandon(conversation, abandoned.request_id, abandoned.revision)
+        .await?;
+    let held = admit(&*store, conversation, "held").await?;
+    store
+        .delete_conversation(&ns(), conversation, 1, Some(held.revision))
+        .await?;
+    for run in [superseded, committed, abandoned.run_id, held.run_id] {
+        assert_deleted(store.run(run).await, conversation, "a deleted run id");
+    }
+    assert_eq!(store.run(RunId::new()).await?, None, "an unknown run id");
+    assert!(
+        store.run(committing).await?.is_some(),
+        "another conversation's"
+    );
     Ok(())
 }
 
@@ -287,8 +344,9 @@ pub async fn a_claim_racing_a_delete_either_wins_whole(store: SharedStore) -> Te
             }
             (Err(Error::Deleted { conversation_id }), Ok(_)) => {
                 assert_eq!(conversation_id, conversation);
-                let runs = [claim.run_id];
-                assert_gone(&store, conversation, claim.request_id, &runs).await?;
+                assert_gone(&store, conversation, claim.request_id, &[]).await?;
+                // The claim's run never started: no tombstone of it.
+                assert_eq!(store.run(claim.run_id).await?, None);
             }
             other => panic!("round {round}: neither won whole: {other:?}"),
         }

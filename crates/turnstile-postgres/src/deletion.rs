@@ -1,7 +1,8 @@
 //! Deleting a conversation: one transaction that locks its conversation and
-//! admission rows, checks them, leaves its tombstone (migration 0004) and
-//! deletes the conversation (the foreign keys cascade to every other row
-//! but `request_ids`, which stay as the tombstones of its request ids).
+//! admission rows, checks them, leaves its tombstones (migration 0004; its
+//! run ids, 0006) and deletes the conversation (the foreign keys cascade to
+//! every other row but `request_ids`, which stay as the tombstones of its
+//! request ids).
 //! Space: PostgreSQL's autovacuum reclaims the dead rows; nothing is
 //! vacuumed here.
 
@@ -9,7 +10,7 @@ use sqlx::PgConnection;
 
 use crate::codec::{db, now_ms, Row};
 use turnstile_core::admin::TableCounts;
-use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::store::{check_delete, missing_conversation, DeleteReport};
 use turnstile_core::Error;
 
@@ -98,6 +99,14 @@ pub(crate) async fn delete_in(
         c.summaries,
         c.request_ids,
     ];
+    sqlx::query!(
+        "INSERT INTO deleted_runs (conversation_id, run_id)
+         SELECT conversation_id, run_id FROM runs WHERE conversation_id = $1",
+        id.as_uuid()
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("keep run tombstones"))?;
     sqlx::query!(
         "INSERT INTO deleted_conversations (conversation_id, namespace, deleted_at, deleted_by,
              counts)
@@ -211,4 +220,27 @@ pub(crate) fn is_deleted(error: &sqlx::Error) -> bool {
     error.as_database_error().is_some_and(|e| {
         e.code().as_deref() == Some("P0001") && e.message() == "turnstile: deleted"
     })
+}
+
+/// The conversation a deleted run id belonged to, if it is one.
+pub(crate) async fn deleted_run(
+    conn: &mut PgConnection,
+    run_id: RunId,
+) -> Result<Option<ConversationId>, Error> {
+    let found = sqlx::query_scalar!(
+        "SELECT conversation_id FROM deleted_runs WHERE run_id = $1",
+        run_id.as_uuid()
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("read run tombstone"))?;
+    found
+        .map(|uuid| {
+            Row {
+                table: "deleted_runs",
+                key: &run_id,
+            }
+            .checked_id("conversation_id", uuid)
+        })
+        .transpose()
 }

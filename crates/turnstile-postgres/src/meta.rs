@@ -34,68 +34,55 @@ pub(crate) async fn meta_of(
     lock: bool,
 ) -> Result<(ConversationMeta, Option<Uuid>), Error> {
     // `FOR UPDATE` is refused in a read-only snapshot: listings read the
-    // same columns without it.
-    let (meta, by) = if lock {
-        let r = sqlx::query!(
-            r#"SELECT title, owner, metadata::text AS "metadata!", meta_version,
+    // same columns without it. The two statements differ in that clause
+    // alone (a checked query's text is a literal).
+    let fetched = match lock {
+        true => {
+            sqlx::query_as!(
+                MetaRow,
+                r#"SELECT title, owner, metadata::text AS "metadata!", meta_version,
                       COALESCE(meta_updated_at, created_at) AS "updated_at!", meta_updated_by
                FROM conversations WHERE conversation_id = $1 FOR UPDATE"#,
-            id.as_uuid()
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db("load conversation metadata"))?;
-        let meta = decode(
-            id,
-            r.title,
-            r.owner,
-            &r.metadata,
-            r.meta_version,
-            r.updated_at,
-        )?;
-        (meta, r.meta_updated_by)
-    } else {
-        let r = sqlx::query!(
-            r#"SELECT title, owner, metadata::text AS "metadata!", meta_version,
+                id.as_uuid()
+            )
+            .fetch_one(&mut *conn)
+            .await
+        }
+        false => {
+            sqlx::query_as!(
+                MetaRow,
+                r#"SELECT title, owner, metadata::text AS "metadata!", meta_version,
                       COALESCE(meta_updated_at, created_at) AS "updated_at!", meta_updated_by
                FROM conversations WHERE conversation_id = $1"#,
-            id.as_uuid()
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db("load conversation metadata"))?;
-        let meta = decode(
-            id,
-            r.title,
-            r.owner,
-            &r.metadata,
-            r.meta_version,
-            r.updated_at,
-        )?;
-        (meta, r.meta_updated_by)
+                id.as_uuid()
+            )
+            .fetch_one(&mut *conn)
+            .await
+        }
     };
-    Ok((meta, by))
-}
-
-fn decode(
-    id: ConversationId,
-    title: Option<String>,
-    owner: Option<String>,
-    metadata: &str,
-    meta_version: i64,
-    updated_at: i64,
-) -> Result<ConversationMeta, Error> {
+    let row = fetched.map_err(db("load conversation metadata"))?;
     let key = Row {
         table: "conversations",
         key: &id,
     };
-    Ok(ConversationMeta {
-        title,
-        owner,
-        metadata: decode_metadata(&key, metadata)?,
-        meta_version: key.u64("meta_version", meta_version)?,
-        updated_at,
-    })
+    let meta = ConversationMeta {
+        title: row.title,
+        owner: row.owner,
+        metadata: decode_metadata(&key, &row.metadata)?,
+        meta_version: key.u64("meta_version", row.meta_version)?,
+        updated_at: row.updated_at,
+    };
+    Ok((meta, row.meta_updated_by))
+}
+
+/// The metadata columns of a `conversations` row.
+struct MetaRow {
+    title: Option<String>,
+    owner: Option<String>,
+    metadata: String,
+    meta_version: i64,
+    updated_at: i64,
+    meta_updated_by: Option<Uuid>,
 }
 
 /// The compare-and-swap, inside one transaction: the conversation

@@ -30,7 +30,10 @@ pub(crate) async fn load_run(
     .await
     .map_err(db("load run"))?
     else {
-        return Ok(None);
+        return match super::deletion::deleted_run(conn, run_id).await? {
+            Some(conversation_id) => Err(Error::Deleted { conversation_id }),
+            None => Ok(None),
+        };
     };
     let key = Row {
         table: "runs",

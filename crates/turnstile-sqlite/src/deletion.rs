@@ -1,13 +1,14 @@
 //! Deleting a conversation: every row of it in one write transaction, its
-//! id and request ids left as tombstones (migration 0008), then the space
-//! given back as `prune` gives it.
+//! id, request ids (migration 0008) and run ids (0010) left as tombstones,
+//! then the space given back as `prune` gives it.
 
+use sqlx::sqlite::SqlitePool;
 use sqlx::{Connection, SqliteConnection};
 
 use crate::codec::{db, now_ms, Row};
 use crate::SqliteStore;
 use turnstile_core::admin::TableCounts;
-use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
+use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::store::{check_delete, missing_conversation, DeleteReport};
 use turnstile_core::Error;
 
@@ -120,6 +121,15 @@ async fn delete_in(
     .await
     .map_err(db("keep request tombstones"))?
     .rows_affected();
+    sqlx::query!(
+        "INSERT INTO deleted_runs (run_id, conversation_id)
+         SELECT run_id, ?1 FROM runs
+         WHERE request_id IN (SELECT request_id FROM requests WHERE conversation_id = ?1)",
+        uuid
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("keep run tombstones"))?;
     let ns = namespace.as_str();
     let now = now_ms();
     sqlx::query!(
@@ -192,6 +202,29 @@ pub(crate) async fn deleted_request(
         Row {
             table: "deleted_requests",
             key: &request_id,
+        }
+        .id("conversation_id", &bytes)
+    })
+    .transpose()
+}
+
+/// The conversation a deleted run id belonged to, if it is one.
+pub(crate) async fn deleted_run(
+    reader: &SqlitePool,
+    run_id: RunId,
+) -> Result<Option<ConversationId>, Error> {
+    let uuid = run_id.as_uuid();
+    let row = sqlx::query_scalar!(
+        "SELECT conversation_id FROM deleted_runs WHERE run_id = ?1",
+        uuid
+    )
+    .fetch_optional(reader)
+    .await
+    .map_err(db("read run tombstone"))?;
+    row.map(|bytes| {
+        Row {
+            table: "deleted_runs",
+            key: &run_id,
         }
         .id("conversation_id", &bytes)
     })

@@ -71,7 +71,11 @@ async fn zombie_owner_writing_after_a_delete_is_fenced_and_nothing_is_resurrecte
         .unwrap()
         .is_empty());
     assert_eq!(store.request(request_id).await.unwrap(), None);
-    assert_eq!(store.run(held.run_id).await.unwrap(), None);
+    assert_deleted(
+        store.run(held.run_id).await.unwrap_err(),
+        conversation_id,
+        "the owner's run",
+    );
     assert_eq!(model.calls(), 1, "the model was called once, by the owner");
     // A new request on the deleted id is refused too.
     let err = expect_err(
@@ -123,7 +127,6 @@ async fn a_retry_of_a_deleted_request_id_is_deleted_never_a_fresh_run_or_a_repla
             .await,
     );
     assert_deleted(err, conversation_id, "continue_after_approval");
-    // Run ids are not kept: a deleted run is not found.
     let err = expect_err(
         chat.resume_run(
             outcome.run_id,
@@ -133,7 +136,7 @@ async fn a_retry_of_a_deleted_request_id_is_deleted_never_a_fresh_run_or_a_repla
         )
         .await,
     );
-    assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
+    assert_deleted(err, conversation_id, "resume_run of a deleted run id");
     // The same request id in another conversation: still the deleted one's.
     let elsewhere = session(agent, &store, ConversationId::new());
     let err = expect_err(

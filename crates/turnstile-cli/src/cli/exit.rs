@@ -11,6 +11,9 @@
 //! | 6 | awaiting approval: the run stopped cleanly (admission held) until tool calls are approved or rejected; it printed them and the commands that decide them |
 //! | 7 | `doctor` could not open the database to check it (no permission, not a regular file, a read-only directory, a server that cannot be reached): nothing is known about its health |
 //!
+//! `recover-expired` takes over several requests: it exits with the code of
+//! the first one it could not finish (0 when none failed).
+//!
 //! Scripts can tell "retry later" (3), "fix the command" (2), "look it up"
 //! (4), "re-read the state and decide" (5) and "a human must decide" (6)
 //! apart without parsing text.
@@ -85,6 +88,16 @@ pub enum CliError {
         source: Error,
         advice: &'static str,
     },
+    /// Requests `recover-expired` took over (or tried to) and did not
+    /// commit: how many of those listed, and the first one's error (whose
+    /// exit code is the command's).
+    #[error("{failed} of {listed} expired requests were not recovered; the first: {first}")]
+    Unrecovered {
+        failed: usize,
+        listed: usize,
+        #[source]
+        first: Error,
+    },
     /// A failure of a request whose id was generated: the id is named so the
     /// request can be retried or recovered.
     #[error("{source} (request {request_id})")]
@@ -108,7 +121,8 @@ impl CliError {
             CliError::MissingDatabase(_) | CliError::MissingSchema(_) => NOT_FOUND,
             CliError::Turnstile(e)
             | CliError::Stopped { source: e, .. }
-            | CliError::Advised { source: e, .. } => code_for(e),
+            | CliError::Advised { source: e, .. }
+            | CliError::Unrecovered { first: e, .. } => code_for(e),
             CliError::Io { .. } | CliError::Failed(_) => FAILURE,
             CliError::CannotOpen(_) => CANNOT_OPEN,
             CliError::ForRequest { source, .. } => source.exit_code(),

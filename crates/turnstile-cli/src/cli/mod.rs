@@ -15,12 +15,14 @@ mod demo;
 pub mod exit;
 mod hint;
 mod interrupt;
+mod lease;
 mod meta;
 mod model;
 mod ops;
 pub mod output;
 mod postgres;
 mod progress;
+mod recover_expired;
 mod search;
 mod session_cmds;
 pub mod tools;
@@ -39,6 +41,7 @@ pub use exit::CliError;
 pub use meta::MetaArgs;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
 pub use output::Style;
+pub use recover_expired::RecoverExpiredArgs;
 pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
 
 use turnstile::ids::{ConversationId, Namespace, Revision};
@@ -74,6 +77,10 @@ pub enum Command {
     Recover(RecoverArgs),
     /// Release a request's admission without committing; its id is burned.
     Abandon(AbandonArgs),
+    /// Take over the requests whose lease expired (`run --lease` whose
+    /// process froze or died) and finish them with the agent given. Exits
+    /// with the code of the first request it could not finish.
+    RecoverExpired(RecoverExpiredArgs),
     /// List the tool calls that wait for a human's approval (oldest first),
     /// with the commands that decide them.
     Approvals(ApprovalsArgs),
@@ -188,6 +195,7 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Resume(args) => session_cmds::resume(args, out, style, json).await,
             Command::Recover(args) => session_cmds::recover(args, out, style, json).await,
             Command::Abandon(args) => session_cmds::abandon(args, out, style, json).await,
+            Command::RecoverExpired(args) => recover_expired::run(args, out, style, json).await,
             Command::Approvals(args) => approvals::list(args, out, style, json).await,
             Command::Approve(args) => approvals::approve(args, out, style, json).await,
             Command::Reject(args) => approvals::reject(args, out, style, json).await,

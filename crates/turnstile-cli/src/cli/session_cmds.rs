@@ -18,17 +18,18 @@ use super::db::DbLocation;
 use super::exit::CliError;
 use super::hint::{with_hint, AgentFlags};
 use super::interrupt::Interrupt;
+use super::lease::{leased, LeaseArgs};
 use super::model::{self, ModelArgs};
 use super::output::{self, Style};
 use super::progress::Progress;
 use super::{parse_revision, tools, SessionArgs};
 use turnstile::agent::{Agent, AgentUpgrade, Model, RunContext, ScriptedModel};
 use turnstile::events::Event;
-use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
+use turnstile::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;
 use turnstile::session::{AgentSession, ContextPolicy, EventStream, ResumePolicy, MAX_INPUT_BYTES};
 use turnstile::store::Store;
-use turnstile::{SqliteOptions, SqliteStore, StoreAdmin};
+use turnstile::{LeasePolicy, SqliteOptions, SqliteStore, StoreAdmin};
 
 /// The system prompt of the command-line agent. It is part of the agent
 /// fingerprint: `resume` and `recover` accept a request only from the agent
@@ -48,6 +49,8 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub approval: ApprovalArgs,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// The user input. Read from stdin when absent (trailing newlines
     /// dropped).
     #[arg(value_name = "INPUT")]
@@ -75,6 +78,8 @@ pub struct ResumeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub approval: ApprovalArgs,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
 }
 
 #[derive(Args, Debug)]
@@ -98,6 +103,8 @@ pub struct RecoverArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub approval: ApprovalArgs,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// The request's input, exactly as first given. Read from stdin when
     /// absent (trailing newlines dropped).
     #[arg(value_name = "INPUT")]
@@ -266,11 +273,28 @@ pub(super) fn session(
     model: Arc<dyn Model>,
     approval: &[String],
 ) -> AgentSession {
+    agent_session(
+        args.conversation,
+        args.namespace.clone(),
+        store,
+        model,
+        approval,
+    )
+}
+
+/// The command-line agent's session on one conversation.
+pub(super) fn agent_session(
+    conversation: ConversationId,
+    namespace: Namespace,
+    store: Arc<dyn StoreAdmin>,
+    model: Arc<dyn Model>,
+    approval: &[String],
+) -> AgentSession {
     AgentSession::new(
         agent_requiring(model, approval),
         store,
-        args.conversation,
-        args.namespace.clone(),
+        conversation,
+        namespace,
         ContextPolicy::default(),
     )
 }
@@ -290,6 +314,7 @@ pub(super) async fn run(
     json: bool,
 ) -> Result<(), CliError> {
     let approval = args.approval.tools()?;
+    let lease = args.lease.policy()?;
     let model = model::load(&args.model)?;
     let input = read_input(args.input)?;
     let generated = args.request.is_none();
@@ -310,7 +335,10 @@ pub(super) async fn run(
                 "request {request_id} (generated: pass --request {request_id} to retry it)"
             );
         }
-        let session = session(&args.session, store.clone(), model, &approval);
+        let session = leased(
+            session(&args.session, store.clone(), model, &approval),
+            lease,
+        );
         let events = session.stream(request_id, input, ctx);
         // With --json the output is the outcome alone.
         let mut quiet = std::io::sink();
@@ -355,6 +383,7 @@ pub(super) async fn resume(
         session: &args.session,
         model: &args.model,
         approval: &approval,
+        lease: args.lease.policy()?,
         revision: args.revision,
         retry_interrupted: args.retry_interrupted,
         accept_agent_change: args.accept_agent_change,
@@ -375,6 +404,7 @@ pub(super) async fn recover(
         session: &args.session,
         model: &args.model,
         approval: &approval,
+        lease: args.lease.policy()?,
         revision: args.revision,
         retry_interrupted: args.retry_interrupted,
         accept_agent_change: args.accept_agent_change,
@@ -395,6 +425,7 @@ struct Target<'a> {
     model: &'a ModelArgs,
     /// The tools whose calls need approval (checked).
     approval: &'a [String],
+    lease: Option<LeasePolicy>,
     revision: Revision,
     retry_interrupted: bool,
     accept_agent_change: bool,
@@ -412,6 +443,7 @@ async fn take_over(
     let store = open_store(&target.session.db, Access::Write(target.session.limits())).await?;
     let result = async {
         let session = session(target.session, store.clone(), model, target.approval);
+        let session = leased(session, target.lease);
         let interrupt = Interrupt::watch();
         let upgrade = match target.accept_agent_change {
             true => AgentUpgrade::Accept,

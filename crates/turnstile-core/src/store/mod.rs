@@ -135,7 +135,11 @@ pub trait Store: Send + Sync + 'static {
     /// A request by id, in any conversation.
     async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error>;
 
-    /// A run by id.
+    /// A run by id: `None` when it is unknown (never written, or pruned).
+    ///
+    /// # Errors
+    /// [`Error::Deleted`] for a run of a deleted conversation (its run ids
+    /// stay as tombstones, like its request ids).
     async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, Error>;
 
     /// Write-ahead record of a turn (phase `TurnInFlight`), or of a turn's
@@ -307,9 +311,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes a conversation in one transaction: its transcript, requests,
     /// runs, checkpoints, verification reports, tool-call journal,
-    /// approvals, pending messages, summaries and admission. Its id and its
-    /// request ids stay as tombstones: [`Store::ensure_conversation`] and a
-    /// claim of one of those request ids answer [`Error::Deleted`], and
+    /// approvals, pending messages, summaries and admission. Its id, its
+    /// request ids and its run ids stay as tombstones:
+    /// [`Store::ensure_conversation`], a claim of one of those request ids
+    /// and [`Store::run`] of one of those run ids answer [`Error::Deleted`], and
     /// every fenced write of an owner still running answers
     /// [`Error::Fenced`] and re-creates nothing. Then gives the space back
     /// (as `prune` does).
