@@ -17,13 +17,15 @@ use turnstile_core::Error;
 pub(super) enum BatchKind {
     Claim,
     TurnWrite,
+    ToolResult,
     Commit,
 }
 
 impl BatchKind {
     /// Every kind. A batch holds at most one step of a session (a session
     /// waits for each of its steps), so their order does not matter.
-    pub(super) const ALL: [BatchKind; 3] = [Self::Claim, Self::TurnWrite, Self::Commit];
+    pub(super) const ALL: [BatchKind; 4] =
+        [Self::Claim, Self::TurnWrite, Self::ToolResult, Self::Commit];
 }
 
 /// What an applied step's row returned.
@@ -33,6 +35,7 @@ pub(super) enum Applied {
         revision: i64,
     },
     TurnWrite,
+    ToolResult,
     Commit {
         version: i64,
         first_seq: i64,
@@ -60,6 +63,7 @@ pub(super) async fn write(
     let written = match kind {
         BatchKind::Claim => claims(conn, &rows).await,
         BatchKind::TurnWrite => turn_writes(conn, &rows).await,
+        BatchKind::ToolResult => tool_results(conn, &rows).await,
         BatchKind::Commit => commits(conn, &rows).await,
     };
     let returned = written.map_err(|e| match raised(&e) {
@@ -132,6 +136,29 @@ async fn turn_writes(
     Ok(returned
         .into_iter()
         .map(|step| (step, Applied::TurnWrite))
+        .collect())
+}
+
+async fn tool_results(
+    conn: &mut SqliteConnection,
+    rows: &str,
+) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
+    let returned = sqlx::query_scalar!(
+        r#"INSERT INTO tool_result_batches (step, conversation_id, request_id, run_id, revision,
+               turn, call_id, status, result, now)
+           SELECT key, unhex(value ->> '$.conversation'), unhex(value ->> '$.request'),
+               unhex(value ->> '$.run'), value ->> '$.revision', value ->> '$.turn',
+               value ->> '$.call_id', value ->> '$.status', value ->> '$.result',
+               value ->> '$.now'
+           FROM json_each(?1)
+           RETURNING CAST(step AS INTEGER) AS "step!: i64""#,
+        rows
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(returned
+        .into_iter()
+        .map(|step| (step, Applied::ToolResult))
         .collect())
 }
 

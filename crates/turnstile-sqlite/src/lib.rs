@@ -259,15 +259,20 @@ impl Store for SqliteStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
-        let fence = *fence;
-        let call_id = call_id.to_owned();
-        let result = result.clone();
+        let step = Arc::new(turns::ToolResultStep::new(fence, turn, call_id, result));
+        let row = step.clone();
         self.group
-            .write(Isolation::Statement, move |conn| {
-                Box::pin(async move {
-                    turns::record_tool_result_in(conn, &fence, turn, &call_id, &result).await
-                })
-            })
+            .write_batchable(
+                Batchable {
+                    kind: BatchKind::ToolResult,
+                    row: Box::new(move || row.row()),
+                },
+                move |conn| Box::pin(async move { step.write(conn).await }),
+                |returned| match returned {
+                    Applied::ToolResult => Ok(()),
+                    other => Err(misanswered(other)),
+                },
+            )
             .await
     }
 

@@ -180,59 +180,103 @@ pub(super) fn model_response(
     TurnStep::new(fence, write)
 }
 
-/// One tool call's result, inside the group transaction.
-pub(super) async fn record_tool_result_in(
-    conn: &mut SqliteConnection,
-    fence: &Fence,
-    turn: u32,
-    call_id: &str,
-    result: &ToolResult,
-) -> Result<(), Error> {
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
-    let turn = i64::from(turn);
-    let status = if result.is_error {
-        "failed"
-    } else {
-        "completed"
-    };
-    let now = now_ms();
-    // Fenced in the same statement: the result lands only while the
-    // admission still names this run.
-    let journaled = sqlx::query!(
-        "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
-         WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
-             AND status = 'requested'
-             AND EXISTS (SELECT 1 FROM admissions
-                 WHERE conversation_id = ?7 AND revision = ?8 AND run_id = ?9
-                     AND active_request_id = ?4)",
-        status,
-        result.content,
-        now,
-        request,
-        turn,
-        call_id,
-        conversation,
-        revision,
-        run
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db("journal tool result"))?;
-    if journaled.rows_affected() == 1 {
-        return Ok(());
+/// One tool call's result, its values ready for its statement.
+pub(super) struct ToolResultStep {
+    fence: Fence,
+    turn: i64,
+    call_id: String,
+    status: &'static str,
+    result: String,
+    now: i64,
+}
+
+/// A [`ToolResultStep`] as its row of a shared statement (`batch.rs`).
+#[derive(Serialize)]
+struct ToolResultRow<'a> {
+    conversation: String,
+    request: String,
+    run: String,
+    revision: i64,
+    turn: i64,
+    call_id: &'a str,
+    status: &'a str,
+    result: &'a str,
+    now: i64,
+}
+
+impl ToolResultStep {
+    pub(super) fn new(fence: &Fence, turn: u32, call_id: &str, result: &ToolResult) -> Self {
+        Self {
+            fence: *fence,
+            turn: i64::from(turn),
+            call_id: call_id.to_owned(),
+            status: if result.is_error {
+                "failed"
+            } else {
+                "completed"
+            },
+            result: result.content.clone(),
+            now: now_ms(),
+        }
     }
-    // Nothing written: either the owner was replaced, or there is no such
-    // call waiting for its result.
-    if !fence_holds(conn, fence).await? {
-        return Err(fenced(fence));
+
+    /// Journals the result as a statement of its own, fenced in the same
+    /// statement: it lands only while the admission still names this run.
+    pub(super) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        let fence = &self.fence;
+        let conversation = fence.conversation_id.as_uuid();
+        let request = fence.request_id.as_uuid();
+        let run = fence.run_id.as_uuid();
+        let revision = to_i64(fence.revision.0);
+        let journaled = sqlx::query!(
+            "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
+             WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
+                 AND status = 'requested'
+                 AND EXISTS (SELECT 1 FROM admissions
+                     WHERE conversation_id = ?7 AND revision = ?8 AND run_id = ?9
+                         AND active_request_id = ?4)",
+            self.status,
+            self.result,
+            self.now,
+            request,
+            self.turn,
+            self.call_id,
+            conversation,
+            revision,
+            run
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(db("journal tool result"))?;
+        if journaled.rows_affected() == 1 {
+            return Ok(());
+        }
+        // Nothing written: either the owner was replaced, or there is no
+        // such call waiting for its result.
+        if !fence_holds(conn, fence).await? {
+            return Err(fenced(fence));
+        }
+        Err(Error::InvalidInput(format!(
+            "no requested tool call {:?} in turn {} of request {}",
+            self.call_id, self.turn, fence.request_id
+        )))
     }
-    Err(Error::InvalidInput(format!(
-        "no requested tool call {call_id:?} in turn {turn} of request {}",
-        fence.request_id
-    )))
+
+    /// The step as its row of a shared statement.
+    pub(super) fn row(&self) -> Result<String, Error> {
+        let fence = &self.fence;
+        to_json(&ToolResultRow {
+            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
+            request: hex(fence.request_id.as_uuid().as_bytes()),
+            run: hex(fence.run_id.as_uuid().as_bytes()),
+            revision: to_i64(fence.revision.0),
+            turn: self.turn,
+            call_id: &self.call_id,
+            status: self.status,
+            result: &self.result,
+            now: self.now,
+        })
+    }
 }
 
 /// A turn's end: its checkpoint, the next turn's write-ahead if any, and

@@ -10,11 +10,10 @@
 //! The steps of a run's owner are one statement each and take no savepoint:
 //! a refused one (fenced) is undone by SQLite alone; one that fails
 //! otherwise (here an injected fault) rolls its whole transaction back.
-//! Claims, turn writes and commits that queue together go as one statement
-//! per kind (migration 0011): a step that statement skips runs alone and
-//! gets its own answer.
 //! Steps of several statements (a summary's commit) still run in a
-//! savepoint of their own.
+//! savepoint of their own. Claims, turn writes, tool results and commits
+//! that queue together go as one statement per kind (migration 0011): a
+//! step that statement skips runs alone and gets its own answer.
 
 use std::future::Future;
 use std::path::Path;
@@ -24,13 +23,14 @@ use std::time::Duration;
 
 use sqlx::{Connection, SqliteConnection};
 use turnstile::store::{
-    ClaimOutcome, Fence, NewRequest, StoredOutcome, SummaryCommit, SummaryPass,
+    ClaimOutcome, Fence, JournalStatus, NewRequest, StoredOutcome, SummaryCommit, SummaryPass,
+    ToolResult,
 };
-use turnstile::{CheckpointPhase, Error, SqliteStore, Store, Usage};
+use turnstile::{CheckpointPhase, Error, Message, SqliteStore, Store, Usage};
 use turnstile_conformance::logs::LogBuffer;
 use turnstile_conformance::support::{
     admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
-    TestResult,
+    tool_call, TestResult,
 };
 
 /// The log of every test of this file (one subscriber per process).
@@ -564,6 +564,101 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
         shared.contains(&("Commit".into(), LIVE + 1, LIVE)),
         "no statement of {} commits with {LIVE} applied in {shared:?}",
         LIVE + 1
+    );
+    Ok(())
+}
+
+/// Tool results that queue together are sent as one statement; a replaced
+/// owner's result and a result for a call nobody asked for are skipped by
+/// it, run alone, and are refused as they would be alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -> TestResult {
+    let logs = logs();
+    const LIVE: usize = 8;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("group.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let first = admit(
+        store.as_ref(),
+        new_conversation(store.as_ref()).await?,
+        "first",
+    )
+    .await?;
+    // Each run asks for one call, "call-1", in turn 1.
+    let asked = |fence: Fence| {
+        let store = store.clone();
+        async move {
+            let mut start = checkpoint(fence.run_id, 0, CheckpointPhase::TurnInFlight, 1);
+            start.turn = 1;
+            store.begin_turn(&fence, &start).await?;
+            let assistant = Message::Assistant {
+                content: "calling".into(),
+                tool_calls: vec![tool_call("call-1", "{}")],
+            };
+            let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
+            store
+                .record_model_response(&fence, &answered, &assistant)
+                .await
+        }
+    };
+    let mut live = Vec::new();
+    for _ in 0..LIVE {
+        let fence = admit(store.as_ref(), new_conversation(store.as_ref()).await?, "q").await?;
+        asked(fence).await?;
+        live.push(fence);
+    }
+    let zombie = admit(store.as_ref(), new_conversation(store.as_ref()).await?, "z").await?;
+    asked(zombie).await?;
+    recover(store.as_ref(), &zombie).await?;
+
+    let result = |fence: Fence, call_id: &'static str, content: String| -> Step {
+        let store = store.clone();
+        Box::pin(async move {
+            let result = ToolResult {
+                content,
+                is_error: false,
+            };
+            store.record_tool_result(&fence, 1, call_id, &result).await
+        })
+    };
+    let mut crowd: Vec<Step> = live
+        .iter()
+        .enumerate()
+        .map(|(i, fence)| result(*fence, "call-1", format!("result {i}")))
+        .collect();
+    crowd.push(result(zombie, "call-1", "late".into()));
+    crowd.push(result(live[0], "call-unknown", "nobody asked".into()));
+    let (first_result, mut results) =
+        crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
+    first_result?;
+
+    match results.pop() {
+        Some(Err(Error::InvalidInput(message))) => assert!(message.contains("call-unknown")),
+        other => panic!("expected the unknown call refused, got {other:?}"),
+    }
+    match results.pop() {
+        Some(Err(Error::Fenced { run_id, .. })) => assert_eq!(run_id, zombie.run_id),
+        other => panic!("expected the zombie to be fenced, got {other:?}"),
+    }
+    for (i, (fence, result)) in live.iter().zip(results).enumerate() {
+        result?;
+        let journal = store.journal(fence.request_id, 1).await?;
+        assert_eq!(journal.len(), 1, "{journal:?}");
+        assert_eq!(journal[0].status, JournalStatus::Completed);
+        let stored = journal[0].result.as_ref().map(|r| r.content.as_str());
+        assert_eq!(stored, Some(format!("result {i}").as_str()));
+    }
+    let journal = store.journal(zombie.request_id, 1).await?;
+    assert_eq!(
+        journal[0].status,
+        JournalStatus::Requested,
+        "the zombie wrote"
+    );
+    let shared = shared_statements(&logs);
+    assert!(
+        shared.contains(&("ToolResult".into(), LIVE + 2, LIVE)),
+        "no statement of {} tool results with {LIVE} applied in {shared:?}",
+        LIVE + 2
     );
     Ok(())
 }
