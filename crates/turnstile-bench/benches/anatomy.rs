@@ -411,7 +411,7 @@ async fn steps(dir: &Path) {
     .await
     .expect("abandon");
 
-    // The reader pool opens connections on demand: open them all (reads at
+    // The store opens reader connections on demand: open them all (reads at
     // once) before counting, so the reads below count only their own
     // statements, not a new connection's pragmas.
     for _ in 0..2 {

@@ -1,7 +1,7 @@
 //! Conversations and ownership changes: claim, recovery claim, abandon.
 //! Each ownership change is one compare-and-swap on `admissions.revision`.
 
-use sqlx::sqlite::SqlitePool;
+use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
@@ -20,16 +20,17 @@ use turnstile_core::store::{
 use turnstile_core::Error;
 
 pub(super) async fn load_recovery_usage(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     request_id: RequestId,
 ) -> Result<Usage, Error> {
+    let mut conn = reader.acquire().await?;
     let request = request_id.as_uuid();
     let row = sqlx::query!(
         "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
          FROM admissions WHERE active_request_id = ?1",
         request
     )
-    .fetch_optional(reader)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(db("read recovery usage"))?;
     match row {

@@ -2,7 +2,7 @@
 //! listings. Not on a turn's hot path, so each write is a few statements in
 //! a savepoint step of the group writer.
 
-use sqlx::sqlite::SqlitePool;
+use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
@@ -141,10 +141,11 @@ pub(super) async fn decide_approval_in(
 }
 
 pub(super) async fn load_approvals(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     request_id: RequestId,
     turn: u32,
 ) -> Result<Vec<ApprovalRecord>, Error> {
+    let mut conn = reader.acquire().await?;
     let request = request_id.as_uuid();
     let turn = i64::from(turn);
     let rows = sqlx::query!(
@@ -156,7 +157,7 @@ pub(super) async fn load_approvals(
         request,
         turn
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("load approvals"))?;
     rows.into_iter()
@@ -182,10 +183,10 @@ pub(super) async fn load_approvals(
 }
 
 pub(super) async fn load_pending_approvals(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     conversation_id: Option<ConversationId>,
 ) -> Result<Vec<PendingApproval>, Error> {
-    let mut conn = reader.acquire().await.map_err(db("acquire reader"))?;
+    let mut conn = reader.acquire().await?;
     pending(&mut conn, conversation_id, None).await
 }
 

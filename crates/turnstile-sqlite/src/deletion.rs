@@ -2,7 +2,6 @@
 //! id, request ids (migration 0008) and run ids (0010) left as tombstones,
 //! then the space given back as `prune` gives it.
 
-use sqlx::sqlite::SqlitePool;
 use sqlx::{Connection, SqliteConnection};
 
 use crate::codec::{db, now_ms, Row};
@@ -210,7 +209,7 @@ pub(crate) async fn deleted_request(
 
 /// The conversation a deleted run id belonged to, if it is one.
 pub(crate) async fn deleted_run(
-    reader: &SqlitePool,
+    conn: &mut SqliteConnection,
     run_id: RunId,
 ) -> Result<Option<ConversationId>, Error> {
     let uuid = run_id.as_uuid();
@@ -218,7 +217,7 @@ pub(crate) async fn deleted_run(
         "SELECT conversation_id FROM deleted_runs WHERE run_id = ?1",
         uuid
     )
-    .fetch_optional(reader)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(db("read run tombstone"))?;
     row.map(|bytes| {

@@ -2,7 +2,7 @@
 //! the revision nor the activity time) and the listing of expired ones.
 //! Migration 0009's trigger drops a lease with every revision bump.
 
-use sqlx::sqlite::SqlitePool;
+use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, to_i64, Row};
@@ -42,10 +42,11 @@ pub(super) async fn renew_lease_in(
 /// Held admissions of `running` owners whose lease expired before `now`,
 /// soonest expired first. Served by the leased-admissions index.
 pub(super) async fn load_expired_leases(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     now: i64,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
+    let mut conn = reader.acquire().await?;
     let limit = i64::from(limit);
     let rows = sqlx::query!(
         r#"SELECT a.conversation_id, c.namespace, a.active_request_id AS "request_id!",
@@ -59,7 +60,7 @@ pub(super) async fn load_expired_leases(
         now,
         limit
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("list expired leases"))?;
     rows.into_iter()

@@ -3,7 +3,8 @@
 //! One writer connection takes every write transaction with
 //! `BEGIN IMMEDIATE` (so concurrent writers queue on the busy timeout instead
 //! of failing a read-to-write upgrade), or as one writing statement, which
-//! SQLite starts the same way; reads go to a separate reader pool. Every
+//! SQLite starts the same way; reads go to reader connections of their own
+//! (`read_connections.rs`; in memory, the writer's). Every
 //! write of the `Store` contract reaches that connection through the group
 //! writer (`writer.rs`), which commits the steps of concurrent sessions
 //! together, the steps of one kind as one statement (`batch.rs`); only the
@@ -22,6 +23,7 @@ mod leases;
 mod meta;
 mod open;
 mod ops;
+mod read_connections;
 mod reads;
 mod summaries;
 mod turns;
@@ -33,7 +35,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::SqlitePool;
 
 use batch::{Applied, BatchKind};
 use codec::db;
@@ -69,7 +70,7 @@ pub struct SqliteOptions {
     pub durability: Durability,
     /// How long a write waits for another process's write lock.
     pub busy_timeout: Duration,
-    /// Size of the reader pool.
+    /// The most reader connections (each opened when first needed).
     pub readers: u32,
     /// A size quota for the database file, in bytes; `None` (the default)
     /// sets none. A write that would grow the database past it fails with
@@ -114,7 +115,7 @@ pub struct SqliteStore {
     writer: write_connection::WriteConnection,
     /// Commits runs' steps, batching concurrent sessions' steps.
     group: writer::GroupWriter,
-    reader: SqlitePool,
+    reader: read_connections::ReadConnections,
     /// The database file (`None` in memory): `prune` reports its size.
     path: Option<PathBuf>,
     /// Keeps a named in-memory database alive while any clone of the store
@@ -182,12 +183,12 @@ impl Store for SqliteStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<Conversation, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        let mut conn = self.reader.acquire().await?;
         admission::load_conversation(&mut conn, namespace, id).await
     }
 
     async fn admission(&self, conversation_id: ConversationId) -> Result<Admission, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        let mut conn = self.reader.acquire().await?;
         admission::load_admission(&mut conn, conversation_id).await
     }
 
@@ -230,7 +231,7 @@ impl Store for SqliteStore {
     }
 
     async fn request(&self, request_id: RequestId) -> Result<Option<RequestRecord>, Error> {
-        let mut conn = self.reader.acquire().await.map_err(db("acquire reader"))?;
+        let mut conn = self.reader.acquire().await?;
         reads::load_request(&mut conn, request_id).await
     }
 
@@ -502,7 +503,10 @@ impl Store for SqliteStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<turnstile_core::store::ConversationMeta, Error> {
-        let mut tx = self.reader.begin().await.map_err(db("begin read"))?;
+        let mut reader = self.reader.acquire().await?;
+        let mut tx = sqlx::Connection::begin(&mut *reader)
+            .await
+            .map_err(db("begin read"))?;
         meta::load_meta(&mut tx, namespace, id).await
     }
 

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{
-    SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tracing::instrument;
 
 use super::codec::{self, db};
+use super::read_connections::ReadConnections;
 use super::write_connection::WriteConnection;
 use super::writer::GroupWriter;
 use super::{Durability, SqliteOptions, SqliteStore};
@@ -128,11 +127,7 @@ impl SqliteStore {
             .saturating_add(Duration::from_secs(5));
         migrate(&connect, empty).await?;
         let writer = WriteConnection::open(connect.clone(), wait).await?;
-        let reader = local_pool()
-            .max_connections(options.readers.max(1))
-            .connect_with(connect)
-            .await
-            .map_err(db("open readers"))?;
+        let reader = ReadConnections::open(connect, options.readers, wait);
         Ok(Self {
             group: GroupWriter::spawn(writer.clone()),
             writer,
@@ -149,7 +144,7 @@ impl SqliteStore {
     /// # Errors
     /// [`Error::Store`] if SQLite cannot create it.
     pub async fn in_memory() -> Result<Self, Error> {
-        // A uniquely named shared-cache database: the keeper and the pool see
+        // A uniquely named shared-cache database: the keeper and the store see
         // the same data, and no two stores ever share one.
         let uri = format!(
             "sqlite:file:turnstile-{}?mode=memory&cache=shared",
@@ -163,18 +158,15 @@ impl SqliteStore {
             .connect()
             .await
             .map_err(db("open in-memory keeper"))?;
+        migrate(&connect, false).await?;
         // One connection serves reads and writes: shared-cache databases lock
         // whole tables, so a separate reader would only wait on the writer.
-        let pool = pinned_pool(1)
-            .connect_with(connect)
-            .await
-            .map_err(db("open in-memory pool"))?;
-        MIGRATOR.run(&pool).await.map_err(migrate_error)?;
-        let writer = WriteConnection::Pooled(pool.clone());
+        // Reads and writes wait for it as long as sqlx's pool waited.
+        let writer = WriteConnection::open(connect, Duration::from_secs(30)).await?;
         Ok(Self {
             group: GroupWriter::spawn(writer.clone()),
+            reader: ReadConnections::Writer(writer.clone()),
             writer,
-            reader: pool,
             path: None,
             _memory_keeper: Some(Arc::new(MemoryKeeper {
                 _connection: tokio::sync::Mutex::new(keeper),
@@ -186,42 +178,6 @@ impl SqliteStore {
     pub fn supported_schema_version() -> i64 {
         MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
     }
-}
-
-/// A pool whose connections are never closed for being idle or old.
-fn pinned_pool(size: u32) -> SqlitePoolOptions {
-    local_pool()
-        .max_connections(size)
-        .min_connections(size)
-        .idle_timeout(None)
-        .max_lifetime(None)
-}
-
-/// A pool of local connections. No ping before a connection is handed
-/// out: it is a round trip to the connection's worker thread that can only
-/// fail if the process itself is failing, and it was half the cost of a
-/// small durable step.
-///
-/// A connection that comes back still inside a transaction is closed (the
-/// pool opens a fresh one). SQLite rolls a whole transaction back by itself
-/// on some errors (`SQLITE_FULL` in a single-row write, I/O errors); the
-/// `ROLLBACK` sent for the dropped transaction then fails, sqlx keeps
-/// counting the transaction as open, and every later `BEGIN` on that
-/// connection would be refused: one full disk would end the store's writes
-/// for good.
-fn local_pool() -> SqlitePoolOptions {
-    SqlitePoolOptions::new()
-        .test_before_acquire(false)
-        .after_release(|conn, _| {
-            Box::pin(async move {
-                // Only after an error: a dropped transaction's rollback is
-                // queued on the connection's worker; wait for it.
-                if conn.is_in_transaction() {
-                    conn.ping().await?;
-                }
-                Ok(!conn.is_in_transaction())
-            })
-        })
 }
 
 /// Applies the embedded migrations on a connection of their own, closed

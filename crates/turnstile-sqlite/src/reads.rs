@@ -1,6 +1,6 @@
 //! Reads: requests, runs, transcript, checkpoints, pending messages, journal.
 
-use sqlx::sqlite::SqlitePool;
+use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::admission::AdmissionColumns;
@@ -16,9 +16,10 @@ use turnstile_core::store::{
 use turnstile_core::Error;
 
 pub(super) async fn load_run(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     run_id: RunId,
 ) -> Result<Option<RunRecord>, Error> {
+    let mut conn = reader.acquire().await?;
     let uuid = run_id.as_uuid();
     let Some(row) = sqlx::query!(
         "SELECT request_id, resumed_from, status, error, started_at, ended_at, agent_fingerprint,
@@ -26,11 +27,11 @@ pub(super) async fn load_run(
          FROM runs WHERE run_id = ?1",
         uuid
     )
-    .fetch_optional(reader)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(db("load run"))?
     else {
-        return match super::deletion::deleted_run(reader, run_id).await? {
+        return match super::deletion::deleted_run(&mut conn, run_id).await? {
             Some(conversation_id) => Err(Error::Deleted { conversation_id }),
             None => Ok(None),
         };
@@ -60,10 +61,11 @@ pub(super) async fn load_run(
 }
 
 pub(super) async fn load_transcript_window(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     conversation_id: ConversationId,
     limit: u32,
 ) -> Result<Vec<TranscriptEntry>, Error> {
+    let mut conn = reader.acquire().await?;
     let uuid = conversation_id.as_uuid();
     let limit = i64::from(limit);
     let rows = sqlx::query!(
@@ -72,7 +74,7 @@ pub(super) async fn load_transcript_window(
         uuid,
         limit
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("load transcript window"))?;
     let mut entries = rows
@@ -93,11 +95,12 @@ pub(super) async fn load_transcript_window(
 }
 
 pub(super) async fn load_transcript_range(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     conversation_id: ConversationId,
     from: u64,
     to: u64,
 ) -> Result<Vec<TranscriptEntry>, Error> {
+    let mut conn = reader.acquire().await?;
     let uuid = conversation_id.as_uuid();
     let (from, to) = (to_i64(from), to_i64(to));
     let rows = sqlx::query!(
@@ -107,7 +110,7 @@ pub(super) async fn load_transcript_range(
         from,
         to
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("load transcript range"))?;
     rows.into_iter()
@@ -126,10 +129,11 @@ pub(super) async fn load_transcript_range(
 
 /// A run's checkpoints, oldest first; only the latest if `latest_only`.
 pub(super) async fn load_checkpoints(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     run_id: RunId,
     latest_only: bool,
 ) -> Result<Vec<LoopCheckpoint>, Error> {
+    let mut conn = reader.acquire().await?;
     let uuid = run_id.as_uuid();
     // Latest first, so LIMIT 1 is the latest; all rows when not limited.
     let limit: i64 = if latest_only { 1 } else { -1 };
@@ -142,7 +146,7 @@ pub(super) async fn load_checkpoints(
         uuid,
         limit
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("load checkpoints"))?;
     let Some(first) = rows.first() else {
@@ -155,7 +159,6 @@ pub(super) async fn load_checkpoints(
     let request_id = run_key.id::<RequestId>("request_id", &first.request_id)?;
     let most = rows.iter().map(|r| r.reports_count).max().unwrap_or(0);
     let reports = if most > 0 {
-        let mut conn = reader.acquire().await.map_err(db("acquire reader"))?;
         load_reports(&mut conn, request_id, most).await?
     } else {
         Vec::new()
@@ -184,10 +187,11 @@ pub(super) async fn load_checkpoints(
 }
 
 pub(super) async fn load_request_messages(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     request_id: RequestId,
     count: u64,
 ) -> Result<Vec<Message>, Error> {
+    let mut conn = reader.acquire().await?;
     let uuid = request_id.as_uuid();
     let count = to_i64(count);
     let rows = sqlx::query!(
@@ -196,7 +200,7 @@ pub(super) async fn load_request_messages(
         uuid,
         count
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("load run messages"))?;
     rows.into_iter()
@@ -218,10 +222,11 @@ pub(super) async fn load_request_messages(
 }
 
 pub(super) async fn load_journal(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     request_id: RequestId,
     turn: u32,
 ) -> Result<Vec<JournalEntry>, Error> {
+    let mut conn = reader.acquire().await?;
     let uuid = request_id.as_uuid();
     let turn = i64::from(turn);
     let rows = sqlx::query!(
@@ -230,7 +235,7 @@ pub(super) async fn load_journal(
         uuid,
         turn
     )
-    .fetch_all(reader)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db("load tool journal"))?;
     rows.into_iter()
@@ -448,17 +453,17 @@ fn transcript_entry(
 /// conversation is in `namespace`, the request unknown and the admission
 /// idle: the rows a claim would use), one result row per window entry.
 pub(super) async fn load_claim_context(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     namespace: &Namespace,
     conversation_id: ConversationId,
     request_id: RequestId,
     window: Option<u32>,
 ) -> Result<ClaimContext, Error> {
+    let mut conn = reader.acquire().await?;
     let conversation = conversation_id.as_uuid();
     let request = request_id.as_uuid();
     let limit = i64::from(window.unwrap_or(0));
     let ns = namespace.as_str();
-    let mut conn = reader.acquire().await.map_err(db("acquire reader"))?;
     let rows = sqlx::query!(
         r#"SELECT c.namespace AS "namespace?: String", c.version AS "version?: i64",
                   c.created_at AS "conversation_created_at?: i64",

@@ -4,7 +4,7 @@
 //! and guarded by the conversation version the pass read, so a transcript
 //! that moved under a pass fails closed instead of being summarized wrongly.
 
-use sqlx::sqlite::SqlitePool;
+use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
@@ -57,9 +57,10 @@ impl SummaryRow {
 }
 
 pub(super) async fn load_latest_summary(
-    reader: &SqlitePool,
+    reader: &ReadConnections,
     conversation_id: ConversationId,
 ) -> Result<Option<StoredSummary>, Error> {
+    let mut conn = reader.acquire().await?;
     let conversation = conversation_id.as_uuid();
     sqlx::query_as!(
         SummaryRow,
@@ -68,7 +69,7 @@ pub(super) async fn load_latest_summary(
            FROM summaries WHERE conversation_id = ?1 ORDER BY through_seq DESC LIMIT 1"#,
         conversation
     )
-    .fetch_optional(reader)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(db("load latest summary"))?
     .map(|row| row.decode(conversation_id))

@@ -1,20 +1,17 @@
 //! The one connection every write runs on.
 //!
-//! A file database's writer is a connection of its own behind a lock, not a
-//! pool: sqlx's pool pings a connection each time it comes back, a round
-//! trip to the connection's worker thread per write transaction, which was
-//! a third of the cost of a bare commit here. An in-memory database keeps
-//! its single pooled connection, because its reads share it (shared-cache
-//! databases lock whole tables, so a second connection would only fail on
-//! the writer's locks).
+//! The writer is a connection of its own behind a lock, not a pool: sqlx's
+//! pool pings a connection each time it comes back, a round trip to the
+//! connection's worker thread per write transaction, which was a third of
+//! the cost of a bare commit here. An in-memory database reads on it too
+//! (`read_connections.rs`).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::codec::db;
@@ -22,10 +19,7 @@ use turnstile_core::Error;
 use turnstile_core::StoreError;
 
 #[derive(Clone, Debug)]
-pub(super) enum WriteConnection {
-    Owned(Arc<Owned>),
-    Pooled(SqlitePool),
-}
+pub(super) struct WriteConnection(Arc<Owned>);
 
 #[derive(Debug)]
 pub(super) struct Owned {
@@ -38,16 +32,13 @@ pub(super) struct Owned {
 }
 
 /// The write connection, held: nobody else writes until it is dropped.
-pub(super) enum Held {
-    Owned(OwnedMappedMutexGuard<Option<SqliteConnection>, SqliteConnection>),
-    Pooled(PoolConnection<Sqlite>),
-}
+pub(super) struct Held(OwnedMappedMutexGuard<Option<SqliteConnection>, SqliteConnection>);
 
 impl WriteConnection {
-    /// Opens the writer connection of a file database.
+    /// Opens the writer connection.
     pub(super) async fn open(connect: SqliteConnectOptions, wait: Duration) -> Result<Self, Error> {
         let conn = connect.connect().await.map_err(db("open writer"))?;
-        Ok(Self::Owned(Arc::new(Owned {
+        Ok(Self(Arc::new(Owned {
             conn: Arc::new(Mutex::new(Some(conn))),
             connect,
             wait,
@@ -57,55 +48,38 @@ impl WriteConnection {
     /// Closes the writer once the writes ahead have let it go; a later
     /// write is told the store is closed.
     pub(super) async fn close(&self) {
-        match self {
-            Self::Owned(owned) => {
-                let closing = owned.conn.lock().await.take();
-                if let Some(conn) = closing {
-                    if let Err(e) = conn.close().await {
-                        tracing::debug!(error = %e, "closing the writer connection failed");
-                    }
-                }
+        let closing = self.0.conn.lock().await.take();
+        if let Some(conn) = closing {
+            if let Err(e) = conn.close().await {
+                tracing::debug!(error = %e, "closing the writer connection failed");
             }
-            Self::Pooled(pool) => pool.close().await,
         }
     }
 
     /// The connection if nobody holds it.
     pub(super) fn try_take(&self) -> Option<Held> {
-        match self {
-            Self::Owned(owned) => {
-                let guard = owned.conn.clone().try_lock_owned().ok()?;
-                OwnedMutexGuard::try_map(guard, Option::as_mut)
-                    .ok()
-                    .map(Held::Owned)
-            }
-            Self::Pooled(pool) => pool.try_acquire().map(Held::Pooled),
-        }
+        let guard = self.0.conn.clone().try_lock_owned().ok()?;
+        OwnedMutexGuard::try_map(guard, Option::as_mut)
+            .ok()
+            .map(Held)
     }
 
     /// The connection, once the writes ahead have let it go, fit for a new
     /// transaction.
     pub(super) async fn take(&self) -> Result<Held, Error> {
-        match self {
-            Self::Owned(owned) => {
-                let guard = tokio::time::timeout(owned.wait, owned.conn.clone().lock_owned())
-                    .await
-                    .map_err(|_| {
-                        Error::Store(
-                            StoreError::new("the writer connection stayed busy too long", None)
-                                .busy(),
-                        )
-                    })?;
-                let open = OwnedMutexGuard::try_map(guard, Option::as_mut)
-                    .map_err(|_| Error::Store(StoreError::new("the store is closed", None)))?;
-                let mut held = Held::Owned(open);
-                self.repair(&mut held).await?;
-                Ok(held)
-            }
-            Self::Pooled(pool) => Ok(Held::Pooled(
-                pool.acquire().await.map_err(db("acquire writer"))?,
-            )),
-        }
+        let owned = &self.0;
+        let guard = tokio::time::timeout(owned.wait, owned.conn.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                Error::Store(
+                    StoreError::new("the writer connection stayed busy too long", None).busy(),
+                )
+            })?;
+        let open = OwnedMutexGuard::try_map(guard, Option::as_mut)
+            .map_err(|_| Error::Store(StoreError::new("the store is closed", None)))?;
+        let mut held = Held(open);
+        self.repair(&mut held).await?;
+        Ok(held)
     }
 
     /// Makes a held connection fit for a new transaction. SQLite rolls a
@@ -113,12 +87,9 @@ impl WriteConnection {
     /// single-row write, I/O errors); the `ROLLBACK` sqlx then sends fails,
     /// sqlx keeps counting the transaction as open and would refuse every
     /// later `BEGIN`: one full disk would end the store's writes for good.
-    /// Such a connection is replaced. (A pooled one is checked by the
-    /// pool when it comes back, in `open.rs`.)
+    /// Such a connection is replaced.
     pub(super) async fn repair(&self, held: &mut Held) -> Result<(), Error> {
-        let (Self::Owned(owned), Held::Owned(conn)) = (self, held) else {
-            return Ok(());
-        };
+        let (owned, conn) = (&self.0, &mut held.0);
         if !conn.is_in_transaction() {
             return Ok(());
         }
@@ -144,18 +115,12 @@ impl Deref for Held {
     type Target = SqliteConnection;
 
     fn deref(&self) -> &SqliteConnection {
-        match self {
-            Self::Owned(conn) => conn,
-            Self::Pooled(conn) => conn,
-        }
+        &self.0
     }
 }
 
 impl DerefMut for Held {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
-        match self {
-            Self::Owned(conn) => conn,
-            Self::Pooled(conn) => conn,
-        }
+        &mut self.0
     }
 }

@@ -11,7 +11,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection};
 
 use super::cutoff;
 use super::prune::file_sizes;
-use crate::codec::{db, now_ms};
+use crate::codec::now_ms;
 use crate::SqliteStore;
 use turnstile_core::admin::DoctorReport;
 use turnstile_core::Error;
@@ -82,7 +82,7 @@ pub(super) async fn of_store(
         return SqliteStore::doctor(path, stale_after).await;
     }
     let mut report = empty_report("(in memory)".into(), (0, 0));
-    let mut conn = store.reader.acquire().await.map_err(db("acquire reader"))?;
+    let mut conn = store.reader.acquire().await?;
     examine(&mut conn, &mut report, stale_after).await;
     Ok(report)
 }

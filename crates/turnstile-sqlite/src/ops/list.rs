@@ -40,7 +40,10 @@ pub(super) async fn list_conversations(
     filter: &ListFilter,
 ) -> Result<ConversationPage, Error> {
     filter.check_conversation_filters()?;
-    let mut tx = store.reader.begin().await.map_err(db("begin read"))?;
+    let mut reader = store.reader.acquire().await?;
+    let mut tx = sqlx::Connection::begin(&mut *reader)
+        .await
+        .map_err(db("begin read"))?;
     let cutoff = cutoff(filter.stale_after);
     let (keys, next) = if filter.stuck_only {
         let keys = stuck_keys(&mut tx, filter, cutoff).await?;
@@ -74,7 +77,10 @@ pub(super) async fn one_conversation(
     id: ConversationId,
     stale_after: std::time::Duration,
 ) -> Result<Option<ConversationSummary>, Error> {
-    let mut tx = store.reader.begin().await.map_err(db("begin read"))?;
+    let mut reader = store.reader.acquire().await?;
+    let mut tx = sqlx::Connection::begin(&mut *reader)
+        .await
+        .map_err(db("begin read"))?;
     conversation_summary(&mut tx, id.as_uuid().as_bytes(), cutoff(stale_after)).await
 }
 
@@ -86,7 +92,10 @@ pub(super) async fn list_requests(
     store: &SqliteStore,
     filter: &ListFilter,
 ) -> Result<Vec<RequestSummary>, Error> {
-    let mut tx = store.reader.begin().await.map_err(db("begin read"))?;
+    let mut reader = store.reader.acquire().await?;
+    let mut tx = sqlx::Connection::begin(&mut *reader)
+        .await
+        .map_err(db("begin read"))?;
     let cutoff = cutoff(filter.stale_after);
     let limit = i64::from(filter.limit);
     let keys: Vec<Vec<u8>> = if filter.stuck_only {
@@ -146,7 +155,10 @@ pub(super) async fn list_runs(
     store: &SqliteStore,
     filter: &ListFilter,
 ) -> Result<Vec<RunSummary>, Error> {
-    let mut tx = store.reader.begin().await.map_err(db("begin read"))?;
+    let mut reader = store.reader.acquire().await?;
+    let mut tx = sqlx::Connection::begin(&mut *reader)
+        .await
+        .map_err(db("begin read"))?;
     let cutoff = cutoff(filter.stale_after);
     let limit = i64::from(filter.limit);
     let keys: Vec<Vec<u8>> = if filter.stuck_only {
@@ -209,7 +221,10 @@ pub(super) async fn one_run(
     run_id: RunId,
     stale_after: std::time::Duration,
 ) -> Result<Option<RunSummary>, Error> {
-    let mut tx = store.reader.begin().await.map_err(db("begin read"))?;
+    let mut reader = store.reader.acquire().await?;
+    let mut tx = sqlx::Connection::begin(&mut *reader)
+        .await
+        .map_err(db("begin read"))?;
     run_summary(&mut tx, run_id.as_uuid().as_bytes(), cutoff(stale_after)).await
 }
 

@@ -360,7 +360,7 @@ pub(crate) async fn reclaim(store: &SqliteStore) -> Result<(u64, u64, bool), Err
 }
 
 async fn free_pages_now(store: &SqliteStore) -> Result<u64, Error> {
-    let mut conn = store.reader.acquire().await.map_err(db("acquire reader"))?;
+    let mut conn = store.reader.acquire().await?;
     free_pages(&mut conn).await
 }
 

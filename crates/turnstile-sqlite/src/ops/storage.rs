@@ -5,14 +5,13 @@ use turnstile_core::Error;
 
 use super::doctor::{pragma_number, PAGE_PRAGMAS};
 use super::prune::store_file_sizes;
-use crate::codec::db;
 use crate::SqliteStore;
 
 /// `(page_count − freelist_count) × page_size`, read on one reader: the
 /// page count includes what the write-ahead log holds, so no checkpoint is
 /// needed first.
 pub(super) async fn storage(store: &SqliteStore) -> Result<StorageReport, Error> {
-    let mut conn = store.reader.acquire().await.map_err(db("acquire reader"))?;
+    let mut conn = store.reader.acquire().await?;
     let mut errors = Vec::new();
     let mut pages = [0u64; 3];
     let mut details = std::collections::BTreeMap::new();
