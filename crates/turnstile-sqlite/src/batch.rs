@@ -9,7 +9,10 @@
 
 use sqlx::SqliteConnection;
 
-use super::codec::{db, raised};
+use serde::Serialize;
+
+use super::codec::{db, raised, to_i64};
+use turnstile_core::store::Fence;
 use turnstile_core::Error;
 
 /// The kinds of step that share a statement.
@@ -199,6 +202,26 @@ async fn commits(
             )
         })
         .collect())
+}
+
+/// A run owner's fence in a step's row: the ids as hex, and the revision.
+#[derive(Serialize)]
+pub(super) struct FenceKeys {
+    conversation: String,
+    request: String,
+    run: String,
+    revision: i64,
+}
+
+impl FenceKeys {
+    pub(super) fn of(fence: &Fence) -> Self {
+        Self {
+            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
+            request: hex(fence.request_id.as_uuid().as_bytes()),
+            run: hex(fence.run_id.as_uuid().as_bytes()),
+            revision: to_i64(fence.revision.0),
+        }
+    }
 }
 
 /// Bytes as the lowercase hex the statements `unhex`.

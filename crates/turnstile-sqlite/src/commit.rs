@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
-use super::batch::hex;
+use super::batch::FenceKeys;
 use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
 use super::turns::{checkpoint_rows, fenced, new_reports, raw_json};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
@@ -30,10 +30,8 @@ pub(super) struct CommitStep {
 /// A [`CommitStep`] as its row of a shared statement (`batch.rs`).
 #[derive(Serialize)]
 struct CommitRow<'a> {
-    conversation: String,
-    request: String,
-    run: String,
-    revision: i64,
+    #[serde(flatten)]
+    fence: FenceKeys,
     now: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoints: Option<&'a RawValue>,
@@ -108,12 +106,8 @@ impl CommitStep {
 
     /// The step as its row of a shared statement.
     pub(super) fn row(&self) -> Result<String, Error> {
-        let fence = &self.fence;
         to_json(&CommitRow {
-            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
-            request: hex(fence.request_id.as_uuid().as_bytes()),
-            run: hex(fence.run_id.as_uuid().as_bytes()),
-            revision: to_i64(fence.revision.0),
+            fence: FenceKeys::of(&self.fence),
             now: self.now,
             checkpoints: self.checkpoints.as_deref(),
             reports: self.reports.as_deref(),

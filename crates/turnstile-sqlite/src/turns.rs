@@ -13,7 +13,7 @@ use sqlx::SqliteConnection;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::batch::hex;
+use super::batch::FenceKeys;
 use super::codec::{db, now_ms, raised, to_i64, to_json, Raised};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
@@ -57,10 +57,8 @@ pub(super) struct TurnStep {
 /// A [`TurnStep`] as its row of a shared statement (`batch.rs`).
 #[derive(Serialize)]
 struct TurnRow<'a> {
-    conversation: String,
-    request: String,
-    run: String,
-    revision: i64,
+    #[serde(flatten)]
+    fence: FenceKeys,
     now: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoints: Option<&'a RawValue>,
@@ -133,12 +131,8 @@ impl TurnStep {
 
     /// The step as its row of a shared statement.
     pub(super) fn row(&self) -> Result<String, Error> {
-        let fence = &self.fence;
         to_json(&TurnRow {
-            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
-            request: hex(fence.request_id.as_uuid().as_bytes()),
-            run: hex(fence.run_id.as_uuid().as_bytes()),
-            revision: to_i64(fence.revision.0),
+            fence: FenceKeys::of(&self.fence),
             now: self.now,
             checkpoints: self.checkpoints.as_deref(),
             reports: self.reports.as_deref(),
@@ -193,10 +187,8 @@ pub(super) struct ToolResultStep {
 /// A [`ToolResultStep`] as its row of a shared statement (`batch.rs`).
 #[derive(Serialize)]
 struct ToolResultRow<'a> {
-    conversation: String,
-    request: String,
-    run: String,
-    revision: i64,
+    #[serde(flatten)]
+    fence: FenceKeys,
     turn: i64,
     call_id: &'a str,
     status: &'a str,
@@ -264,12 +256,8 @@ impl ToolResultStep {
 
     /// The step as its row of a shared statement.
     pub(super) fn row(&self) -> Result<String, Error> {
-        let fence = &self.fence;
         to_json(&ToolResultRow {
-            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
-            request: hex(fence.request_id.as_uuid().as_bytes()),
-            run: hex(fence.run_id.as_uuid().as_bytes()),
-            revision: to_i64(fence.revision.0),
+            fence: FenceKeys::of(&self.fence),
             turn: self.turn,
             call_id: &self.call_id,
             status: self.status,
