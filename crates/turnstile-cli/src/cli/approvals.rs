@@ -485,6 +485,7 @@ async fn decide(
         base_url: args.next.base_url.as_deref(),
         api_key_env: args.next.api_key_env.as_deref(),
         require_approval: &approval,
+        lease: None,
     });
     match next {
         Some(Next::Decide(call, waiting)) => {

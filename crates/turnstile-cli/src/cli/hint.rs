@@ -5,6 +5,7 @@
 
 use turnstile::ids::{RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
+use turnstile::LeasePolicy;
 
 use super::exit::CliError;
 use super::model::{ModelArgs, ModelSpec};
@@ -12,7 +13,8 @@ use super::{output, SessionArgs};
 
 /// The options that rebuild a run's agent in a printed command: its model
 /// and the tools whose calls need approval (both are part of the agent
-/// fingerprint a continued request is checked against).
+/// fingerprint a continued request is checked against), and the lease the
+/// run held, so that the continued run holds one too.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct AgentFlags<'a> {
     pub model: &'a ModelSpec,
@@ -20,6 +22,7 @@ pub(super) struct AgentFlags<'a> {
     pub api_key_env: Option<&'a str>,
     /// Checked, sorted, without repeats.
     pub require_approval: &'a [String],
+    pub lease: Option<LeasePolicy>,
 }
 
 impl<'a> AgentFlags<'a> {
@@ -29,7 +32,13 @@ impl<'a> AgentFlags<'a> {
             base_url: model.base_url.as_deref(),
             api_key_env: model.api_key_env.as_deref(),
             require_approval,
+            lease: None,
         }
+    }
+
+    /// The same, for a run that held `lease`.
+    pub(super) fn leased(self, lease: Option<LeasePolicy>) -> Self {
+        Self { lease, ..self }
     }
 
     fn words(&self) -> Vec<String> {
@@ -48,6 +57,15 @@ impl<'a> AgentFlags<'a> {
             words.extend([
                 "--require-approval".into(),
                 quote(&self.require_approval.join(",")),
+            ]);
+        }
+        if let Some(lease) = self.lease {
+            words.extend([
+                "--lease".into(),
+                "--lease-renew".into(),
+                quote(&humantime::format_duration(lease.renew_every()).to_string()),
+                "--lease-expire".into(),
+                quote(&humantime::format_duration(lease.ttl()).to_string()),
             ]);
         }
         words
@@ -258,6 +276,7 @@ mod tests {
             base_url: None,
             api_key_env: None,
             require_approval: &tools,
+            lease: None,
         };
         let approve = decide_command(
             Decision::Approve,
@@ -287,5 +306,38 @@ mod tests {
             "{resume}"
         );
         assert!(!resume.contains("--model"), "{resume}");
+    }
+
+    #[test]
+    fn a_resume_command_carries_the_lease_its_run_held() {
+        let session = session();
+        let model = ModelSpec::Scripted("s.json".into());
+        let lease = LeasePolicy::new(
+            std::time::Duration::from_millis(2500),
+            std::time::Duration::from_secs(9),
+        )
+        .expect("renewed more often than it expires");
+        let agent = AgentFlags {
+            model: &model,
+            base_url: None,
+            api_key_env: None,
+            require_approval: &[],
+            lease: None,
+        }
+        .leased(Some(lease));
+        let run = RunId::new();
+        let resume = resume_command(run, Revision(3), &session, Some(&agent));
+        assert!(
+            resume.ends_with(
+                " --model scripted:s.json --lease --lease-renew '2s 500ms' --lease-expire 9s"
+            ),
+            "{resume}"
+        );
+        let unleased = AgentFlags {
+            lease: None,
+            ..agent
+        };
+        let resume = resume_command(run, Revision(3), &session, Some(&unleased));
+        assert!(!resume.contains("--lease"), "{resume}");
     }
 }

@@ -346,7 +346,7 @@ pub(super) async fn run(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let agent = AgentFlags::new(&args.model, &approval);
+        let agent = AgentFlags::new(&args.model, &approval).leased(lease);
         let followed = report_awaiting(followed, out, style, json, &args.session, &agent);
         let outcome = with_hint(followed, &session, started, &args.session, &agent)
             .await
@@ -465,7 +465,7 @@ async fn take_over(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let agent = AgentFlags::new(target.model, target.approval);
+        let agent = AgentFlags::new(target.model, target.approval).leased(target.lease);
         let followed = report_awaiting(followed, out, style, json, target.session, &agent);
         let outcome = with_hint(followed, &session, started, target.session, &agent)
             .await
