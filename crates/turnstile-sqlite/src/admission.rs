@@ -4,7 +4,7 @@
 use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
-use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
+use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, Raised, Row};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -68,8 +68,9 @@ pub(super) async fn ensure_conversation_in(
         ns,
         now
     )
-    .fetch_one(&mut *tx)
+    .fetch_all(&mut *tx)
     .await
+    .and_then(only_row)
     .map_err(|e| match raised(&e) {
         Some(Raised::Deleted) => Error::Deleted {
             conversation_id: id,
@@ -283,8 +284,9 @@ impl ClaimStep {
             reports,
             claim.deadline_at
         )
-        .fetch_one(&mut *tx)
-        .await;
+        .fetch_all(&mut *tx)
+        .await
+        .and_then(only_row);
         let revision = match claimed {
             Ok(revision) => revision,
             Err(e) => {
@@ -413,8 +415,9 @@ pub(super) async fn claim_recovery_in(
         now,
         claim.agent_fingerprint
     )
-    .fetch_one(&mut *tx)
-    .await;
+    .fetch_all(&mut *tx)
+    .await
+    .and_then(only_row);
     let revision = match claimed {
         Ok(revision) => revision,
         Err(e) => {
@@ -494,8 +497,9 @@ pub(super) async fn abandon_in(
         expected,
         now
     )
-    .fetch_one(&mut *tx)
-    .await;
+    .fetch_all(&mut *tx)
+    .await
+    .and_then(only_row);
     match released {
         Ok(revision) => admission_revision(conversation_id, revision),
         Err(e) => Err(match raised(&e) {

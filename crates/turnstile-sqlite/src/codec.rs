@@ -19,6 +19,15 @@ pub(super) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     }
 }
 
+/// The one row a writing statement returns, read to the statement's end.
+/// A lone step's statement commits when it ends, and a failed commit is
+/// reported then; `fetch_one` would stop at the row and reset the
+/// statement, which drops that error (SQLite has rolled the step back while
+/// its caller is told it committed).
+pub(super) fn only_row<T>(rows: Vec<T>) -> Result<T, sqlx::Error> {
+    rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
+}
+
 /// A refusal raised by one of the step triggers of migration 0005
 /// (`RAISE(ABORT, 'turnstile: …')`): SQLite undid the statement it was
 /// raised in, and only it; the transaction goes on.

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
 use super::batch::FenceKeys;
-use super::codec::{db, now_ms, raised, to_i64, to_json, Raised, Row};
+use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, Raised, Row};
 use super::turns::{checkpoint_rows, fenced, new_reports, raw_json};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
@@ -95,8 +95,9 @@ impl CommitStep {
             answer,
             self.final_seq
         )
-        .fetch_one(&mut *tx)
+        .fetch_all(&mut *tx)
         .await
+        .and_then(only_row)
         .map_err(|e| match raised(&e) {
             Some(Raised::Fenced) => fenced(fence),
             _ => db("commit request")(e),
