@@ -17,7 +17,7 @@ use turnstile_core::store::columns::{cas_refusal, AdmissionRow, Wanted};
 use turnstile_core::store::{
     Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
 };
-use turnstile_core::Error;
+use turnstile_core::{Error, StoreError};
 
 pub(super) async fn load_recovery_usage(
     reader: &ReadConnections,
@@ -218,7 +218,6 @@ async fn diagnose(
 /// explained by reads.
 pub(super) struct ClaimStep {
     claim: NewRequest,
-    now: i64,
     input: Box<RawValue>,
     checkpoints: Option<Box<RawValue>>,
     reports: Option<Box<RawValue>>,
@@ -247,7 +246,6 @@ impl ClaimStep {
     pub(super) fn new(claim: NewRequest) -> Result<Self, Error> {
         let first_turn: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
         Ok(Self {
-            now: now_ms(),
             input: raw_json(std::slice::from_ref(&claim.input))?,
             checkpoints: checkpoint_rows(&first_turn)?,
             reports: new_reports(&first_turn)?,
@@ -257,6 +255,8 @@ impl ClaimStep {
 
     /// Claims as a statement of its own.
     pub(super) async fn write(&self, tx: &mut SqliteConnection) -> Result<ClaimOutcome, Error> {
+        // When the writer sends the step, not when it was queued.
+        let now = now_ms();
         let claim = &self.claim;
         let conversation = claim.conversation_id.as_uuid();
         let request = claim.request_id.as_uuid();
@@ -278,7 +278,7 @@ impl ClaimStep {
             expected,
             hash,
             claim.agent_fingerprint,
-            self.now,
+            now,
             input,
             checkpoints,
             reports,
@@ -294,7 +294,29 @@ impl ClaimStep {
                     Some(Raised::RequestExists) => {
                         match super::reads::load_request(&mut *tx, claim.request_id).await? {
                             Some(existing) => Ok(ClaimOutcome::Existing(existing)),
-                            None => Err(db("claim admission")(e)),
+                            // A lone claim's explanation is read after its
+                            // statement: another process may have deleted
+                            // or pruned the request in between.
+                            None => {
+                                match super::deletion::deleted_request(&mut *tx, claim.request_id)
+                                    .await?
+                                {
+                                    Some(conversation_id) => {
+                                        Err(Error::Deleted { conversation_id })
+                                    }
+                                    None => Err(Error::Store(
+                                        StoreError::new(
+                                            format!(
+                                                "request {} went away while its claim was \
+                                             answered; try again",
+                                                claim.request_id
+                                            ),
+                                            None,
+                                        )
+                                        .busy(),
+                                    )),
+                                }
+                            }
                         }
                     }
                     Some(Raised::Deleted) => Err(Error::Deleted {
@@ -330,7 +352,7 @@ impl ClaimStep {
             expected_revision: to_i64(claim.expected_revision.0),
             input_sha256: hex(&claim.input_sha256.0),
             agent_fingerprint: &claim.agent_fingerprint,
-            now: self.now,
+            now: now_ms(),
             input: &self.input,
             checkpoints: self.checkpoints.as_deref(),
             reports: self.reports.as_deref(),

@@ -25,8 +25,10 @@ pub(super) enum BatchKind {
 }
 
 impl BatchKind {
-    /// Every kind. A batch holds at most one step of a session (a session
-    /// waits for each of its steps), so their order does not matter.
+    /// Every kind, in the order a group transaction sends them. Steps in
+    /// one batch are concurrent (a session waits for each of its steps; a
+    /// lease renewal runs beside its run's steps and is fenced if it comes
+    /// after the commit), so any order is one they could have had.
     pub(super) const ALL: [BatchKind; 4] =
         [Self::Claim, Self::TurnWrite, Self::ToolResult, Self::Commit];
 }

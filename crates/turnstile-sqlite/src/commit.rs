@@ -20,7 +20,6 @@ use turnstile_core::Error;
 pub(super) struct CommitStep {
     fence: Fence,
     checkpoint: LoopCheckpoint,
-    now: i64,
     checkpoints: Option<Box<RawValue>>,
     reports: Option<Box<RawValue>>,
     answer: Box<RawValue>,
@@ -57,7 +56,6 @@ impl CommitStep {
         };
         Ok(Self {
             fence: *fence,
-            now: now_ms(),
             checkpoints: checkpoint_rows(&[&completed])?,
             reports: new_reports(&[&completed])?,
             answer: raw_json(std::slice::from_ref(final_message))?,
@@ -68,6 +66,8 @@ impl CommitStep {
 
     /// Commits as a statement of its own, fenced.
     pub(super) async fn write(&self, tx: &mut SqliteConnection) -> Result<StoredOutcome, Error> {
+        // When the writer sends the step, not when it was queued.
+        let now = now_ms();
         let fence = &self.fence;
         let conversation = fence.conversation_id.as_uuid();
         let request = fence.request_id.as_uuid();
@@ -89,7 +89,7 @@ impl CommitStep {
             request,
             run,
             revision,
-            self.now,
+            now,
             checkpoints,
             reports,
             answer,
@@ -109,7 +109,7 @@ impl CommitStep {
     pub(super) fn row(&self) -> Result<String, Error> {
         to_json(&CommitRow {
             fence: FenceKeys::of(&self.fence),
-            now: self.now,
+            now: now_ms(),
             checkpoints: self.checkpoints.as_deref(),
             reports: self.reports.as_deref(),
             answer: &self.answer,

@@ -43,7 +43,6 @@ struct TurnWrite<'a> {
 /// the caller's task, so the writer only sends it.
 pub(super) struct TurnStep {
     fence: Fence,
-    now: i64,
     checkpoints: Option<Box<RawValue>>,
     reports: Option<Box<RawValue>>,
     turn: i64,
@@ -79,7 +78,6 @@ impl TurnStep {
     fn new(fence: &Fence, write: TurnWrite<'_>) -> Result<Self, Error> {
         Ok(Self {
             fence: *fence,
-            now: now_ms(),
             checkpoints: checkpoint_rows(write.checkpoints)?,
             reports: new_reports(write.checkpoints)?,
             turn: i64::from(write.turn),
@@ -93,6 +91,8 @@ impl TurnStep {
 
     /// Writes the step as a statement of its own, fenced.
     pub(super) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        // When the writer sends the step, not when it was queued.
+        let now = now_ms();
         let fence = &self.fence;
         let conversation = fence.conversation_id.as_uuid();
         let request = fence.request_id.as_uuid();
@@ -110,7 +110,7 @@ impl TurnStep {
             request,
             run,
             revision,
-            self.now,
+            now,
             checkpoints,
             reports,
             self.turn,
@@ -133,7 +133,7 @@ impl TurnStep {
     pub(super) fn row(&self) -> Result<String, Error> {
         to_json(&TurnRow {
             fence: FenceKeys::of(&self.fence),
-            now: self.now,
+            now: now_ms(),
             checkpoints: self.checkpoints.as_deref(),
             reports: self.reports.as_deref(),
             turn: self.turn,
@@ -181,7 +181,6 @@ pub(super) struct ToolResultStep {
     call_id: String,
     status: &'static str,
     result: String,
-    now: i64,
 }
 
 /// A [`ToolResultStep`] as its row of a shared statement (`batch.rs`).
@@ -208,13 +207,14 @@ impl ToolResultStep {
                 "completed"
             },
             result: result.content.clone(),
-            now: now_ms(),
         }
     }
 
     /// Journals the result as a statement of its own, fenced in the same
     /// statement: it lands only while the admission still names this run.
     pub(super) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        // When the writer sends the step, not when it was queued.
+        let now = now_ms();
         let fence = &self.fence;
         let conversation = fence.conversation_id.as_uuid();
         let request = fence.request_id.as_uuid();
@@ -229,7 +229,7 @@ impl ToolResultStep {
                          AND active_request_id = ?4)",
             self.status,
             self.result,
-            self.now,
+            now,
             request,
             self.turn,
             self.call_id,
@@ -262,7 +262,7 @@ impl ToolResultStep {
             call_id: &self.call_id,
             status: self.status,
             result: &self.result,
-            now: self.now,
+            now: now_ms(),
         })
     }
 }

@@ -389,8 +389,20 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
     let mut claims = Vec::new();
     for i in 0..FREE {
         let conversation = new_conversation(store.as_ref()).await?;
+        // Revisions that differ from claim to claim, so an answer given to
+        // the wrong caller shows.
+        for j in 0..i % 4 {
+            complete_request(store.as_ref(), conversation, &format!("q{i}.{j}"), 0, "a").await?;
+        }
         let revision = store.admission(conversation).await?.revision;
-        claims.push(new_request(conversation, revision, &format!("claim {i}")));
+        // Text and values the shared statement carries as JSON, to arrive
+        // as the single statement binds them.
+        let input = format!("claim {i}: \u{0} \u{202e} \\ \" é 😀");
+        claims.push(NewRequest {
+            agent_fingerprint: format!("fp-{i}-é"),
+            deadline_at: Some(1_900_000_000_000 + i as i64),
+            ..new_request(conversation, revision, &input)
+        });
     }
     let rival = new_request(
         claims[0].conversation_id,
@@ -417,8 +429,13 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         ..new_request(idle, idle_revision, "doomed")
     };
 
-    let mut all = claims.clone();
-    all.extend([rival, known_again, of_deleted]);
+    // The refused ones first and in the middle: the rows around a skipped
+    // one must still be answered from their own rows.
+    let half = FREE / 2;
+    let mut all = vec![known_again, of_deleted];
+    all.extend(claims[..half].iter().cloned());
+    all.push(rival);
+    all.extend(claims[half..].iter().cloned());
     let crowd: Vec<Step<ClaimOutcome>> = all
         .iter()
         .map(|claim| {
@@ -430,20 +447,20 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
     first_result?;
 
-    match results.pop() {
-        Some(Err(Error::Deleted { conversation_id })) => assert_eq!(conversation_id, doomed),
+    match results.remove(half + 2) {
+        Err(Error::Busy { .. }) => {}
+        other => panic!("expected the rival claim to find the conversation busy, got {other:?}"),
+    }
+    match results.remove(1) {
+        Err(Error::Deleted { conversation_id }) => assert_eq!(conversation_id, doomed),
         other => panic!("expected the deleted conversation's request refused, got {other:?}"),
     }
-    match results.pop() {
-        Some(Ok(ClaimOutcome::Existing(record))) => {
+    match results.remove(0) {
+        Ok(ClaimOutcome::Existing(record)) => {
             assert_eq!(record.request_id, known.request_id);
             assert_eq!(record.conversation_id, known.conversation_id);
         }
         other => panic!("expected the known request, got {other:?}"),
-    }
-    match results.pop() {
-        Some(Err(Error::Busy { .. })) => {}
-        other => panic!("expected the rival claim to find the conversation busy, got {other:?}"),
     }
     for (claim, result) in claims.iter().zip(results) {
         let ClaimOutcome::Admitted(fence) = result? else {
@@ -455,11 +472,17 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         assert_eq!(admission.revision, fence.revision);
         assert_eq!(admission.revision.0, claim.expected_revision.0 + 1);
         assert_eq!(
-            admission.active.map(|a| a.request_id),
+            admission.active.as_ref().map(|a| a.request_id),
             Some(claim.request_id)
         );
         let pending = store.request_messages(claim.request_id, u64::MAX).await?;
         assert_eq!(pending, vec![claim.input.clone()]);
+        let active = admission.active.as_ref().expect("held");
+        assert_eq!(active.agent_fingerprint, claim.agent_fingerprint);
+        assert_eq!(active.input_sha256, claim.input_sha256);
+        let record = store.request(claim.request_id).await?.expect("stored");
+        assert_eq!(record.deadline_at, claim.deadline_at);
+        assert_eq!(record.input_sha256, claim.input_sha256);
     }
     assert_eq!(
         store.admission(idle).await?.revision,
@@ -506,24 +529,29 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
     let zombie = admit(store.as_ref(), conversation, "zombie").await?;
     let successor = recover(store.as_ref(), &zombie).await?;
 
-    let mut owners = live.clone();
-    owners.push(zombie);
+    // The zombie first: the rows after a skipped one are answered from
+    // their own rows.
+    let mut owners = vec![zombie];
+    owners.extend(live.iter().copied());
     let crowd: Vec<Step<StoredOutcome>> = owners
         .iter()
         .enumerate()
         .map(|(i, fence)| {
             let (store, fence) = (store.clone(), *fence);
-            Box::pin(async move {
-                commit_answer(store.as_ref(), &fence, 1, 1, &format!("answer {i}")).await
-            }) as Step<StoredOutcome>
+            let answer = match i {
+                0 => "too late".to_owned(),
+                i => format!("answer {}: \u{0} \u{202e} é 😀", i - 1),
+            };
+            Box::pin(async move { commit_answer(store.as_ref(), &fence, 1, 1, &answer).await })
+                as Step<StoredOutcome>
         })
         .collect();
     let (first_result, mut results) =
         crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
     first_result?;
 
-    match results.pop() {
-        Some(Err(Error::Fenced { run_id, revision })) => {
+    match results.remove(0) {
+        Err(Error::Fenced { run_id, revision }) => {
             assert_eq!((run_id, revision), (zombie.run_id, zombie.revision));
         }
         other => panic!("expected the zombie to be fenced, got {other:?}"),
@@ -547,7 +575,8 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
             .transcript_window(fence.conversation_id, u32::MAX)
             .await?;
         let texts: Vec<&str> = transcript.iter().map(|e| e.message.content()).collect();
-        let (question, answer) = (format!("question {i}"), format!("answer {i}"));
+        let question = format!("question {i}");
+        let answer = format!("answer {i}: \u{0} \u{202e} é 😀");
         assert_eq!(
             &texts[2 * earlier as usize..],
             &[question.as_str(), answer.as_str()][..],
@@ -621,23 +650,27 @@ async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -
             store.record_tool_result(&fence, 1, call_id, &result).await
         })
     };
-    let mut crowd: Vec<Step> = live
-        .iter()
-        .enumerate()
-        .map(|(i, fence)| result(*fence, "call-1", format!("result {i}")))
-        .collect();
-    crowd.push(result(zombie, "call-1", "late".into()));
+    // The refused ones first and in the middle.
+    let half = LIVE / 2;
+    let live_results = |range: std::ops::Range<usize>| {
+        range
+            .map(|i| result(live[i], "call-1", format!("result {i}")))
+            .collect::<Vec<Step>>()
+    };
+    let mut crowd = vec![result(zombie, "call-1", "late".into())];
+    crowd.extend(live_results(0..half));
     crowd.push(result(live[0], "call-unknown", "nobody asked".into()));
+    crowd.extend(live_results(half..LIVE));
     let (first_result, mut results) =
         crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
     first_result?;
 
-    match results.pop() {
-        Some(Err(Error::InvalidInput(message))) => assert!(message.contains("call-unknown")),
+    match results.remove(half + 1) {
+        Err(Error::InvalidInput(message)) => assert!(message.contains("call-unknown")),
         other => panic!("expected the unknown call refused, got {other:?}"),
     }
-    match results.pop() {
-        Some(Err(Error::Fenced { run_id, .. })) => assert_eq!(run_id, zombie.run_id),
+    match results.remove(0) {
+        Err(Error::Fenced { run_id, .. }) => assert_eq!(run_id, zombie.run_id),
         other => panic!("expected the zombie to be fenced, got {other:?}"),
     }
     for (i, (fence, result)) in live.iter().zip(results).enumerate() {
