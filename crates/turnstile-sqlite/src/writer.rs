@@ -6,9 +6,12 @@
 //! statement ([`Isolation::Statement`], every step of a run's owner) is
 //! undone by SQLite itself when that statement raises, so it needs no
 //! savepoint; a step of several write statements runs inside a savepoint of
-//! its own. Every caller, the failed ones included, is answered only once
-//! the transaction has ended: an error computed from a batch that then
-//! failed to commit would describe something that never happened.
+//! its own. Claims, turn writes, tool results and commits of one
+//! transaction go as one statement per kind (`batch.rs`): a step that
+//! statement skips, because it would be refused, then runs alone. Every
+//! caller, the failed ones included, is answered only once the transaction
+//! has ended: an error computed from a batch that then failed to commit
+//! would describe something that never happened.
 //!
 //! A step that finds the writer idle and nobody queued runs at once, on a
 //! task of its own (a caller that pauses or drops its future never holds
