@@ -266,12 +266,11 @@ impl ClaimStep {
         let input = self.input.get();
         let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
         let reports = self.reports.as_deref().map(RawValue::get);
-        let claimed = sqlx::query_scalar!(
-            r#"INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
-                   input_sha256, agent_fingerprint, now, input, checkpoints, reports, deadline_at)
-               VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-               RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
-                   AS "revision!: i64""#,
+        // Run to its end with no row returned (see `next_revision`).
+        let claimed = sqlx::query!(
+            "INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
+                 input_sha256, agent_fingerprint, now, input, checkpoints, reports, deadline_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             conversation,
             request,
             run,
@@ -284,11 +283,10 @@ impl ClaimStep {
             reports,
             claim.deadline_at
         )
-        .fetch_all(&mut *tx)
-        .await
-        .and_then(only_row);
-        let revision = match claimed {
-            Ok(revision) => revision,
+        .execute(&mut *tx)
+        .await;
+        match claimed {
+            Ok(_) => {}
             Err(e) => {
                 return match raised(&e) {
                     Some(Raised::RequestExists) => {
@@ -338,8 +336,8 @@ impl ClaimStep {
                     _ => Err(db("claim admission")(e)),
                 };
             }
-        };
-        self.admitted(revision)
+        }
+        self.admitted_at(next_revision(claim.expected_revision)?)
     }
 
     /// The step as its row of a shared statement.
@@ -362,14 +360,32 @@ impl ClaimStep {
 
     /// The admitted claim's fence, from the revision its statement returned.
     pub(super) fn admitted(&self, revision: i64) -> Result<ClaimOutcome, Error> {
+        self.admitted_at(admission_revision(self.claim.conversation_id, revision)?)
+    }
+
+    fn admitted_at(&self, revision: Revision) -> Result<ClaimOutcome, Error> {
         let claim = &self.claim;
         Ok(ClaimOutcome::Admitted(Fence {
             conversation_id: claim.conversation_id,
             request_id: claim.request_id,
             run_id: claim.run_id,
-            revision: admission_revision(claim.conversation_id, revision)?,
+            revision,
         }))
     }
+}
+
+/// The revision a claim's compare-and-swap at `expected` leaves: its
+/// trigger sets `revision = revision + 1` where the revision is the
+/// expected one. The claim's statement returns no row for it, so that it
+/// runs with `execute`, one message back from sqlx's worker instead of a
+/// row and then the statement's end (which must be read too: a lone
+/// step's commit happens there).
+fn next_revision(expected: Revision) -> Result<Revision, Error> {
+    expected
+        .0
+        .checked_add(1)
+        .map(Revision)
+        .ok_or_else(|| Error::InvalidInput("a revision past the last one".into()))
 }
 
 /// A revision as the admission stored it.
