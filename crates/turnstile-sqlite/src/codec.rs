@@ -104,3 +104,23 @@ fn is_sqlite_full(error: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
+
+/// A run owner's fence as its statements bind it: ids as uuids (16-byte
+/// blobs), the revision as SQLite's integer.
+pub(super) struct FenceColumns {
+    pub(super) conversation: uuid::Uuid,
+    pub(super) request: uuid::Uuid,
+    pub(super) run: uuid::Uuid,
+    pub(super) revision: i64,
+}
+
+impl FenceColumns {
+    pub(super) fn of(fence: &turnstile_core::store::Fence) -> Self {
+        Self {
+            conversation: fence.conversation_id.as_uuid(),
+            request: fence.request_id.as_uuid(),
+            run: fence.run_id.as_uuid(),
+            revision: to_i64(fence.revision.0),
+        }
+    }
+}

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
 use super::batch::FenceKeys;
-use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, Raised, Row};
+use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, FenceColumns, Raised, Row};
 use super::turns::{checkpoint_rows, fenced, new_reports, raw_json};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
@@ -69,10 +69,7 @@ impl CommitStep {
         // When the writer sends the step, not when it was queued.
         let now = now_ms();
         let fence = &self.fence;
-        let conversation = fence.conversation_id.as_uuid();
-        let request = fence.request_id.as_uuid();
-        let run = fence.run_id.as_uuid();
-        let revision = to_i64(fence.revision.0);
+        let f = FenceColumns::of(fence);
         let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
         let reports = self.reports.as_deref().map(RawValue::get);
         let answer = self.answer.get();
@@ -85,10 +82,10 @@ impl CommitStep {
                    (SELECT conversation_version FROM requests WHERE request_id = ?2) AS "version!: i64",
                    (SELECT first_seq FROM requests WHERE request_id = ?2) AS "first_seq!: i64",
                    (SELECT end_seq FROM requests WHERE request_id = ?2) AS "end_seq!: i64""#,
-            conversation,
-            request,
-            run,
-            revision,
+            f.conversation,
+            f.request,
+            f.run,
+            f.revision,
             now,
             checkpoints,
             reports,

@@ -8,7 +8,7 @@ use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
-use super::codec::{db, now_ms, to_i64, Row};
+use super::codec::{db, now_ms, to_i64, FenceColumns, Row};
 use super::turns::fenced;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::columns::owns;
@@ -130,10 +130,7 @@ pub(super) async fn commit_summary_in(
     summary: &SummaryCommit,
 ) -> Result<StoredSummary, Error> {
     let pass = &summary.pass;
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
+    let f = FenceColumns::of(fence);
     let (from, through) = (to_i64(pass.from_seq), to_i64(pass.through_seq));
     let version = to_i64(pass.transcript_version);
     let prompt = pass.prompt_sha256.to_vec();
@@ -152,7 +149,7 @@ pub(super) async fn commit_summary_in(
         r#"SELECT id AS "id!", request_id, from_seq, through_seq, content, made_from_version,
                       input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, created_at
                FROM summaries WHERE conversation_id = ?1 AND through_seq = ?2"#,
-        conversation,
+        f.conversation,
         through
     )
     .fetch_optional(&mut *tx)
@@ -188,9 +185,9 @@ pub(super) async fn commit_summary_in(
         cache_read,
         cache_write,
         now,
-        conversation,
-        revision,
-        run,
+        f.conversation,
+        f.revision,
+        f.run,
         from,
         through,
         version,
@@ -208,12 +205,12 @@ pub(super) async fn commit_summary_in(
                    cache_write_tokens, created_at)
                VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                RETURNING id AS "id!: i64""#,
-        conversation,
+        f.conversation,
         from,
         through,
         summary.content,
         version,
-        request,
+        f.request,
         input,
         output,
         cache_read,
@@ -272,19 +269,16 @@ async fn refusal(tx: &mut SqliteConnection, fence: &Fence, pass: &SummaryPass) -
 /// The fence on its own, as the first write of a summary commit: touches
 /// the admission only while it still names the owner's run and revision.
 async fn check_fence(conn: &mut SqliteConnection, fence: &Fence) -> Result<(), Error> {
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
+    let f = FenceColumns::of(fence);
     let now = now_ms();
     let updated = sqlx::query!(
         "UPDATE admissions SET updated_at = ?1
          WHERE conversation_id = ?2 AND revision = ?3 AND run_id = ?4 AND active_request_id = ?5",
         now,
-        conversation,
-        revision,
-        run,
-        request
+        f.conversation,
+        f.revision,
+        f.run,
+        f.request
     )
     .execute(&mut *conn)
     .await

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::batch::FenceKeys;
-use super::codec::{db, now_ms, raised, to_i64, to_json, Raised};
+use super::codec::{db, now_ms, raised, to_i64, to_json, FenceColumns, Raised};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
 use turnstile_core::store::{Fence, ToolResult};
@@ -94,10 +94,7 @@ impl TurnStep {
         // When the writer sends the step, not when it was queued.
         let now = now_ms();
         let fence = &self.fence;
-        let conversation = fence.conversation_id.as_uuid();
-        let request = fence.request_id.as_uuid();
-        let run = fence.run_id.as_uuid();
-        let revision = to_i64(fence.revision.0);
+        let f = FenceColumns::of(fence);
         let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
         let reports = self.reports.as_deref().map(RawValue::get);
         let messages = self.messages.as_deref().map(RawValue::get);
@@ -106,10 +103,10 @@ impl TurnStep {
             "INSERT INTO turn_writes (conversation_id, request_id, run_id, revision, now,
                  checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-            conversation,
-            request,
-            run,
-            revision,
+            f.conversation,
+            f.request,
+            f.run,
+            f.revision,
             now,
             checkpoints,
             reports,
@@ -216,10 +213,7 @@ impl ToolResultStep {
         // When the writer sends the step, not when it was queued.
         let now = now_ms();
         let fence = &self.fence;
-        let conversation = fence.conversation_id.as_uuid();
-        let request = fence.request_id.as_uuid();
-        let run = fence.run_id.as_uuid();
-        let revision = to_i64(fence.revision.0);
+        let f = FenceColumns::of(fence);
         let journaled = sqlx::query!(
             "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
              WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
@@ -230,12 +224,12 @@ impl ToolResultStep {
             self.status,
             self.result,
             now,
-            request,
+            f.request,
             self.turn,
             self.call_id,
-            conversation,
-            revision,
-            run
+            f.conversation,
+            f.revision,
+            f.run
         )
         .execute(&mut *conn)
         .await
@@ -316,18 +310,15 @@ pub(super) fn fail_run(
 /// Whether the admission still names the owner's request, run and
 /// revision. Reads only: for explaining a write that matched nothing.
 pub(super) async fn fence_holds(conn: &mut SqliteConnection, fence: &Fence) -> Result<bool, Error> {
-    let conversation = fence.conversation_id.as_uuid();
-    let request = fence.request_id.as_uuid();
-    let run = fence.run_id.as_uuid();
-    let revision = to_i64(fence.revision.0);
+    let f = FenceColumns::of(fence);
     sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM admissions
                WHERE conversation_id = ?1 AND revision = ?2 AND run_id = ?3
                    AND active_request_id = ?4) AS "holds!: bool""#,
-        conversation,
-        revision,
-        run,
-        request
+        f.conversation,
+        f.revision,
+        f.run,
+        f.request
     )
     .fetch_one(&mut *conn)
     .await
