@@ -62,12 +62,19 @@ pub async fn claim_context_reads_what_the_single_reads_read_and_only_what_a_clai
     );
     assert!(context.window.is_empty());
 
-    // Idle, with a transcript of three committed requests (six entries).
+    // Idle, with a transcript of three committed requests (eight entries).
+    // The last one has a tool turn, and text that must come back intact
+    // whatever way the store carries the window (bidi, quotes,
+    // backslashes, a line break, an emoji).
     let id = new_conversation(&*store).await?;
     let mut committed = Vec::new();
+    let awkward = "bidi \u{202e}\u{2066} \"quoted\" back\\slash\nnext 😀";
     for i in 0..3 {
-        let (fence, _) =
-            complete_request(&*store, id, &format!("q{i}"), 0, &format!("a{i}")).await?;
+        let (input, turns, answer) = match i {
+            2 => (format!("{awkward} q"), 1, format!("{awkward} a")),
+            _ => (format!("q{i}"), 0, format!("a{i}")),
+        };
+        let (fence, _) = complete_request(&*store, id, &input, turns, &answer).await?;
         committed.push(fence.request_id);
     }
     let context = store.claim_context(&ns(), id, unknown, Some(4)).await?;
@@ -79,6 +86,21 @@ pub async fn claim_context_reads_what_the_single_reads_read_and_only_what_a_clai
     assert_eq!(context.admission, Some(store.admission(id).await?));
     assert_eq!(context.window, store.transcript_window(id, 4).await?);
     assert_eq!(context.window.len(), 4);
+    let texts: Vec<&str> = context
+        .window
+        .iter()
+        .map(|entry| entry.message.content())
+        .collect();
+    assert_eq!(texts.first(), Some(&format!("{awkward} q").as_str()));
+    assert_eq!(texts.last(), Some(&format!("{awkward} a").as_str()));
+    assert_eq!(
+        context
+            .window
+            .iter()
+            .map(|entry| entry.seq)
+            .collect::<Vec<_>>(),
+        vec![4, 5, 6, 7]
+    );
     // Without a window, no entries.
     let context = store.claim_context(&ns(), id, unknown, None).await?;
     assert!(context.window.is_empty());

@@ -451,7 +451,9 @@ fn transcript_entry(
 /// request (with its committing run's last checkpoint), the admission
 /// (only for an unknown request) and the transcript window (only when the
 /// conversation is in `namespace`, the request unknown and the admission
-/// idle: the rows a claim would use), one result row per window entry.
+/// idle: the rows a claim would use), as one row. The window is one JSON
+/// array in it: a row per entry would be a message per entry from sqlx's
+/// worker thread, each waking the reader, and a copy of every other column.
 pub(super) async fn load_claim_context(
     reader: &ReadConnections,
     namespace: &Namespace,
@@ -464,7 +466,7 @@ pub(super) async fn load_claim_context(
     let request = request_id.as_uuid();
     let limit = i64::from(window.unwrap_or(0));
     let ns = namespace.as_str();
-    let rows = sqlx::query!(
+    let row = sqlx::query!(
         r#"SELECT c.namespace AS "namespace?: String", c.version AS "version?: i64",
                   c.created_at AS "conversation_created_at?: i64",
                   a.revision AS "revision?: i64",
@@ -496,39 +498,29 @@ pub(super) async fn load_claim_context(
                   k.cache_write_tokens AS "cache_write_tokens?: i64",
                   k.tool_calls_count AS "tool_calls_count?: i64",
                   k.reports_count AS "reports_count?: i64",
-                  t.seq AS "seq?: i64", t.request_id AS "entry_request_id?: Vec<u8>",
-                  t.role AS "role?: String", t.content AS "content?: String",
-                  t.meta AS "meta?: String"
+                  (SELECT json_group_array(json_array(seq, hex(request_id), role, content, meta))
+                   FROM (SELECT seq, request_id, role, content, meta FROM transcript
+                         WHERE conversation_id = ?1
+                           AND (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
+                           AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
+                           AND EXISTS (SELECT 1 FROM admissions
+                                       WHERE conversation_id = ?1 AND active_request_id IS NULL)
+                         ORDER BY seq DESC LIMIT ?4)) AS "window!: String"
            FROM (SELECT 1) AS one
            LEFT JOIN conversations c ON c.id = ?1
            LEFT JOIN requests r ON r.request_id = ?2
            LEFT JOIN admissions a ON a.conversation_id = c.id AND r.request_id IS NULL
            LEFT JOIN loop_checkpoints k ON k.run_id = r.committed_run_id
-               AND k.turn = (SELECT MAX(turn) FROM loop_checkpoints WHERE run_id = r.committed_run_id)
-           LEFT JOIN (SELECT seq, request_id, role, content, meta FROM transcript
-                      WHERE conversation_id = ?1
-                        AND (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
-                        AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
-                        AND EXISTS (SELECT 1 FROM admissions
-                                    WHERE conversation_id = ?1 AND active_request_id IS NULL)
-                      ORDER BY seq DESC LIMIT ?4) t
-           ORDER BY t.seq"#,
+               AND k.turn = (SELECT MAX(turn) FROM loop_checkpoints WHERE run_id = r.committed_run_id)"#,
         conversation,
         request,
         ns,
         limit
     )
-    .fetch_all(&mut *conn)
+    .fetch_one(&mut *conn)
     .await
     .map_err(db("load claim context"))?;
-    let mut rows = rows.into_iter().peekable();
-    let Some(first) = rows.peek() else {
-        // A constant row left-joined: there is always one.
-        return Err(Error::Store(turnstile_core::StoreError::new(
-            "load claim context: no row",
-            None,
-        )));
-    };
+    let first = &row;
     // The namespace first: nothing else of another namespace's
     // conversation is looked at.
     let found = match (
@@ -621,19 +613,7 @@ pub(super) async fn load_claim_context(
     // The query read entries only for an idle admission.
     let window = match admission.active {
         Some(_) => Vec::new(),
-        None => rows
-            .filter_map(|r| match (r.seq, r.entry_request_id, r.role, r.content) {
-                (Some(seq), Some(request_id), Some(role), Some(content)) => Some(transcript_entry(
-                    conversation_id,
-                    seq,
-                    &request_id,
-                    &role,
-                    content,
-                    r.meta.as_deref(),
-                )),
-                _ => None,
-            })
-            .collect::<Result<Vec<_>, _>>()?,
+        None => window_entries(conversation_id, &row.window)?,
     };
     Ok(ClaimContext {
         conversation: found,
@@ -641,4 +621,38 @@ pub(super) async fn load_claim_context(
         admission: Some(admission),
         window,
     })
+}
+
+/// The window of [`load_claim_context`], oldest entry first, from its JSON
+/// array of `[seq, request id in hex, role, content, meta]`, newest first.
+fn window_entries(
+    conversation_id: ConversationId,
+    window: &str,
+) -> Result<Vec<TranscriptEntry>, Error> {
+    type Entry = (i64, String, String, String, Option<String>);
+    let corrupt = |why: String| {
+        Row {
+            table: "transcript",
+            key: &conversation_id,
+        }
+        .corrupt(why)
+    };
+    let entries: Vec<Entry> =
+        serde_json::from_str(window).map_err(|e| corrupt(format!("the window as JSON: {e}")))?;
+    entries
+        .into_iter()
+        .rev()
+        .map(|(seq, request_id, role, content, meta)| {
+            let request_id = uuid::Uuid::try_parse(&request_id)
+                .map_err(|e| corrupt(format!("request_id of entry {seq}: {e}")))?;
+            transcript_entry(
+                conversation_id,
+                seq,
+                request_id.as_bytes(),
+                &role,
+                content,
+                meta.as_deref(),
+            )
+        })
+        .collect()
 }
