@@ -1,6 +1,8 @@
-//! The transcript window that `claim_context` reads arrives as one JSON
-//! array from SQLite. What the transcript holds arrives intact through it,
-//! and a row that cannot be decoded is a typed `Corrupt` error, not a panic.
+//! The transcript window of `claim_context` arrives as one JSON array from
+//! SQLite. What the transcript holds arrives through it as the
+//! row-per-entry reads (`transcript_range`, `transcript_window`) read it,
+//! and an entry that cannot be decoded is a typed `Corrupt` error, not a
+//! panic.
 
 use sqlx::{Connection, SqliteConnection};
 use turnstile::{Error, RequestId, SqliteStore, Store};
@@ -24,7 +26,10 @@ async fn the_claim_window_carries_every_text_the_transcript_holds() -> TestResul
     let context = store
         .claim_context(&ns(), id, RequestId::new(), Some(50))
         .await?;
-    assert_eq!(context.window, store.transcript_window(id, 50).await?);
+    let rows = store.transcript_range(id, 0, 6).await?;
+    assert_eq!(context.window, rows);
+    assert_eq!(store.transcript_window(id, 50).await?, rows);
+    assert_eq!(store.transcript_window(id, 2).await?, rows[4..]);
     let texts: Vec<&str> = context.window.iter().map(|e| e.message.content()).collect();
     assert_eq!(texts.len(), 6);
     assert_eq!(texts[0], format!("{awkward} q"));
@@ -53,5 +58,11 @@ async fn an_undecodable_window_entry_is_corrupt_not_a_panic() -> TestResult {
         Err(Error::Corrupt { table, .. }) => assert_eq!(table, "transcript"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    match store.transcript_window(id, 10).await {
+        Err(Error::Corrupt { table, .. }) => assert_eq!(table, "transcript"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // The entry before it still reads.
+    assert_eq!(store.transcript_range(id, 0, 1).await?.len(), 1);
     Ok(())
 }
