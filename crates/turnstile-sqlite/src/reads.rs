@@ -454,6 +454,11 @@ fn transcript_entry(
 /// idle: the rows a claim would use), as one row. The window is one JSON
 /// array in it: a row per entry would be a message per entry from sqlx's
 /// worker thread, each waking the reader, and a copy of every other column.
+/// Its conditions are in its `LIMIT` (0 when they fail) rather than its
+/// `WHERE`: SQLite re-checks a `WHERE` term with a subquery on every row, so
+/// a replay would walk a long transcript's whole index to find nothing.
+/// The texts are read `AS TEXT`, as the row reads decode them: JSON
+/// functions would refuse a BLOB, or read it as JSONB.
 pub(super) async fn load_claim_context(
     reader: &ReadConnections,
     namespace: &Namespace,
@@ -498,14 +503,16 @@ pub(super) async fn load_claim_context(
                   k.cache_write_tokens AS "cache_write_tokens?: i64",
                   k.tool_calls_count AS "tool_calls_count?: i64",
                   k.reports_count AS "reports_count?: i64",
-                  (SELECT json_group_array(json_array(seq, hex(request_id), role, content, meta))
+                  (SELECT json_group_array(json_array(seq, hex(request_id), CAST(role AS TEXT),
+                              CAST(content AS TEXT), CAST(meta AS TEXT)) ORDER BY seq)
                    FROM (SELECT seq, request_id, role, content, meta FROM transcript
-                         WHERE conversation_id = ?1
-                           AND (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
-                           AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
-                           AND EXISTS (SELECT 1 FROM admissions
-                                       WHERE conversation_id = ?1 AND active_request_id IS NULL)
-                         ORDER BY seq DESC LIMIT ?4)) AS "window!: String"
+                         WHERE conversation_id = ?1 ORDER BY seq DESC
+                         LIMIT CASE WHEN (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
+                                      AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
+                                      AND EXISTS (SELECT 1 FROM admissions
+                                                  WHERE conversation_id = ?1
+                                                    AND active_request_id IS NULL)
+                                    THEN ?4 ELSE 0 END)) AS "window!: Vec<u8>"
            FROM (SELECT 1) AS one
            LEFT JOIN conversations c ON c.id = ?1
            LEFT JOIN requests r ON r.request_id = ?2
@@ -623,28 +630,32 @@ pub(super) async fn load_claim_context(
     })
 }
 
-/// The window of [`load_claim_context`], oldest entry first, from its JSON
-/// array of `[seq, request id in hex, role, content, meta]`, newest first.
+/// The window of [`load_claim_context`] from its JSON array of `[seq,
+/// request id in hex, role, content, meta]`, oldest entry first. The
+/// array is read as bytes, so text that is not UTF-8 is `Corrupt` here
+/// rather than a failed read.
 fn window_entries(
     conversation_id: ConversationId,
-    window: &str,
+    window: &[u8],
 ) -> Result<Vec<TranscriptEntry>, Error> {
     type Entry = (i64, String, String, String, Option<String>);
-    let corrupt = |why: String| {
+    let entries: Vec<Entry> = serde_json::from_slice(window).map_err(|e| {
         Row {
             table: "transcript",
             key: &conversation_id,
         }
-        .corrupt(why)
-    };
-    let entries: Vec<Entry> =
-        serde_json::from_str(window).map_err(|e| corrupt(format!("the window as JSON: {e}")))?;
+        .corrupt(format!("the window as JSON: {e}"))
+    })?;
     entries
         .into_iter()
-        .rev()
         .map(|(seq, request_id, role, content, meta)| {
-            let request_id = uuid::Uuid::try_parse(&request_id)
-                .map_err(|e| corrupt(format!("request_id of entry {seq}: {e}")))?;
+            let request_id = uuid::Uuid::try_parse(&request_id).map_err(|e| {
+                Row {
+                    table: "transcript",
+                    key: &format!("{conversation_id}/{seq}"),
+                }
+                .corrupt(format!("request_id: {e}"))
+            })?;
             transcript_entry(
                 conversation_id,
                 seq,
