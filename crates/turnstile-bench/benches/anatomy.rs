@@ -519,6 +519,27 @@ async fn steps(dir: &Path) {
         }
     })
     .await;
+    // The read before every new request's claim, on an idle conversation
+    // whose window is full: 25 committed requests, 50 entries.
+    let filled = session(agent(1), shared.clone());
+    for i in 0..25 {
+        run_request(&filled, &format!("{input} {i}")).await;
+    }
+    let claim_context = switches_per(REPEATS, async {
+        for _ in 0..REPEATS {
+            let context = store
+                .claim_context(
+                    &support::namespace(),
+                    filled.conversation_id(),
+                    RequestId::new(),
+                    Some(50),
+                )
+                .await
+                .expect("claim context");
+            assert_eq!(context.window.len(), 50);
+        }
+    })
+    .await;
     println!("\nContext switches per operation, all threads, mean of {REPEATS}:\n");
     println!("  bare INSERT commit, bare connection   {bare_conn:>6.1}");
     println!("  bare INSERT commit, one-conn pool     {bare_pooled:>6.1}");
@@ -528,6 +549,7 @@ async fn steps(dir: &Path) {
     );
     println!("  Store::latest_checkpoint              {latest:>6.1}");
     println!("  Store::transcript_window(50)          {window:>6.1}");
+    println!("  Store::claim_context, 50-entry window {claim_context:>6.1}");
 }
 
 /// The mean context switches per repetition of `work`, which repeats an
