@@ -4,11 +4,10 @@
 use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
-use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, Raised, Row};
+use super::codec::{db, hex, now_ms, only_row, raised, to_i64, to_json, Raised, Row};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::batch::hex;
 use super::turns::{checkpoint_rows, new_reports, raw_json};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};

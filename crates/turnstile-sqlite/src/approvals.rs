@@ -6,7 +6,7 @@ use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
-use super::codec::{db, now_ms, to_i64, to_json, Row};
+use super::codec::{db, hex, now_ms, to_i64, to_json, Row};
 use super::turns::fail_run;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};
@@ -240,8 +240,4 @@ async fn pending(
             })
         })
         .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

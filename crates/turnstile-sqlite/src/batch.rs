@@ -11,7 +11,7 @@ use sqlx::SqliteConnection;
 
 use serde::Serialize;
 
-use super::codec::{db, raised, to_i64};
+use super::codec::{db, hex, raised, to_i64};
 use turnstile_core::store::Fence;
 use turnstile_core::Error;
 
@@ -224,14 +224,4 @@ impl FenceKeys {
             revision: to_i64(fence.revision.0),
         }
     }
-}
-
-/// Bytes as the lowercase hex the statements `unhex`.
-pub(super) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        let _ = write!(out, "{byte:02x}");
-    }
-    out
 }

@@ -124,3 +124,13 @@ impl FenceColumns {
         }
     }
 }
+
+/// Bytes as the lowercase hex the shared statements `unhex`, and as error keys.
+pub(super) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
