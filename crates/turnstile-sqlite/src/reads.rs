@@ -453,7 +453,7 @@ fn transcript_entry(
 /// conversation is in `namespace`, the request unknown and the admission
 /// idle: the rows a claim would use), as one row. The window is one JSON
 /// array in it: a row per entry would be a message per entry from sqlx's
-/// worker thread, each waking the reader, and a copy of every other column.
+/// worker thread, each carrying a copy of every other column.
 /// Its conditions are in its `LIMIT` (0 when they fail) rather than its
 /// `WHERE`: SQLite re-checks a `WHERE` term with a subquery on every row, so
 /// a replay would walk a long transcript's whole index to find nothing.
@@ -527,14 +527,9 @@ pub(super) async fn load_claim_context(
     .fetch_one(&mut *conn)
     .await
     .map_err(db("load claim context"))?;
-    let first = &row;
     // The namespace first: nothing else of another namespace's
     // conversation is looked at.
-    let found = match (
-        &first.namespace,
-        first.version,
-        first.conversation_created_at,
-    ) {
+    let found = match (&row.namespace, row.version, row.conversation_created_at) {
         (Some(stored), Some(version), Some(created_at)) => Some(super::admission::conversation_of(
             namespace,
             conversation_id,
@@ -545,31 +540,31 @@ pub(super) async fn load_claim_context(
         _ => None,
     };
     let request = match (
-        &first.request_conversation_id,
-        &first.request_input_sha256,
-        &first.status,
-        first.request_created_at,
+        &row.request_conversation_id,
+        &row.request_input_sha256,
+        &row.status,
+        row.request_created_at,
     ) {
         (Some(conversation), Some(hash), Some(status), Some(created_at)) => {
             let columns = RequestColumns {
                 conversation_id: conversation.clone(),
                 input_sha256: hash.clone(),
                 status: status.clone(),
-                committed_run_id: first.committed_run_id.clone(),
-                conversation_version: first.conversation_version,
-                first_seq: first.first_seq,
-                end_seq: first.end_seq,
+                committed_run_id: row.committed_run_id.clone(),
+                conversation_version: row.conversation_version,
+                first_seq: row.first_seq,
+                end_seq: row.end_seq,
                 created_at,
-                completed_at: first.completed_at,
-                deadline_at: first.deadline_at,
-                turn: first.turn,
-                phase: first.phase.clone(),
-                input_tokens: first.input_tokens,
-                output_tokens: first.output_tokens,
-                cache_read_tokens: first.cache_read_tokens,
-                cache_write_tokens: first.cache_write_tokens,
-                tool_calls_count: first.tool_calls_count,
-                reports_count: first.reports_count,
+                completed_at: row.completed_at,
+                deadline_at: row.deadline_at,
+                turn: row.turn,
+                phase: row.phase.clone(),
+                input_tokens: row.input_tokens,
+                output_tokens: row.output_tokens,
+                cache_read_tokens: row.cache_read_tokens,
+                cache_write_tokens: row.cache_write_tokens,
+                tool_calls_count: row.tool_calls_count,
+                reports_count: row.reports_count,
             };
             Some(columns.decode(&mut conn, request_id).await?)
         }
@@ -584,29 +579,29 @@ pub(super) async fn load_claim_context(
         });
     }
     let admission = match (
-        first.revision,
-        first.admission_input_tokens,
-        first.admission_output_tokens,
-        first.admission_cache_read_tokens,
-        first.admission_cache_write_tokens,
-        first.summary_passes,
+        row.revision,
+        row.admission_input_tokens,
+        row.admission_output_tokens,
+        row.admission_cache_read_tokens,
+        row.admission_cache_write_tokens,
+        row.summary_passes,
     ) {
         (Some(revision), Some(input), Some(output), Some(read), Some(write), Some(passes)) => {
             AdmissionColumns {
                 revision,
-                active_request_id: first.active_request_id.clone(),
-                input_sha256: first.admission_input_sha256.clone(),
-                run_id: first.admission_run_id.clone(),
-                agent_fingerprint: first.agent_fingerprint.clone(),
+                active_request_id: row.active_request_id.clone(),
+                input_sha256: row.admission_input_sha256.clone(),
+                run_id: row.admission_run_id.clone(),
+                agent_fingerprint: row.agent_fingerprint.clone(),
                 input_tokens: input,
                 output_tokens: output,
                 cache_read_tokens: read,
                 cache_write_tokens: write,
                 summary_passes: passes,
-                summary_from_seq: first.summary_from_seq,
-                summary_through_seq: first.summary_through_seq,
-                summary_version: first.summary_version,
-                summary_prompt_sha256: first.summary_prompt_sha256.clone(),
+                summary_from_seq: row.summary_from_seq,
+                summary_through_seq: row.summary_through_seq,
+                summary_version: row.summary_version,
+                summary_prompt_sha256: row.summary_prompt_sha256.clone(),
             }
             .decode(conversation_id)?
         }
@@ -631,7 +626,7 @@ pub(super) async fn load_claim_context(
 }
 
 /// The window of [`load_claim_context`] from its JSON array of `[seq,
-/// request id in hex, role, content, meta]`, oldest entry first. The
+/// request id in hex, role, content, meta]`, oldest entry row. The
 /// array is read as bytes, so text that is not UTF-8 is `Corrupt` here
 /// rather than a failed read.
 fn window_entries(

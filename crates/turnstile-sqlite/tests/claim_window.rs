@@ -52,20 +52,16 @@ async fn the_claim_window_carries_every_text_the_transcript_holds() -> TestResul
 
 /// A file store whose conversation holds one committed request (entries 0
 /// and 1), with `corruption` then applied by a connection of its own.
-async fn corrupted(path: &Path, corruption: &str) -> Result<(SqliteStore, ConversationId), Error> {
+async fn corrupted(
+    path: &Path,
+    corruption: &str,
+) -> Result<(SqliteStore, ConversationId), Box<dyn std::error::Error + Send + Sync>> {
     let store = SqliteStore::open(path).await?;
     let id = new_conversation(&store).await?;
     complete_request(&store, id, "q", 0, "a").await?;
-    let mut raw = SqliteConnection::connect(&format!("sqlite:{}", path.display()))
-        .await
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
-    sqlx::query(corruption)
-        .execute(&mut raw)
-        .await
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
-    raw.close()
-        .await
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let mut raw = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
+    sqlx::query(corruption).execute(&mut raw).await?;
+    raw.close().await?;
     Ok((store, id))
 }
 
