@@ -24,6 +24,7 @@
 
 use turnstile_bench as support;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,7 +38,8 @@ use tracing::{span, Event, Metadata, Subscriber};
 use turnstile::store::{ClaimOutcome, InputHash, NewRequest};
 use turnstile::Durability;
 use turnstile::{
-    ConversationId, Message, RequestId, Revision, RunContext, RunId, SqliteStore, Store,
+    AgentSession, ConversationId, Message, RequestId, Revision, RunContext, RunId, SqliteStore,
+    Store,
 };
 
 use support::{
@@ -127,7 +129,15 @@ fn be32(bytes: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
-fn wal_state(db: &Path) -> Option<WalState> {
+/// The WAL file's header fields and its valid frames, each as the page it
+/// holds and whether it ends a commit.
+struct Wal {
+    salts: (u32, u32),
+    page_size: u64,
+    frames: Vec<(u32, bool)>,
+}
+
+fn read_wal(db: &Path) -> Option<Wal> {
     let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
     let bytes = std::fs::read(PathBuf::from(wal)).ok()?;
@@ -140,19 +150,25 @@ fn wal_state(db: &Path) -> Option<WalState> {
     };
     let salts = (be32(&bytes, 16), be32(&bytes, 20));
     let frame = 24 + page_size as usize;
-    let (mut frames, mut commits, mut at) = (0, 0, 32);
+    let (mut frames, mut at) = (Vec::new(), 32);
     while at + frame <= bytes.len() && (be32(&bytes, at + 8), be32(&bytes, at + 12)) == salts {
-        frames += 1;
-        if be32(&bytes, at + 4) != 0 {
-            commits += 1;
-        }
+        frames.push((be32(&bytes, at), be32(&bytes, at + 4) != 0));
         at += frame;
     }
-    Some(WalState {
+    Some(Wal {
         salts,
         page_size,
         frames,
-        commits,
+    })
+}
+
+fn wal_state(db: &Path) -> Option<WalState> {
+    let wal = read_wal(db)?;
+    Some(WalState {
+        salts: wal.salts,
+        page_size: wal.page_size,
+        frames: wal.frames.len() as u64,
+        commits: wal.frames.iter().filter(|(_, commit)| *commit).count() as u64,
     })
 }
 
@@ -254,6 +270,74 @@ fn print_rows(rows: &[Measured]) {
             "| {:<56} | {:>10} | {:>11} | {:>8} | {:>7} | {:>9} | {:>8} |",
             row.label, row.statements, trips, switches, commits, frames, kib
         );
+    }
+}
+
+/// Which tables and indexes each commit of a request writes: the WAL pages
+/// of a one-turn and a two-turn request on a file database that already
+/// holds 41 requests, each page named by the b-tree that owns it
+/// (`dbstat`); a page no b-tree owns is the free list's.
+async fn pages_by_table(dir: &Path) {
+    let db = dir.join("pages.db");
+    let store: Arc<dyn Store> = Arc::new(open_store(&db, Durability::Full).await);
+    let input = text("user", MESSAGE_BYTES);
+    let one_turn: Vec<_> = (0..4).map(|_| session(agent(1), store.clone())).collect();
+    let two_turns = session(agent(2), store.clone());
+    for _ in 0..10 {
+        for s in &one_turn {
+            run_request(s, &input).await;
+        }
+    }
+    run_request(&two_turns, &input).await;
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&db)
+        .connect()
+        .await
+        .expect("open");
+    println!("\nWAL pages per commit, by table (FULL, a file database holding 41 requests):\n");
+    let requests: [(&str, &AgentSession, &[&str]); 2] = [
+        ("1-turn request", &one_turn[0], &["claim", "commit"]),
+        (
+            "2-turn request",
+            &two_turns,
+            &[
+                "claim",
+                "model response",
+                "tool result",
+                "turn end",
+                "commit",
+            ],
+        ),
+    ];
+    for (label, session, steps) in requests {
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn)
+            .await
+            .expect("checkpoint");
+        run_request(session, &input).await;
+        let owners: HashMap<u32, String> = sqlx::query("SELECT pageno, name FROM dbstat")
+            .fetch_all(&mut conn)
+            .await
+            .expect("dbstat")
+            .into_iter()
+            .map(|row| (row.get::<u32, _>(0), row.get::<String, _>(1)))
+            .collect();
+        let frames = read_wal(&db).map(|wal| wal.frames).unwrap_or_default();
+        let mut total = 0;
+        for (n, commit) in frames.split_inclusive(|(_, ends)| *ends).enumerate() {
+            let names: Vec<&str> = commit
+                .iter()
+                .map(|(page, _)| owners.get(page).map_or("(free list)", String::as_str))
+                .collect();
+            let step = steps.get(n).copied().unwrap_or("?");
+            println!(
+                "  {label}, {step:<14} {:>2} pages: {}",
+                names.len(),
+                names.join(", ")
+            );
+            total += names.len();
+        }
+        println!("  {label}: {total} pages in all\n");
     }
 }
 
@@ -699,6 +783,7 @@ fn main() {
     let dir = temp_dir();
     rt.block_on(async {
         steps(dir.path()).await;
+        pages_by_table(dir.path()).await;
         group_commit(dir.path()).await;
         storage(dir.path()).await;
         harness().await;
