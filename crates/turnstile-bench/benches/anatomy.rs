@@ -38,8 +38,7 @@ use tracing::{span, Event, Metadata, Subscriber};
 use turnstile::store::{ClaimOutcome, InputHash, NewRequest};
 use turnstile::Durability;
 use turnstile::{
-    AgentSession, ConversationId, Message, RequestId, Revision, RunContext, RunId, SqliteStore,
-    Store,
+    ConversationId, Message, RequestId, Revision, RunContext, RunId, SqliteStore, Store,
 };
 
 use support::{
@@ -273,71 +272,92 @@ fn print_rows(rows: &[Measured]) {
     }
 }
 
-/// Which tables and indexes each commit of a request writes: the WAL pages
-/// of a one-turn and a two-turn request on a file database that already
-/// holds 41 requests, each page named by the b-tree that owns it
-/// (`dbstat`); a page no b-tree owns is the free list's.
+/// Which tables and indexes each step of a request writes: the WAL pages
+/// of a one-turn and a two-turn request's steps on a file database that
+/// already holds 41 requests. Each step starts on an empty WAL, and its
+/// pages are named right after it by the b-tree that owns them (`dbstat`);
+/// a page no b-tree owns is the free list's or a pointer map's.
 async fn pages_by_table(dir: &Path) {
     let db = dir.join("pages.db");
-    let store: Arc<dyn Store> = Arc::new(open_store(&db, Durability::Full).await);
+    let store = open_store(&db, Durability::Full).await;
+    let shared: Arc<dyn Store> = Arc::new(store.clone());
     let input = text("user", MESSAGE_BYTES);
-    let one_turn: Vec<_> = (0..4).map(|_| session(agent(1), store.clone())).collect();
-    let two_turns = session(agent(2), store.clone());
+    let one_turn: Vec<_> = (0..4).map(|_| session(agent(1), shared.clone())).collect();
     for _ in 0..10 {
         for s in &one_turn {
             run_request(s, &input).await;
         }
     }
-    run_request(&two_turns, &input).await;
+    run_request(&session(agent(2), shared), &input).await;
+    let conversation = one_turn[0].conversation_id();
     let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(&db)
         .connect()
         .await
         .expect("open");
-    println!("\nWAL pages per commit, by table (FULL, a file database holding 41 requests):\n");
-    let requests: [(&str, &AgentSession, &[&str]); 2] = [
-        ("1-turn request", &one_turn[0], &["claim", "commit"]),
-        (
-            "2-turn request",
-            &two_turns,
-            &[
-                "claim",
-                "model response",
-                "tool result",
-                "turn end",
-                "commit",
-            ],
-        ),
-    ];
-    for (label, session, steps) in requests {
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .execute(&mut conn)
+    let mut pages = Pages {
+        db: &db,
+        conn: &mut conn,
+        total: 0,
+    };
+    println!("\nWAL pages per step, by table (FULL, a file database holding 41 requests):\n");
+    let store: &dyn Store = &store;
+    let fence = pages.of("claim", support::claim(store, conversation)).await;
+    let mut writer = TurnWriter::new(fence);
+    pages.of("commit", writer.commit(store)).await;
+    pages.total("1-turn request");
+    let fence = pages.of("claim", support::claim(store, conversation)).await;
+    let mut writer = TurnWriter::new(fence);
+    let (call_id, _) = pages.of("model answer", writer.model_response(store)).await;
+    let result = pages
+        .of("tool result", writer.tool_result(store, &call_id))
+        .await;
+    pages
+        .of("turn end", writer.finish(store, call_id, result))
+        .await;
+    pages.of("commit", writer.commit(store)).await;
+    pages.total("2-turn request (1 tool call)");
+}
+
+/// Prints the WAL pages each step writes, by owner.
+struct Pages<'a> {
+    db: &'a Path,
+    conn: &'a mut sqlx::SqliteConnection,
+    total: usize,
+}
+
+impl Pages<'_> {
+    async fn of<T>(&mut self, step: &str, work: impl Future<Output = T>) -> T {
+        let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(&mut *self.conn)
             .await
             .expect("checkpoint");
-        run_request(session, &input).await;
+        assert_eq!(busy, 0, "the WAL was not emptied before {step}");
+        let out = work.await;
         let owners: HashMap<u32, String> = sqlx::query("SELECT pageno, name FROM dbstat")
-            .fetch_all(&mut conn)
+            .fetch_all(&mut *self.conn)
             .await
             .expect("dbstat")
             .into_iter()
             .map(|row| (row.get::<u32, _>(0), row.get::<String, _>(1)))
             .collect();
-        let frames = read_wal(&db).map(|wal| wal.frames).unwrap_or_default();
-        let mut total = 0;
-        for (n, commit) in frames.split_inclusive(|(_, ends)| *ends).enumerate() {
-            let names: Vec<&str> = commit
-                .iter()
-                .map(|(page, _)| owners.get(page).map_or("(free list)", String::as_str))
-                .collect();
-            let step = steps.get(n).copied().unwrap_or("?");
-            println!(
-                "  {label}, {step:<14} {:>2} pages: {}",
-                names.len(),
-                names.join(", ")
-            );
-            total += names.len();
-        }
-        println!("  {label}: {total} pages in all\n");
+        let frames = read_wal(self.db).map(|wal| wal.frames).unwrap_or_default();
+        let names: Vec<&str> = frames
+            .iter()
+            .map(|(page, _)| owners.get(page).map_or("(no b-tree)", String::as_str))
+            .collect();
+        println!(
+            "  {step:<13} {:>2} pages: {}",
+            names.len(),
+            names.join(", ")
+        );
+        self.total += names.len();
+        out
+    }
+
+    fn total(&mut self, request: &str) {
+        println!("  = {request}: {} pages\n", self.total);
+        self.total = 0;
     }
 }
 
