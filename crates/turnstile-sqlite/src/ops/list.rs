@@ -256,7 +256,7 @@ async fn stuck_keys(
                           ELSE a.lease_expires_at < ?5 END)
              AND (?2 IS NULL OR c.namespace = ?2)
              AND (?3 IS NULL OR a.conversation_id = ?3)
-           ORDER BY a.updated_at LIMIT ?4"#,
+           ORDER BY a.updated_at, a.conversation_id LIMIT ?4"#,
         cutoff,
         namespace,
         conversation,
