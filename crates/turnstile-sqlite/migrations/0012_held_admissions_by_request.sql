@@ -8,7 +8,8 @@
 -- sorts the held admissions by activity itself (they are few), and
 -- `recovery_usage`, which finds an admission by its request id, now finds
 -- it through this index instead of walking every held admission.
--- Queries must repeat the `WHERE` clause to use it.
+-- A query uses it when its `WHERE` implies the index's
+-- (`active_request_id IS NOT NULL`, or `active_request_id = ?`).
 DROP INDEX admissions_held;
 CREATE INDEX admissions_held ON admissions (active_request_id)
     WHERE active_request_id IS NOT NULL;
