@@ -626,7 +626,7 @@ pub(super) async fn load_claim_context(
 }
 
 /// The window of [`load_claim_context`] from its JSON array of `[seq,
-/// request id in hex, role, content, meta]`, oldest entry row. The
+/// request id in hex, role, content, meta]`, oldest entry first. The
 /// array is read as bytes, so text that is not UTF-8 is `Corrupt` here
 /// rather than a failed read.
 fn window_entries(

@@ -30,15 +30,14 @@ async fn stuck_admissions_are_oldest_first_and_ties_go_by_conversation_id() -> T
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("stuck.db");
     let store = SqliteStore::open(&path).await?;
-    let mut held = Vec::new();
+    let mut by_id = Vec::new();
     for i in 0..HELD {
         let id = new_conversation(&store).await?;
         let fence = admit(&store, id, &format!("request {i}")).await?;
         // A failed owner is stuck at once, whatever `stale_after` says.
         store.fail_run(&fence, "model unavailable", None).await?;
-        held.push(id);
+        by_id.push(id);
     }
-    let mut by_id = held.clone();
     by_id.sort_by_key(|id| *id.as_uuid().as_bytes());
     let mut conn = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
 
