@@ -4,7 +4,7 @@
 //!   the database before its effect, while other conversations' steps are
 //!   in flight; the store's own next step finds its pooled connection dead;
 //! - in a loop while commits run: a task terminates every turnstile
-//!   backend every 30–80 ms while eight conversations commit request after
+//!   backend every 80–160 ms while ten conversations commit request after
 //!   request;
 //! - right after a commit, for every step: a proxy between the store and
 //!   the server lets one chosen write reach the server and commit, withholds
@@ -244,8 +244,14 @@ async fn terminating_backends_in_a_loop_while_commits_run_loses_and_repeats_noth
     let log = tmp.path().join("effects.log");
     let plan = Plan::new(SEED + 1, 10);
     // pg_terminate_backend of every turnstile backend of the database, every
-    // 30 to 80 ms, from a connection of its own (`Server::terminate_backends`
-    // waits for each backend to exit, too slow a loop for this).
+    // 80 to 160 ms, from a connection of its own (`Server::terminate_backends`
+    // waits for each backend to exit, too slow a loop for this). The store
+    // gives a step eight attempts, so this pace must leave a retry far more
+    // likely to finish than to be cut. At this pace about one retry in
+    // twenty is cut again (four runs: 185–209 first retries, 7–9 second,
+    // 0–2 third). With rounds 30–80 ms apart, reopening every connection
+    // after each round slowed every attempt, one retry in three or four was
+    // cut again, and one run in three here had a step cut eight times.
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&url)
@@ -269,7 +275,7 @@ async fn terminating_backends_in_a_loop_while_commits_run_loses_and_repeats_noth
                 .expect("terminate the backends");
                 terminated += ended;
                 rounds += 1;
-                tokio::time::sleep(Duration::from_millis(rng.range(30, 80))).await;
+                tokio::time::sleep(Duration::from_millis(rng.range(80, 160))).await;
             }
             (rounds, terminated)
         })
@@ -301,12 +307,13 @@ async fn terminating_backends_in_a_loop_while_commits_run_loses_and_repeats_noth
     .await;
     println!(
         "terminate in a loop: {rounds} rounds terminated {terminated} backends in {:.1} s while \
-         {} requests committed; {} store retries ({:?}); {journaled} calls journaled once; \
-         {:.1} s in all",
+         {} requests committed; {} store retries ({:?}; by attempt {:?}); {journaled} calls \
+         journaled once; {:.1} s in all",
         during.as_secs_f64(),
         plan.requests().count(),
         retries.count(),
         retries.causes(4),
+        retries.by_attempt(),
         started.elapsed().as_secs_f64()
     );
     assert!(terminated > 0, "no backend was terminated");

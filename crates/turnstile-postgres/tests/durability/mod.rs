@@ -38,6 +38,8 @@ use super::torture_support::{ConversationPlan, EffectTool, Plan, PlanModel, Trac
 pub struct Retries {
     pub count: AtomicU64,
     causes: Mutex<BTreeMap<String, u64>>,
+    /// Retries by their attempt number (1 for a step's first retry).
+    attempts: Mutex<BTreeMap<u64, u64>>,
 }
 
 impl Retries {
@@ -52,6 +54,11 @@ impl Retries {
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         all.truncate(n);
         all
+    }
+
+    /// How many retries were a step's first, second, … retry.
+    pub fn by_attempt(&self) -> BTreeMap<u64, u64> {
+        self.attempts.lock().expect("attempts").clone()
     }
 }
 
@@ -76,6 +83,7 @@ impl tracing::Subscriber for RetryCounter {
         struct Fields {
             message: String,
             error: String,
+            attempt: u64,
         }
         impl tracing::field::Visit for Fields {
             fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
@@ -83,6 +91,12 @@ impl tracing::Subscriber for RetryCounter {
                     "message" => self.message = format!("{value:?}"),
                     "error" => self.error = format!("{value:?}"),
                     _ => {}
+                }
+            }
+
+            fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+                if field.name() == "attempt" {
+                    self.attempt = value;
                 }
             }
         }
@@ -97,6 +111,13 @@ impl tracing::Subscriber for RetryCounter {
                 .lock()
                 .expect("causes")
                 .entry(cause)
+                .or_default() += 1;
+            *self
+                .0
+                .attempts
+                .lock()
+                .expect("attempts")
+                .entry(fields.attempt)
                 .or_default() += 1;
         }
     }
