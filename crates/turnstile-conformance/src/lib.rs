@@ -27,6 +27,7 @@ pub mod logs;
 pub mod meta;
 pub mod retention;
 pub mod retention_policy;
+pub mod stuck_order;
 pub mod summaries;
 pub mod support;
 
