@@ -54,7 +54,7 @@ fn keys(filter: &ListFilter) -> Keys<'_> {
 }
 
 /// The keys `(conversation, request, run)` of stuck admissions, stalest
-/// first: held by a run that is not `running`, has no row, or left the
+/// first and ties by conversation id: held by a run that is not `running`, has no row, or left the
 /// admission unchanged since the cutoff or, holding a lease, let it expire
 /// (the rule of [`is_stuck`]).
 async fn stuck_keys(
@@ -72,7 +72,7 @@ async fn stuck_keys(
                           ELSE a.lease_expires_at < $5 END)
              AND ($2::text IS NULL OR c.namespace = $2)
              AND ($3::uuid IS NULL OR a.conversation_id = $3)
-           ORDER BY a.updated_at LIMIT $4"#,
+           ORDER BY a.updated_at, a.conversation_id LIMIT $4"#,
         k.cutoff,
         k.namespace,
         k.conversation,
