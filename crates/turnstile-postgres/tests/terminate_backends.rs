@@ -215,10 +215,12 @@ async fn terminating_every_backend_from_inside_tool_calls_loses_and_repeats_noth
     let terminated = terminated.load(Ordering::SeqCst);
     println!(
         "terminate from tools: {} tool calls, each terminating every backend: {terminated} \
-         backends terminated; {} store retries ({:?}); {journaled} calls journaled once; {:.1} s",
+         backends terminated; {} store retries ({:?}; by attempt {:?}); {journaled} calls \
+         journaled once; {:.1} s",
         watch.executions.load(Ordering::SeqCst),
         retries.count(),
         retries.causes(4),
+        retries.by_attempt(),
         started.elapsed().as_secs_f64()
     );
     assert!(terminated > 0, "no backend was terminated");
