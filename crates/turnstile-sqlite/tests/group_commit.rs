@@ -73,11 +73,13 @@ async fn crowd_behind_a_lock<T: Send + 'static>(
 ) -> Result<(Result<(), Error>, Vec<Result<T, Error>>), Box<dyn std::error::Error + Send + Sync>> {
     let mut holder = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
     sqlx::query("BEGIN IMMEDIATE").execute(&mut holder).await?;
+    // Sleeps long enough for a loaded machine to poll each spawned task:
+    // the first step must reach the writer before the crowd does.
     let first = tokio::spawn(first);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
     // One task polls the steps in order: each is queued at its first poll.
     let crowd = tokio::spawn(futures_util::future::join_all(crowd));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!first.is_finished(), "answered while the lock was held");
     assert!(!crowd.is_finished(), "answered while the lock was held");
     sqlx::query("COMMIT").execute(&mut holder).await?;

@@ -34,7 +34,7 @@ async fn interrupted_tool_round_is_ambiguous_and_retry_skips_journaled_calls() {
     let request_id = RequestId::new();
 
     // The deadline passes while the second tool runs: it is interrupted.
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1_000);
     let err = expect_err(
         session
             .run(
@@ -141,7 +141,7 @@ async fn model_call_past_the_deadline_settles_and_resumes_with_the_default_polic
     let session = session(agent(model.clone(), vec![]), &store, conversation_id);
     let request_id = RequestId::new();
 
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
     let err = expect_err(
         session
             .run(
@@ -346,7 +346,7 @@ async fn a_takeover_that_stops_before_the_interrupted_call_keeps_the_turn_ambigu
         conversation_id,
     );
     let request_id = RequestId::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1_000);
     let err = expect_err(
         session
             .run(

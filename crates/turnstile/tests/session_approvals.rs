@@ -579,7 +579,7 @@ async fn a_wall_clock_deadline_is_stored_and_binds_every_later_run() {
     let setup = Setup::new().await;
     let session = setup.session();
     let request = RequestId::new();
-    let deadline = SystemTime::now() + Duration::from_millis(400);
+    let deadline = SystemTime::now() + Duration::from_millis(1_500);
     let ctx = RunContext::default().with_deadline_at(deadline);
     let (_, revision, _) = awaiting(expect_err(session.run(request, "ship it", ctx).await));
     let stored = setup.store.request(request).await.unwrap().unwrap();
@@ -589,7 +589,7 @@ async fn a_wall_clock_deadline_is_stored_and_binds_every_later_run() {
         .as_millis() as i64;
     assert_eq!(stored.deadline_at, Some(millis));
     let revision = session.approve(request, "d1", revision).await.unwrap();
-    tokio::time::sleep_until(tokio::time::Instant::now() + Duration::from_millis(500)).await;
+    tokio::time::sleep_until(tokio::time::Instant::now() + Duration::from_millis(1_600)).await;
     // A continuation that gives no deadline of its own stops at the stored
     // one, before any tool runs.
     let error = expect_err(

@@ -78,7 +78,7 @@ async fn a_leased_run_renews_while_it_works_and_its_commit_drops_the_lease() {
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].0, conversation);
     assert!(first[0].1 > now_ms(), "the lease holds: {first:?}");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let later = leases(&store).await;
     assert!(later[0].1 > first[0].1, "renewed: {first:?} then {later:?}");
     assert!(store.expired_leases(now_ms(), 10).await.unwrap().is_empty());
