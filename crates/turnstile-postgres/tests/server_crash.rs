@@ -411,6 +411,15 @@ async fn server_crashes_mid_run_lose_nothing_acknowledged_and_every_request_comp
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.range(0, 30))).await;
+        // Crash while a patient write is in flight, when one comes within a
+        // second (the patient conversations may be done by now), so that
+        // riding through an outage is seen and not left to chance.
+        let waiting = Instant::now();
+        while watches[0].in_flight.load(Ordering::SeqCst) == 0
+            && waiting.elapsed() < Duration::from_secs(1)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         in_flight_at_kills.push(
             watches
                 .iter()
