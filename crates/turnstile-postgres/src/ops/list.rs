@@ -54,9 +54,9 @@ fn keys(filter: &ListFilter) -> Keys<'_> {
 }
 
 /// The keys `(conversation, request, run)` of stuck admissions, stalest
-/// first and ties by conversation id: held by a run that is not `running`, has no row, or left the
-/// admission unchanged since the cutoff or, holding a lease, let it expire
-/// (the rule of [`is_stuck`]).
+/// first, ties by conversation id: held by a run that is not `running`,
+/// has no row, or left the admission unchanged since the cutoff or,
+/// holding a lease, let it expire (the rule of [`is_stuck`]).
 async fn stuck_keys(
     conn: &mut PgConnection,
     k: &Keys<'_>,

@@ -232,10 +232,10 @@ fn in_namespace(filter: &ListFilter, namespace: &Namespace) -> bool {
     filter.namespace.as_ref().is_none_or(|ns| ns == namespace)
 }
 
-/// The keys of stuck admissions, stalest first: held, and owned by a run
-/// that is not `running`, has no row, or left the admission unchanged since
-/// `cutoff` or, when it holds a lease, let it expire (the rule of
-/// [`is_stuck`]). Served by the held-admissions index.
+/// The keys of stuck admissions, stalest first, ties by conversation id:
+/// held, and owned by a run that is not `running`, has no row, or left the
+/// admission unchanged since `cutoff` or, when it holds a lease, let it
+/// expire (the rule of [`is_stuck`]). Served by the held-admissions index.
 async fn stuck_keys(
     conn: &mut SqliteConnection,
     filter: &ListFilter,
