@@ -8,7 +8,8 @@ use super::codec::{db, hex, now_ms, only_row, raised, to_i64, to_json, Raised, R
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::turns::{checkpoint_rows, new_reports, raw_json};
+use super::step_columns::{CheckpointColumns, MessageColumns};
+use super::turns::new_reports;
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
@@ -211,14 +212,14 @@ async fn diagnose(
 }
 
 /// A claim, its values ready for its statement: one statement (an `INSERT`
-/// into the `claims` view of migration 0006), whose trigger makes the
+/// into the `claims` view of migration 0013), whose trigger makes the
 /// compare-and-swap and writes the request, its run, its input and the
 /// first turn's write-ahead. A refused claim writes nothing, and is
 /// explained by reads.
 pub(super) struct ClaimStep {
     claim: NewRequest,
-    input: Box<RawValue>,
-    checkpoints: Option<Box<RawValue>>,
+    input: MessageColumns,
+    first_turn: Option<CheckpointColumns>,
     reports: Option<Box<RawValue>>,
 }
 
@@ -232,9 +233,12 @@ struct ClaimRow<'a> {
     input_sha256: String,
     agent_fingerprint: &'a str,
     now: i64,
-    input: &'a RawValue,
+    input_role: &'a str,
+    input_content: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    checkpoints: Option<&'a RawValue>,
+    input_meta: Option<&'a str>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    first_turn: Option<CheckpointColumns>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reports: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -243,11 +247,11 @@ struct ClaimRow<'a> {
 
 impl ClaimStep {
     pub(super) fn new(claim: NewRequest) -> Result<Self, Error> {
-        let first_turn: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
+        let checkpoints: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
         Ok(Self {
-            input: raw_json(std::slice::from_ref(&claim.input))?,
-            checkpoints: checkpoint_rows(&first_turn)?,
-            reports: new_reports(&first_turn)?,
+            input: MessageColumns::of(&claim.input)?,
+            first_turn: claim.first_turn.as_ref().map(CheckpointColumns::of),
+            reports: new_reports(&checkpoints)?,
             claim,
         })
     }
@@ -262,14 +266,33 @@ impl ClaimStep {
         let run = claim.run_id.as_uuid();
         let hash = claim.input_sha256.0.to_vec();
         let expected = to_i64(claim.expected_revision.0);
-        let input = self.input.get();
-        let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
+        let input = &self.input;
+        // The first turn's checkpoint, or all NULL (no checkpoint).
+        let (turn, phase, input_tokens, output_tokens, cache_read, cache_write, tool_calls) =
+            match self.first_turn {
+                Some(c) => (
+                    Some(c.turn),
+                    Some(c.phase),
+                    Some(c.input_tokens),
+                    Some(c.output_tokens),
+                    Some(c.cache_read_tokens),
+                    Some(c.cache_write_tokens),
+                    Some(c.tool_calls_count),
+                ),
+                None => Default::default(),
+            };
+        let reports_count = self.first_turn.map(|c| c.reports_count);
+        let message_count = self.first_turn.map(|c| c.message_count);
         let reports = self.reports.as_deref().map(RawValue::get);
         // Run to its end with no row returned (see `next_revision`).
         let claimed = sqlx::query!(
             "INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
-                 input_sha256, agent_fingerprint, now, input, checkpoints, reports, deadline_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 input_sha256, agent_fingerprint, now, input_role, input_content, input_meta,
+                 turn, phase, input_tokens, output_tokens, cache_read_tokens,
+                 cache_write_tokens, tool_calls_count, reports_count, message_count, reports,
+                 deadline_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                 ?18, ?19, ?20, ?21)",
             conversation,
             request,
             run,
@@ -277,8 +300,18 @@ impl ClaimStep {
             hash,
             claim.agent_fingerprint,
             now,
-            input,
-            checkpoints,
+            input.role,
+            input.content,
+            input.meta,
+            turn,
+            phase,
+            input_tokens,
+            output_tokens,
+            cache_read,
+            cache_write,
+            tool_calls,
+            reports_count,
+            message_count,
             reports,
             claim.deadline_at
         )
@@ -350,8 +383,10 @@ impl ClaimStep {
             input_sha256: hex(&claim.input_sha256.0),
             agent_fingerprint: &claim.agent_fingerprint,
             now: now_ms(),
-            input: &self.input,
-            checkpoints: self.checkpoints.as_deref(),
+            input_role: &self.input.role,
+            input_content: &self.input.content,
+            input_meta: self.input.meta.as_deref(),
+            first_turn: self.first_turn,
             reports: self.reports.as_deref(),
             deadline_at: claim.deadline_at,
         })

@@ -92,13 +92,19 @@ async fn claims(
 ) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
     let returned = sqlx::query!(
         r#"INSERT INTO claim_batches (step, conversation_id, request_id, run_id,
-               expected_revision, input_sha256, agent_fingerprint, now, input, checkpoints,
-               reports, deadline_at)
+               expected_revision, input_sha256, agent_fingerprint, now, input_role,
+               input_content, input_meta, turn, phase, input_tokens, output_tokens,
+               cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+               message_count, reports, deadline_at)
            SELECT key, unhex(value ->> '$.conversation'), unhex(value ->> '$.request'),
                unhex(value ->> '$.run'), value ->> '$.expected_revision',
                unhex(value ->> '$.input_sha256'), value ->> '$.agent_fingerprint',
-               value ->> '$.now', value -> '$.input', value -> '$.checkpoints',
-               value -> '$.reports', value ->> '$.deadline_at'
+               value ->> '$.now', value ->> '$.input_role', value ->> '$.input_content',
+               value ->> '$.input_meta', value ->> '$.turn', value ->> '$.phase',
+               value ->> '$.input_tokens', value ->> '$.output_tokens',
+               value ->> '$.cache_read_tokens', value ->> '$.cache_write_tokens',
+               value ->> '$.tool_calls_count', value ->> '$.reports_count',
+               value ->> '$.message_count', value -> '$.reports', value ->> '$.deadline_at'
            FROM json_each(?1)
            RETURNING CAST(step AS INTEGER) AS "step!: i64",
                (SELECT revision FROM admissions
@@ -174,11 +180,17 @@ async fn commits(
     // The RETURNING subqueries read the request row as its trigger left it.
     let returned = sqlx::query!(
         r#"INSERT INTO commit_batches (step, conversation_id, request_id, run_id, revision, now,
-               checkpoints, reports, answer, final_seq)
+               turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+               tool_calls_count, reports_count, message_count, reports, answer_role,
+               answer_content, answer_meta, final_seq)
            SELECT key, unhex(value ->> '$.conversation'), unhex(value ->> '$.request'),
                unhex(value ->> '$.run'), value ->> '$.revision', value ->> '$.now',
-               value -> '$.checkpoints', value -> '$.reports', value -> '$.answer',
-               value ->> '$.final_seq'
+               value ->> '$.turn', value ->> '$.phase', value ->> '$.input_tokens',
+               value ->> '$.output_tokens', value ->> '$.cache_read_tokens',
+               value ->> '$.cache_write_tokens', value ->> '$.tool_calls_count',
+               value ->> '$.reports_count', value ->> '$.message_count', value -> '$.reports',
+               value ->> '$.answer_role', value ->> '$.answer_content',
+               value ->> '$.answer_meta', value ->> '$.final_seq'
            FROM json_each(?1)
            RETURNING CAST(step AS INTEGER) AS "step!: i64",
                (SELECT conversation_version FROM requests

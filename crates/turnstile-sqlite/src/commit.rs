@@ -1,5 +1,5 @@
 //! The commit: one statement (an `INSERT` into the `commits` view of
-//! migration 0005) whose trigger, fenced, appends the request's messages to
+//! migration 0013) whose trigger, fenced, appends the request's messages to
 //! the transcript, bumps the conversation version, stores the outcome for
 //! replay, releases the admission and completes the run. There is no moment
 //! where the answer is committed but the conversation is still held.
@@ -10,7 +10,8 @@ use sqlx::SqliteConnection;
 
 use super::batch::FenceKeys;
 use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, FenceColumns, Raised, Row};
-use super::turns::{checkpoint_rows, fenced, new_reports, raw_json};
+use super::step_columns::{CheckpointColumns, MessageColumns};
+use super::turns::{fenced, new_reports};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, StoredOutcome};
@@ -20,9 +21,9 @@ use turnstile_core::Error;
 pub(super) struct CommitStep {
     fence: Fence,
     checkpoint: LoopCheckpoint,
-    checkpoints: Option<Box<RawValue>>,
+    columns: CheckpointColumns,
     reports: Option<Box<RawValue>>,
-    answer: Box<RawValue>,
+    answer: MessageColumns,
     final_seq: i64,
 }
 
@@ -32,11 +33,14 @@ struct CommitRow<'a> {
     #[serde(flatten)]
     fence: FenceKeys,
     now: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    checkpoints: Option<&'a RawValue>,
+    #[serde(flatten)]
+    checkpoint: CheckpointColumns,
     #[serde(skip_serializing_if = "Option::is_none")]
     reports: Option<&'a RawValue>,
-    answer: &'a RawValue,
+    answer_role: &'a str,
+    answer_content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answer_meta: Option<&'a str>,
     final_seq: i64,
 }
 
@@ -56,9 +60,9 @@ impl CommitStep {
         };
         Ok(Self {
             fence: *fence,
-            checkpoints: checkpoint_rows(&[&completed])?,
+            columns: CheckpointColumns::of(&completed),
             reports: new_reports(&[&completed])?,
-            answer: raw_json(std::slice::from_ref(final_message))?,
+            answer: MessageColumns::of(final_message)?,
             final_seq: to_i64(final_seq),
             checkpoint: completed,
         })
@@ -70,14 +74,17 @@ impl CommitStep {
         let now = now_ms();
         let fence = &self.fence;
         let f = FenceColumns::of(fence);
-        let checkpoints = self.checkpoints.as_deref().map(RawValue::get);
+        let c = &self.columns;
         let reports = self.reports.as_deref().map(RawValue::get);
-        let answer = self.answer.get();
+        let answer = &self.answer;
         // The RETURNING subqueries read the request row as the trigger left it.
         let placed = sqlx::query!(
-            r#"INSERT INTO commits (conversation_id, request_id, run_id, revision, now,
-                   checkpoints, reports, answer, final_seq)
-               VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+            r#"INSERT INTO commits (conversation_id, request_id, run_id, revision, now, turn,
+                   phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                   tool_calls_count, reports_count, message_count, reports, answer_role,
+                   answer_content, answer_meta, final_seq)
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                   ?17, ?18, ?19)
                RETURNING
                    (SELECT conversation_version FROM requests WHERE request_id = ?2) AS "version!: i64",
                    (SELECT first_seq FROM requests WHERE request_id = ?2) AS "first_seq!: i64",
@@ -87,9 +94,19 @@ impl CommitStep {
             f.run,
             f.revision,
             now,
-            checkpoints,
+            c.turn,
+            c.phase,
+            c.input_tokens,
+            c.output_tokens,
+            c.cache_read_tokens,
+            c.cache_write_tokens,
+            c.tool_calls_count,
+            c.reports_count,
+            c.message_count,
             reports,
-            answer,
+            answer.role,
+            answer.content,
+            answer.meta,
             self.final_seq
         )
         .fetch_all(&mut *tx)
@@ -107,9 +124,11 @@ impl CommitStep {
         to_json(&CommitRow {
             fence: FenceKeys::of(&self.fence),
             now: now_ms(),
-            checkpoints: self.checkpoints.as_deref(),
+            checkpoint: self.columns,
             reports: self.reports.as_deref(),
-            answer: &self.answer,
+            answer_role: &self.answer.role,
+            answer_content: &self.answer.content,
+            answer_meta: self.answer.meta.as_deref(),
             final_seq: self.final_seq,
         })
     }

@@ -25,6 +25,7 @@ mod open;
 mod ops;
 mod read_connections;
 mod reads;
+mod step_columns;
 mod summaries;
 mod turns;
 mod write_connection;

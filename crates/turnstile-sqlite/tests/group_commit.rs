@@ -26,7 +26,7 @@ use turnstile::store::{
     ClaimOutcome, Fence, JournalStatus, NewRequest, StoredOutcome, SummaryCommit, SummaryPass,
     ToolResult,
 };
-use turnstile::{CheckpointPhase, Error, Message, SqliteStore, Store, Usage};
+use turnstile::{CheckpointPhase, Error, LoopCheckpoint, Message, SqliteStore, Store, Usage};
 use turnstile_conformance::logs::LogBuffer;
 use turnstile_conformance::support::{
     admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
@@ -400,11 +400,19 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         // Text and values the shared statement carries as JSON, to arrive
         // as the single statement binds them.
         let input = format!("claim {i}: \u{0} \u{202e} \\ \" é 😀");
-        claims.push(NewRequest {
+        let mut claim = NewRequest {
             agent_fingerprint: format!("fp-{i}-é"),
             deadline_at: Some(1_900_000_000_000 + i as i64),
             ..new_request(conversation, revision, &input)
-        });
+        };
+        // Every other claim starts its first turn at once (its write-ahead
+        // checkpoint, with usage and a report, rides in the claim's row).
+        if i % 2 == 1 {
+            let mut first = checkpoint(claim.run_id, 1, CheckpointPhase::TurnInFlight, 1);
+            first.usage.input_tokens += i as u64;
+            claim.first_turn = Some(first);
+        }
+        claims.push(claim);
     }
     let rival = new_request(
         claims[0].conversation_id,
@@ -485,6 +493,16 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         let record = store.request(claim.request_id).await?.expect("stored");
         assert_eq!(record.deadline_at, claim.deadline_at);
         assert_eq!(record.input_sha256, claim.input_sha256);
+        let first_turn = store
+            .latest_checkpoint(claim.run_id)
+            .await?
+            .map(|c| LoopCheckpoint { created_at: 0, ..c });
+        assert_eq!(first_turn, claim.first_turn);
+        let usage = claim.first_turn.as_ref().map(|c| c.usage);
+        assert_eq!(
+            store.recovery_usage(claim.request_id).await?,
+            usage.unwrap_or_default()
+        );
     }
     assert_eq!(
         store.admission(idle).await?.revision,

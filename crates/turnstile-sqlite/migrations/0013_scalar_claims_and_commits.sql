@@ -1,0 +1,202 @@
+-- A claim's and a commit's values as plain columns (issue 14). Every
+-- request makes one claim and one commit. Their checkpoint (at most one
+-- each) and their message (the input, the final answer: exactly one each)
+-- were JSON arrays that the triggers expanded with `json_each` and took
+-- apart with `->>`; SQLite's JSON functions were about a third of the
+-- instructions of the two statements. They are now columns of the views:
+-- the message as its stored columns (role, text, `meta`), the checkpoint
+-- as the columns of its `loop_checkpoints` row (NULL `phase`: none).
+-- Verification reports stay a JSON array (rare, and of any length); a
+-- turn's writes keep their lists (0005).
+--
+-- The rows written are the rows written before, in the same order, so no
+-- data changes. The batch views of 0011 insert into these views, so they
+-- are recreated with them; their checks are unchanged.
+
+DROP TRIGGER claim_batch;
+DROP VIEW claim_batches;
+DROP VIEW claims;
+DROP TRIGGER commit_batch;
+DROP VIEW commit_batches;
+DROP VIEW commits;
+
+CREATE VIEW claims (
+    conversation_id, request_id, run_id, expected_revision, input_sha256, agent_fingerprint,
+    now,
+    -- the input message
+    input_role, input_content, input_meta,
+    -- the first turn's write-ahead checkpoint, or a NULL phase
+    turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    tool_calls_count, reports_count, message_count,
+    reports,
+    -- Unix milliseconds, or NULL
+    deadline_at
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER claim INSTEAD OF INSERT ON claims
+BEGIN
+    -- Request ids are unique across the store: a known one is answered
+    -- from its row (a replay, or a refusal), whatever the admission says.
+    SELECT RAISE(ABORT, 'turnstile: request exists')
+    WHERE EXISTS (SELECT 1 FROM requests WHERE request_id = NEW.request_id);
+    SELECT RAISE(ABORT, 'turnstile: admission moved')
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id
+                        AND revision = NEW.expected_revision AND active_request_id IS NULL);
+    UPDATE admissions
+    SET active_request_id = NEW.request_id, input_sha256 = NEW.input_sha256,
+        run_id = NEW.run_id, agent_fingerprint = NEW.agent_fingerprint,
+        input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+        summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+        summary_version = NULL, summary_prompt_sha256 = NULL,
+        revision = revision + 1, updated_at = NEW.now
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
+      AND active_request_id IS NULL;
+    INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
+        deadline_at)
+    VALUES (NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
+        NEW.deadline_at);
+    INSERT INTO runs (run_id, request_id, status, started_at)
+    VALUES (NEW.run_id, NEW.request_id, 'running', NEW.now);
+    INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
+    VALUES (NEW.request_id, 0, NEW.run_id, 0, NEW.input_role, NEW.input_content,
+        NEW.input_meta);
+    -- The run is new: nothing to replace.
+    INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    SELECT NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
+        NEW.message_count, NEW.now
+    WHERE NEW.phase IS NOT NULL;
+    INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+    SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
+        value ->> '$.detail'
+    FROM json_each(NEW.reports) WHERE NEW.reports IS NOT NULL
+    ON CONFLICT (request_id, seq) DO NOTHING;
+END;
+
+CREATE VIEW claim_batches (
+    step, conversation_id, request_id, run_id, expected_revision, input_sha256,
+    agent_fingerprint, now, input_role, input_content, input_meta, turn, phase, input_tokens,
+    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+    message_count, reports, deadline_at
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+-- Skipped as well: a request id of a deleted conversation, which the
+-- tombstone trigger of 0008 would refuse by ending the whole statement.
+CREATE TRIGGER claim_batch INSTEAD OF INSERT ON claim_batches
+BEGIN
+    SELECT RAISE(IGNORE)
+    WHERE EXISTS (SELECT 1 FROM requests WHERE request_id = NEW.request_id)
+       OR EXISTS (SELECT 1 FROM deleted_requests WHERE request_id = NEW.request_id)
+       OR NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id
+                        AND revision = NEW.expected_revision AND active_request_id IS NULL);
+    INSERT INTO claims (conversation_id, request_id, run_id, expected_revision, input_sha256,
+        agent_fingerprint, now, input_role, input_content, input_meta, turn, phase,
+        input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+        reports_count, message_count, reports, deadline_at)
+    VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.expected_revision,
+        NEW.input_sha256, NEW.agent_fingerprint, NEW.now, NEW.input_role, NEW.input_content,
+        NEW.input_meta, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count,
+        NEW.reports_count, NEW.message_count, NEW.reports, NEW.deadline_at);
+END;
+
+-- A request's commit, fenced (as in 0005): the committed turn's checkpoint
+-- (phase `completed`, the outcome's totals), the admission released, the
+-- conversation version bumped, the request completed with where its
+-- messages start and end in the transcript, the pending messages and then
+-- the final answer (at `first_seq + final_seq`) moved to the transcript in
+-- order, the run completed.
+CREATE VIEW commits (
+    conversation_id, request_id, run_id, revision, now,
+    -- the committed turn's checkpoint
+    turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    tool_calls_count, reports_count, message_count,
+    reports,
+    -- the final answer, and its position in the request
+    answer_role, answer_content, answer_meta, final_seq
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER commit_request INSTEAD OF INSERT ON commits
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: fenced')
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+                        AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    VALUES (NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
+        NEW.message_count, NEW.now);
+    INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+    SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
+        value ->> '$.detail'
+    FROM json_each(NEW.reports) WHERE NEW.reports IS NOT NULL
+    ON CONFLICT (request_id, seq) DO NOTHING;
+    UPDATE admissions
+    SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
+        input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+        summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+        summary_version = NULL, summary_prompt_sha256 = NULL,
+        revision = revision + 1, updated_at = NEW.now
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+      AND run_id = NEW.run_id;
+    UPDATE conversations SET version = version + 1 WHERE id = NEW.conversation_id;
+    -- The request's messages start after the transcript's current end.
+    UPDATE requests
+    SET status = 'completed', committed_run_id = NEW.run_id,
+        conversation_version = (SELECT version FROM conversations WHERE id = NEW.conversation_id),
+        first_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
+                     WHERE conversation_id = NEW.conversation_id),
+        end_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
+                   WHERE conversation_id = NEW.conversation_id)
+                  + (SELECT COUNT(*) FROM run_messages WHERE request_id = NEW.request_id) + 1,
+        completed_at = NEW.now
+    WHERE request_id = NEW.request_id;
+    -- In `seq` order, which the (request, seq) index gives without a sort.
+    INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+    SELECT NEW.conversation_id, r.first_seq + m.seq, m.request_id, m.role, m.content, m.meta
+    FROM requests r JOIN run_messages m ON m.request_id = r.request_id
+    WHERE r.request_id = NEW.request_id
+    ORDER BY m.seq;
+    INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+    SELECT NEW.conversation_id, first_seq + NEW.final_seq, NEW.request_id, NEW.answer_role,
+        NEW.answer_content, NEW.answer_meta
+    FROM requests WHERE request_id = NEW.request_id;
+    DELETE FROM run_messages WHERE request_id = NEW.request_id;
+    UPDATE runs SET status = 'completed', ended_at = NEW.now WHERE run_id = NEW.run_id;
+END;
+
+CREATE VIEW commit_batches (
+    step, conversation_id, request_id, run_id, revision, now, turn, phase, input_tokens,
+    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+    message_count, reports, answer_role, answer_content, answer_meta, final_seq
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER commit_batch INSTEAD OF INSERT ON commit_batches
+BEGIN
+    SELECT RAISE(IGNORE)
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+                        AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    INSERT INTO commits (conversation_id, request_id, run_id, revision, now, turn, phase,
+        input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+        reports_count, message_count, reports, answer_role, answer_content, answer_meta,
+        final_seq)
+    VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.revision, NEW.now, NEW.turn,
+        NEW.phase, NEW.input_tokens, NEW.output_tokens, NEW.cache_read_tokens,
+        NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count, NEW.message_count,
+        NEW.reports, NEW.answer_role, NEW.answer_content, NEW.answer_meta, NEW.final_seq);
+END;
