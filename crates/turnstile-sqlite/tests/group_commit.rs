@@ -715,3 +715,86 @@ async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -
     );
     Ok(())
 }
+
+/// Model answers that queue together are sent as one turn-write statement.
+/// Each arrives whole: its assistant message with its tool calls (the
+/// message's `meta`), its journaled calls with their raw arguments, and
+/// its checkpoint, with text the shared statement carries as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_model_answers_shares_one_statement_and_each_arrives_whole() -> TestResult {
+    let logs = logs();
+    const LIVE: usize = 9;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("group.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let first = admit(
+        store.as_ref(),
+        new_conversation(store.as_ref()).await?,
+        "first",
+    )
+    .await?;
+    let mut steps = Vec::new();
+    for i in 0..LIVE {
+        let fence = admit(
+            store.as_ref(),
+            new_conversation(store.as_ref()).await?,
+            &format!("question {i}"),
+        )
+        .await?;
+        let arguments =
+            format!(r#"{{"q": "{i}: \u0000 \\ \" é 😀", "n": {i}.5, "list": [1, {{}}]}}"#);
+        let calls: Vec<_> = (0..=i % 3)
+            .map(|c| tool_call(&format!("call-{i}-{c}"), &arguments))
+            .collect();
+        let assistant = Message::Assistant {
+            content: format!("answer {i}: \u{0} \u{202e} é 😀"),
+            tool_calls: calls,
+        };
+        let mut answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
+        answered.usage.output_tokens += i as u64;
+        steps.push((fence, answered, assistant));
+    }
+    let crowd: Vec<Step> = steps
+        .iter()
+        .map(|(fence, answered, assistant)| {
+            let (store, fence, answered, assistant) =
+                (store.clone(), *fence, answered.clone(), assistant.clone());
+            Box::pin(async move {
+                store
+                    .record_model_response(&fence, &answered, &assistant)
+                    .await
+            }) as Step
+        })
+        .collect();
+    let (first_result, results) =
+        crowd_behind_a_lock(&path, write_ahead(&store, first), crowd).await?;
+    first_result?;
+
+    for ((fence, answered, assistant), result) in steps.iter().zip(results) {
+        result?;
+        let pending = store.request_messages(fence.request_id, u64::MAX).await?;
+        assert_eq!(pending.get(1), Some(assistant), "{pending:?}");
+        let journal = store.journal(fence.request_id, 1).await?;
+        let calls: Vec<(&str, Option<&str>)> = journal
+            .iter()
+            .map(|e| (e.call_id.as_str(), e.arguments.as_deref()))
+            .collect();
+        let expected: Vec<(&str, Option<&str>)> = assistant
+            .tool_calls()
+            .iter()
+            .map(|c| (c.id.as_str(), Some(c.arguments.as_str())))
+            .collect();
+        assert_eq!(calls, expected);
+        let stored = store
+            .latest_checkpoint(fence.run_id)
+            .await?
+            .map(|c| LoopCheckpoint { created_at: 0, ..c });
+        assert_eq!(stored.as_ref(), Some(answered));
+    }
+    let shared = shared_statements(&logs);
+    assert!(
+        shared.contains(&("TurnWrite".into(), LIVE, LIVE)),
+        "no statement of {LIVE} turn writes in {shared:?}"
+    );
+    Ok(())
+}
