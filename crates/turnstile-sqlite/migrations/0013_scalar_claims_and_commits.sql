@@ -10,8 +10,10 @@
 -- turn's writes keep their lists (0005).
 --
 -- The rows written are the rows written before, in the same order, so no
--- data changes. The batch views of 0011 insert into these views, so they
--- are recreated with them; their checks are unchanged.
+-- data changes; only a message's `meta` object may list its keys in
+-- another order (the store's serializer sorts them, as on PostgreSQL; it is
+-- parsed on every read). The batch views of 0011 insert into these views,
+-- so they are recreated with them; their checks are unchanged.
 
 DROP TRIGGER claim_batch;
 DROP VIEW claim_batches;
@@ -170,9 +172,9 @@ BEGIN
     WHERE r.request_id = NEW.request_id
     ORDER BY m.seq;
     INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-    SELECT NEW.conversation_id, first_seq + NEW.final_seq, NEW.request_id, NEW.answer_role,
-        NEW.answer_content, NEW.answer_meta
-    FROM requests WHERE request_id = NEW.request_id;
+    VALUES (NEW.conversation_id,
+        (SELECT first_seq FROM requests WHERE request_id = NEW.request_id) + NEW.final_seq,
+        NEW.request_id, NEW.answer_role, NEW.answer_content, NEW.answer_meta);
     DELETE FROM run_messages WHERE request_id = NEW.request_id;
     UPDATE runs SET status = 'completed', ended_at = NEW.now WHERE run_id = NEW.run_id;
 END;

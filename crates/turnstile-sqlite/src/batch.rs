@@ -1,6 +1,7 @@
 //! Many steps of one kind as one statement (the `*_batches` views of
-//! migration 0011): one round trip to sqlx's worker thread for every claim,
-//! turn write or commit of a group transaction, instead of one each. A row
+//! migration 0011; those of claims and commits recreated in 0013): one
+//! round trip to sqlx's worker thread for every claim, turn write or
+//! commit of a group transaction, instead of one each. A row
 //! is a step's values as a JSON object (`*Step::row` in `admission.rs`,
 //! `turns.rs`, `commit.rs`); ids and hashes are hex, which the statement
 //! `unhex`es back into the blobs the single statements bind. A row whose

@@ -28,8 +28,8 @@ pub(super) fn only_row<T>(rows: Vec<T>) -> Result<T, sqlx::Error> {
     rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
 }
 
-/// A refusal raised by one of the step triggers of migration 0005
-/// (`RAISE(ABORT, 'turnstile: …')`): SQLite undid the statement it was
+/// A refusal raised by one of the step triggers (migrations 0005, 0006,
+/// 0008 and 0013: `RAISE(ABORT, 'turnstile: …')`): SQLite undid the statement it was
 /// raised in, and only it; the transaction goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Raised {

@@ -29,8 +29,8 @@ use turnstile::store::{
 use turnstile::{CheckpointPhase, Error, LoopCheckpoint, Message, SqliteStore, Store, Usage};
 use turnstile_conformance::logs::LogBuffer;
 use turnstile_conformance::support::{
-    admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
-    tool_call, TestResult,
+    admit, checkpoint, complete_request, new_conversation, new_request, ns, recover, tool_call,
+    TestResult,
 };
 
 /// The log of every test of this file (one subscriber per process).
@@ -412,6 +412,14 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
             first.usage.input_tokens += i as u64;
             claim.first_turn = Some(first);
         }
+        // And an input with more than a role and a text (its `meta`).
+        if i % 3 == 2 {
+            claim.input = Message::Tool {
+                call_id: format!("call-{i}"),
+                content: input,
+                is_error: true,
+            };
+        }
         claims.push(claim);
     }
     let rival = new_request(
@@ -518,6 +526,22 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
     Ok(())
 }
 
+/// The final answer of the `i`th commit of a crowd: text that JSON must
+/// carry, and for every other commit tool calls too (the message's `meta`).
+fn crowd_answer(i: usize) -> Message {
+    let content = format!("answer {i}: \u{0} \u{202e} é 😀");
+    match i % 2 {
+        0 => Message::assistant(content),
+        _ => Message::Assistant {
+            content,
+            tool_calls: vec![tool_call(
+                &format!("late-{i}"),
+                r#"{"b": 2, "a": "\u0000"}"#,
+            )],
+        },
+    }
+}
+
 /// Commits that queue together are sent as one statement; each caller gets
 /// its own request's outcome, and a replaced owner's commit among them is
 /// fenced alone.
@@ -559,11 +583,13 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
         .map(|(i, fence)| {
             let (store, fence) = (store.clone(), *fence);
             let answer = match i {
-                0 => "too late".to_owned(),
-                i => format!("answer {}: \u{0} \u{202e} é 😀", i - 1),
+                0 => Message::assistant("too late"),
+                i => crowd_answer(i - 1),
             };
-            Box::pin(async move { commit_answer(store.as_ref(), &fence, 1, 1, &answer).await })
-                as Step<StoredOutcome>
+            Box::pin(async move {
+                let last = checkpoint(fence.run_id, 1, CheckpointPhase::Ready, 2);
+                store.commit(&fence, &last, &answer).await
+            }) as Step<StoredOutcome>
         })
         .collect();
     let (first_result, mut results) =
@@ -594,13 +620,12 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
         let transcript = store
             .transcript_window(fence.conversation_id, u32::MAX)
             .await?;
-        let texts: Vec<&str> = transcript.iter().map(|e| e.message.content()).collect();
-        let question = format!("question {i}");
-        let answer = format!("answer {i}: \u{0} \u{202e} é 😀");
+        let messages: Vec<&Message> = transcript.iter().map(|e| &e.message).collect();
+        let question = Message::user(format!("question {i}"));
         assert_eq!(
-            &texts[2 * earlier as usize..],
-            &[question.as_str(), answer.as_str()][..],
-            "{texts:?}"
+            &messages[2 * earlier as usize..],
+            &[&question, &crowd_answer(i)][..],
+            "{messages:?}"
         );
         assert!(store
             .admission(fence.conversation_id)
