@@ -16,7 +16,7 @@
 //! step that statement skips runs alone and gets its own answer.
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -49,6 +49,27 @@ fn logs() -> LogBuffer {
         logs
     })
     .clone()
+}
+
+/// A store on a WAL file of its own, in a temp dir that lives as long as
+/// the returned guard.
+async fn group_store(
+) -> Result<(tempfile::TempDir, PathBuf, Arc<dyn Store>), Box<dyn std::error::Error + Send + Sync>>
+{
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("group.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    Ok((dir, path, store))
+}
+
+/// Claims a new conversation of `store` for `input`.
+async fn admit_new(store: &Arc<dyn Store>, input: &str) -> Result<Fence, Error> {
+    admit(
+        store.as_ref(),
+        new_conversation(store.as_ref()).await?,
+        input,
+    )
+    .await
 }
 
 type Step<T = ()> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
@@ -138,9 +159,7 @@ async fn checkpoint_rows(path: &Path, fence: &Fence) -> Result<i64, sqlx::Error>
 async fn a_crowd_of_steps_commits_together_and_a_fenced_step_fails_alone() -> TestResult {
     let logs = logs();
     const LIVE: usize = 24;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let (_dir, path, store) = group_store().await?;
 
     let mut live = Vec::new();
     for _ in 0..LIVE {
@@ -222,9 +241,7 @@ async fn a_store_error_in_a_crowd_rolls_back_its_transaction_and_the_rest_goes_o
     let logs = logs();
     const BEFORE: usize = 5;
     const AFTER: usize = 7;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let (_dir, path, store) = group_store().await?;
     let mut fences = Vec::new();
     for _ in 0..BEFORE + 1 + AFTER + 1 {
         let conversation = new_conversation(store.as_ref()).await?;
@@ -285,9 +302,7 @@ async fn a_store_error_in_a_crowd_rolls_back_its_transaction_and_the_rest_goes_o
 async fn a_refused_summary_commit_in_a_crowd_is_rolled_back_to_its_savepoint() -> TestResult {
     let logs = logs();
     const LIVE: usize = 9;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
+    let (_dir, path, store) = group_store().await?;
     let mut live = Vec::new();
     for _ in 0..LIVE + 1 {
         let conversation = new_conversation(store.as_ref()).await?;
@@ -379,15 +394,8 @@ async fn a_refused_summary_commit_in_a_crowd_is_rolled_back_to_its_savepoint() -
 async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> TestResult {
     let logs = logs();
     const FREE: usize = 12;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
-    let first = admit(
-        store.as_ref(),
-        new_conversation(store.as_ref()).await?,
-        "first",
-    )
-    .await?;
+    let (_dir, path, store) = group_store().await?;
+    let first = admit_new(&store, "first").await?;
     let mut claims = Vec::new();
     for i in 0..FREE {
         let conversation = new_conversation(store.as_ref()).await?;
@@ -427,12 +435,7 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         claims[0].expected_revision,
         "rival",
     );
-    let known = admit(
-        store.as_ref(),
-        new_conversation(store.as_ref()).await?,
-        "known",
-    )
-    .await?;
+    let known = admit_new(&store, "known").await?;
     let idle = new_conversation(store.as_ref()).await?;
     let idle_revision = store.admission(idle).await?.revision;
     let known_again = NewRequest {
@@ -549,15 +552,8 @@ fn crowd_answer(i: usize) -> Message {
 async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() -> TestResult {
     let logs = logs();
     const LIVE: usize = 10;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
-    let first = admit(
-        store.as_ref(),
-        new_conversation(store.as_ref()).await?,
-        "first",
-    )
-    .await?;
+    let (_dir, path, store) = group_store().await?;
+    let first = admit_new(&store, "first").await?;
     let mut live = Vec::new();
     for i in 0..LIVE {
         let conversation = new_conversation(store.as_ref()).await?;
@@ -649,15 +645,8 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
 async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -> TestResult {
     let logs = logs();
     const LIVE: usize = 8;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
-    let first = admit(
-        store.as_ref(),
-        new_conversation(store.as_ref()).await?,
-        "first",
-    )
-    .await?;
+    let (_dir, path, store) = group_store().await?;
+    let first = admit_new(&store, "first").await?;
     // Each run asks for one call, "call-1", in turn 1.
     let asked = |fence: Fence| {
         let store = store.clone();
@@ -749,23 +738,11 @@ async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -
 async fn a_crowd_of_model_answers_shares_one_statement_and_each_arrives_whole() -> TestResult {
     let logs = logs();
     const LIVE: usize = 9;
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("group.db");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await?);
-    let first = admit(
-        store.as_ref(),
-        new_conversation(store.as_ref()).await?,
-        "first",
-    )
-    .await?;
+    let (_dir, path, store) = group_store().await?;
+    let first = admit_new(&store, "first").await?;
     let mut steps = Vec::new();
     for i in 0..LIVE {
-        let fence = admit(
-            store.as_ref(),
-            new_conversation(store.as_ref()).await?,
-            &format!("question {i}"),
-        )
-        .await?;
+        let fence = admit_new(&store, &format!("question {i}")).await?;
         let arguments =
             format!(r#"{{"q": "{i}: \u0000 \\ \" é 😀", "n": {i}.5, "list": [1, {{}}]}}"#);
         let calls: Vec<_> = (0..=i % 3)
