@@ -268,21 +268,16 @@ impl ClaimStep {
         let expected = to_i64(claim.expected_revision.0);
         let input = &self.input;
         // The first turn's checkpoint, or all NULL (no checkpoint).
-        let (turn, phase, input_tokens, output_tokens, cache_read, cache_write, tool_calls) =
-            match self.first_turn {
-                Some(c) => (
-                    Some(c.turn),
-                    Some(c.phase),
-                    Some(c.input_tokens),
-                    Some(c.output_tokens),
-                    Some(c.cache_read_tokens),
-                    Some(c.cache_write_tokens),
-                    Some(c.tool_calls_count),
-                ),
-                None => Default::default(),
-            };
-        let reports_count = self.first_turn.map(|c| c.reports_count);
-        let message_count = self.first_turn.map(|c| c.message_count);
+        let first = self.first_turn;
+        let turn = first.map(|c| c.turn);
+        let phase = first.map(|c| c.phase);
+        let input_tokens = first.map(|c| c.input_tokens);
+        let output_tokens = first.map(|c| c.output_tokens);
+        let cache_read = first.map(|c| c.cache_read_tokens);
+        let cache_write = first.map(|c| c.cache_write_tokens);
+        let tool_calls = first.map(|c| c.tool_calls_count);
+        let reports_count = first.map(|c| c.reports_count);
+        let message_count = first.map(|c| c.message_count);
         let reports = self.reports.as_deref().map(RawValue::get);
         // Run to its end with no row returned (see `next_revision`).
         let claimed = sqlx::query!(
