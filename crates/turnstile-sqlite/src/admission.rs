@@ -219,7 +219,6 @@ async fn diagnose(
 pub(super) struct ClaimStep {
     claim: NewRequest,
     input: MessageColumns,
-    first_turn: Option<CheckpointColumns>,
     reports: Option<Box<RawValue>>,
 }
 
@@ -250,7 +249,6 @@ impl ClaimStep {
         let checkpoints: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
         Ok(Self {
             input: MessageColumns::of(&claim.input)?,
-            first_turn: claim.first_turn.as_ref().map(CheckpointColumns::of),
             reports: new_reports(&checkpoints)?,
             claim,
         })
@@ -268,7 +266,7 @@ impl ClaimStep {
         let expected = to_i64(claim.expected_revision.0);
         let input = &self.input;
         // The first turn's checkpoint, or all NULL (no checkpoint).
-        let first = self.first_turn;
+        let first = self.first_turn();
         let turn = first.map(|c| c.turn);
         let phase = first.map(|c| c.phase);
         let input_tokens = first.map(|c| c.input_tokens);
@@ -381,10 +379,15 @@ impl ClaimStep {
             input_role: &self.input.role,
             input_content: &self.input.content,
             input_meta: self.input.meta.as_deref(),
-            first_turn: self.first_turn,
+            first_turn: self.first_turn(),
             reports: self.reports.as_deref(),
             deadline_at: claim.deadline_at,
         })
+    }
+
+    /// The first turn's checkpoint as its columns, if the loop starts at once.
+    fn first_turn(&self) -> Option<CheckpointColumns> {
+        self.claim.first_turn.as_ref().map(CheckpointColumns::of)
     }
 
     /// The admitted claim's fence, from the revision its statement returned.

@@ -29,8 +29,8 @@ pub(super) fn only_row<T>(rows: Vec<T>) -> Result<T, sqlx::Error> {
 }
 
 /// A refusal raised by one of the step triggers (migrations 0005, 0006,
-/// 0008 and 0013: `RAISE(ABORT, 'turnstile: …')`): SQLite undid the statement it was
-/// raised in, and only it; the transaction goes on.
+/// 0008 and 0013: `RAISE(ABORT, 'turnstile: …')`): SQLite undid the
+/// statement it was raised in, and only it; the transaction goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Raised {
     /// The admission no longer names the writer's request, run and revision.

@@ -21,7 +21,6 @@ use turnstile_core::Error;
 pub(super) struct CommitStep {
     fence: Fence,
     checkpoint: LoopCheckpoint,
-    columns: CheckpointColumns,
     reports: Option<Box<RawValue>>,
     answer: MessageColumns,
     final_seq: i64,
@@ -60,7 +59,6 @@ impl CommitStep {
         };
         Ok(Self {
             fence: *fence,
-            columns: CheckpointColumns::of(&completed),
             reports: new_reports(&[&completed])?,
             answer: MessageColumns::of(final_message)?,
             final_seq: to_i64(final_seq),
@@ -74,7 +72,7 @@ impl CommitStep {
         let now = now_ms();
         let fence = &self.fence;
         let f = FenceColumns::of(fence);
-        let c = &self.columns;
+        let c = CheckpointColumns::of(&self.checkpoint);
         let reports = self.reports.as_deref().map(RawValue::get);
         let answer = &self.answer;
         // The RETURNING subqueries read the request row as the trigger left it.
@@ -124,7 +122,7 @@ impl CommitStep {
         to_json(&CommitRow {
             fence: FenceKeys::of(&self.fence),
             now: now_ms(),
-            checkpoint: self.columns,
+            checkpoint: CheckpointColumns::of(&self.checkpoint),
             reports: self.reports.as_deref(),
             answer_role: &self.answer.role,
             answer_content: &self.answer.content,

@@ -2,7 +2,8 @@
 //! statements (the `claims` and `commits` views of migration 0013), and of
 //! their rows in a shared statement (`batch.rs`). Each of those steps has
 //! at most one checkpoint and exactly one message, so they need no JSON
-//! list for SQLite to take apart.
+//! list for SQLite to take apart. A turn write's checkpoint rows
+//! (`turns.rs`) are built from the same columns.
 
 use serde::Serialize;
 

@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 
 use super::batch::FenceKeys;
 use super::codec::{db, now_ms, raised, to_i64, to_json, FenceColumns, Raised};
+use super::step_columns::CheckpointColumns;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
 use turnstile_core::store::{Fence, ToolResult};
@@ -355,19 +356,20 @@ pub(super) fn checkpoint_rows(
     raw_list(&rows)
 }
 
-/// One checkpoint as the JSON object the step triggers expand.
+/// One checkpoint as the JSON object the turn-write trigger expands (its
+/// keys are migration 0005's).
 fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
-    let usage = checkpoint.usage;
+    let c = CheckpointColumns::of(checkpoint);
     serde_json::json!({
-        "turn": checkpoint.turn,
-        "phase": checkpoint.phase.as_str(),
-        "input": to_i64(usage.input_tokens),
-        "output": to_i64(usage.output_tokens),
-        "cache_read": to_i64(usage.cache_read_tokens),
-        "cache_write": to_i64(usage.cache_write_tokens),
-        "tool_calls": to_i64(checkpoint.tool_calls_count),
-        "reports": checkpoint.verification_reports.len(),
-        "messages": to_i64(checkpoint.message_count),
+        "turn": c.turn,
+        "phase": c.phase,
+        "input": c.input_tokens,
+        "output": c.output_tokens,
+        "cache_read": c.cache_read_tokens,
+        "cache_write": c.cache_write_tokens,
+        "tool_calls": c.tool_calls_count,
+        "reports": c.reports_count,
+        "messages": c.message_count,
     })
 }
 
