@@ -172,6 +172,11 @@ pub enum Error {
     /// migrates it.
     #[error("database schema version {found} is older than the supported {supported}; open it for writing to migrate it")]
     SchemaTooOld { found: i64, supported: i64 },
+    /// The database holds the durable steps of a newer turnstile (its schema
+    /// is this build's); it was not modified, and this build does not write
+    /// to it.
+    #[error("database steps version {found} are newer than this build's {supported}; open it with the newer turnstile that wrote it")]
+    StepsTooNew { found: i64, supported: i64 },
 }
 
 impl Error {

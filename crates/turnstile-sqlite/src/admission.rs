@@ -4,7 +4,8 @@
 use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
-use super::codec::{db, hex, now_ms, only_row, raised, to_i64, to_json, Raised, Row};
+use super::codec::{db, hex, now_ms, only_row, to_i64, to_json, Row};
+use super::steps::{raised, Raised};
 use serde::Serialize;
 use serde_json::value::RawValue;
 

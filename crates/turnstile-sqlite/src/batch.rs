@@ -18,7 +18,8 @@ use sqlx::SqliteConnection;
 
 use serde::Serialize;
 
-use super::codec::{db, hex, raised, to_i64};
+use super::codec::{db, hex, to_i64};
+use super::steps::raised;
 use turnstile_core::store::Fence;
 use turnstile_core::Error;
 

@@ -28,42 +28,6 @@ pub(super) fn only_row<T>(rows: Vec<T>) -> Result<T, sqlx::Error> {
     rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
 }
 
-/// A refusal raised by one of the step triggers (migrations 0005, 0006,
-/// 0008 and 0013: `RAISE(ABORT, 'turnstile: …')`): SQLite undid the
-/// statement it was raised in, and only it; the transaction goes on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Raised {
-    /// The admission no longer names the writer's request, run and revision.
-    Fenced,
-    /// A claim of a request id the store knows already.
-    RequestExists,
-    /// A compare-and-swap on the admission found another revision or state.
-    AdmissionMoved,
-    /// A recovery claim refused: the run's latest checkpoint is in flight.
-    TurnInFlight,
-    /// A conversation or request of a deleted conversation's id (the
-    /// tombstone triggers of migration 0008).
-    Deleted,
-}
-
-/// The step refusal an error is, if it is one: `SQLITE_CONSTRAINT` with one
-/// of the exact messages the step triggers raise. Anything else (a fault
-/// injected by another trigger, say) is an ordinary store error.
-pub(super) fn raised(error: &sqlx::Error) -> Option<Raised> {
-    const SQLITE_CONSTRAINT: i32 = 19;
-    if primary_code(error) != Some(SQLITE_CONSTRAINT) {
-        return None;
-    }
-    match error.as_database_error()?.message() {
-        "turnstile: fenced" => Some(Raised::Fenced),
-        "turnstile: request exists" => Some(Raised::RequestExists),
-        "turnstile: admission moved" => Some(Raised::AdmissionMoved),
-        "turnstile: turn in flight" => Some(Raised::TurnInFlight),
-        "turnstile: deleted" => Some(Raised::Deleted),
-        _ => None,
-    }
-}
-
 /// SQLite's primary result code of a database error (its extended code's
 /// low byte).
 pub(super) fn primary_code(error: &sqlx::Error) -> Option<i32> {

@@ -9,8 +9,9 @@ use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
 use super::batch::FenceKeys;
-use super::codec::{db, now_ms, only_row, raised, to_i64, to_json, FenceColumns, Raised, Row};
+use super::codec::{db, now_ms, only_row, to_i64, to_json, FenceColumns, Row};
 use super::step_columns::{CheckpointColumns, MessageColumns};
+use super::steps::{raised, Raised};
 use super::turns::{fenced, new_reports};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;

@@ -26,6 +26,7 @@ mod ops;
 mod read_connections;
 mod reads;
 mod step_columns;
+mod steps;
 mod summaries;
 mod turns;
 mod write_connection;

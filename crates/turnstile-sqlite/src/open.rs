@@ -13,6 +13,7 @@ use tracing::instrument;
 
 use super::codec::{self, db};
 use super::read_connections::ReadConnections;
+use super::steps;
 use super::write_connection::WriteConnection;
 use super::writer::GroupWriter;
 use super::{Durability, SqliteOptions, SqliteStore};
@@ -125,7 +126,7 @@ impl SqliteStore {
         let wait = busy_timeout
             .saturating_mul(2)
             .saturating_add(Duration::from_secs(5));
-        migrate(&connect, empty).await?;
+        migrate(&connect, empty, found, options.existing_only).await?;
         let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = ReadConnections::open(connect, options.readers, wait);
         Ok(Self {
@@ -158,7 +159,7 @@ impl SqliteStore {
             .connect()
             .await
             .map_err(db("open in-memory keeper"))?;
-        migrate(&connect, false).await?;
+        migrate(&connect, false, None, false).await?;
         // One connection serves reads and writes: shared-cache databases lock
         // whole tables, so a separate reader would only wait on the writer.
         // Reads and writes wait for it as long as sqlx's pool waited.
@@ -180,7 +181,8 @@ impl SqliteStore {
     }
 }
 
-/// Applies the embedded migrations on a connection of their own, closed
+/// Applies the embedded migrations and installs the durable steps
+/// (`steps/`) on a connection of their own, closed
 /// before the store opens its writer and readers. `Migrator::run` wants a
 /// pool or a connection it can acquire for any lifetime, which a future
 /// that must be `Send` cannot give; sqlx's `run_direct` takes the
@@ -193,7 +195,15 @@ impl SqliteStore {
 /// effect before the first table, and on an existing file the pragma still
 /// rewrites the header page: asked on every connection, it was a commit for
 /// nothing each time one opened.
-async fn migrate(connect: &SqliteConnectOptions, empty: bool) -> Result<(), Error> {
+///
+/// `found` is the schema version the database had when it was checked;
+/// `look_only` opens for reading only, which installs no steps.
+async fn migrate(
+    connect: &SqliteConnectOptions,
+    empty: bool,
+    found: Option<i64>,
+    look_only: bool,
+) -> Result<(), Error> {
     let connect = match empty {
         true => connect.clone().auto_vacuum(SqliteAutoVacuum::Incremental),
         false => connect.clone(),
@@ -202,11 +212,24 @@ async fn migrate(connect: &SqliteConnectOptions, empty: bool) -> Result<(), Erro
         .connect()
         .await
         .map_err(db("open migration connection"))?;
-    let migrated = MIGRATOR.run_direct(&mut conn).await.map_err(migrate_error);
+    let migrated = migrate_on(&mut conn, found, look_only).await;
     conn.close()
         .await
         .map_err(db("close migration connection"))?;
     migrated
+}
+
+async fn migrate_on(
+    conn: &mut SqliteConnection,
+    found: Option<i64>,
+    look_only: bool,
+) -> Result<(), Error> {
+    let supported = SqliteStore::supported_schema_version();
+    if found.is_some_and(|found| found < supported) {
+        steps::drop_before_migrating(conn, supported).await?;
+    }
+    MIGRATOR.run_direct(conn).await.map_err(migrate_error)?;
+    steps::install(conn, look_only).await
 }
 
 /// Whether the database has no pages yet (a new or empty file).

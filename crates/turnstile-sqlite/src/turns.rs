@@ -14,8 +14,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::batch::FenceKeys;
-use super::codec::{db, now_ms, raised, to_i64, to_json, FenceColumns, Raised};
+use super::codec::{db, now_ms, to_i64, to_json, FenceColumns};
 use super::step_columns::CheckpointColumns;
+use super::steps::{raised, Raised};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
 use turnstile_core::store::{Fence, ToolResult};

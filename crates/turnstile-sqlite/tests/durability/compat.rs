@@ -241,6 +241,11 @@ async fn a_schema_4_database_is_migrated_in_place_and_every_row_survives_and_rep
         "the migration changed rows"
     );
     for (table, columns) in shape(&path).await? {
+        // The version of the installed steps: the store's bookkeeping, no
+        // row of the data.
+        if table == "step_set" {
+            continue;
+        }
         let old = old_shape.iter().find(|(t, _)| *t == table);
         let added: Vec<&String> = columns
             .iter()

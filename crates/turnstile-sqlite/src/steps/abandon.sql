@@ -1,0 +1,28 @@
+-- An abandon: the compare-and-swap on the active admission, its run
+-- abandoned, the admission released, the request id burned.
+CREATE VIEW abandons (conversation_id, request_id, expected_revision, now)
+AS SELECT NULL, NULL, NULL, NULL WHERE 0;
+
+CREATE TRIGGER abandon INSTEAD OF INSERT ON abandons
+BEGIN
+    -- Fence.
+    SELECT RAISE(ABORT, 'turnstile: admission moved')
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id
+                        AND revision = NEW.expected_revision
+                        AND active_request_id = NEW.request_id);
+    -- Write.
+    UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, NEW.now)
+    WHERE run_id = (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id)
+      AND status IN ('running', 'failed');
+    UPDATE admissions
+    SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
+        input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+        summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+        summary_version = NULL, summary_prompt_sha256 = NULL,
+        revision = revision + 1, updated_at = NEW.now
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
+      AND active_request_id = NEW.request_id;
+    UPDATE requests SET status = 'abandoned', completed_at = NEW.now
+    WHERE request_id = NEW.request_id;
+END;

@@ -1,0 +1,101 @@
+-- A new request's claim of an idle admission: the compare-and-swap, the
+-- request (with its deadline), its first run, its input as its first
+-- message and, when the loop starts at once, the first turn's write-ahead
+-- checkpoint. The message and the checkpoint are plain columns (a NULL
+-- `phase`: no checkpoint); verification reports a JSON array.
+--
+-- A request id of a deleted conversation is refused by the
+-- `request_not_deleted` trigger of the schema (`turnstile: deleted`).
+CREATE VIEW claims (
+    conversation_id, request_id, run_id, expected_revision, input_sha256, agent_fingerprint,
+    now,
+    -- the input message
+    input_role, input_content, input_meta,
+    -- the first turn's write-ahead checkpoint, or a NULL phase
+    turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    tool_calls_count, reports_count, message_count,
+    reports,
+    -- Unix milliseconds, or NULL
+    deadline_at
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER claim INSTEAD OF INSERT ON claims
+BEGIN
+    -- Check. Request ids are unique across the store: a known one is answered
+    -- from its row (a replay, or a refusal), whatever the admission says.
+    SELECT RAISE(ABORT, 'turnstile: request exists')
+    WHERE EXISTS (SELECT 1 FROM requests WHERE request_id = NEW.request_id);
+    -- Fence.
+    SELECT RAISE(ABORT, 'turnstile: admission moved')
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id
+                        AND revision = NEW.expected_revision AND active_request_id IS NULL);
+    -- Write.
+    UPDATE admissions
+    SET active_request_id = NEW.request_id, input_sha256 = NEW.input_sha256,
+        run_id = NEW.run_id, agent_fingerprint = NEW.agent_fingerprint,
+        input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+        summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+        summary_version = NULL, summary_prompt_sha256 = NULL,
+        revision = revision + 1, updated_at = NEW.now
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
+      AND active_request_id IS NULL;
+    INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
+        deadline_at)
+    VALUES (NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
+        NEW.deadline_at);
+    INSERT INTO runs (run_id, request_id, status, started_at)
+    VALUES (NEW.run_id, NEW.request_id, 'running', NEW.now);
+    INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
+    VALUES (NEW.request_id, 0, NEW.run_id, 0, NEW.input_role, NEW.input_content,
+        NEW.input_meta);
+    -- The run is new: nothing to replace.
+    INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    SELECT NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
+        NEW.message_count, NEW.now
+    WHERE NEW.phase IS NOT NULL;
+    INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+    SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
+        value ->> '$.detail'
+    FROM json_each(NEW.reports) WHERE NEW.reports IS NOT NULL
+    ON CONFLICT (request_id, seq) DO NOTHING;
+END;
+
+-- The claims of one group transaction as one statement: one row per claim
+-- (`step` is its position, what `RETURNING` gives back). A row whose claim
+-- would be refused writes nothing and returns no row (`RAISE(IGNORE)`), and
+-- the writer runs that claim alone to name the refusal. Skipped as well: a
+-- request id of a deleted conversation, which the tombstone trigger would
+-- refuse by ending the whole statement.
+CREATE VIEW claim_batches (
+    step, conversation_id, request_id, run_id, expected_revision, input_sha256,
+    agent_fingerprint, now, input_role, input_content, input_meta, turn, phase, input_tokens,
+    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+    message_count, reports, deadline_at
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER claim_batch INSTEAD OF INSERT ON claim_batches
+BEGIN
+    SELECT RAISE(IGNORE)
+    WHERE EXISTS (SELECT 1 FROM requests WHERE request_id = NEW.request_id)
+       OR EXISTS (SELECT 1 FROM deleted_requests WHERE request_id = NEW.request_id)
+       OR NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id
+                        AND revision = NEW.expected_revision AND active_request_id IS NULL);
+    INSERT INTO claims (conversation_id, request_id, run_id, expected_revision, input_sha256,
+        agent_fingerprint, now, input_role, input_content, input_meta, turn, phase,
+        input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+        reports_count, message_count, reports, deadline_at)
+    VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.expected_revision,
+        NEW.input_sha256, NEW.agent_fingerprint, NEW.now, NEW.input_role, NEW.input_content,
+        NEW.input_meta, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count,
+        NEW.reports_count, NEW.message_count, NEW.reports, NEW.deadline_at);
+END;

@@ -1,0 +1,96 @@
+-- A request's commit, fenced: the committed turn's checkpoint (phase
+-- `completed`, the outcome's totals), the admission released, the
+-- conversation version bumped, the request completed with where its
+-- messages start and end in the transcript, the pending messages and then
+-- the final answer (at `first_seq + final_seq`) moved to the transcript in
+-- order, the run completed.
+CREATE VIEW commits (
+    conversation_id, request_id, run_id, revision, now,
+    -- the committed turn's checkpoint
+    turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    tool_calls_count, reports_count, message_count,
+    reports,
+    -- the final answer, and its position in the request
+    answer_role, answer_content, answer_meta, final_seq
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER commit_request INSTEAD OF INSERT ON commits
+BEGIN
+    -- Fence.
+    SELECT RAISE(ABORT, 'turnstile: fenced')
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+                        AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    -- Write.
+    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    VALUES (NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
+        NEW.message_count, NEW.now);
+    INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+    SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
+        value ->> '$.detail'
+    FROM json_each(NEW.reports) WHERE NEW.reports IS NOT NULL
+    ON CONFLICT (request_id, seq) DO NOTHING;
+    UPDATE admissions
+    SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
+        input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+        summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
+        summary_version = NULL, summary_prompt_sha256 = NULL,
+        revision = revision + 1, updated_at = NEW.now
+    WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+      AND run_id = NEW.run_id;
+    UPDATE conversations SET version = version + 1 WHERE id = NEW.conversation_id;
+    -- The request's messages start after the transcript's current end.
+    UPDATE requests
+    SET status = 'completed', committed_run_id = NEW.run_id,
+        conversation_version = (SELECT version FROM conversations WHERE id = NEW.conversation_id),
+        first_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
+                     WHERE conversation_id = NEW.conversation_id),
+        end_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
+                   WHERE conversation_id = NEW.conversation_id)
+                  + (SELECT COUNT(*) FROM run_messages WHERE request_id = NEW.request_id) + 1,
+        completed_at = NEW.now
+    WHERE request_id = NEW.request_id;
+    -- In `seq` order, which the (request, seq) index gives without a sort.
+    INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+    SELECT NEW.conversation_id, r.first_seq + m.seq, m.request_id, m.role, m.content, m.meta
+    FROM requests r JOIN run_messages m ON m.request_id = r.request_id
+    WHERE r.request_id = NEW.request_id
+    ORDER BY m.seq;
+    INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+    VALUES (NEW.conversation_id,
+        (SELECT first_seq FROM requests WHERE request_id = NEW.request_id) + NEW.final_seq,
+        NEW.request_id, NEW.answer_role, NEW.answer_content, NEW.answer_meta);
+    DELETE FROM run_messages WHERE request_id = NEW.request_id;
+    UPDATE runs SET status = 'completed', ended_at = NEW.now WHERE run_id = NEW.run_id;
+END;
+
+-- The commits of one group transaction as one statement (as claims are:
+-- `claim.sql`).
+CREATE VIEW commit_batches (
+    step, conversation_id, request_id, run_id, revision, now, turn, phase, input_tokens,
+    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+    message_count, reports, answer_role, answer_content, answer_meta, final_seq
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER commit_batch INSTEAD OF INSERT ON commit_batches
+BEGIN
+    SELECT RAISE(IGNORE)
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+                        AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    INSERT INTO commits (conversation_id, request_id, run_id, revision, now, turn, phase,
+        input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+        reports_count, message_count, reports, answer_role, answer_content, answer_meta,
+        final_seq)
+    VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.revision, NEW.now, NEW.turn,
+        NEW.phase, NEW.input_tokens, NEW.output_tokens, NEW.cache_read_tokens,
+        NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count, NEW.message_count,
+        NEW.reports, NEW.answer_role, NEW.answer_content, NEW.answer_meta, NEW.final_seq);
+END;

@@ -1,0 +1,388 @@
+//! The durable steps, one SQL file each, installed into the database when
+//! it opens.
+//!
+//! A step is one statement: an `INSERT` into a view whose `INSTEAD OF`
+//! trigger is the step (fence, check, write), because sqlx hands every
+//! statement to its connection's worker thread and back, and that round
+//! trip, not SQLite, is most of what a step costs. Each file holds the
+//! whole step: its view (the step's parameters), its trigger, and the batch
+//! view through which the writer sends many of the same step of one group
+//! transaction as one statement. The same steps on PostgreSQL are the
+//! functions of the same names in `turnstile-postgres`.
+//!
+//! The files are the only definition of the steps: migrations change
+//! tables, indexes and the invariant triggers, never a step. The database
+//! records the version of the step set it holds (`step_set`); opening it
+//! installs this build's set over an older one, in one `BEGIN IMMEDIATE`
+//! transaction that first reads the version again, so two processes of the
+//! same build never both install. A database whose step set is newer than
+//! this build's is refused for writing ([`Error::StepsTooNew`]), as a newer
+//! schema is.
+//!
+//! A refused step raises `RAISE(ABORT, 'turnstile: …')`: SQLite undoes that
+//! statement, and only it, and the transaction goes on. [`raised`] maps the
+//! message to its [`Raised`] refusal, here and nowhere else.
+
+use sqlx::SqliteConnection;
+
+use super::codec::{db, primary_code};
+use turnstile_core::Error;
+
+/// The version of the step set below. Any change to a step file bumps it
+/// (the test `step_set_digest_is_recorded_for_its_version` fails until the
+/// digest it records is updated with it).
+pub(super) const STEP_SET_VERSION: i64 = 1;
+
+/// Every step, by name: its SQL file's stem.
+const STEPS: [(&str, &str); 7] = [
+    ("conversation_open", include_str!("conversation_open.sql")),
+    ("claim", include_str!("claim.sql")),
+    ("recovery_claim", include_str!("recovery_claim.sql")),
+    ("turn_write", include_str!("turn_write.sql")),
+    ("tool_result", include_str!("tool_result.sql")),
+    ("commit", include_str!("commit.sql")),
+    ("abandon", include_str!("abandon.sql")),
+];
+
+/// A refusal raised by a step trigger (or by the tombstone triggers of the
+/// schema): SQLite undid the statement it was raised in, and only it; the
+/// transaction goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Raised {
+    /// The admission no longer names the writer's request, run and revision.
+    Fenced,
+    /// A claim of a request id the store knows already.
+    RequestExists,
+    /// A compare-and-swap on the admission found another revision or state.
+    AdmissionMoved,
+    /// A recovery claim refused: the run's latest checkpoint is in flight.
+    TurnInFlight,
+    /// A conversation or request of a deleted conversation's id (the
+    /// tombstone triggers of the schema).
+    Deleted,
+}
+
+/// The step refusal an error is, if it is one: `SQLITE_CONSTRAINT` with one
+/// of the exact messages the triggers raise. Anything else (a fault
+/// injected by another trigger, say) is an ordinary store error.
+pub(super) fn raised(error: &sqlx::Error) -> Option<Raised> {
+    const SQLITE_CONSTRAINT: i32 = 19;
+    if primary_code(error) != Some(SQLITE_CONSTRAINT) {
+        return None;
+    }
+    match error.as_database_error()?.message() {
+        "turnstile: fenced" => Some(Raised::Fenced),
+        "turnstile: request exists" => Some(Raised::RequestExists),
+        "turnstile: admission moved" => Some(Raised::AdmissionMoved),
+        "turnstile: turn in flight" => Some(Raised::TurnInFlight),
+        "turnstile: deleted" => Some(Raised::Deleted),
+        _ => None,
+    }
+}
+
+/// Before pending migrations run on a database that holds installed steps:
+/// drops them, so that a migration may change any table a step uses. A
+/// database whose schema predates `step_set` keeps its steps: its own
+/// migrations restate and finally drop them.
+pub(super) async fn drop_before_migrating(
+    conn: &mut SqliteConnection,
+    supported_schema: i64,
+) -> Result<(), Error> {
+    if !has_step_set(conn).await? {
+        return Ok(());
+    }
+    begin_immediate(conn).await?;
+    let dropped = drop_if_migrations_pending(conn, supported_schema).await;
+    end(conn, dropped).await
+}
+
+async fn drop_if_migrations_pending(
+    conn: &mut SqliteConnection,
+    supported_schema: i64,
+) -> Result<(), Error> {
+    // Read under the write lock: another opener of this build may have
+    // migrated and installed since the schema was checked.
+    let migrated = sqlx::query_scalar!(r#"SELECT MAX(version) AS "v: i64" FROM _sqlx_migrations"#)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read schema version"))?;
+    if migrated.unwrap_or(0) < supported_schema {
+        drop_views(conn).await?;
+        set_version(conn, 0).await?;
+    }
+    Ok(())
+}
+
+/// Installs this build's step set unless the database holds it already.
+/// `look_only`: the store only reads, so an older step set is left as it
+/// is and a newer one is no obstacle.
+pub(super) async fn install(conn: &mut SqliteConnection, look_only: bool) -> Result<(), Error> {
+    let held = version(conn).await?;
+    if held == STEP_SET_VERSION || look_only {
+        return Ok(());
+    }
+    if held > STEP_SET_VERSION {
+        return Err(too_new(held));
+    }
+    begin_immediate(conn).await?;
+    let installed = install_if_older(conn).await;
+    end(conn, installed).await
+}
+
+async fn install_if_older(conn: &mut SqliteConnection) -> Result<(), Error> {
+    // Read again under the write lock: another opener may have installed.
+    let held = version(conn).await?;
+    if held > STEP_SET_VERSION {
+        return Err(too_new(held));
+    }
+    if held < STEP_SET_VERSION {
+        drop_views(conn).await?;
+        // A failing step names itself (its file's stem).
+        for (name, sql) in STEPS {
+            sqlx::query(sql)
+                .execute(&mut *conn)
+                .await
+                .map_err(db(name))?;
+        }
+        set_version(conn, STEP_SET_VERSION).await?;
+    }
+    Ok(())
+}
+
+fn too_new(found: i64) -> Error {
+    Error::StepsTooNew {
+        found,
+        supported: STEP_SET_VERSION,
+    }
+}
+
+async fn begin_immediate(conn: &mut SqliteConnection) -> Result<(), Error> {
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .map_err(db("begin installing steps"))?;
+    Ok(())
+}
+
+/// Commits the transaction `begin_immediate` opened when its work
+/// succeeded, and rolls it back when it failed.
+async fn end(conn: &mut SqliteConnection, work: Result<(), Error>) -> Result<(), Error> {
+    match work {
+        Ok(()) => {
+            sqlx::query("COMMIT")
+                .execute(&mut *conn)
+                .await
+                .map_err(db("commit installed steps"))?;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    }
+}
+
+async fn has_step_set(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    let tables = sqlx::query_scalar!(
+        r#"SELECT COUNT(*) AS "n!: i64" FROM sqlite_master WHERE type = 'table' AND name = 'step_set'"#
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db("read step set"))?;
+    Ok(tables > 0)
+}
+
+async fn version(conn: &mut SqliteConnection) -> Result<i64, Error> {
+    sqlx::query_scalar!(r#"SELECT version AS "version!: i64" FROM step_set"#)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read step set"))
+}
+
+async fn set_version(conn: &mut SqliteConnection, version: i64) -> Result<(), Error> {
+    sqlx::query!("UPDATE step_set SET version = ?1", version)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("record step set"))?;
+    Ok(())
+}
+
+/// Drops the views of this step set (a view's trigger goes with it).
+async fn drop_views(conn: &mut SqliteConnection) -> Result<(), Error> {
+    // Collected first: no iterator of closures is held across an await (it
+    // would make the opening future lose `Send`).
+    let statements: Vec<String> = STEPS
+        .iter()
+        .flat_map(|(_, sql)| views(sql))
+        .map(|view| format!("DROP VIEW IF EXISTS {view}"))
+        .collect();
+    for statement in statements {
+        // A name from this build's own step files, never from input.
+        sqlx::query(&statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("drop step view"))?;
+    }
+    Ok(())
+}
+
+/// The views a step file creates.
+fn views(sql: &str) -> impl Iterator<Item = &str> {
+    sql.lines()
+        .filter_map(|line| line.strip_prefix("CREATE VIEW "))
+        .filter_map(|rest| rest.split_whitespace().next())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    /// The SHA-256 of the step files (in `STEPS` order) that
+    /// `STEP_SET_VERSION` stands for.
+    const RECORDED: (i64, &str) = (
+        1,
+        "dd689d7b493124eaaf344c100aac5bdd48bf324f0f7244ad3d879a78f466690b",
+    );
+
+    #[test]
+    fn step_set_digest_is_recorded_for_its_version() {
+        let mut digest = Sha256::new();
+        for (name, sql) in STEPS {
+            digest.update(name.as_bytes());
+            digest.update(sql.as_bytes());
+        }
+        let digest: String = digest
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            (STEP_SET_VERSION, digest.as_str()),
+            RECORDED,
+            "a step file changed: bump STEP_SET_VERSION and record the new digest in RECORDED"
+        );
+    }
+
+    /// A raw connection to a store's file, to read or tamper with it.
+    async fn raw(path: &std::path::Path) -> SqliteConnection {
+        use sqlx::ConnectOptions;
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn held(path: &std::path::Path) -> (i64, i64) {
+        let mut conn = raw(path).await;
+        let version = version(&mut conn).await.unwrap();
+        let views: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE type = 'view'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        (version, views)
+    }
+
+    fn all_views() -> i64 {
+        STEPS.iter().flat_map(|(_, sql)| views(sql)).count() as i64
+    }
+
+    #[tokio::test]
+    async fn an_older_step_set_is_replaced_when_a_store_opens_for_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steps.db");
+        crate::SqliteStore::open(&path)
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        assert_eq!(held(&path).await, (STEP_SET_VERSION, all_views()));
+
+        // An older set, and one of its steps gone.
+        let mut conn = raw(&path).await;
+        sqlx::query("DROP VIEW claims; UPDATE step_set SET version = 0")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        drop(conn);
+        let looking = crate::SqliteStore::open_with(
+            &path,
+            crate::SqliteOptions {
+                existing_only: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        looking.close().await.unwrap();
+        assert_eq!(
+            held(&path).await,
+            (0, all_views() - 1),
+            "a look writes nothing"
+        );
+
+        crate::SqliteStore::open(&path)
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        assert_eq!(held(&path).await, (STEP_SET_VERSION, all_views()));
+    }
+
+    #[tokio::test]
+    async fn a_newer_step_set_is_refused_for_writing_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steps.db");
+        crate::SqliteStore::open(&path)
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        let newer = STEP_SET_VERSION + 1;
+        let mut conn = raw(&path).await;
+        sqlx::query("UPDATE step_set SET version = ?1")
+            .bind(newer)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        drop(conn);
+
+        match crate::SqliteStore::open(&path).await {
+            Err(Error::StepsTooNew { found, supported }) => {
+                assert_eq!((found, supported), (newer, STEP_SET_VERSION));
+            }
+            other => panic!("expected StepsTooNew, got {other:?}"),
+        }
+        assert_eq!(held(&path).await, (newer, all_views()));
+        // Only looking at it is fine.
+        let looking = crate::SqliteStore::open_with(
+            &path,
+            crate::SqliteOptions {
+                existing_only: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        looking.close().await.unwrap();
+    }
+
+    #[test]
+    fn every_step_file_creates_its_views() {
+        for (name, sql) in STEPS {
+            let views: Vec<&str> = views(sql).collect();
+            assert!(!views.is_empty(), "{name}.sql creates no view");
+            assert!(
+                views
+                    .iter()
+                    .all(|v| sql.contains(&format!("INSTEAD OF INSERT ON {v}\n"))),
+                "{name}.sql: a view without its trigger: {views:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,86 @@
+-- The writes of a run's owner during its turns: a turn's write-ahead, the
+-- model's answer with its journaled tool calls, a turn's end with the next
+-- turn's write-ahead, a run's failure. Each part is optional (NULL: none).
+--
+-- A checkpoint row as JSON: {"turn", "phase", "input", "output",
+-- "cache_read", "cache_write", "tool_calls", "reports", "messages"}; a
+-- verification report: {"seq", "turn", "passed", "detail"}; a message: the
+-- store's message JSON (role and content become columns, the rest `meta`).
+CREATE VIEW turn_writes (
+    conversation_id, request_id, run_id, revision, now,
+    -- checkpoint rows to save (a row of the same turn is replaced whole)
+    checkpoints,
+    -- verification reports new in those checkpoints' turns
+    reports,
+    -- the turn the messages, calls and journal compaction belong to
+    turn,
+    -- messages appended at `first_seq`..
+    first_seq, messages,
+    -- tool calls to journal as requested
+    calls,
+    -- true: clear the turn's journaled arguments and results (they are
+    -- messages now)
+    compact,
+    -- the run failed with this error
+    failure
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER turn_write INSTEAD OF INSERT ON turn_writes
+BEGIN
+    -- Fence.
+    SELECT RAISE(ABORT, 'turnstile: fenced')
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+                        AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    -- Write. The admission takes the last row's usage and time (0004's trigger).
+    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    SELECT NEW.run_id, value ->> '$.turn', value ->> '$.phase', value ->> '$.input',
+        value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
+        value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', NEW.now
+    FROM json_each(NEW.checkpoints) ORDER BY key;
+    -- A write without a checkpoint is activity all the same.
+    UPDATE admissions SET updated_at = NEW.now
+    WHERE NEW.checkpoints IS NULL AND conversation_id = NEW.conversation_id;
+    INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
+    SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
+        value ->> '$.detail'
+    FROM json_each(NEW.reports) WHERE true
+    ON CONFLICT (request_id, seq) DO NOTHING;
+    INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
+    SELECT NEW.request_id, NEW.first_seq + key, NEW.run_id, NEW.turn, value ->> '$.role',
+        value ->> '$.content', NULLIF(json_remove(value, '$.role', '$.content'), '{}')
+    FROM json_each(NEW.messages);
+    INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name, arguments,
+        status, created_at)
+    SELECT NEW.request_id, NEW.turn, value ->> '$.id', key, NEW.run_id, value ->> '$.name',
+        value ->> '$.arguments', 'requested', NEW.now
+    FROM json_each(NEW.calls);
+    UPDATE tool_calls SET arguments = NULL, result = NULL
+    WHERE NEW.compact AND request_id = NEW.request_id AND turn = NEW.turn;
+    UPDATE runs SET status = 'failed', error = NEW.failure, ended_at = NEW.now
+    WHERE NEW.failure IS NOT NULL AND run_id = NEW.run_id;
+END;
+
+-- The turn writes of one group transaction as one statement (as claims
+-- are: `claim.sql`).
+CREATE VIEW turn_write_batches (
+    step, conversation_id, request_id, run_id, revision, now,
+    checkpoints, reports, turn, first_seq, messages, calls, compact, failure
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE 0;
+
+CREATE TRIGGER turn_write_batch INSTEAD OF INSERT ON turn_write_batches
+BEGIN
+    SELECT RAISE(IGNORE)
+    WHERE NOT EXISTS (SELECT 1 FROM admissions
+                      WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
+                        AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    INSERT INTO turn_writes (conversation_id, request_id, run_id, revision, now,
+        checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
+    VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.revision, NEW.now,
+        NEW.checkpoints, NEW.reports, NEW.turn, NEW.first_seq, NEW.messages, NEW.calls,
+        NEW.compact, NEW.failure);
+END;
