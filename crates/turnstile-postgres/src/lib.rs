@@ -25,6 +25,8 @@ mod meta;
 mod ops;
 mod reads;
 mod retry;
+#[cfg(test)]
+mod schema_sql;
 mod summaries;
 mod turns;
 

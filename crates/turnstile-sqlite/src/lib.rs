@@ -25,6 +25,8 @@ mod open;
 mod ops;
 mod read_connections;
 mod reads;
+#[cfg(test)]
+mod schema_sql;
 mod step_columns;
 mod steps;
 mod summaries;

@@ -184,6 +184,55 @@ impl Server {
         run_psql(&url, sql).unwrap_or_else(|error| panic!("psql on {url}: {sql}: {error}"))
     }
 
+    /// The schema of database `database` as `pg_dump --schema-only` writes it
+    /// (no owners, no privileges, sqlx's migration table left out), with
+    /// the lines that name the server's or pg_dump's version and pg_dump's
+    /// per-dump random key removed, so that two dumps of the same schema
+    /// compare equal.
+    ///
+    /// # Panics
+    ///
+    /// If pg_dump fails, with its stderr.
+    pub fn schema_dump(&self, database: &str) -> String {
+        let url = url_with_database(&self.url, database);
+        let bundled = Path::new(BIN_DIR).join("pg_dump");
+        let program = if bundled.is_file() {
+            bundled
+        } else {
+            PathBuf::from("pg_dump")
+        };
+        let output = Command::new(&program)
+            .args([
+                "--schema-only",
+                "--no-owner",
+                "--no-privileges",
+                "--exclude-table=_sqlx_migrations",
+                "-d",
+                &url,
+            ])
+            .env("PGCONNECT_TIMEOUT", "10")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|error| panic!("running {}: {error}", program.display()));
+        assert!(
+            output.status.success(),
+            "pg_dump of {url} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            // pg_dump's version, and the random key of its `\restrict`
+            // guard (new in each dump).
+            .filter(|line| {
+                !line.starts_with("-- Dumped ")
+                    && !line.starts_with("\\restrict ")
+                    && !line.starts_with("\\unrestrict ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// `psql` against the server's own database (`postgres`, or the env URL's).
     fn psql_admin(&self, sql: &str) -> String {
         run_psql(&self.url, sql)

@@ -1,0 +1,606 @@
+-- The current schema of a turnstile PostgreSQL database, as pg_dump writes a
+-- freshly migrated one (written by the test `schema_sql`; do not edit by hand).
+-- Migrations under migrations/ change it.
+--
+-- PostgreSQL database dump
+--
+
+
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: lease_follows_owner(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.lease_follows_owner() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.revision <> OLD.revision THEN
+        NEW.lease_expires_at := NULL;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+
+--
+-- Name: turnstile_refuse_deleted_conversation(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.turnstile_refuse_deleted_conversation() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM deleted_conversations WHERE conversation_id = NEW.conversation_id) THEN
+        RAISE EXCEPTION 'turnstile: deleted' USING ERRCODE = 'P0001';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: admissions; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.admissions (
+    conversation_id uuid NOT NULL,
+    revision bigint NOT NULL,
+    active_request_id uuid,
+    input_sha256 bytea,
+    run_id uuid,
+    agent_fingerprint text,
+    input_tokens bigint DEFAULT 0 NOT NULL,
+    output_tokens bigint DEFAULT 0 NOT NULL,
+    cache_read_tokens bigint DEFAULT 0 NOT NULL,
+    cache_write_tokens bigint DEFAULT 0 NOT NULL,
+    summary_passes bigint DEFAULT 0 NOT NULL,
+    summary_from_seq bigint,
+    summary_through_seq bigint,
+    summary_version bigint,
+    summary_prompt_sha256 bytea,
+    updated_at bigint NOT NULL,
+    lease_expires_at bigint
+);
+
+
+--
+-- Name: approvals; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.approvals (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    turn bigint NOT NULL,
+    "position" bigint NOT NULL,
+    run_id uuid NOT NULL,
+    status text NOT NULL,
+    reason bytea,
+    requested_at bigint NOT NULL,
+    decided_at bigint,
+    decided_by uuid,
+    decided_revision bigint,
+    CONSTRAINT approvals_status_check CHECK ((status = ANY (ARRAY['awaiting'::text, 'approved'::text, 'rejected'::text])))
+);
+
+
+--
+-- Name: conversations; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.conversations (
+    conversation_id uuid NOT NULL,
+    namespace text NOT NULL,
+    version bigint DEFAULT 0 NOT NULL,
+    created_at bigint NOT NULL,
+    title text,
+    owner text,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    meta_version bigint DEFAULT 0 NOT NULL,
+    meta_updated_at bigint,
+    meta_updated_by uuid
+);
+
+
+--
+-- Name: deleted_conversations; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.deleted_conversations (
+    conversation_id uuid NOT NULL,
+    namespace text NOT NULL,
+    deleted_at bigint NOT NULL,
+    deleted_by uuid NOT NULL,
+    counts bigint[] NOT NULL
+);
+
+
+--
+-- Name: deleted_runs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.deleted_runs (
+    conversation_id uuid NOT NULL,
+    run_id uuid NOT NULL
+);
+
+
+--
+-- Name: loop_checkpoints; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.loop_checkpoints (
+    conversation_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    turn bigint NOT NULL,
+    phase text NOT NULL,
+    input_tokens bigint NOT NULL,
+    output_tokens bigint NOT NULL,
+    cache_read_tokens bigint NOT NULL,
+    cache_write_tokens bigint NOT NULL,
+    tool_calls_count bigint NOT NULL,
+    reports_count bigint NOT NULL,
+    message_count bigint NOT NULL,
+    created_at bigint NOT NULL
+);
+
+
+--
+-- Name: request_ids; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.request_ids (
+    request_id uuid NOT NULL,
+    conversation_id uuid NOT NULL
+);
+
+
+--
+-- Name: requests; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.requests (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    input_sha256 bytea NOT NULL,
+    status text NOT NULL,
+    committed_run_id uuid,
+    conversation_version bigint,
+    first_seq bigint,
+    end_seq bigint,
+    created_at bigint NOT NULL,
+    completed_at bigint,
+    abandoned_by uuid,
+    deadline_at bigint,
+    CONSTRAINT requests_status_check CHECK ((status = ANY (ARRAY['active'::text, 'completed'::text, 'abandoned'::text])))
+);
+
+
+--
+-- Name: run_messages; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.run_messages (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    run_id uuid NOT NULL,
+    turn bigint NOT NULL,
+    role text NOT NULL,
+    content bytea NOT NULL,
+    meta text
+);
+
+
+--
+-- Name: runs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.runs (
+    conversation_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    resumed_from uuid,
+    status text NOT NULL,
+    error bytea,
+    started_at bigint NOT NULL,
+    ended_at bigint,
+    agent_fingerprint text,
+    replaced_fingerprint text,
+    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'superseded'::text, 'abandoned'::text])))
+);
+
+
+--
+-- Name: summaries; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.summaries (
+    conversation_id uuid NOT NULL,
+    through_seq bigint NOT NULL,
+    id bigint NOT NULL,
+    from_seq bigint NOT NULL,
+    content bytea NOT NULL,
+    made_from_version bigint NOT NULL,
+    request_id uuid NOT NULL,
+    input_tokens bigint NOT NULL,
+    output_tokens bigint NOT NULL,
+    cache_read_tokens bigint NOT NULL,
+    cache_write_tokens bigint NOT NULL,
+    created_at bigint NOT NULL
+);
+
+
+--
+-- Name: summaries_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.summaries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.summaries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: tool_calls; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.tool_calls (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    turn bigint NOT NULL,
+    call_id bytea NOT NULL,
+    "position" bigint NOT NULL,
+    run_id uuid NOT NULL,
+    name bytea NOT NULL,
+    arguments bytea,
+    status text NOT NULL,
+    result bytea,
+    created_at bigint NOT NULL,
+    completed_at bigint,
+    CONSTRAINT tool_calls_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: transcript; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.transcript (
+    conversation_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    request_id uuid NOT NULL,
+    role text NOT NULL,
+    content bytea NOT NULL,
+    meta text
+);
+
+
+--
+-- Name: verification_reports; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.verification_reports (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    turn bigint NOT NULL,
+    passed boolean NOT NULL,
+    detail bytea NOT NULL
+);
+
+
+--
+-- Name: admissions admissions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.admissions
+    ADD CONSTRAINT admissions_pkey PRIMARY KEY (conversation_id);
+
+
+--
+-- Name: approvals approvals_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_pkey PRIMARY KEY (conversation_id, request_id, turn, "position");
+
+
+--
+-- Name: conversations conversations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.conversations
+    ADD CONSTRAINT conversations_pkey PRIMARY KEY (conversation_id);
+
+
+--
+-- Name: deleted_conversations deleted_conversations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.deleted_conversations
+    ADD CONSTRAINT deleted_conversations_pkey PRIMARY KEY (conversation_id);
+
+
+--
+-- Name: deleted_runs deleted_runs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.deleted_runs
+    ADD CONSTRAINT deleted_runs_pkey PRIMARY KEY (conversation_id, run_id);
+
+
+--
+-- Name: loop_checkpoints loop_checkpoints_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.loop_checkpoints
+    ADD CONSTRAINT loop_checkpoints_pkey PRIMARY KEY (conversation_id, run_id, turn);
+
+
+--
+-- Name: request_ids request_ids_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.request_ids
+    ADD CONSTRAINT request_ids_pkey PRIMARY KEY (request_id);
+
+
+--
+-- Name: requests requests_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.requests
+    ADD CONSTRAINT requests_pkey PRIMARY KEY (conversation_id, request_id);
+
+
+--
+-- Name: run_messages run_messages_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.run_messages
+    ADD CONSTRAINT run_messages_pkey PRIMARY KEY (conversation_id, request_id, seq);
+
+
+--
+-- Name: runs runs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (conversation_id, run_id);
+
+
+--
+-- Name: summaries summaries_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.summaries
+    ADD CONSTRAINT summaries_pkey PRIMARY KEY (conversation_id, through_seq);
+
+
+--
+-- Name: tool_calls tool_calls_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tool_calls
+    ADD CONSTRAINT tool_calls_pkey PRIMARY KEY (conversation_id, request_id, turn, "position");
+
+
+--
+-- Name: transcript transcript_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.transcript
+    ADD CONSTRAINT transcript_pkey PRIMARY KEY (conversation_id, seq);
+
+
+--
+-- Name: verification_reports verification_reports_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.verification_reports
+    ADD CONSTRAINT verification_reports_pkey PRIMARY KEY (conversation_id, request_id, seq);
+
+
+--
+-- Name: admissions_held; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX admissions_held ON public.admissions USING btree (active_request_id) WHERE (active_request_id IS NOT NULL);
+
+
+--
+-- Name: admissions_leased; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX admissions_leased ON public.admissions USING btree (lease_expires_at) WHERE ((lease_expires_at IS NOT NULL) AND (active_request_id IS NOT NULL));
+
+
+--
+-- Name: approvals_awaiting; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX approvals_awaiting ON public.approvals USING btree (requested_at) WHERE (status = 'awaiting'::text);
+
+
+--
+-- Name: conversations_by_namespace; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX conversations_by_namespace ON public.conversations USING btree (namespace, created_at);
+
+
+--
+-- Name: conversations_newest; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX conversations_newest ON public.conversations USING btree (created_at, conversation_id);
+
+
+--
+-- Name: deleted_runs_by_run_id; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX deleted_runs_by_run_id ON public.deleted_runs USING btree (run_id);
+
+
+--
+-- Name: request_ids_by_conversation; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX request_ids_by_conversation ON public.request_ids USING btree (conversation_id);
+
+
+--
+-- Name: requests_by_conversation; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX requests_by_conversation ON public.requests USING btree (conversation_id, created_at);
+
+
+--
+-- Name: requests_by_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX requests_by_created ON public.requests USING btree (created_at);
+
+
+--
+-- Name: runs_by_request; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX runs_by_request ON public.runs USING btree (conversation_id, request_id);
+
+
+--
+-- Name: runs_by_run_id; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX runs_by_run_id ON public.runs USING btree (run_id);
+
+
+--
+-- Name: tool_calls_by_call_id; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX tool_calls_by_call_id ON public.tool_calls USING btree (conversation_id, request_id, turn, sha256(call_id));
+
+
+--
+-- Name: conversations conversation_not_deleted; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER conversation_not_deleted AFTER INSERT ON public.conversations FOR EACH ROW EXECUTE FUNCTION public.turnstile_refuse_deleted_conversation();
+
+
+--
+-- Name: admissions lease_follows_owner; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER lease_follows_owner BEFORE UPDATE OF revision ON public.admissions FOR EACH ROW EXECUTE FUNCTION public.lease_follows_owner();
+
+
+--
+-- Name: admissions admissions_conversation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.admissions
+    ADD CONSTRAINT admissions_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
+
+--
+-- Name: approvals approvals_conversation_id_request_id_turn_position_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_conversation_id_request_id_turn_position_fkey FOREIGN KEY (conversation_id, request_id, turn, "position") REFERENCES public.tool_calls(conversation_id, request_id, turn, "position") ON DELETE CASCADE;
+
+
+--
+-- Name: loop_checkpoints loop_checkpoints_conversation_id_run_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.loop_checkpoints
+    ADD CONSTRAINT loop_checkpoints_conversation_id_run_id_fkey FOREIGN KEY (conversation_id, run_id) REFERENCES public.runs(conversation_id, run_id) ON DELETE CASCADE;
+
+
+--
+-- Name: requests requests_conversation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.requests
+    ADD CONSTRAINT requests_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
+
+--
+-- Name: run_messages run_messages_conversation_id_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.run_messages
+    ADD CONSTRAINT run_messages_conversation_id_request_id_fkey FOREIGN KEY (conversation_id, request_id) REFERENCES public.requests(conversation_id, request_id) ON DELETE CASCADE;
+
+
+--
+-- Name: runs runs_conversation_id_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_conversation_id_request_id_fkey FOREIGN KEY (conversation_id, request_id) REFERENCES public.requests(conversation_id, request_id) ON DELETE CASCADE;
+
+
+--
+-- Name: summaries summaries_conversation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.summaries
+    ADD CONSTRAINT summaries_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
+
+--
+-- Name: tool_calls tool_calls_conversation_id_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tool_calls
+    ADD CONSTRAINT tool_calls_conversation_id_request_id_fkey FOREIGN KEY (conversation_id, request_id) REFERENCES public.requests(conversation_id, request_id) ON DELETE CASCADE;
+
+
+--
+-- Name: transcript transcript_conversation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.transcript
+    ADD CONSTRAINT transcript_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
+
+--
+-- Name: verification_reports verification_reports_conversation_id_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.verification_reports
+    ADD CONSTRAINT verification_reports_conversation_id_request_id_fkey FOREIGN KEY (conversation_id, request_id) REFERENCES public.requests(conversation_id, request_id) ON DELETE CASCADE;
+
+
+--
+-- PostgreSQL database dump complete
+--
+
+

@@ -1,0 +1,220 @@
+-- The current schema of a turnstile SQLite database, as a freshly migrated
+-- database holds it (written by the test `schema_sql`; do not edit by hand).
+-- Migrations under migrations/ change it; the durable steps, views with
+-- their INSTEAD OF triggers, are installed from src/steps/ when a store opens.
+
+CREATE TABLE conversations (
+    id          BLOB PRIMARY KEY NOT NULL,
+    namespace   TEXT NOT NULL,
+    -- +1 per committed request.
+    version     INTEGER NOT NULL DEFAULT 0,
+    created_at  INTEGER NOT NULL
+, title TEXT, owner TEXT, metadata TEXT NOT NULL DEFAULT '{}', meta_version INTEGER NOT NULL DEFAULT 0, meta_updated_at INTEGER) WITHOUT ROWID;
+
+CREATE TABLE admissions (
+    conversation_id    BLOB PRIMARY KEY NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    revision           INTEGER NOT NULL,
+    active_request_id  BLOB,
+    input_sha256       BLOB,
+    run_id             BLOB,
+    agent_fingerprint  TEXT,
+    -- Latest persisted usage of the active request (what `recovery_usage` reports).
+    input_tokens       INTEGER NOT NULL DEFAULT 0,
+    output_tokens      INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    updated_at         INTEGER NOT NULL
+, summary_passes INTEGER NOT NULL DEFAULT 0, summary_from_seq INTEGER, summary_through_seq INTEGER, summary_version INTEGER, summary_prompt_sha256 BLOB, lease_expires_at INTEGER) WITHOUT ROWID;
+
+CREATE TABLE requests (
+    request_id            BLOB PRIMARY KEY NOT NULL,
+    conversation_id       BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    input_sha256          BLOB NOT NULL,
+    status                TEXT NOT NULL CHECK (status IN ('active', 'completed', 'abandoned')),
+    committed_run_id      BLOB,
+    conversation_version  INTEGER,
+    first_seq             INTEGER,
+    end_seq               INTEGER,
+    created_at            INTEGER NOT NULL,
+    completed_at          INTEGER
+, deadline_at INTEGER) WITHOUT ROWID;
+
+CREATE TABLE runs (
+    run_id        BLOB PRIMARY KEY NOT NULL,
+    request_id    BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    resumed_from  BLOB,
+    status        TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'superseded', 'abandoned')),
+    error         TEXT,
+    started_at    INTEGER NOT NULL,
+    ended_at      INTEGER
+, agent_fingerprint TEXT, replaced_fingerprint TEXT) WITHOUT ROWID;
+
+CREATE TABLE run_messages (
+    request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    run_id      BLOB NOT NULL,
+    turn        INTEGER NOT NULL,
+    role        TEXT NOT NULL,
+    content     TEXT NOT NULL,
+    meta        TEXT,
+    UNIQUE (request_id, seq)
+);
+
+CREATE TABLE loop_checkpoints (
+    run_id              BLOB NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    turn                INTEGER NOT NULL,
+    phase               TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    cache_read_tokens   INTEGER NOT NULL,
+    cache_write_tokens  INTEGER NOT NULL,
+    tool_calls_count    INTEGER NOT NULL,
+    -- The request's first `reports_count` verification reports.
+    reports_count       INTEGER NOT NULL,
+    message_count       INTEGER NOT NULL,
+    created_at          INTEGER NOT NULL,
+    PRIMARY KEY (run_id, turn)
+) WITHOUT ROWID;
+
+CREATE TABLE verification_reports (
+    request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    turn        INTEGER NOT NULL,
+    passed      INTEGER NOT NULL,
+    detail      TEXT NOT NULL,
+    PRIMARY KEY (request_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE tool_calls (
+    request_id    BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    turn          INTEGER NOT NULL,
+    call_id       TEXT NOT NULL,
+    position      INTEGER NOT NULL,
+    run_id        BLOB NOT NULL,
+    name          TEXT NOT NULL,
+    arguments     TEXT,
+    status        TEXT NOT NULL CHECK (status IN ('requested', 'completed', 'failed')),
+    result        TEXT,
+    created_at    INTEGER NOT NULL,
+    completed_at  INTEGER,
+    PRIMARY KEY (request_id, turn, call_id)
+) WITHOUT ROWID;
+
+CREATE TABLE transcript (
+    conversation_id  BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    seq              INTEGER NOT NULL,
+    request_id       BLOB NOT NULL,
+    role             TEXT NOT NULL,
+    content          TEXT NOT NULL,
+    meta             TEXT,
+    UNIQUE (conversation_id, seq)
+);
+
+CREATE INDEX requests_by_conversation ON requests (conversation_id, created_at);
+
+CREATE INDEX runs_by_request ON runs (request_id);
+
+CREATE INDEX conversations_by_namespace ON conversations (namespace, created_at);
+
+CREATE TABLE summaries (
+    id                  INTEGER PRIMARY KEY,
+    conversation_id     BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    from_seq            INTEGER NOT NULL,
+    through_seq         INTEGER NOT NULL,
+    content             TEXT NOT NULL,
+    -- The conversation version (committed requests) the pass read.
+    made_from_version   INTEGER NOT NULL,
+    -- The request whose pass made it (not a foreign key: a summary belongs to
+    -- the conversation and outlives the request), and what the pass cost.
+    request_id          BLOB NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    cache_read_tokens   INTEGER NOT NULL,
+    cache_write_tokens  INTEGER NOT NULL,
+    created_at          INTEGER NOT NULL,
+    UNIQUE (conversation_id, through_seq)
+);
+
+CREATE TRIGGER checkpoint_reaches_admission AFTER INSERT ON loop_checkpoints
+BEGIN
+    UPDATE admissions
+    SET input_tokens = NEW.input_tokens, output_tokens = NEW.output_tokens,
+        cache_read_tokens = NEW.cache_read_tokens, cache_write_tokens = NEW.cache_write_tokens,
+        updated_at = NEW.created_at
+    WHERE conversation_id = (SELECT q.conversation_id FROM runs r
+                             JOIN requests q ON q.request_id = r.request_id
+                             WHERE r.run_id = NEW.run_id)
+      AND run_id = NEW.run_id;
+END;
+
+CREATE TRIGGER tool_result_reaches_admission AFTER UPDATE OF status ON tool_calls
+WHEN NEW.completed_at IS NOT NULL
+BEGIN
+    UPDATE admissions SET updated_at = NEW.completed_at
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id)
+      AND active_request_id = NEW.request_id;
+END;
+
+CREATE TABLE approvals (
+    request_id    BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    turn          INTEGER NOT NULL,
+    call_id       TEXT NOT NULL,
+    -- The run that stopped to ask.
+    run_id        BLOB NOT NULL,
+    status        TEXT NOT NULL CHECK (status IN ('awaiting', 'approved', 'rejected')),
+    reason        TEXT,
+    requested_at  INTEGER NOT NULL,
+    decided_at    INTEGER,
+    PRIMARY KEY (request_id, turn, call_id)
+) WITHOUT ROWID;
+
+CREATE INDEX approvals_awaiting ON approvals (requested_at) WHERE status = 'awaiting';
+
+CREATE INDEX conversations_newest ON conversations (created_at, id);
+
+CREATE TABLE deleted_conversations (
+    id          BLOB PRIMARY KEY NOT NULL,
+    namespace   TEXT NOT NULL,
+    deleted_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE deleted_requests (
+    request_id       BLOB PRIMARY KEY NOT NULL,
+    conversation_id  BLOB NOT NULL
+) WITHOUT ROWID;
+
+CREATE TRIGGER conversation_not_deleted BEFORE INSERT ON conversations
+WHEN EXISTS (SELECT 1 FROM deleted_conversations WHERE id = NEW.id)
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: deleted');
+END;
+
+CREATE TRIGGER request_not_deleted BEFORE INSERT ON requests
+WHEN EXISTS (SELECT 1 FROM deleted_requests WHERE request_id = NEW.request_id)
+   OR EXISTS (SELECT 1 FROM deleted_conversations WHERE id = NEW.conversation_id)
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: deleted');
+END;
+
+CREATE TRIGGER lease_follows_owner AFTER UPDATE OF revision ON admissions
+WHEN NEW.revision <> OLD.revision AND NEW.lease_expires_at IS NOT NULL
+BEGIN
+    UPDATE admissions SET lease_expires_at = NULL
+    WHERE conversation_id = NEW.conversation_id;
+END;
+
+CREATE INDEX admissions_leased ON admissions (lease_expires_at)
+    WHERE lease_expires_at IS NOT NULL AND active_request_id IS NOT NULL;
+
+CREATE TABLE deleted_runs (
+    run_id           BLOB PRIMARY KEY NOT NULL,
+    conversation_id  BLOB NOT NULL
+) WITHOUT ROWID;
+
+CREATE INDEX admissions_held ON admissions (active_request_id)
+    WHERE active_request_id IS NOT NULL;
+
+CREATE TABLE step_set (
+    version  INTEGER NOT NULL
+);
