@@ -100,7 +100,7 @@ async fn delete_exits_5_on_a_stale_version_3_while_held_4_when_unknown_or_delete
 
     // A request holds it.
     let id: ConversationId = conversation.parse().unwrap();
-    let revision = {
+    let (revision, held_request, held_run) = {
         let store = open(&db).await;
         let admission = store.admission(id).await.unwrap();
         let claim = NewRequest {
@@ -118,7 +118,7 @@ async fn delete_exits_5_on_a_stale_version_3_while_held_4_when_unknown_or_delete
             panic!("not admitted");
         };
         turnstile::StoreAdmin::close(&store).await.unwrap();
-        fence.revision
+        (fence.revision, fence.request_id, fence.run_id)
     };
     let run = turnstile(&["delete", &conversation, "--db", db_arg, "--version", "1"]);
     run.assert_error(3, "busy");
@@ -162,6 +162,35 @@ async fn delete_exits_5_on_a_stale_version_3_while_held_4_when_unknown_or_delete
     assert!(
         matches!(deleted, Err(turnstile::Error::Deleted { .. })),
         "{deleted:?}"
+    );
+    turnstile::StoreAdmin::close(&store).await.unwrap();
+
+    // Its runs and request ids answer "deleted" everywhere: the checkpoints
+    // of one of its runs, and a run of one of its request ids in another,
+    // new conversation, which is not created.
+    let run = turnstile(&["checkpoints", &held_run.to_string(), "--db", db_arg]);
+    run.assert_error(4, "was deleted");
+    let fresh = uuid();
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db_arg,
+        "--conversation",
+        &fresh,
+        "--request",
+        &held_request.to_string(),
+        "--model",
+        &scripted(&add_script(dir.path())),
+        "held",
+    ]);
+    run.assert_error(4, "was deleted");
+    let store = open(&db).await;
+    let created = store
+        .conversation(&Namespace::new("default").unwrap(), fresh.parse().unwrap())
+        .await;
+    assert!(
+        matches!(created, Err(turnstile::Error::NotFound { .. })),
+        "{created:?}"
     );
 }
 

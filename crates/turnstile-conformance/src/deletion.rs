@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnstile_core::admin::PruneOptions;
+use turnstile_core::agent::{ScriptedModel, ScriptedReply};
 use turnstile_core::store::{ClaimOutcome, Fence, SummaryCommit, SummaryPass, ToolResult};
 use turnstile_core::{
-    CheckpointPhase, ConversationId, Error, Message, Namespace, RequestId, Revision, RunId, Usage,
+    Agent, AgentSession, CheckpointPhase, ContextPolicy, ConversationId, Error, Message, Namespace,
+    RequestId, Revision, RunContext, RunId, Usage,
 };
 
 use crate::activity::SharedAdmin;
@@ -182,6 +184,50 @@ pub async fn run_ids_of_a_deleted_conversation_answer_deleted_and_pruned_ones_ar
         store.run(committing).await?.is_some(),
         "another conversation's"
     );
+    Ok(())
+}
+
+/// A request id of a deleted conversation, sent to a conversation that does
+/// not exist yet, is refused before anything is written: the read a claim
+/// starts from answers `Deleted`, and a session's request is refused with
+/// it, creating no conversation.
+pub async fn a_deleted_request_id_in_a_new_conversation_is_refused_and_creates_nothing(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let (fence, _) = complete_request(&*store, conversation, "question", 0, "answer").await?;
+    store
+        .delete_conversation(&ns(), conversation, 1, None)
+        .await?;
+
+    let fresh = ConversationId::new();
+    assert_deleted(
+        store
+            .claim_context(&ns(), fresh, fence.request_id, Some(10))
+            .await,
+        conversation,
+        "the claim context of a deleted request id",
+    );
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedReply::text("never")]));
+    let session = AgentSession::new(
+        Agent::new(model.clone()),
+        store.clone(),
+        fresh,
+        ns(),
+        ContextPolicy::default(),
+    );
+    assert_deleted(
+        session
+            .run(fence.request_id, "question", RunContext::default())
+            .await,
+        conversation,
+        "a session's request with a deleted request id",
+    );
+    assert_eq!(model.calls(), 0, "no model work");
+    match store.conversation(&ns(), fresh).await {
+        Err(Error::NotFound { .. }) => {}
+        other => panic!("the new conversation was created: {other:?}"),
+    }
     Ok(())
 }
 

@@ -98,6 +98,7 @@ macro_rules! suite {
     retention_policy::the_retention_task_applies_its_policy_on_a_timer_until_stopped,
     deletion::delete_removes_every_row_and_leaves_tombstones_of_the_id_and_its_requests,
     deletion::run_ids_of_a_deleted_conversation_answer_deleted_and_pruned_ones_are_unknown,
+    deletion::a_deleted_request_id_in_a_new_conversation_is_refused_and_creates_nothing,
     deletion::a_refused_delete_changes_nothing,
     deletion::owner_writes_after_a_delete_are_fenced_and_resurrect_nothing,
     deletion::a_claim_racing_a_delete_either_wins_whole,

@@ -465,9 +465,20 @@ pub(crate) async fn load_claim_context(
         _ => None,
     };
     if first.known_request.is_some() {
+        let request = load_request(conn, request_id).await?;
+        // A known id with no request row is a tombstone of a deleted
+        // conversation: refused here, before the claim's caller creates a
+        // conversation for it (a refusal writes nothing).
+        if request.is_none() {
+            if let Some(conversation_id) =
+                super::deletion::deleted_request(conn, request_id).await?
+            {
+                return Err(Error::Deleted { conversation_id });
+            }
+        }
         return Ok(ClaimContext {
             conversation,
-            request: load_request(conn, request_id).await?,
+            request,
             admission: None,
             window: Vec::new(),
         });

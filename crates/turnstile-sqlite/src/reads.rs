@@ -570,6 +570,17 @@ pub(super) async fn load_claim_context(
         }
         _ => None,
     };
+    if found.is_none() && request.is_none() {
+        // A request id of a deleted conversation, for a conversation that
+        // does not exist yet: refused here, before the claim's caller
+        // creates the conversation (a refusal writes nothing). Read only
+        // for a conversation's first request.
+        if let Some(conversation_id) =
+            super::deletion::deleted_request(&mut conn, request_id).await?
+        {
+            return Err(Error::Deleted { conversation_id });
+        }
+    }
     if found.is_none() || request.is_some() {
         return Ok(ClaimContext {
             conversation: found,

@@ -78,6 +78,11 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`Error::NamespaceMismatch`] if the conversation belongs to another
     /// namespace, whatever the request: a replay must not cross it.
+    /// [`Error::Deleted`] if the request id is one of a deleted
+    /// conversation's and `conversation_id` does not exist yet, so that a
+    /// session refuses the request before it creates the conversation (the
+    /// default implementation cannot tell: a backend that keeps tombstones
+    /// overrides it).
     async fn claim_context(
         &self,
         namespace: &Namespace,

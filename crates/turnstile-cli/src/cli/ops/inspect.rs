@@ -239,6 +239,9 @@ pub(in crate::cli) async fn checkpoints(
 ) -> Result<(), CliError> {
     let store = open_store(&args.db, Access::Read).await?;
     let result = async {
+        // The run's own record first: a run of a deleted conversation
+        // answers that it was deleted, as `resume` of it does.
+        let record = store.run(args.run).await?;
         let run = store
             .run_summary(args.run, STALE_AFTER)
             .await?
@@ -247,7 +250,6 @@ pub(in crate::cli) async fn checkpoints(
                 id: args.run.to_string(),
             })?;
         let rows = store.checkpoints(args.run).await?;
-        let record = store.run(args.run).await?;
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         if json {
             let shown = RunCheckpoints {
