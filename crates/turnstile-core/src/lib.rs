@@ -38,6 +38,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod backend;
 pub mod checkpoint;
 mod error;
 pub mod events;

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::{AgentSession, ResumePolicy};
 use crate::agent::RunContext;
+use crate::backend::now_ms;
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::store::columns::now_ms;
 use crate::store::{ExpiredLease, Fence, Store};
 
 /// How often a live owner renews its lease, and for how long each renewal

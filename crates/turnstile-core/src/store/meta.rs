@@ -13,9 +13,9 @@ use std::str::FromStr;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::backend::metadata_json;
 use crate::error::Error;
 use crate::ids::ConversationId;
-use crate::store::columns::Row;
 
 /// The most bytes a title may have (UTF-8; at least one).
 pub const MAX_TITLE_BYTES: usize = 256;
@@ -174,23 +174,6 @@ pub fn check_filter_value(value: &Value) -> Result<(), Error> {
         _ => Err(invalid(
             "a metadata filter matches a string, an integer (64-bit signed), a boolean or null",
         )),
-    }
-}
-
-/// The metadata as stored: compact JSON.
-pub fn metadata_json(metadata: &Metadata) -> String {
-    // A map of JSON values always serializes.
-    serde_json::to_string(metadata).unwrap_or_else(|_| "{}".to_owned())
-}
-
-/// Stored metadata text back to the object.
-///
-/// # Errors
-/// [`Error::Corrupt`] unless it is a JSON object.
-pub fn decode_metadata(row: &Row<'_>, text: &str) -> Result<Metadata, Error> {
-    match serde_json::from_str(text) {
-        Ok(Value::Object(map)) => Ok(map),
-        _ => Err(row.corrupt("metadata is not a JSON object")),
     }
 }
 

@@ -7,7 +7,6 @@
 //! same contract.
 
 mod approvals;
-pub mod columns;
 mod deletion;
 mod leases;
 pub mod meta;
@@ -21,7 +20,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, PendingApproval, Verdict,
     MAX_REJECTION_REASON_BYTES,
 };
-pub use deletion::{check_delete, check_fork_cut, missing_conversation, DeleteReport, ForkOutcome};
+pub use deletion::{DeleteReport, ForkOutcome};
 pub use leases::ExpiredLease;
 pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{

@@ -10,9 +10,7 @@ use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
 use crate::message::{Message, Usage, VerificationReport};
-use crate::store::{
-    ActiveAdmission, Admission, ApprovalDecision, Fence, InputHash, SummaryPass, SummaryProgress,
-};
+use crate::store::{ActiveAdmission, Admission, InputHash, Metadata, SummaryPass, SummaryProgress};
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -231,85 +229,21 @@ fn pending_pass(
     }
 }
 
-/// What a failed compare-and-swap on the admission wanted: an idle one (a
-/// claim) or an active one (a recovery claim, an abandon).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wanted {
-    Idle,
-    Active,
+/// The metadata as stored: compact JSON.
+pub fn metadata_json(metadata: &Metadata) -> String {
+    // A map of JSON values always serializes.
+    serde_json::to_string(metadata).unwrap_or_else(|_| "{}".to_owned())
 }
 
-/// Why a compare-and-swap on the admission matched no row, given the
-/// admission as it is now: `Busy` (another request holds it, or this one at
-/// the expected revision), `NotActive` (nothing to take over), or
-/// `Conflict` (the revision moved).
-pub fn cas_refusal(
-    admission: Admission,
-    wanted: Wanted,
-    request_id: RequestId,
-    expected: Revision,
-) -> Error {
-    let conversation_id = admission.conversation_id;
-    match admission.active {
-        None if wanted == Wanted::Active => Error::NotActive { request_id },
-        Some(active) if active.request_id != request_id || admission.revision == expected => {
-            Error::Busy {
-                conversation_id,
-                request_id: active.request_id,
-                revision: admission.revision,
-            }
-        }
-        _ => Error::Conflict {
-            conversation_id,
-            expected,
-            actual: admission.revision,
-        },
+/// Stored metadata text back to the object.
+///
+/// # Errors
+/// [`Error::Corrupt`] unless it is a JSON object.
+pub fn decode_metadata(row: &Row<'_>, text: &str) -> Result<Metadata, Error> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => Err(row.corrupt("metadata is not a JSON object")),
     }
-}
-
-/// Why a decision on an approval matched no awaiting call, given the
-/// admission as it is now and whether its run has stopped: `NotActive` (the
-/// request holds no admission), `Conflict` (the revision moved), `Busy` (a
-/// run of the request is going on: decide once it stops), or
-/// `NoPendingApproval` (the call awaits no decision).
-pub fn decision_refusal(
-    admission: Admission,
-    owner_stopped: bool,
-    decision: &ApprovalDecision,
-) -> Error {
-    let request_id = decision.request_id;
-    match admission.active {
-        Some(active) if active.request_id == request_id => {
-            if admission.revision != decision.expected_revision {
-                Error::Conflict {
-                    conversation_id: admission.conversation_id,
-                    expected: decision.expected_revision,
-                    actual: admission.revision,
-                }
-            } else if !owner_stopped {
-                Error::Busy {
-                    conversation_id: admission.conversation_id,
-                    request_id,
-                    revision: admission.revision,
-                }
-            } else {
-                Error::NoPendingApproval {
-                    request_id,
-                    call_id: decision.call_id.clone(),
-                }
-            }
-        }
-        _ => Error::NotActive { request_id },
-    }
-}
-
-/// Whether `fence` still owns the admission: its run at its revision.
-pub fn owns(admission: &Admission, fence: &Fence) -> bool {
-    admission.revision == fence.revision
-        && admission
-            .active
-            .as_ref()
-            .is_some_and(|active| active.run_id == fence.run_id)
 }
 
 /// A loop checkpoint row as every backend reads it.
