@@ -61,7 +61,7 @@ pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
 pub use outcome::Outcome;
 pub use session::MaxPasses;
-pub use session::{recover_expired, LeasePolicy};
+pub use session::{recover_expired, LeasePolicy, Recovery};
 pub use session::{
     ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream, ResumePolicy,
 };
