@@ -36,6 +36,8 @@
 //! replaced owner may still call: tools get a stable
 //! [`ToolContext::idempotency_key`] to pass to services that deduplicate.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod agent;
 pub mod backend;

@@ -111,6 +111,8 @@
 //! replaced owner may still call: tools get a stable
 //! [`ToolContext::idempotency_key`] to pass to services that deduplicate.
 
+#![warn(missing_docs)]
+
 // What applications use; the backend author's kit (`turnstile_core::backend`)
 // stays in turnstile-core.
 

@@ -12,7 +12,9 @@ use crate::store::{Admission, ApprovalDecision, Fence, TranscriptEntry};
 /// claim) or an active one (a recovery claim, an abandon).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wanted {
+    /// A claim of an idle admission by a new request.
     Idle,
+    /// A takeover of an active admission: a recovery claim or an abandon.
     Active,
 }
 

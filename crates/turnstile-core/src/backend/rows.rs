@@ -12,6 +12,8 @@ use crate::ids::{ConversationId, RequestId, Revision, RunId};
 use crate::message::{Message, Usage, VerificationReport};
 use crate::store::{ActiveAdmission, Admission, InputHash, Metadata, SummaryPass, SummaryProgress};
 
+/// The time now as Unix milliseconds, the unit of every stored time
+/// (0 before 1970, `i64::MAX` past its range).
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -28,11 +30,14 @@ pub fn to_i64(value: u64) -> i64 {
 /// Decoding context: which row of which table is being read.
 #[derive(Clone, Copy)]
 pub struct Row<'a> {
+    /// The table read, as the error names it.
     pub table: &'static str,
+    /// The row's key (an id, or id and turn), as the error names it.
     pub key: &'a (dyn std::fmt::Display + Sync),
 }
 
 impl Row<'_> {
+    /// [`Error::Corrupt`] naming this row and `reason`.
     pub fn corrupt(&self, reason: impl Into<String>) -> Error {
         Error::Corrupt {
             table: self.table,
@@ -41,14 +46,17 @@ impl Row<'_> {
         }
     }
 
+    /// A counter column: negative is corruption.
     pub fn u64(&self, column: &str, value: i64) -> Result<u64, Error> {
         u64::try_from(value).map_err(|_| self.corrupt(format!("{column} is negative ({value})")))
     }
 
+    /// A turn or pass column: negative or past `u32::MAX` is corruption.
     pub fn u32(&self, column: &str, value: i64) -> Result<u32, Error> {
         u32::try_from(value).map_err(|_| self.corrupt(format!("{column} out of range ({value})")))
     }
 
+    /// A uuid column: anything but 16 bytes is corruption.
     pub fn uuid(&self, column: &str, bytes: &[u8]) -> Result<Uuid, Error> {
         Uuid::from_slice(bytes).map_err(|_| self.corrupt(format!("{column} is not a 16-byte uuid")))
     }
@@ -64,12 +72,14 @@ impl Row<'_> {
         T::try_from(uuid).map_err(|_| self.corrupt(format!("{column} is the nil uuid")))
     }
 
+    /// A SHA-256 column: anything but 32 bytes is corruption.
     pub fn hash(&self, column: &str, bytes: &[u8]) -> Result<InputHash, Error> {
         <[u8; 32]>::try_from(bytes)
             .map(InputHash)
             .map_err(|_| self.corrupt(format!("{column} is not a 32-byte sha-256")))
     }
 
+    /// The four token columns as a [`Usage`].
     pub fn usage(
         &self,
         input: i64,
@@ -142,25 +152,45 @@ pub fn decode_message(
         .map_err(|e| row.corrupt(format!("message: {e}")))
 }
 
-/// An admission row as every backend reads it (ids already as uuids).
+/// An admission row as every backend reads it (ids already as uuids),
+/// each field the `admissions` column of the same name.
 pub struct AdmissionRow {
+    /// The admission's revision.
     pub revision: i64,
+    /// `active_request_id`: `None` when the admission is idle.
     pub active_request_id: Option<Uuid>,
+    /// `input_sha256` of the active request.
     pub input_sha256: Option<Vec<u8>>,
+    /// `run_id` of the owning run.
     pub run_id: Option<Uuid>,
+    /// `agent_fingerprint` the request was admitted with.
     pub agent_fingerprint: Option<String>,
+    /// `input_tokens` spent by the active request.
     pub input_tokens: i64,
+    /// `output_tokens` spent by the active request.
     pub output_tokens: i64,
+    /// `cache_read_tokens` spent by the active request.
     pub cache_read_tokens: i64,
+    /// `cache_write_tokens` spent by the active request.
     pub cache_write_tokens: i64,
+    /// `summary_passes` the active request committed.
     pub summary_passes: i64,
+    /// `summary_from_seq` of the pass in flight.
     pub summary_from_seq: Option<i64>,
+    /// `summary_through_seq` of the pass in flight.
     pub summary_through_seq: Option<i64>,
+    /// `summary_version`: the conversation version the pass in flight read.
     pub summary_version: Option<i64>,
+    /// `summary_prompt_sha256` of the pass in flight.
     pub summary_prompt_sha256: Option<Vec<u8>>,
 }
 
 impl AdmissionRow {
+    /// The admission of `conversation_id`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a value out of range, or an active admission
+    /// or pass in flight with a column missing.
     pub fn decode(self, conversation_id: ConversationId) -> Result<Admission, Error> {
         let key = Row {
             table: "admissions",
@@ -246,17 +276,29 @@ pub fn decode_metadata(row: &Row<'_>, text: &str) -> Result<Metadata, Error> {
     }
 }
 
-/// A loop checkpoint row as every backend reads it.
+/// A loop checkpoint row as every backend reads it, each field the
+/// `loop_checkpoints` column of the same name.
 pub struct CheckpointRow {
+    /// The turn it was saved for.
     pub turn: i64,
+    /// `phase`, as its stored name.
     pub phase: String,
+    /// `input_tokens` of the request so far.
     pub input_tokens: i64,
+    /// `output_tokens` of the request so far.
     pub output_tokens: i64,
+    /// `cache_read_tokens` of the request so far.
     pub cache_read_tokens: i64,
+    /// `cache_write_tokens` of the request so far.
     pub cache_write_tokens: i64,
+    /// `tool_calls_count` of the request so far.
     pub tool_calls_count: i64,
+    /// `reports_count`: how many of the request's verification reports it
+    /// holds.
     pub reports_count: i64,
+    /// `message_count`: the request's messages so far.
     pub message_count: i64,
+    /// `created_at`, Unix milliseconds.
     pub created_at: i64,
 }
 

@@ -12,6 +12,7 @@ use crate::ids::ConversationId;
 /// tombstones: none of them is ever admitted again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeleteReport {
+    /// The deleted conversation.
     pub conversation_id: ConversationId,
     /// Rows deleted per table.
     pub deleted: TableCounts,
@@ -29,6 +30,7 @@ pub struct DeleteReport {
 /// created.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ForkOutcome {
+    /// The new conversation.
     pub conversation_id: ConversationId,
     /// Committed entries copied: the new conversation's transcript length.
     pub entries: u64,

@@ -34,8 +34,12 @@ pub type Metadata = Map<String, Value>;
 /// A conversation's metadata as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConversationMeta {
+    /// A short human title; `None` until set.
     pub title: Option<String>,
+    /// Who the conversation belongs to, as the application names it
+    /// (listings filter on it); `None` until set.
     pub owner: Option<String>,
+    /// The application's own keys and values (listings filter on them).
     pub metadata: Metadata,
     /// +1 per change; 0 until the first. The compare-and-swap token of
     /// [`Store::set_conversation_meta`](super::Store::set_conversation_meta).
@@ -245,6 +249,8 @@ pub struct ConversationCursor {
 }
 
 impl ConversationCursor {
+    /// The cursor after the conversation `id`, created at `created_at`
+    /// (Unix milliseconds).
     pub fn new(created_at: i64, id: ConversationId) -> Self {
         Self { created_at, id }
     }
