@@ -30,6 +30,8 @@
 //! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets.
 //! - [`ids`], [`message`], [`checkpoint`], [`outcome`], [`events`]: the
 //!   vocabulary.
+//! - [`backend`]: the backend author's kit (row decoders, refusal
+//!   builders) that every backend shares; applications need none of it.
 //!
 //! The revision compare-and-swap fences competing recoverers and a replaced
 //! owner's writes to the database. It cannot fence external services a
