@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use cli_support::{add_script, command, open, script, scripted, turnstile, uuid};
 use serde_json::Value;
-use turnstile::store::columns::now_ms;
 use turnstile::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestStatus};
 use turnstile::{ConversationId, Message, Namespace, RequestId, RunId, Store};
+use turnstile_core::backend::now_ms;
 
 fn ops(args: &[&str], db: &Path) -> Value {
     let mut all = args.to_vec();

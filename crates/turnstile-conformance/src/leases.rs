@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use turnstile_core::admin::ListFilter;
-use turnstile_core::store::columns::now_ms;
+use turnstile_core::backend::now_ms;
 use turnstile_core::store::ExpiredLease;
 use turnstile_core::{ConversationId, Error, StoreAdmin};
 

@@ -60,14 +60,17 @@ impl CheckpointPhase {
 /// The state of a run after (or, in flight, at the start of) one turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoopCheckpoint {
+    /// The run that saved it.
     pub run_id: RunId,
     /// Turn number, counted across resumes (turn 1 is the first).
     pub turn: u32,
+    /// Where the turn stands: settled, or with a call in flight.
     pub phase: CheckpointPhase,
     /// Cumulative usage of the request, across resumed runs.
     pub usage: Usage,
     /// Cumulative number of tool calls answered.
     pub tool_calls_count: u64,
+    /// Every verifier report of the request so far.
     pub verification_reports: Vec<VerificationReport>,
     /// How many messages the request has produced so far (the user input
     /// included): its position in the pending transcript.

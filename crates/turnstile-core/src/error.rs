@@ -15,26 +15,40 @@ pub enum Error {
         "conversation {conversation_id} is busy with request {request_id} at revision {revision}"
     )]
     Busy {
+        /// The conversation asked for.
         conversation_id: ConversationId,
+        /// The request that holds it.
         request_id: RequestId,
+        /// The admission's revision now: what a takeover or a delete of the
+        /// held conversation names.
         revision: Revision,
     },
     /// The request id is bound to another input or another conversation.
     #[error("request {request_id} does not match: {reason}")]
     RequestMismatch {
+        /// The request id given.
         request_id: RequestId,
+        /// What differs: the input, or the conversation.
         reason: &'static str,
     },
     /// The request id was abandoned and cannot be used again.
     #[error("request {request_id} was abandoned")]
-    RequestAbandoned { request_id: RequestId },
+    RequestAbandoned {
+        /// The abandoned request.
+        request_id: RequestId,
+    },
     /// The request exists but holds no admission (it is not active).
     #[error("request {request_id} is not active")]
-    NotActive { request_id: RequestId },
+    NotActive {
+        /// The request that holds no admission.
+        request_id: RequestId,
+    },
     /// The conversation belongs to another namespace.
     #[error("conversation {conversation_id} is not in namespace {namespace}")]
     NamespaceMismatch {
+        /// The conversation asked for.
         conversation_id: ConversationId,
+        /// The namespace it was asked for in, which is not its own.
         namespace: Namespace,
     },
     /// Bad caller input; nothing was written.
@@ -42,15 +56,30 @@ pub enum Error {
     InvalidInput(String),
     /// A conversation, request or run that does not exist (in this namespace).
     #[error("{what} {id} not found")]
-    NotFound { what: &'static str, id: String },
+    NotFound {
+        /// What is missing: `conversation`, `request`, `run`, …
+        what: &'static str,
+        /// Its id as given.
+        id: String,
+    },
     /// The run's last checkpoint has a turn in flight: a model or tool call may
     /// have happened after it. Resume with `ResumePolicy::RetryInterruptedTurn`
     /// to re-run the turn without repeating journaled tool calls.
     #[error("run {run_id} stopped with turn {turn} in flight")]
-    AmbiguousCheckpoint { run_id: RunId, turn: u32 },
+    AmbiguousCheckpoint {
+        /// The stopped run.
+        run_id: RunId,
+        /// The turn in flight at its last checkpoint.
+        turn: u32,
+    },
     /// This owner was replaced: the admission moved past its revision.
     #[error("run {run_id} was fenced: it owned revision {revision}, which is no longer current")]
-    Fenced { run_id: RunId, revision: Revision },
+    Fenced {
+        /// The replaced run.
+        run_id: RunId,
+        /// The revision it owned.
+        revision: Revision,
+    },
     /// A compare-and-swap lost: the admission is not at the expected revision.
     /// For a summary pass, `expected` and `actual` are conversation versions:
     /// the transcript (or the summary chain) moved away from what the pass
@@ -59,8 +88,11 @@ pub enum Error {
         "conflict on conversation {conversation_id}: expected revision {expected}, found {actual}"
     )]
     Conflict {
+        /// The conversation whose admission (or transcript) moved.
         conversation_id: ConversationId,
+        /// The revision the caller named.
         expected: Revision,
+        /// The revision found.
         actual: Revision,
     },
 
@@ -68,35 +100,52 @@ pub enum Error {
     /// tombstones, never admitted again, and nothing of it is left to
     /// replay.
     #[error("conversation {conversation_id} was deleted")]
-    Deleted { conversation_id: ConversationId },
+    Deleted {
+        /// The deleted conversation.
+        conversation_id: ConversationId,
+    },
     /// The conversation's version (its committed requests) is not the one
     /// the caller expected: a request committed since it looked. Nothing
     /// was written.
     #[error("conversation {conversation_id} is at version {actual}, not the expected {expected}")]
     VersionConflict {
+        /// The conversation.
         conversation_id: ConversationId,
+        /// The version the caller expected.
         expected: u64,
+        /// The version it is at.
         actual: u64,
     },
     /// A compare-and-swap of a conversation's metadata lost: it is not at
     /// the expected `meta_version`. Nothing was written.
     #[error("metadata of conversation {conversation_id} changed: expected meta version {expected}, found {actual}")]
     MetaVersionConflict {
+        /// The conversation.
         conversation_id: ConversationId,
+        /// The `meta_version` the caller named.
         expected: u64,
+        /// The `meta_version` found.
         actual: u64,
     },
 
     /// The agent differs from the one the request was admitted with.
     #[error("request {request_id} was admitted with another agent configuration")]
-    ConfigurationMismatch { request_id: RequestId },
+    ConfigurationMismatch {
+        /// The request, admitted with another agent.
+        request_id: RequestId,
+    },
     /// A budget ran out; the admission stays held.
     #[error("run {run_id} exceeded its {kind} budget ({used} of {limit}) at revision {revision}")]
     BudgetExceeded {
+        /// The stopped run: resume it, or abandon the request.
         run_id: RunId,
+        /// The revision to resume it at.
         revision: Revision,
+        /// Which budget ran out.
         kind: BudgetKind,
+        /// How much of it the request used, across its runs.
         used: u64,
+        /// The budget's limit.
         limit: u64,
     },
     /// More transcript entries are waiting to be summarized than the
@@ -106,10 +155,13 @@ pub enum Error {
     /// compacting from the latest summary.
     #[error("run {run_id} used all {max_passes} summary passes with {remaining_entries} entries left to summarize, at revision {revision}")]
     SummaryPassLimitExceeded {
+        /// The stopped run.
         run_id: RunId,
+        /// The revision the admission is held at.
         revision: Revision,
         /// Entries older than the window not yet summarized.
         remaining_entries: u64,
+        /// The request's summary passes ([`MaxPasses`](crate::MaxPasses)).
         max_passes: u32,
     },
     /// The summary model's answer was refused (empty, or larger than
@@ -117,22 +169,34 @@ pub enum Error {
     /// committed, the pass stays in flight and the admission held.
     #[error("run {run_id} got an unusable summary at revision {revision}: {reason}")]
     InvalidSummary {
+        /// The stopped run.
         run_id: RunId,
+        /// The revision to resume it at.
         revision: Revision,
+        /// Why the answer was refused.
         reason: String,
     },
     /// The run's deadline passed; the admission stays held.
     #[error("run {run_id} passed its deadline at revision {revision}")]
-    DeadlineExceeded { run_id: RunId, revision: Revision },
+    DeadlineExceeded {
+        /// The stopped run.
+        run_id: RunId,
+        /// The revision to resume it at.
+        revision: Revision,
+    },
     /// The run stopped to wait for approval of tool calls (every call of the
     /// answer that needed none has run and is journaled). The admission
     /// stays held at `revision`; decide each call with
     /// `AgentSession::approve` / `reject`, then continue the request.
     #[error("run {run_id} awaits approval of {} tool call(s) at revision {revision}: {}", pending.len(), call_list(pending))]
     AwaitingApproval {
+        /// The request waiting for decisions.
         request_id: RequestId,
+        /// The stopped run.
         run_id: RunId,
+        /// The revision a decision must name.
         revision: Revision,
+        /// The calls awaiting a decision.
         pending: Vec<PendingApproval>,
     },
     /// A decision for a tool call that is not awaiting one: it was decided
@@ -140,18 +204,28 @@ pub enum Error {
     /// is journaled. Nothing was written.
     #[error("tool call {call_id:?} of request {request_id} is not awaiting approval")]
     NoPendingApproval {
+        /// The request.
         request_id: RequestId,
+        /// The tool call's id, as given.
         call_id: String,
     },
     /// The run was cancelled; the admission stays held.
     #[error("run {run_id} was cancelled at revision {revision}")]
-    Cancelled { run_id: RunId, revision: Revision },
+    Cancelled {
+        /// The stopped run.
+        run_id: RunId,
+        /// The revision to resume it at.
+        revision: Revision,
+    },
     /// The model failed; the admission stays held.
     #[error("model failed in run {run_id} at revision {revision}: {source}")]
     Model {
+        /// The stopped run.
         run_id: RunId,
+        /// The revision to resume it at.
         revision: Revision,
         #[source]
+        /// What the model answered with.
         source: ModelError,
     },
     /// The database failed.
@@ -160,23 +234,41 @@ pub enum Error {
     /// A row could not be decoded.
     #[error("corrupt row in {table} ({key}): {reason}")]
     Corrupt {
+        /// The table of the row.
         table: &'static str,
+        /// The row's key (its id, or id and turn).
         key: String,
+        /// What could not be decoded.
         reason: String,
     },
     /// The database was written by a newer turnstile; it was not modified.
     #[error("database schema version {found} is newer than the supported {supported}")]
-    SchemaTooNew { found: i64, supported: i64 },
+    SchemaTooNew {
+        /// The database's schema version.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
     /// The database was opened to be read as it is, and its schema is older
     /// than this build's: it was not migrated. Opening it for writing
     /// migrates it.
     #[error("database schema version {found} is older than the supported {supported}; open it for writing to migrate it")]
-    SchemaTooOld { found: i64, supported: i64 },
+    SchemaTooOld {
+        /// The database's schema version.
+        found: i64,
+        /// The version this build needs.
+        supported: i64,
+    },
     /// The database holds the durable steps of a newer turnstile (its schema
     /// is this build's); it was not modified, and this build does not write
     /// to it.
     #[error("database steps version {found} are newer than this build's {supported}; open it with the newer turnstile that wrote it")]
-    StepsTooNew { found: i64, supported: i64 },
+    StepsTooNew {
+        /// The step set version the database holds.
+        found: i64,
+        /// The newest step set this build knows.
+        supported: i64,
+    },
 }
 
 impl Error {
@@ -219,8 +311,11 @@ fn call_list(pending: &[PendingApproval]) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BudgetKind {
+    /// Turns of the request ([`Budget::max_turns`](crate::Budget::max_turns)).
     Turns,
+    /// Input plus output tokens ([`Budget::max_tokens`](crate::Budget::max_tokens)).
     Tokens,
+    /// Tool calls ([`Budget::max_tool_calls`](crate::Budget::max_tool_calls)).
     ToolCalls,
 }
 

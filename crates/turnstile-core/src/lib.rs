@@ -30,14 +30,19 @@
 //! - [`agent`]: the [`Model`] and [`Tool`] traits, [`ScriptedModel`], budgets.
 //! - [`ids`], [`message`], [`checkpoint`], [`outcome`], [`events`]: the
 //!   vocabulary.
+//! - [`backend`]: the backend author's kit (row decoders, refusal
+//!   builders) that every backend shares; applications need none of it.
 //!
 //! The revision compare-and-swap fences competing recoverers and a replaced
 //! owner's writes to the database. It cannot fence external services a
 //! replaced owner may still call: tools get a stable
 //! [`ToolContext::idempotency_key`] to pass to services that deduplicate.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod agent;
+pub mod backend;
 pub mod checkpoint;
 mod error;
 pub mod events;
@@ -60,7 +65,7 @@ pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
 pub use outcome::Outcome;
 pub use session::MaxPasses;
-pub use session::{recover_expired, LeasePolicy};
+pub use session::{recover_expired, LeasePolicy, Recovery};
 pub use session::{
     ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream, ResumePolicy,
 };

@@ -7,20 +7,31 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum Message {
     /// Instructions for the model.
-    System { content: String },
+    System {
+        /// The instructions.
+        content: String,
+    },
     /// What the user said.
-    User { content: String },
+    User {
+        /// The user's text.
+        content: String,
+    },
     /// The model's answer: text and/or tool calls.
     Assistant {
+        /// The answer's text; may be empty when it only calls tools.
         content: String,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        /// The tool calls it asks for.
         tool_calls: Vec<ToolCall>,
     },
     /// The result of one tool call, answering the call with `call_id`.
     Tool {
+        /// The id of the call answered.
         call_id: String,
+        /// The tool's output, or what went wrong.
         content: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        /// Whether the call failed (the content says why).
         is_error: bool,
     },
 }
@@ -84,8 +95,11 @@ impl Message {
 /// instead of failing the run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
+    /// The call's id, unique within its answer; a tool result names it.
     pub id: String,
+    /// The tool asked for.
     pub name: String,
+    /// The arguments, as JSON text.
     pub arguments: String,
 }
 
@@ -107,9 +121,13 @@ impl ToolCall {
 /// Token usage. Additions saturate instead of overflowing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens the model read (prompt).
     pub input_tokens: u64,
+    /// Tokens the model wrote (answer).
     pub output_tokens: u64,
+    /// Prompt tokens served from the provider's cache, as it reports them.
     pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's cache, as it reports them.
     pub cache_write_tokens: u64,
 }
 
@@ -143,7 +161,9 @@ impl std::ops::AddAssign for Usage {
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The name the model calls it by; unique within an agent.
     pub name: String,
+    /// What the tool does, for the model.
     pub description: String,
     /// JSON schema of the arguments.
     pub parameters: serde_json::Value,
@@ -152,14 +172,19 @@ pub struct ToolSpec {
 /// What a [`Verifier`](crate::agent::Verifier) concluded after a tool round.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerificationReport {
+    /// The turn whose tool round was verified.
     pub turn: u32,
+    /// Whether the round passed.
     pub passed: bool,
+    /// What the verifier found.
     pub detail: String,
 }
 
 /// The result of a tool call as journaled and shown to the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolResult {
+    /// The tool's output, or what went wrong.
     pub content: String,
+    /// Whether the call failed.
     pub is_error: bool,
 }

@@ -9,9 +9,11 @@ use crate::store::StoredOutcome;
 /// The result of a committed request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
+    /// The committed request.
     pub request_id: RequestId,
     /// The run that committed.
     pub run_id: RunId,
+    /// The text of the last assistant message: the answer.
     pub final_text: String,
     /// Every message the request added to the transcript, its input first.
     pub messages: Vec<Message>,
@@ -19,7 +21,9 @@ pub struct Outcome {
     pub usage: Usage,
     /// Turns of the request: its summary passes, then its model turns.
     pub turns: u32,
+    /// Tool calls answered, over all runs of the request.
     pub tool_calls: u64,
+    /// Every verifier report of the request, in order.
     pub verification_reports: Vec<VerificationReport>,
     /// The conversation version this commit produced.
     pub conversation_version: u64,

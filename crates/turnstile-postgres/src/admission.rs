@@ -7,10 +7,10 @@ use uuid::Uuid;
 
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::{CheckpointColumns, ReportColumns};
+use turnstile_core::backend::{cas_refusal, message_columns, AdmissionRow, Wanted};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
-use turnstile_core::store::columns::{cas_refusal, message_columns, AdmissionRow, Wanted};
 use turnstile_core::store::{
     Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim, RequestRecord,
     RequestStatus,

@@ -9,9 +9,9 @@ use uuid::Uuid;
 
 use super::codec::{db, now_ms, text, to_i64, Row};
 use super::turns::{fenced, write_step, Step};
+use turnstile_core::backend::decision_refusal;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};
-use turnstile_core::store::columns::decision_refusal;
 use turnstile_core::store::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, Fence, PendingApproval, Verdict,
 };

@@ -1,10 +1,10 @@
 //! Driver errors to typed errors, and the bytes of stored text. Database
-//! content is never trusted: see `turnstile_core::store::columns`.
+//! content is never trusted: see `turnstile_core::backend`.
 
 use turnstile_core::Error;
 use turnstile_core::StoreError;
 
-pub(crate) use turnstile_core::store::columns::{now_ms, to_i64, Row};
+pub(crate) use turnstile_core::backend::{now_ms, to_i64, Row};
 
 /// Maps a driver error to the opaque [`StoreError`], naming what was being
 /// done. A lock wait or statement past its timeout is busy; a full disk is

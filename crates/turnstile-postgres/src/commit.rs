@@ -7,9 +7,9 @@ use sqlx::PgConnection;
 
 use super::codec::{db, now_ms, to_i64, Row};
 use super::turns::{fenced, ReportColumns};
+use turnstile_core::backend::message_columns;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
-use turnstile_core::store::columns::message_columns;
 use turnstile_core::store::{Fence, RequestStatus, StoredOutcome};
 use turnstile_core::Error;
 

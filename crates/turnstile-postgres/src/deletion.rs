@@ -10,8 +10,9 @@ use sqlx::PgConnection;
 
 use crate::codec::{db, now_ms, Row};
 use turnstile_core::admin::TableCounts;
+use turnstile_core::backend::{check_delete, missing_conversation};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use turnstile_core::store::{check_delete, missing_conversation, DeleteReport};
+use turnstile_core::store::DeleteReport;
 use turnstile_core::Error;
 
 /// Deletes `id` inside the caller's transaction (see

@@ -6,8 +6,9 @@
 use sqlx::PgConnection;
 
 use crate::codec::{db, now_ms, to_i64, Row};
+use turnstile_core::backend::check_fork_cut;
 use turnstile_core::ids::{ConversationId, Namespace};
-use turnstile_core::store::{check_fork_cut, ForkOutcome};
+use turnstile_core::store::ForkOutcome;
 use turnstile_core::Error;
 
 /// Forks `from` at `through_seq` into `new_id` inside the caller's

@@ -6,10 +6,10 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::codec::{db, text, to_i64, Row};
+use turnstile_core::backend::{decode_message, AdmissionRow, CheckpointRow};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
-use turnstile_core::store::columns::{decode_message, AdmissionRow, CheckpointRow};
 use turnstile_core::store::{
     AgentChange, ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus,
     RunRecord, RunStatus, StoredOutcome, ToolResult, TranscriptEntry,

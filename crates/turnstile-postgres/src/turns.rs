@@ -11,9 +11,9 @@
 use sqlx::PgConnection;
 
 use super::codec::{db, now_ms, to_i64};
+use turnstile_core::backend::message_columns;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
-use turnstile_core::store::columns::message_columns;
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
 

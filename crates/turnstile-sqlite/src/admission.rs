@@ -11,10 +11,10 @@ use serde_json::value::RawValue;
 
 use super::step_columns::{CheckpointColumns, MessageColumns};
 use super::turns::new_reports;
+use turnstile_core::backend::{cas_refusal, AdmissionRow, Wanted};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision};
 use turnstile_core::message::Usage;
-use turnstile_core::store::columns::{cas_refusal, AdmissionRow, Wanted};
 use turnstile_core::store::{
     Admission, ClaimOutcome, Conversation, Fence, NewRequest, RecoveryClaim,
 };

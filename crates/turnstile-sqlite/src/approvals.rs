@@ -8,9 +8,9 @@ use sqlx::SqliteConnection;
 use super::admission::load_admission;
 use super::codec::{db, hex, now_ms, to_i64, to_json, Row};
 use super::turns::fail_run;
+use turnstile_core::backend::decision_refusal;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};
-use turnstile_core::store::columns::decision_refusal;
 use turnstile_core::store::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, Fence, PendingApproval, Verdict,
 };

@@ -5,7 +5,7 @@
 use turnstile_core::Error;
 use turnstile_core::StoreError;
 
-pub(super) use turnstile_core::store::columns::{decode_message, now_ms, to_i64, to_json, Row};
+pub(super) use turnstile_core::backend::{decode_message, now_ms, to_i64, to_json, Row};
 
 /// Maps a driver error to the opaque [`StoreError`], naming what was being done.
 pub(super) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {

@@ -7,8 +7,9 @@ use sqlx::{Connection, SqliteConnection};
 use crate::codec::{db, now_ms, Row};
 use crate::SqliteStore;
 use turnstile_core::admin::TableCounts;
+use turnstile_core::backend::{check_delete, missing_conversation};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use turnstile_core::store::{check_delete, missing_conversation, DeleteReport};
+use turnstile_core::store::DeleteReport;
 use turnstile_core::Error;
 
 /// Deletes `id` (see `Store::delete_conversation`): the checks and the

@@ -11,8 +11,9 @@ use sqlx::{Connection, SqliteConnection};
 
 use crate::codec::{db, now_ms, to_i64, Row};
 use crate::SqliteStore;
+use turnstile_core::backend::check_fork_cut;
 use turnstile_core::ids::{ConversationId, Namespace};
-use turnstile_core::store::{check_fork_cut, ForkOutcome};
+use turnstile_core::store::ForkOutcome;
 use turnstile_core::Error;
 
 /// Forks `from` at `through_seq` into `new_id` (see

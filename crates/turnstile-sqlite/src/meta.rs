@@ -7,8 +7,8 @@ use sqlx::SqliteConnection;
 
 use super::admission::{ensure_conversation_in, load_conversation};
 use super::codec::{db, now_ms, to_i64, Row};
+use turnstile_core::backend::{decode_metadata, metadata_json};
 use turnstile_core::ids::{ConversationId, Namespace};
-use turnstile_core::store::meta::{decode_metadata, metadata_json};
 use turnstile_core::store::{ConversationMeta, MetaUpdate};
 use turnstile_core::Error;
 

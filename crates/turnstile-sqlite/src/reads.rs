@@ -5,10 +5,10 @@ use sqlx::SqliteConnection;
 
 use super::admission::AdmissionColumns;
 use super::codec::{db, decode_message, to_i64, Row};
+use turnstile_core::backend::CheckpointRow;
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
-use turnstile_core::store::columns::CheckpointRow;
 use turnstile_core::store::{
     AgentChange, ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus,
     RunRecord, RunStatus, StoredOutcome, ToolResult, TranscriptEntry,

@@ -8,9 +8,9 @@
 use serde::Serialize;
 
 use super::codec::to_i64;
+use turnstile_core::backend::message_columns;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
-use turnstile_core::store::columns::message_columns;
 use turnstile_core::Error;
 
 /// A checkpoint as its `loop_checkpoints` columns (the run and the time

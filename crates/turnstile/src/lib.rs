@@ -78,8 +78,9 @@
 //!
 //! # Where things are
 //!
-//! This crate is the facade: it re-exports [`turnstile_core`] (the engine)
-//! and, by cargo feature, a backend and a model client:
+//! This crate is the facade: it re-exports what applications use of
+//! [`turnstile_core`] (the engine; its `backend` kit for backend authors is
+//! not re-exported) and, by cargo feature, a backend and a model client:
 //!
 //! | feature | adds | crate |
 //! |---|---|---|
@@ -110,7 +111,36 @@
 //! replaced owner may still call: tools get a stable
 //! [`ToolContext::idempotency_key`] to pass to services that deduplicate.
 
-pub use turnstile_core::*;
+#![warn(missing_docs)]
+
+// What applications use; the backend author's kit (`turnstile_core::backend`)
+// stays in turnstile-core.
+
+// The modules applications navigate for the rest of a contract's records.
+pub use turnstile_core::{admin, agent, checkpoint, events, ids, message, outcome, session, store};
+
+// Sessions: running, resuming and recovering requests.
+pub use turnstile_core::{
+    recover_expired, ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream,
+    LeasePolicy, MaxPasses, Recovery, ResumePolicy,
+};
+// Agents: the model, its tools and what bounds a run.
+pub use turnstile_core::{
+    Agent, AgentLimits, AgentUpgrade, ApprovalPolicy, Budget, Model, RunContext, ScriptedModel,
+    ScriptedReply, Tool, ToolContext, ToolError, Verifier,
+};
+// The vocabulary: ids, messages, checkpoints, outcomes, events, errors.
+pub use turnstile_core::{
+    BudgetKind, CheckpointPhase, ConversationId, Error, Event, LoopCheckpoint, Message, ModelError,
+    Namespace, Outcome, RequestId, Revision, RunId, StoreError, ToolCall, ToolResult, ToolSpec,
+    Usage, VerificationReport,
+};
+// The stores' contracts: durable steps and operations.
+pub use turnstile_core::{Store, StoreAdmin};
+
+/// Re-exported so implementations of [`Model`], [`Tool`] and [`Verifier`]
+/// need no extra dependency.
+pub use turnstile_core::async_trait;
 
 #[cfg(feature = "postgres")]
 pub use turnstile_postgres::{PostgresOptions, PostgresStore};

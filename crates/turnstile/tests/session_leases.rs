@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use turnstile::store::columns::now_ms;
 use turnstile::{
     recover_expired, AgentSession, ConversationId, Error, LeasePolicy, RequestId, ResumePolicy,
     RunContext, Store,
 };
+use turnstile_core::backend::now_ms;
 
 fn lease(renew_ms: u64, ttl_ms: u64) -> LeasePolicy {
     LeasePolicy::new(

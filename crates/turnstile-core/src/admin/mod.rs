@@ -144,7 +144,9 @@ pub trait StoreAdmin: Store {
 /// Where a run stands: its latest checkpoint row.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CheckpointMark {
+    /// The turn it was saved for.
     pub turn: u32,
+    /// Where that turn stands: settled, or with a call in flight.
     pub phase: CheckpointPhase,
     /// Unix milliseconds.
     pub created_at: i64,
@@ -153,9 +155,11 @@ pub struct CheckpointMark {
 /// An admission held by an active request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HeldAdmission {
+    /// The conversation held.
     pub conversation_id: ConversationId,
     /// The compare-and-swap token `resume`, `recover` and `abandon` need.
     pub revision: Revision,
+    /// The request holding it.
     pub request_id: RequestId,
     /// The run that owns the admission.
     pub run_id: RunId,
@@ -176,7 +180,9 @@ pub struct HeldAdmission {
 /// A conversation: its header, admission and transcript length.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConversationSummary {
+    /// The conversation.
     pub id: ConversationId,
+    /// The namespace it belongs to.
     pub namespace: Namespace,
     /// Number of committed requests.
     pub version: u64,
@@ -198,6 +204,7 @@ pub struct ConversationSummary {
 /// One page of [`StoreAdmin::list_conversations`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConversationPage {
+    /// The conversations of this page, newest first.
     pub conversations: Vec<ConversationSummary>,
     /// Where the next page starts (give it as [`ListFilter::after`]);
     /// `None` on the last page.
@@ -207,9 +214,13 @@ pub struct ConversationPage {
 /// A request: its status, its latest run and where that run stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RequestSummary {
+    /// The request.
     pub request_id: RequestId,
+    /// The conversation it belongs to.
     pub conversation_id: ConversationId,
+    /// That conversation's namespace.
     pub namespace: Namespace,
+    /// Where the request stands.
     pub status: RequestStatus,
     /// The conversation version its commit produced (completed requests).
     pub conversation_version: Option<u64>,
@@ -217,6 +228,7 @@ pub struct RequestSummary {
     pub runs: u64,
     /// The committing run, the admission's owner, or the newest run.
     pub latest_run: Option<RunId>,
+    /// Where `latest_run` stands.
     pub latest_run_status: Option<RunStatus>,
     /// The latest checkpoint of `latest_run`.
     pub last_checkpoint: Option<CheckpointMark>,
@@ -231,20 +243,27 @@ pub struct RequestSummary {
 /// A run: one execution attempt of a request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RunSummary {
+    /// The run.
     pub run_id: RunId,
+    /// The request it runs.
     pub request_id: RequestId,
+    /// The request's conversation.
     pub conversation_id: ConversationId,
+    /// That conversation's namespace.
     pub namespace: Namespace,
     /// The run it continues.
     pub resumed_from: Option<RunId>,
+    /// Where it stands.
     pub status: RunStatus,
     /// Why it stopped.
     pub error: Option<String>,
     /// Number of checkpoint rows (one per turn that started).
     pub checkpoints: u64,
+    /// Its latest checkpoint.
     pub last_checkpoint: Option<CheckpointMark>,
     /// Unix milliseconds.
     pub started_at: i64,
+    /// Unix milliseconds; set once it stops.
     pub ended_at: Option<i64>,
     /// The admission, while this run owns it.
     pub held: Option<HeldAdmission>,
@@ -253,7 +272,9 @@ pub struct RunSummary {
 /// Which rows a listing returns. Listings are newest first.
 #[derive(Clone, Debug)]
 pub struct ListFilter {
+    /// Only this namespace; `None` lists every namespace.
     pub namespace: Option<Namespace>,
+    /// Only this conversation (its requests and runs, for those listings).
     pub conversation_id: Option<ConversationId>,
     /// Only what stuck admissions hold: the conversations, their active
     /// requests, their owning runs (stalest first).
@@ -390,15 +411,26 @@ impl PruneOptions {
 /// Rows deleted (or, in a dry run, that would be) per table.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TableCounts {
+    /// Conversation header rows (with their metadata).
     pub conversations: u64,
+    /// Admission rows, one per conversation.
     pub admissions: u64,
+    /// Committed transcript entries.
     pub transcript: u64,
+    /// Request rows.
     pub requests: u64,
+    /// Run rows.
     pub runs: u64,
+    /// Loop checkpoint rows.
     pub loop_checkpoints: u64,
+    /// Verifier report rows.
     pub verification_reports: u64,
+    /// Tool-call journal rows.
     pub tool_calls: u64,
+    /// Messages a request produced before its commit, which moves them into
+    /// the transcript.
     pub run_messages: u64,
+    /// Approval rows.
     pub approvals: u64,
 }
 
@@ -428,6 +460,7 @@ impl TableCounts {
 /// What [`StoreAdmin::prune`] did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PruneReport {
+    /// Nothing was deleted: the counts are what a real prune would delete.
     pub dry_run: bool,
     /// Unix milliseconds: requests finished and conversations last active
     /// before this were pruned.
@@ -435,12 +468,16 @@ pub struct PruneReport {
     /// Finished requests older than the cutoff that were looked at (pruned
     /// now, or already by an earlier prune).
     pub requests_examined: u64,
+    /// Rows deleted (or that would be), per table.
     pub deleted: TableCounts,
     /// The database, then its write-ahead log, in bytes, as
     /// [`StorageReport`] counts them.
     pub database_bytes_before: u64,
+    /// The write-ahead log's size before, in bytes.
     pub wal_bytes_before: u64,
+    /// The database's size after, in bytes.
     pub database_bytes_after: u64,
+    /// The write-ahead log's size after, in bytes.
     pub wal_bytes_after: u64,
     /// Pages given back to the file system (SQLite's incremental vacuum;
     /// 0 where the backend reclaims space by itself).
@@ -478,7 +515,9 @@ pub struct DoctorReport {
     /// beside the others.
     #[serde(flatten)]
     pub details: BTreeMap<String, Value>,
+    /// The database's size on disk (SQLite: the file).
     pub database_bytes: u64,
+    /// The write-ahead log's size (SQLite: the `-wal` file).
     pub wal_bytes: u64,
     /// Admissions held by an active request.
     pub held_admissions: Option<u64>,
@@ -501,62 +540,4 @@ pub struct StorageReport {
     /// SQLite: `page_size`, `page_count`, `freelist_count`.
     #[serde(flatten)]
     pub details: BTreeMap<String, Value>,
-}
-
-/// Whether an admission held by a run of `status`, last changed at
-/// `updated_at`, with the lease `lease_expires_at`, is stuck at `now` with
-/// activity older than `cutoff` counting as stale (see the module docs). A
-/// backend that selects stuck admissions in SQL says the same there.
-pub fn is_stuck(
-    status: Option<RunStatus>,
-    updated_at: i64,
-    lease_expires_at: Option<i64>,
-    cutoff: i64,
-    now: i64,
-) -> bool {
-    match (status, lease_expires_at) {
-        (Some(RunStatus::Running), Some(lease)) => lease < now,
-        (Some(RunStatus::Running), None) => updated_at < cutoff,
-        _ => true,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn failed_or_unknown_owners_are_stuck_and_running_ones_only_when_stale() {
-        assert!(is_stuck(Some(RunStatus::Failed), 1_000, None, 0, 0));
-        assert!(is_stuck(None, 1_000, None, 0, 0));
-        assert!(!is_stuck(Some(RunStatus::Running), 1_000, None, 1_000, 0));
-        assert!(is_stuck(Some(RunStatus::Running), 999, None, 1_000, 0));
-    }
-
-    #[test]
-    fn a_running_owner_with_a_lease_is_stuck_only_once_it_expired() {
-        // Stale activity does not matter while the lease holds …
-        assert!(!is_stuck(
-            Some(RunStatus::Running),
-            0,
-            Some(5_000),
-            1_000,
-            4_999
-        ));
-        // … fresh activity does not save an expired lease.
-        assert!(is_stuck(
-            Some(RunStatus::Running),
-            9_000,
-            Some(5_000),
-            1_000,
-            5_001
-        ));
-        assert!(is_stuck(
-            Some(RunStatus::Failed),
-            9_000,
-            Some(9_999),
-            1_000,
-            0
-        ));
-    }
 }

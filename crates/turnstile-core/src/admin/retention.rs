@@ -19,8 +19,13 @@ use crate::store::RequestStatus;
 /// whatever their age.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RetentionPolicy {
+    /// Committed requests finished longer ago than this are pruned;
+    /// `None` keeps them.
     pub completed_older_than: Option<Duration>,
+    /// Abandoned requests finished longer ago than this are pruned;
+    /// `None` keeps them.
     pub abandoned_older_than: Option<Duration>,
+    /// The newest requests of each conversation spared whatever their age.
     pub keep_last_requests: u32,
     /// Idle conversations (no active request) last active longer ago than
     /// this are deleted whole, their request ids forgotten.
@@ -63,6 +68,7 @@ impl RetentionPolicy {
 /// in the order of [`RetentionPolicy::passes`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RetentionReport {
+    /// One report per pass, in order.
     pub passes: Vec<PruneReport>,
 }
 

@@ -10,9 +10,11 @@ use tokio_util::sync::CancellationToken;
 /// seeded with what was already spent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Budget {
+    /// Turns of the request (summary passes count as turns).
     pub max_turns: Option<u32>,
     /// Input plus output tokens.
     pub max_tokens: Option<u64>,
+    /// Tool calls of the request.
     pub max_tool_calls: Option<u64>,
 }
 
@@ -20,6 +22,7 @@ pub struct Budget {
 /// `recover_after_owner_exit`.
 #[derive(Clone, Debug, Default)]
 pub struct RunContext {
+    /// Limits over the whole request.
     pub budget: Budget,
     /// Interrupts a model or tool call in flight; the turn is left in flight
     /// only if a tool was interrupted. A monotonic instant of this process:
@@ -48,21 +51,27 @@ pub struct RunContext {
 }
 
 impl RunContext {
+    /// Sets the request's budget.
     pub fn with_budget(mut self, budget: Budget) -> Self {
         self.budget = budget;
         self
     }
 
+    /// Sets a deadline of this process ([`RunContext::deadline`]).
     pub fn with_deadline(mut self, deadline: Instant) -> Self {
         self.deadline = Some(deadline);
         self
     }
 
+    /// Sets a wall-clock deadline stored with the request
+    /// ([`RunContext::deadline_at`]).
     pub fn with_deadline_at(mut self, deadline: SystemTime) -> Self {
         self.deadline_at = Some(deadline);
         self
     }
 
+    /// Says what a resume or recovery does with a request admitted by
+    /// another agent.
     pub fn with_agent_upgrade(mut self, upgrade: AgentUpgrade) -> Self {
         self.agent_upgrade = upgrade;
         self
@@ -100,6 +109,7 @@ impl RunContext {
         ctx
     }
 
+    /// Cancels the run when `cancel` is cancelled ([`RunContext::cancel`]).
     pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
         self.cancel = cancel;
         self

@@ -64,6 +64,8 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// An agent of `model` with no tools, no system prompt and the default
+    /// [`AgentLimits`].
     pub fn new(model: Arc<dyn Model>) -> Self {
         Self {
             model,
@@ -77,6 +79,7 @@ impl Agent {
         }
     }
 
+    /// Sets the system prompt, the first message the model sees each turn.
     pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = prompt.into();
         self
@@ -132,20 +135,24 @@ impl Agent {
         }
     }
 
+    /// Sets the agent's own limits.
     pub fn with_limits(mut self, limits: AgentLimits) -> Self {
         self.limits = limits;
         self
     }
 
+    /// Sets the verifier, asked after each tool round.
     pub fn with_verifier(mut self, verifier: Arc<dyn Verifier>) -> Self {
         self.verifier = Some(verifier);
         self
     }
 
+    /// The agent's own limits.
     pub fn limits(&self) -> AgentLimits {
         self.limits
     }
 
+    /// The tools as the model sees them, in the order they were added.
     pub fn tool_specs(&self) -> &[ToolSpec] {
         &self.specs
     }

@@ -14,6 +14,7 @@ pub type TextDeltas<'a> = &'a (dyn Fn(&str) + Send + Sync);
 pub struct ModelRequest<'a> {
     /// System prompt, summary, transcript window and the request's messages.
     pub messages: &'a [Message],
+    /// The tools the model may call.
     pub tools: &'a [ToolSpec],
     /// Set when the caller wants text deltas (a stream); a model that cannot
     /// stream may ignore it.
@@ -23,8 +24,11 @@ pub struct ModelRequest<'a> {
 /// What the model answered.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModelResponse {
+    /// The answer's text (may be empty when it calls tools).
     pub content: String,
+    /// The tool calls it asks for.
     pub tool_calls: Vec<ToolCall>,
+    /// What the call cost.
     pub usage: Usage,
 }
 

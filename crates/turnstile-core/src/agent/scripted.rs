@@ -17,10 +17,13 @@ use crate::message::{Message, ToolCall, Usage};
 #[serde(deny_unknown_fields)]
 pub struct ScriptedReply {
     #[serde(default)]
+    /// The answer's text.
     pub text: String,
     #[serde(default)]
+    /// The tool calls the answer asks for.
     pub tool_calls: Vec<ToolCall>,
     #[serde(default)]
+    /// The usage it reports.
     pub usage: Usage,
     /// Wait this long before answering (tokio time, so paused-time tests
     /// do not really wait).
@@ -35,6 +38,7 @@ pub struct ScriptedReply {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     #[serde(default)]
+    /// How many calls at this step fail with `failure` before it answers.
     pub fail_times: u32,
 }
 
@@ -55,11 +59,13 @@ impl ScriptedReply {
         }
     }
 
+    /// Reports `usage` for this answer.
     pub fn with_usage(mut self, usage: Usage) -> Self {
         self.usage = usage;
         self
     }
 
+    /// Waits `delay` before answering.
     pub fn with_delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
@@ -87,6 +93,7 @@ pub struct ScriptedModel {
 }
 
 impl ScriptedModel {
+    /// A model named `scripted` that answers with `replies`.
     pub fn new(replies: Vec<ScriptedReply>) -> Self {
         Self::named("scripted", replies)
     }

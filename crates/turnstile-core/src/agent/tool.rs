@@ -8,9 +8,13 @@ use crate::message::ToolSpec;
 /// What a tool call knows about where it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolContext {
+    /// The run executing the call.
     pub run_id: RunId,
+    /// The request the call belongs to.
     pub request_id: RequestId,
+    /// The request's turn that asked for it.
     pub turn: u32,
+    /// The call's id, as the model gave it.
     pub call_id: String,
     /// `request/turn/call`: the same for every execution attempt of this call,
     /// across resumes and recoveries. Pass it to external services that
@@ -24,6 +28,7 @@ pub struct ToolContext {
 pub struct ToolError(pub String);
 
 impl ToolError {
+    /// A failure with `message` for the model.
     pub fn new(message: impl Into<String>) -> Self {
         Self(message.into())
     }

@@ -9,6 +9,8 @@ use crate::message::{ToolCall, VerificationReport};
 /// Reports accumulate in the loop checkpoint and survive resumes.
 #[async_trait]
 pub trait Verifier: Send + Sync {
+    /// Looks at turn `turn`'s calls with their results; `None` adds no
+    /// report.
     async fn verify(
         &self,
         turn: u32,

@@ -35,9 +35,11 @@ impl AgentSession {
     ///
     /// # Errors
     /// [`Error::Conflict`] for a stale revision, [`Error::NotActive`] for a
-    /// request that holds no admission, [`Error::NoPendingApproval`] for a
-    /// call that awaits no decision (decided already, or not asked for).
-    /// Nothing is written.
+    /// request that holds no admission, [`Error::Busy`] while a run of the
+    /// request goes on (one that took it over, say, and may be executing
+    /// calls decided before: decide once it has stopped),
+    /// [`Error::NoPendingApproval`] for a call that awaits no decision
+    /// (decided already, or not asked for). Nothing is written.
     #[instrument(skip_all, fields(conversation_id = %self.conversation_id, request_id = %request_id, call_id), err)]
     pub async fn approve(
         &self,
@@ -53,6 +55,10 @@ impl AgentSession {
     /// continues the request gives the model `reason` as the call's error
     /// result. As [`AgentSession::approve`] otherwise; a reason longer than
     /// [`MAX_REJECTION_REASON_BYTES`] is [`Error::InvalidInput`].
+    ///
+    /// # Errors
+    /// As [`AgentSession::approve`], [`Error::Busy`] included: no decision
+    /// is written while a run of the request goes on.
     #[instrument(skip_all, fields(conversation_id = %self.conversation_id, request_id = %request_id, call_id), err)]
     pub async fn reject(
         &self,

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::{AgentSession, ResumePolicy};
 use crate::agent::RunContext;
+use crate::backend::now_ms;
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::store::columns::now_ms;
 use crate::store::{ExpiredLease, Fence, Store};
 
 /// How often a live owner renews its lease, and for how long each renewal
@@ -35,10 +35,12 @@ impl LeasePolicy {
         Ok(Self { renew_every, ttl })
     }
 
+    /// How often the owner renews.
     pub fn renew_every(&self) -> Duration {
         self.renew_every
     }
 
+    /// How long each renewal holds the lease.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -124,6 +126,7 @@ async fn renewals(store: &dyn Store, fence: Fence, policy: LeasePolicy) -> Error
 /// What [`recover_expired`] did with one expired lease.
 #[derive(Debug)]
 pub struct Recovery {
+    /// The lease that had expired: the request and run taken over.
     pub lease: ExpiredLease,
     /// The recovered request's outcome, or why it was not recovered:
     /// [`Error::Conflict`], [`Error::Busy`] or [`Error::NotActive`] when

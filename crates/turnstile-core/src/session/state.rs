@@ -22,6 +22,7 @@ pub struct AdmissionState {
 /// The request holding an admission, and where its owning run stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActiveRequest {
+    /// The request holding the admission.
     pub request_id: RequestId,
     /// The run that owns the admission: the one to resume.
     pub run_id: RunId,

@@ -25,11 +25,15 @@ stored_names!(ApprovalStatus {
 /// One tool call's approval, as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApprovalRecord {
+    /// The request whose call it is.
     pub request_id: RequestId,
+    /// The request's turn that asked for the call.
     pub turn: u32,
+    /// The call's id, as the model gave it.
     pub call_id: String,
     /// The run that stopped to ask.
     pub run_id: RunId,
+    /// Where it stands.
     pub status: ApprovalStatus,
     /// Why it was rejected.
     pub reason: Option<String>,
@@ -43,13 +47,18 @@ pub struct ApprovalRecord {
 /// request, the call, and the admission's current revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingApproval {
+    /// The conversation of the request.
     pub conversation_id: ConversationId,
+    /// The request waiting.
     pub request_id: RequestId,
     /// The run that holds the request now: the one to resume once the
     /// calls are decided.
     pub run_id: RunId,
+    /// The turn that asked for the call.
     pub turn: u32,
+    /// The call's id: what a decision names.
     pub call_id: String,
+    /// The tool asked for.
     pub tool: String,
     /// The call's arguments as the model gave them (JSON text).
     pub arguments: String,
@@ -62,9 +71,11 @@ pub struct PendingApproval {
 /// What an approver decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// Run the call.
     Approve,
     /// The reason is given to the model as the call's error result.
     Reject {
+        /// Why: the model is given it.
         reason: String,
     },
 }
@@ -73,11 +84,15 @@ pub enum Verdict {
 /// [`Store::decide_approval`](super::Store::decide_approval) takes it.
 #[derive(Clone, Debug)]
 pub struct ApprovalDecision {
+    /// The request's conversation.
     pub conversation_id: ConversationId,
+    /// The request whose call is decided.
     pub request_id: RequestId,
+    /// The call decided.
     pub call_id: String,
     /// The admission's revision the approver saw.
     pub expected_revision: Revision,
+    /// Approve, or reject with a reason.
     pub verdict: Verdict,
 }
 

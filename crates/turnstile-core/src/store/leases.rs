@@ -10,8 +10,11 @@ use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 /// at).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpiredLease {
+    /// The conversation held.
     pub conversation_id: ConversationId,
+    /// Its namespace: what a session to take it over is opened in.
     pub namespace: Namespace,
+    /// The request holding it.
     pub request_id: RequestId,
     /// The run that owns the admission (status `running`).
     pub run_id: RunId,

@@ -13,9 +13,9 @@ use std::str::FromStr;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::backend::metadata_json;
 use crate::error::Error;
 use crate::ids::ConversationId;
-use crate::store::columns::Row;
 
 /// The most bytes a title may have (UTF-8; at least one).
 pub const MAX_TITLE_BYTES: usize = 256;
@@ -34,8 +34,12 @@ pub type Metadata = Map<String, Value>;
 /// A conversation's metadata as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConversationMeta {
+    /// A short human title; `None` until set.
     pub title: Option<String>,
+    /// Who the conversation belongs to, as the application names it
+    /// (listings filter on it); `None` until set.
     pub owner: Option<String>,
+    /// The application's own keys and values (listings filter on them).
     pub metadata: Metadata,
     /// +1 per change; 0 until the first. The compare-and-swap token of
     /// [`Store::set_conversation_meta`](super::Store::set_conversation_meta).
@@ -48,15 +52,73 @@ pub struct ConversationMeta {
 /// A change of metadata. `None` fields are kept; `Some(None)` clears the
 /// title or owner. `set` keys are written (replacing their values), then
 /// `unset` keys removed; a key in both is refused.
+///
+/// Build one with the methods below, or as a struct literal:
+///
+/// ```
+/// use serde_json::json;
+/// use turnstile_core::store::MetaUpdate;
+///
+/// let update = MetaUpdate::default()
+///     .with_title("Refund for order 1182")
+///     .with_owner_cleared()
+///     .with_key("tier", json!("gold"))
+///     .without_key("draft");
+/// assert_eq!(update.title, Some(Some("Refund for order 1182".into())));
+/// assert_eq!(update.owner, Some(None));
+/// assert_eq!(update.set["tier"], json!("gold"));
+/// assert_eq!(update.unset, ["draft"]);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetaUpdate {
+    /// The new title: `Some(Some(_))` sets it, `Some(None)` clears it,
+    /// `None` keeps it.
     pub title: Option<Option<String>>,
+    /// The new owner, as `title`.
     pub owner: Option<Option<String>>,
+    /// Keys written into the metadata object, replacing their values.
     pub set: Metadata,
+    /// Keys removed from the metadata object (after `set` is written).
     pub unset: Vec<String>,
 }
 
 impl MetaUpdate {
+    /// Sets the title.
+    pub fn with_title(mut self, title: impl Into<String>) -> Self {
+        self.title = Some(Some(title.into()));
+        self
+    }
+
+    /// Clears the title.
+    pub fn with_title_cleared(mut self) -> Self {
+        self.title = Some(None);
+        self
+    }
+
+    /// Sets the owner.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(Some(owner.into()));
+        self
+    }
+
+    /// Clears the owner.
+    pub fn with_owner_cleared(mut self) -> Self {
+        self.owner = Some(None);
+        self
+    }
+
+    /// Writes `key` with `value` into the metadata object.
+    pub fn with_key(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.set.insert(key.into(), value.into());
+        self
+    }
+
+    /// Removes `key` from the metadata object.
+    pub fn without_key(mut self, key: impl Into<String>) -> Self {
+        self.unset.push(key.into());
+        self
+    }
+
     /// Whether it changes nothing (it still moves `meta_version` on).
     pub fn is_empty(&self) -> bool {
         self.title.is_none() && self.owner.is_none() && self.set.is_empty() && self.unset.is_empty()
@@ -177,23 +239,6 @@ pub fn check_filter_value(value: &Value) -> Result<(), Error> {
     }
 }
 
-/// The metadata as stored: compact JSON.
-pub fn metadata_json(metadata: &Metadata) -> String {
-    // A map of JSON values always serializes.
-    serde_json::to_string(metadata).unwrap_or_else(|_| "{}".to_owned())
-}
-
-/// Stored metadata text back to the object.
-///
-/// # Errors
-/// [`Error::Corrupt`] unless it is a JSON object.
-pub fn decode_metadata(row: &Row<'_>, text: &str) -> Result<Metadata, Error> {
-    match serde_json::from_str(text) {
-        Ok(Value::Object(map)) => Ok(map),
-        _ => Err(row.corrupt("metadata is not a JSON object")),
-    }
-}
-
 /// Where the next page of a listing starts: after the conversation created
 /// at `created_at` with `id` (listings are `(created_at, id)` newest first).
 /// Shown and parsed as an opaque short string.
@@ -204,6 +249,8 @@ pub struct ConversationCursor {
 }
 
 impl ConversationCursor {
+    /// The cursor after the conversation `id`, created at `created_at`
+    /// (Unix milliseconds).
     pub fn new(created_at: i64, id: ConversationId) -> Self {
         Self { created_at, id }
     }
@@ -381,6 +428,33 @@ mod tests {
         let mut nul = MetaUpdate::default();
         nul.set.insert("k".into(), json!(["a\0"]));
         assert!(nul.apply(&empty()).is_err());
+    }
+
+    #[test]
+    fn the_builder_makes_the_same_update_as_a_literal() {
+        let built = MetaUpdate::default()
+            .with_title("t")
+            .with_owner_cleared()
+            .with_key("a", 1)
+            .without_key("b");
+        let mut literal = MetaUpdate {
+            title: Some(Some("t".into())),
+            owner: Some(None),
+            unset: vec!["b".into()],
+            ..MetaUpdate::default()
+        };
+        literal.set.insert("a".into(), json!(1));
+        assert_eq!(built, literal);
+        assert_eq!(
+            MetaUpdate::default()
+                .with_title_cleared()
+                .with_owner("o")
+                .apply(&empty())
+                .unwrap()
+                .owner
+                .as_deref(),
+            Some("o")
+        );
     }
 
     #[test]

@@ -7,7 +7,6 @@
 //! same contract.
 
 mod approvals;
-pub mod columns;
 mod deletion;
 mod leases;
 pub mod meta;
@@ -21,7 +20,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, PendingApproval, Verdict,
     MAX_REJECTION_REASON_BYTES,
 };
-pub use deletion::{check_delete, check_fork_cut, missing_conversation, DeleteReport, ForkOutcome};
+pub use deletion::{DeleteReport, ForkOutcome};
 pub use leases::ExpiredLease;
 pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{
@@ -309,9 +308,12 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`Error::NotActive`] when the request holds no admission,
-    /// [`Error::Conflict`] for a stale revision, [`Error::NoPendingApproval`]
-    /// when the call is not awaiting a decision (decided already, unknown, or
-    /// answered). Nothing is written.
+    /// [`Error::Conflict`] for a stale revision, [`Error::Busy`] (at the
+    /// expected revision) while a run of the request goes on, that is while
+    /// the run holding the admission has not stopped (a decision must not
+    /// fence a run executing calls decided before it),
+    /// [`Error::NoPendingApproval`] when the call is not awaiting a decision
+    /// (decided already, unknown, or answered). Nothing is written.
     async fn decide_approval(&self, decision: &ApprovalDecision) -> Result<Revision, Error>;
 
     /// Deletes a conversation in one transaction: its transcript, requests,

@@ -22,7 +22,9 @@ impl InputHash {
 /// A conversation's header row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conversation {
+    /// The conversation.
     pub id: ConversationId,
+    /// The namespace it belongs to; every call names it.
     pub namespace: Namespace,
     /// Number of committed requests.
     pub version: u64,
@@ -33,18 +35,25 @@ pub struct Conversation {
 /// A conversation's admission: idle, or held by one active request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Admission {
+    /// The conversation.
     pub conversation_id: ConversationId,
+    /// Bumped by every ownership change: the compare-and-swap token.
     pub revision: Revision,
+    /// The request holding it; `None` when idle.
     pub active: Option<ActiveAdmission>,
 }
 
 /// The request holding an admission.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActiveAdmission {
+    /// The request.
     pub request_id: RequestId,
+    /// What its id is bound to.
     pub input_sha256: InputHash,
     /// The run that owns the admission now.
     pub run_id: RunId,
+    /// The agent it was admitted with: a resume with another agent is
+    /// refused unless the caller accepts an upgrade.
     pub agent_fingerprint: String,
     /// The latest persisted usage of the request (summary passes included).
     pub usage: Usage,
@@ -83,13 +92,16 @@ pub struct StoredSummary {
     /// The row id: stable, so a summary recognized after a lost
     /// acknowledgement is the same row.
     pub id: i64,
+    /// The conversation summarized.
     pub conversation_id: ConversationId,
     /// The request whose pass made it.
     pub request_id: RequestId,
+    /// The first transcript entry it covers.
     pub from_seq: u64,
     /// The last transcript entry it covers (inclusive). Each summary extends
     /// the previous one: it summarizes every entry up to `through_seq`.
     pub through_seq: u64,
+    /// The summary text the model sees before the later entries.
     pub content: String,
     /// The conversation version the pass read.
     pub made_from_version: u64,
@@ -104,6 +116,7 @@ pub struct StoredSummary {
 pub struct SummaryCommit {
     /// The recorded pass this summary answers.
     pub pass: SummaryPass,
+    /// The summary text.
     pub content: String,
     /// Usage of this pass's model call; added to the request's usage.
     pub usage: Usage,
@@ -113,22 +126,33 @@ pub struct SummaryCommit {
 /// revision it claimed, for its run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fence {
+    /// The conversation owned.
     pub conversation_id: ConversationId,
+    /// The request the owner runs.
     pub request_id: RequestId,
+    /// The owning run.
     pub run_id: RunId,
+    /// The revision it claimed.
     pub revision: Revision,
 }
 
 /// A claim of an idle admission by a new request.
 #[derive(Clone, Debug)]
 pub struct NewRequest {
+    /// The conversation to admit the request to.
     pub conversation_id: ConversationId,
+    /// The new request's id.
     pub request_id: RequestId,
+    /// What the id is bound to: the hash of `input`'s text.
     pub input_sha256: InputHash,
     /// The user message, stored as the request's first message.
     pub input: Message,
+    /// The admission's revision read before the claim: the compare-and-swap
+    /// token.
     pub expected_revision: Revision,
+    /// The first run of the request.
     pub run_id: RunId,
+    /// The agent's fingerprint, held with the admission.
     pub agent_fingerprint: String,
     /// The write-ahead of the request's first turn (phase `TurnInFlight`),
     /// saved with the claim when the run goes straight to its first turn:
@@ -151,11 +175,15 @@ pub enum ClaimOutcome {
 /// A claim of an active admission by a run that continues another.
 #[derive(Clone, Debug)]
 pub struct RecoveryClaim {
+    /// The conversation held.
     pub conversation_id: ConversationId,
+    /// The request continued.
     pub request_id: RequestId,
+    /// The admission's revision the caller read.
     pub expected_revision: Revision,
     /// The run being continued: it must be the admission's current run.
     pub from_run: RunId,
+    /// The run that continues it.
     pub new_run: RunId,
     /// Refuse with [`Error::AmbiguousCheckpoint`](crate::Error::AmbiguousCheckpoint)
     /// if `from_run`'s latest checkpoint has a turn in flight, checked in
@@ -171,8 +199,11 @@ pub struct RecoveryClaim {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RequestStatus {
+    /// Holds its conversation's admission: running, stopped or waiting.
     Active,
+    /// Committed; its answer is kept for replay.
     Completed,
+    /// Abandoned: its id is never admitted again.
     Abandoned,
 }
 
@@ -185,13 +216,19 @@ stored_names!(RequestStatus {
 /// A request row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestRecord {
+    /// The request.
     pub request_id: RequestId,
+    /// The conversation it belongs to.
     pub conversation_id: ConversationId,
+    /// What its id is bound to.
     pub input_sha256: InputHash,
+    /// Where it stands.
     pub status: RequestStatus,
     /// Set once completed.
     pub outcome: Option<StoredOutcome>,
+    /// Unix milliseconds of its admission.
     pub created_at: i64,
+    /// Unix milliseconds of its commit or abandonment.
     pub completed_at: Option<i64>,
     /// The wall-clock deadline stored with the request (Unix milliseconds).
     pub deadline_at: Option<i64>,
@@ -221,13 +258,21 @@ pub struct ClaimContext {
 /// (entries `first_seq..end_seq`, the final answer last).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredOutcome {
+    /// The run that committed.
     pub run_id: RunId,
+    /// The request's usage over all its runs.
     pub usage: Usage,
+    /// Its turns, summary passes included.
     pub turns: u32,
+    /// Tool calls answered.
     pub tool_calls: u64,
+    /// Every verifier report, in order.
     pub verification_reports: Vec<VerificationReport>,
+    /// The conversation version the commit produced.
     pub conversation_version: u64,
+    /// The request's first transcript entry (its input).
     pub first_seq: u64,
+    /// One past its last entry (the answer).
     pub end_seq: u64,
 }
 
@@ -237,11 +282,13 @@ pub struct StoredOutcome {
 pub enum RunStatus {
     /// Owns the admission (or did, until its process died).
     Running,
+    /// Committed its request.
     Completed,
     /// Stopped with an error; resumable.
     Failed,
     /// Continued by a newer run.
     Superseded,
+    /// Stopped when its request was abandoned.
     Abandoned,
 }
 
@@ -256,12 +303,19 @@ stored_names!(RunStatus {
 /// A run row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunRecord {
+    /// The run.
     pub run_id: RunId,
+    /// The request it runs.
     pub request_id: RequestId,
+    /// The run it continues, for a resume or a recovery.
     pub resumed_from: Option<RunId>,
+    /// Where it stands.
     pub status: RunStatus,
+    /// Why it stopped, for a failed run.
     pub error: Option<String>,
+    /// Unix milliseconds.
     pub started_at: i64,
+    /// Unix milliseconds; set once it stops.
     pub ended_at: Option<i64>,
     /// Set when the run continued its request with another agent than the
     /// run before it (an explicit upgrade).
@@ -281,16 +335,22 @@ pub struct AgentChange {
 /// One committed message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TranscriptEntry {
+    /// Its position in the transcript, from 0.
     pub seq: u64,
+    /// The request that added it.
     pub request_id: RequestId,
+    /// The message.
     pub message: Message,
 }
 
 /// Journal state of one tool call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JournalStatus {
+    /// Journaled before the call runs; no result yet.
     Requested,
+    /// Answered with a result.
     Completed,
+    /// Answered with an error result.
     Failed,
 }
 
@@ -303,14 +363,18 @@ stored_names!(JournalStatus {
 /// One row of the tool-call journal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalEntry {
+    /// The request's turn that asked for the call.
     pub turn: u32,
+    /// The call's id, as the model gave it.
     pub call_id: String,
     /// The run that journaled the call.
     pub run_id: RunId,
+    /// The tool.
     pub name: String,
     /// The raw JSON arguments; `None` once the turn is checkpointed (they are
     /// in the assistant message).
     pub arguments: Option<String>,
+    /// Where the call stands.
     pub status: JournalStatus,
     /// Set once completed or failed; `None` again once the turn is
     /// checkpointed (the result is in the tool message).

@@ -156,7 +156,7 @@ pub(super) async fn doctor(
             broken
         };
     }
-    // The rule of `admin::is_stuck`, counted.
+    // The rule of `backend::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!",
                   COUNT(*) FILTER (WHERE ru.status IS NULL OR ru.status <> 'running'

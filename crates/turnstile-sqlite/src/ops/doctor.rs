@@ -170,7 +170,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         }
     }
     let (cutoff, now) = (cutoff(stale_after), now_ms());
-    // The rule of `ops::is_stuck`, counted.
+    // The rule of `backend::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!: i64",
                   COALESCE(SUM(ru.status IS NULL OR ru.status <> 'running'

@@ -15,9 +15,10 @@ use super::page::conversation_page;
 use crate::codec::{db, now_ms, Row};
 use crate::SqliteStore;
 use turnstile_core::admin::{
-    is_stuck, CheckpointMark, ConversationPage, ConversationSummary, HeldAdmission, ListFilter,
+    CheckpointMark, ConversationPage, ConversationSummary, HeldAdmission, ListFilter,
     RequestSummary, RunSummary,
 };
+use turnstile_core::backend::is_stuck;
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::store::{RequestStatus, RunStatus};

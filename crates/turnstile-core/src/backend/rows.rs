@@ -10,10 +10,10 @@ use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
 use crate::message::{Message, Usage, VerificationReport};
-use crate::store::{
-    ActiveAdmission, Admission, ApprovalDecision, Fence, InputHash, SummaryPass, SummaryProgress,
-};
+use crate::store::{ActiveAdmission, Admission, InputHash, Metadata, SummaryPass, SummaryProgress};
 
+/// The time now as Unix milliseconds, the unit of every stored time
+/// (0 before 1970, `i64::MAX` past its range).
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -30,11 +30,14 @@ pub fn to_i64(value: u64) -> i64 {
 /// Decoding context: which row of which table is being read.
 #[derive(Clone, Copy)]
 pub struct Row<'a> {
+    /// The table read, as the error names it.
     pub table: &'static str,
+    /// The row's key (an id, or id and turn), as the error names it.
     pub key: &'a (dyn std::fmt::Display + Sync),
 }
 
 impl Row<'_> {
+    /// [`Error::Corrupt`] naming this row and `reason`.
     pub fn corrupt(&self, reason: impl Into<String>) -> Error {
         Error::Corrupt {
             table: self.table,
@@ -43,14 +46,17 @@ impl Row<'_> {
         }
     }
 
+    /// A counter column: negative is corruption.
     pub fn u64(&self, column: &str, value: i64) -> Result<u64, Error> {
         u64::try_from(value).map_err(|_| self.corrupt(format!("{column} is negative ({value})")))
     }
 
+    /// A turn or pass column: negative or past `u32::MAX` is corruption.
     pub fn u32(&self, column: &str, value: i64) -> Result<u32, Error> {
         u32::try_from(value).map_err(|_| self.corrupt(format!("{column} out of range ({value})")))
     }
 
+    /// A uuid column: anything but 16 bytes is corruption.
     pub fn uuid(&self, column: &str, bytes: &[u8]) -> Result<Uuid, Error> {
         Uuid::from_slice(bytes).map_err(|_| self.corrupt(format!("{column} is not a 16-byte uuid")))
     }
@@ -66,12 +72,14 @@ impl Row<'_> {
         T::try_from(uuid).map_err(|_| self.corrupt(format!("{column} is the nil uuid")))
     }
 
+    /// A SHA-256 column: anything but 32 bytes is corruption.
     pub fn hash(&self, column: &str, bytes: &[u8]) -> Result<InputHash, Error> {
         <[u8; 32]>::try_from(bytes)
             .map(InputHash)
             .map_err(|_| self.corrupt(format!("{column} is not a 32-byte sha-256")))
     }
 
+    /// The four token columns as a [`Usage`].
     pub fn usage(
         &self,
         input: i64,
@@ -144,25 +152,45 @@ pub fn decode_message(
         .map_err(|e| row.corrupt(format!("message: {e}")))
 }
 
-/// An admission row as every backend reads it (ids already as uuids).
+/// An admission row as every backend reads it (ids already as uuids),
+/// each field the `admissions` column of the same name.
 pub struct AdmissionRow {
+    /// The admission's revision.
     pub revision: i64,
+    /// `active_request_id`: `None` when the admission is idle.
     pub active_request_id: Option<Uuid>,
+    /// `input_sha256` of the active request.
     pub input_sha256: Option<Vec<u8>>,
+    /// `run_id` of the owning run.
     pub run_id: Option<Uuid>,
+    /// `agent_fingerprint` the request was admitted with.
     pub agent_fingerprint: Option<String>,
+    /// `input_tokens` spent by the active request.
     pub input_tokens: i64,
+    /// `output_tokens` spent by the active request.
     pub output_tokens: i64,
+    /// `cache_read_tokens` spent by the active request.
     pub cache_read_tokens: i64,
+    /// `cache_write_tokens` spent by the active request.
     pub cache_write_tokens: i64,
+    /// `summary_passes` the active request committed.
     pub summary_passes: i64,
+    /// `summary_from_seq` of the pass in flight.
     pub summary_from_seq: Option<i64>,
+    /// `summary_through_seq` of the pass in flight.
     pub summary_through_seq: Option<i64>,
+    /// `summary_version`: the conversation version the pass in flight read.
     pub summary_version: Option<i64>,
+    /// `summary_prompt_sha256` of the pass in flight.
     pub summary_prompt_sha256: Option<Vec<u8>>,
 }
 
 impl AdmissionRow {
+    /// The admission of `conversation_id`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a value out of range, or an active admission
+    /// or pass in flight with a column missing.
     pub fn decode(self, conversation_id: ConversationId) -> Result<Admission, Error> {
         let key = Row {
             table: "admissions",
@@ -231,98 +259,46 @@ fn pending_pass(
     }
 }
 
-/// What a failed compare-and-swap on the admission wanted: an idle one (a
-/// claim) or an active one (a recovery claim, an abandon).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wanted {
-    Idle,
-    Active,
+/// The metadata as stored: compact JSON.
+pub fn metadata_json(metadata: &Metadata) -> String {
+    // A map of JSON values always serializes.
+    serde_json::to_string(metadata).unwrap_or_else(|_| "{}".to_owned())
 }
 
-/// Why a compare-and-swap on the admission matched no row, given the
-/// admission as it is now: `Busy` (another request holds it, or this one at
-/// the expected revision), `NotActive` (nothing to take over), or
-/// `Conflict` (the revision moved).
-pub fn cas_refusal(
-    admission: Admission,
-    wanted: Wanted,
-    request_id: RequestId,
-    expected: Revision,
-) -> Error {
-    let conversation_id = admission.conversation_id;
-    match admission.active {
-        None if wanted == Wanted::Active => Error::NotActive { request_id },
-        Some(active) if active.request_id != request_id || admission.revision == expected => {
-            Error::Busy {
-                conversation_id,
-                request_id: active.request_id,
-                revision: admission.revision,
-            }
-        }
-        _ => Error::Conflict {
-            conversation_id,
-            expected,
-            actual: admission.revision,
-        },
+/// Stored metadata text back to the object.
+///
+/// # Errors
+/// [`Error::Corrupt`] unless it is a JSON object.
+pub fn decode_metadata(row: &Row<'_>, text: &str) -> Result<Metadata, Error> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => Err(row.corrupt("metadata is not a JSON object")),
     }
 }
 
-/// Why a decision on an approval matched no awaiting call, given the
-/// admission as it is now and whether its run has stopped: `NotActive` (the
-/// request holds no admission), `Conflict` (the revision moved), `Busy` (a
-/// run of the request is going on: decide once it stops), or
-/// `NoPendingApproval` (the call awaits no decision).
-pub fn decision_refusal(
-    admission: Admission,
-    owner_stopped: bool,
-    decision: &ApprovalDecision,
-) -> Error {
-    let request_id = decision.request_id;
-    match admission.active {
-        Some(active) if active.request_id == request_id => {
-            if admission.revision != decision.expected_revision {
-                Error::Conflict {
-                    conversation_id: admission.conversation_id,
-                    expected: decision.expected_revision,
-                    actual: admission.revision,
-                }
-            } else if !owner_stopped {
-                Error::Busy {
-                    conversation_id: admission.conversation_id,
-                    request_id,
-                    revision: admission.revision,
-                }
-            } else {
-                Error::NoPendingApproval {
-                    request_id,
-                    call_id: decision.call_id.clone(),
-                }
-            }
-        }
-        _ => Error::NotActive { request_id },
-    }
-}
-
-/// Whether `fence` still owns the admission: its run at its revision.
-pub fn owns(admission: &Admission, fence: &Fence) -> bool {
-    admission.revision == fence.revision
-        && admission
-            .active
-            .as_ref()
-            .is_some_and(|active| active.run_id == fence.run_id)
-}
-
-/// A loop checkpoint row as every backend reads it.
+/// A loop checkpoint row as every backend reads it, each field the
+/// `loop_checkpoints` column of the same name.
 pub struct CheckpointRow {
+    /// The turn it was saved for.
     pub turn: i64,
+    /// `phase`, as its stored name.
     pub phase: String,
+    /// `input_tokens` of the request so far.
     pub input_tokens: i64,
+    /// `output_tokens` of the request so far.
     pub output_tokens: i64,
+    /// `cache_read_tokens` of the request so far.
     pub cache_read_tokens: i64,
+    /// `cache_write_tokens` of the request so far.
     pub cache_write_tokens: i64,
+    /// `tool_calls_count` of the request so far.
     pub tool_calls_count: i64,
+    /// `reports_count`: how many of the request's verification reports it
+    /// holds.
     pub reports_count: i64,
+    /// `message_count`: the request's messages so far.
     pub message_count: i64,
+    /// `created_at`, Unix milliseconds.
     pub created_at: i64,
 }
 

@@ -1,0 +1,48 @@
+//! The backend author's kit: what a crate implementing [`Store`] and
+//! [`StoreAdmin`] shares with the other backends, so that every backend
+//! decodes the same rows into the same records and refuses the same state
+//! with the same [`Error`]. Applications need none of it; the `turnstile`
+//! facade does not re-export it.
+//!
+//! - **Reading rows.** Database content is never trusted: [`Row`] names the
+//!   table and key being read, and its decoders ([`Row::u64`], [`Row::id`],
+//!   [`Row::hash`], [`Row::usage`], …) turn an impossible value into
+//!   [`Error::Corrupt`] instead of a panic. [`AdmissionRow`] and
+//!   [`CheckpointRow`] are the admission and loop checkpoint rows as every
+//!   backend selects them; [`decode_message`] and [`decode_metadata`] read
+//!   a stored message and metadata object back.
+//! - **Writing rows.** [`message_columns`] splits a message into the
+//!   columns it is stored in, [`metadata_json`] and [`to_json`] serialize,
+//!   [`to_i64`] clamps a counter into a signed SQL integer, [`now_ms`] is
+//!   the clock every stored time is read from (Unix milliseconds).
+//! - **Naming a refusal.** When a step's compare-and-swap or guard matches
+//!   nothing, the backend reads the rows as they are now and asks:
+//!   [`cas_refusal`] (a claim, recovery claim or abandon: `Busy`,
+//!   `NotActive` or `Conflict`), [`decision_refusal`] (an approval
+//!   decision), [`owns`] (whether a fence still owns its admission),
+//!   [`missing_conversation`] (`Deleted` or `NotFound`), and, before a
+//!   delete or a fork writes, [`check_delete`] and [`check_fork_cut`].
+//! - **Judging a listing.** [`is_stuck`] is the rule of a stuck admission
+//!   (see [the admin module](crate::admin#stuck-admissions)) for a backend
+//!   that judges it in Rust rather than in SQL.
+//!
+//! A backend proves it uses these as intended by passing the
+//! `turnstile-conformance` suite.
+//!
+//! [`Store`]: crate::Store
+//! [`StoreAdmin`]: crate::StoreAdmin
+//! [`Error`]: crate::Error
+//! [`Error::Corrupt`]: crate::Error::Corrupt
+
+mod refusals;
+mod rows;
+mod stuck;
+
+pub use refusals::{
+    cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,
+};
+pub use rows::{
+    decode_message, decode_metadata, message_columns, metadata_json, now_ms, to_i64, to_json,
+    AdmissionRow, CheckpointRow, Row,
+};
+pub use stuck::is_stuck;
