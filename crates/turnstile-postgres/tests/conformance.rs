@@ -1,11 +1,10 @@
 //! The store contract on a real PostgreSQL server.
 
-mod support;
-
 use turnstile_postgres::PostgresStore;
+use turnstile_testkit::postgres::fresh_store;
 
 async fn store() -> (PostgresStore, ()) {
-    (support::fresh_store().await, ())
+    (fresh_store().await, ())
 }
 
 turnstile_conformance::suite!(postgres, store());

@@ -2,16 +2,15 @@
 //! a look-only connection changes nothing, bad options are typed errors,
 //! and no password is ever printed.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use sqlx::Connection;
 use turnstile::{Error, PostgresOptions, PostgresStore, Store};
+use turnstile_testkit::postgres::{database_url, fresh_options, fresh_schema};
 
 /// A plain connection to the test database, in `schema`.
 async fn raw(schema: &str) -> sqlx::PgConnection {
-    let mut conn = sqlx::PgConnection::connect(support::database_url())
+    let mut conn = sqlx::PgConnection::connect(database_url())
         .await
         .expect("connect");
     sqlx::query(&format!("SET search_path TO {schema}"))
@@ -30,7 +29,7 @@ async fn count(conn: &mut sqlx::PgConnection, sql: &str) -> i64 {
 
 #[tokio::test]
 async fn a_newer_schema_is_refused_and_left_as_it_was() {
-    let options = support::fresh_options();
+    let options = fresh_options();
     let schema = options.schema.clone().expect("schema");
     let store = PostgresStore::connect_with(options.clone())
         .await
@@ -74,7 +73,7 @@ async fn a_newer_schema_is_refused_and_left_as_it_was() {
 async fn looking_at_a_database_without_the_schema_is_not_found_and_creates_nothing() {
     let options = PostgresOptions {
         existing_only: true,
-        ..support::fresh_options()
+        ..fresh_options()
     };
     let schema = options.schema.clone().expect("schema");
     let missing = PostgresStore::connect_with(options.clone()).await;
@@ -113,7 +112,7 @@ async fn bad_options_are_invalid_input() {
     ] {
         let result = PostgresStore::connect_with(PostgresOptions {
             schema: Some(schema.to_owned()),
-            ..PostgresOptions::new(support::database_url())
+            ..PostgresOptions::new(database_url())
         })
         .await;
         assert!(
@@ -171,10 +170,10 @@ async fn no_password_is_printed_by_the_options_or_the_store() {
     assert!(!format!("{options:?}").contains("hunter2"), "{options:?}");
     // The test server trusts every connection: the password is accepted
     // unchecked, and must show nowhere.
-    let url = support::database_url().replacen("://turnstile@", "://turnstile:hunter2-secret@", 1);
+    let url = database_url().replacen("://turnstile@", "://turnstile:hunter2-secret@", 1);
     assert!(url.contains("hunter2-secret"), "{url}");
     let store = PostgresStore::connect_with(PostgresOptions {
-        schema: Some(support::fresh_schema()),
+        schema: Some(fresh_schema()),
         ..PostgresOptions::new(url)
     })
     .await

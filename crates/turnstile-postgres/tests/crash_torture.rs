@@ -5,11 +5,11 @@
 //! (`recover_after_owner_exit` with `RetryInterruptedTurn`) and goes on with
 //! the remaining requests; a last worker, never killed, finishes everything.
 //!
-//! The torture is the SQLite one's (`crates/turnstile/tests/crash_torture.rs`):
+//! The torture is the SQLite one's (the facade's `crash_torture` test):
 //! the plan, the scripted model, the effect tools, the kills, the checks
-//! after every kill and at the end are `torture_support` (its `kills`
-//! module), included by path; this file says how to reach, read and check
-//! the database. On PostgreSQL the server outlives the worker: after every
+//! after every kill and at the end are `turnstile_testkit::torture` (its
+//! `kills` module); this file says how to reach, read and check the
+//! database. On PostgreSQL the server outlives the worker: after every
 //! kill the parent waits until the server has ended every backend of the
 //! dead worker (a commit it had sent finishes or rolls back first), then
 //! reads the schema in one snapshot through a pool of its own: the
@@ -24,28 +24,23 @@
 //! `TURNSTILE_TORTURE_KILLS` (default 50) and `TURNSTILE_TORTURE_SEED`
 //! (default fixed, decimal or `0x` hex) choose the kill count and the seed.
 //!
-//! The workers are this test binary, re-run with `--ignored --exact
-//! torture_worker`, told the database by environment (they never start a
-//! server of their own).
+//! The workers are this test binary, re-run with `--ignored --exact` and
+//! the name of `torture_worker`, told the database by environment (they
+//! never start a server of their own).
 #![cfg(unix)]
-
-#[path = "../../turnstile/tests/torture_support/mod.rs"]
-#[allow(dead_code)]
-mod torture_support;
-
-#[allow(dead_code)]
-mod durability;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgPool};
-use torture_support::checks::Reference;
-use torture_support::kills::{self, Backend, Stats, Tables};
-use torture_support::Plan;
 use turnstile::{PostgresOptions, PostgresStore, Store};
 use turnstile_test_postgres::Server;
+use turnstile_testkit::postgres::durability;
+use turnstile_testkit::torture::checks::Reference;
+use turnstile_testkit::torture::kills::{self, Backend, Stats, Tables};
+use turnstile_testkit::torture::Plan;
+use turnstile_testkit::worker_test;
 
 /// Kills land up to this long after the worker says it is ready.
 const MAX_KILL_DELAY_MS: u64 = 300;
@@ -76,7 +71,7 @@ async fn torture_worker() {
 
 #[test]
 fn sigkilled_workers_on_eight_conversations_commit_exactly_what_a_crash_free_run_commits() {
-    kills::torture(|| {
+    kills::torture(&worker_test!(torture_worker), || {
         let url = Server::shared().fresh_database();
         let pool = durability::inspect_pool(&url, SCHEMA);
         Postgres { url, pool }

@@ -1,14 +1,12 @@
 //! Lease-based takeover across real processes on PostgreSQL: see
-//! `lease_support` for the scenario. The child connects to the parent's
+//! `turnstile_testkit::lease` for the scenario. The child connects to the parent's
 //! schema on the test server.
-
-#[path = "../../turnstile/tests/lease_support/mod.rs"]
-mod lease_support;
-mod support;
 
 use std::sync::Arc;
 
 use turnstile::{PostgresOptions, PostgresStore, StoreAdmin};
+use turnstile_testkit::postgres::fresh_options;
+use turnstile_testkit::{lease, worker_test};
 
 /// `location` is `URL SCHEMA`.
 async fn open(location: String) -> Arc<dyn StoreAdmin> {
@@ -23,15 +21,16 @@ async fn open(location: String) -> Arc<dyn StoreAdmin> {
 #[tokio::test]
 #[ignore = "child process of the lease takeover test"]
 async fn lease_worker() {
-    lease_support::worker(open).await;
+    lease::worker(open).await;
 }
 
 #[tokio::test]
 async fn a_worker_frozen_past_its_lease_is_taken_over_and_fenced_when_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
-    let options = support::fresh_options();
+    let options = fresh_options();
     let schema = options.schema.expect("a fresh schema");
-    lease_support::frozen_worker_is_taken_over_and_fenced(
+    lease::frozen_worker_is_taken_over_and_fenced(
+        &worker_test!(lease_worker),
         format!("{} {schema}", options.url),
         dir.path(),
         open,

@@ -30,13 +30,6 @@
 //! the number of crashes and the seed.
 #![cfg(unix)]
 
-#[path = "../../turnstile/tests/torture_support/mod.rs"]
-#[allow(dead_code)]
-mod torture_support;
-
-#[allow(dead_code)]
-mod durability;
-
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -45,14 +38,15 @@ use std::time::{Duration, Instant};
 
 use durability::ToolWatch;
 use sqlx::PgPool;
-use torture_support::hooked::{Call, Hook, Hooked};
-use torture_support::{checks, namespace, ConversationPlan, Plan, Rng};
 use turnstile::store::RequestStatus;
 use turnstile::{
     AgentSession, ContextPolicy, Error, PostgresOptions, PostgresStore, RequestId, ResumePolicy,
     RunContext, RunId, Store,
 };
 use turnstile_test_postgres::Server;
+use turnstile_testkit::postgres::durability;
+use turnstile_testkit::torture::hooked::{Call, Hook, Hooked};
+use turnstile_testkit::torture::{checks, namespace, ConversationPlan, Plan, Rng};
 
 const DEFAULT_KILLS: u64 = 4;
 const DEFAULT_SEED: u64 = 0x7365_7276_6572;

@@ -3,20 +3,18 @@
 //! store (another pool, as another process would have) with its usage
 //! carried over; summaries; refusals that write nothing.
 
-#[path = "../../turnstile/tests/common/mod.rs"]
-mod common;
-mod support;
-
 use std::sync::Arc;
 
-use common::*;
 use turnstile::{
     Agent, AgentSession, Budget, BudgetKind, ContextPolicy, ConversationId, Error, MaxPasses,
     RequestId, ResumePolicy, RunContext, Store,
 };
+use turnstile_testkit::postgres::{fresh_options, fresh_store};
+use turnstile_testkit::session::*;
+use turnstile_testkit::tools::*;
 
 async fn pg() -> Arc<dyn Store> {
-    Arc::new(support::fresh_store().await)
+    Arc::new(fresh_store().await)
 }
 
 /// A second store on the same schema: what another process would open.
@@ -81,7 +79,7 @@ async fn a_held_conversation_is_busy_a_reused_id_is_refused_and_a_retry_replays(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_owner_is_fenced_and_its_late_writes_change_nothing() {
-    let options = support::fresh_options();
+    let options = fresh_options();
     let first_store = same_schema(&options).await;
     let second_store = same_schema(&options).await;
     let conversation = ConversationId::new();
@@ -158,7 +156,7 @@ async fn a_replaced_owner_is_fenced_and_its_late_writes_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_run_resumes_from_another_store_with_its_usage_carried_over() {
-    let options = support::fresh_options();
+    let options = fresh_options();
     let conversation = ConversationId::new();
     let request = RequestId::new();
     let tool = CountingTool::new("count");
@@ -282,7 +280,11 @@ async fn refusals_are_typed_and_write_nothing() {
         .expect("run");
 
     // The same request id in another conversation is that request.
-    let elsewhere = common::session(agent(model.clone(), vec![]), &store, ConversationId::new());
+    let elsewhere = turnstile_testkit::session::session(
+        agent(model.clone(), vec![]),
+        &store,
+        ConversationId::new(),
+    );
     let before = store.request(request).await.expect("request");
     let reused = elsewhere.run(request, "first", RunContext::default()).await;
     assert!(reused.is_err(), "{reused:?}");

@@ -2,22 +2,21 @@
 //! (`turnstile_conformance::stuck_order`), with activity times set
 //! through a connection of the test's own.
 
-mod support;
-
 use sqlx::postgres::PgPoolOptions;
 use turnstile_conformance::stuck_order::stuck_admissions_are_oldest_first_and_ties_go_by_conversation_id;
 use turnstile_conformance::support::TestResult;
 use turnstile_postgres::PostgresStore;
+use turnstile_testkit::postgres::{database_url, fresh_options};
 
 #[tokio::test]
 async fn stuck_admissions_are_oldest_first_and_ties_go_by_conversation_id_on_postgres() -> TestResult
 {
-    let options = support::fresh_options();
+    let options = fresh_options();
     let schema = options.schema.clone().expect("a schema");
     let store = PostgresStore::connect_with(options).await?;
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .connect(support::database_url())
+        .connect(database_url())
         .await?;
     stuck_admissions_are_oldest_first_and_ties_go_by_conversation_id(&store, |id, ms| {
         let (pool, schema) = (pool.clone(), schema.clone());

@@ -32,13 +32,6 @@
 //! callers get the same answers.
 #![cfg(unix)]
 
-#[path = "../../turnstile/tests/torture_support/mod.rs"]
-#[allow(dead_code)]
-mod torture_support;
-
-#[allow(dead_code)]
-mod durability;
-
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -49,13 +42,14 @@ use durability::ToolWatch;
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use torture_support::hooked::{Call, Hook, Hooked};
-use torture_support::{checks, namespace, ConversationPlan, Plan, Rng};
 use turnstile::{
     Agent, AgentSession, Budget, ContextPolicy, Error, MaxPasses, Outcome, PostgresOptions,
     PostgresStore, ResumePolicy, RunContext, ScriptedModel, ScriptedReply, Store, Usage,
 };
 use turnstile_test_postgres::Server;
+use turnstile_testkit::postgres::durability;
+use turnstile_testkit::torture::hooked::{Call, Hook, Hooked};
+use turnstile_testkit::torture::{checks, namespace, ConversationPlan, Plan, Rng};
 
 const SEED: u64 = 0x7465_726d;
 
@@ -617,11 +611,11 @@ fn flow_session(
     store: Arc<dyn Store>,
     log: &Path,
 ) -> AgentSession {
-    let (agent, _) = torture_support::agent(
+    let (agent, _) = turnstile_testkit::torture::agent(
         conversation,
         log,
         false,
-        torture_support::Tracer { enabled: false },
+        turnstile_testkit::torture::Tracer { enabled: false },
     );
     let summarizer = Arc::new(ScriptedModel::new(vec![ScriptedReply::text(
         "the story so far",
