@@ -5,7 +5,7 @@
 //! figures docs/performance.md quotes; ignored by default (it measures,
 //! and starts a server of its own):
 //!
-//! `cargo test -p turnstile-postgres --test fork_cost -- --ignored --nocapture`
+//! `cargo test -p turnstile-postgres --test it fork_cost -- --ignored --nocapture`
 
 use std::time::{Duration, Instant};
 
