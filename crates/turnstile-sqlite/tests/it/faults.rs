@@ -11,28 +11,11 @@ use sqlx::SqlitePool;
 use turnstile::store::RequestStatus;
 use turnstile::{
     Agent, AgentSession, ContextPolicy, ConversationId, Error, Message, Namespace, RequestId,
-    ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall,
-    ToolContext, ToolError, ToolSpec,
+    ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store, ToolCall,
 };
+use turnstile_testkit::tools::Echo;
 
 const INPUT: &str = "echo twice";
-
-struct Echo;
-
-#[turnstile::async_trait]
-impl Tool for Echo {
-    fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: "echo".into(),
-            description: "Echoes its text".into(),
-            parameters: serde_json::json!({"type": "object"}),
-        }
-    }
-
-    async fn call(&self, args: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
-        Ok(args["text"].as_str().unwrap_or_default().to_owned())
-    }
-}
 
 fn script() -> Vec<ScriptedReply> {
     let echo = |id: &str| ToolCall::new(id, "echo", serde_json::json!({ "text": id }));
@@ -62,7 +45,7 @@ impl Fixture {
             .await
             .unwrap();
         let conversation = ConversationId::new();
-        let agent = Agent::new(Arc::new(ScriptedModel::new(script()))).with_tool(Arc::new(Echo));
+        let agent = Agent::new(Arc::new(ScriptedModel::new(script()))).with_tool(Echo::new());
         let session = AgentSession::new(
             agent,
             store.clone(),

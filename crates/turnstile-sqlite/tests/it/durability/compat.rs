@@ -13,11 +13,12 @@ use std::sync::Arc;
 
 use turnstile::{
     Agent, AgentSession, ContextPolicy, ConversationId, Error, Message, Namespace, RequestId,
-    ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall,
-    ToolContext, ToolError, ToolSpec, VerificationReport,
+    ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store, ToolCall,
+    VerificationReport,
 };
 
-use crate::support::TestResult;
+use turnstile_conformance::support::TestResult;
+use turnstile_testkit::tools::Echo;
 
 /// The fixture's schema version.
 const FIXTURE_SCHEMA: i64 = 4;
@@ -51,7 +52,7 @@ fn request(n: u128) -> RequestId {
 
 /// Every table and its columns, as the schema has them now.
 async fn shape(path: &Path) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
-    let pool = crate::raw_pool(path).await?;
+    let pool = super::raw_pool(path).await?;
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'table'
            AND name NOT LIKE 'sqlite_%' AND name != '_sqlx_migrations' ORDER BY name",
@@ -73,7 +74,7 @@ async fn shape(path: &Path) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
 
 /// Every row of the tables and columns of `shape`, as SQL literals.
 async fn snapshot(path: &Path, shape: &[(String, Vec<String>)]) -> Result<Snapshot, sqlx::Error> {
-    let pool = crate::raw_pool(path).await?;
+    let pool = super::raw_pool(path).await?;
     let mut snapshot = Vec::new();
     for (table, columns) in shape {
         let row = columns
@@ -107,7 +108,7 @@ fn this_builds_migrations() -> Vec<i64> {
 }
 
 async fn applied_migrations(path: &Path) -> Result<Vec<i64>, sqlx::Error> {
-    let pool = crate::raw_pool(path).await?;
+    let pool = super::raw_pool(path).await?;
     let versions =
         sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
             .fetch_all(&pool)
@@ -118,24 +119,7 @@ async fn applied_migrations(path: &Path) -> Result<Vec<i64>, sqlx::Error> {
 
 // The fixture's agent, as it was defined when the fixture was written: a
 // resumed run must present the same fingerprint (model name, system
-// prompt, tools).
-
-struct Echo;
-
-#[turnstile::async_trait]
-impl Tool for Echo {
-    fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: "echo".into(),
-            description: "Echoes its text".into(),
-            parameters: serde_json::json!({"type": "object"}),
-        }
-    }
-
-    async fn call(&self, args: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
-        Ok(args["text"].as_str().unwrap_or_default().to_owned())
-    }
-}
+// prompt, tools: the test kit's `Echo` has the fixture's spec).
 
 struct Checked;
 
@@ -157,7 +141,7 @@ impl turnstile::Verifier for Checked {
 fn session(store: &Arc<SqliteStore>, n: u128, replies: Vec<ScriptedReply>) -> AgentSession {
     let agent = Agent::new(Arc::new(ScriptedModel::named("compat-model", replies)))
         .with_system_prompt("You are the schema 4 fixture.")
-        .with_tool(Arc::new(Echo))
+        .with_tool(Echo::new())
         .with_verifier(Arc::new(Checked));
     let policy = ContextPolicy::new(2)
         .expect("a window")

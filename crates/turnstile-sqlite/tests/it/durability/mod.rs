@@ -2,8 +2,6 @@
 //! storage growth, schema versioning and a database of the previous
 //! schema, corrupt rows, file mode and multi-process admission.
 
-use turnstile_conformance::support;
-
 mod atomicity;
 mod compat;
 mod corrupt;

@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{ConnectOptions, Connection};
 use turnstile::{Error, SqliteStore};
 
-use crate::support::TestResult;
+use turnstile_conformance::support::TestResult;
 
 fn file_hash(path: &Path) -> std::io::Result<[u8; 32]> {
     Ok(Sha256::digest(std::fs::read(path)?).into())
@@ -89,7 +89,7 @@ async fn a_migration_the_database_disagrees_with_is_refused_and_not_called_busy(
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("tampered.db");
     SqliteStore::open(&path).await?.close().await?;
-    let pool = crate::raw_pool(&path).await?;
+    let pool = super::raw_pool(&path).await?;
     sqlx::query("UPDATE _sqlx_migrations SET checksum = X'00' WHERE version = 1")
         .execute(&pool)
         .await?;

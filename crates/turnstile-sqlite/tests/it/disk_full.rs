@@ -42,9 +42,9 @@ type Snapshot = Vec<(String, Vec<String>)>;
 use turnstile::{
     Agent, AgentSession, Budget, CheckpointPhase, ContextPolicy, ConversationId, Error, Event,
     MaxPasses, Message, Namespace, RequestId, ResumePolicy, RunContext, ScriptedModel,
-    ScriptedReply, SqliteOptions, SqliteStore, Store, Tool, ToolCall, ToolContext, ToolError,
-    ToolSpec,
+    ScriptedReply, SqliteOptions, SqliteStore, Store, ToolCall,
 };
+use turnstile_testkit::tools::Echo;
 
 /// The store's quota. Small, so filling past it is quick.
 const QUOTA_BYTES: u64 = 2 << 20;
@@ -57,27 +57,6 @@ const SQLITE_FULL: i32 = 13;
 
 // ---------------------------------------------------------------------------
 // The agent: one tool call per turn for two turns, then an answer.
-
-/// Returns `text` repeated `repeat` times (a large output from small
-/// arguments).
-struct Echo;
-
-#[turnstile::async_trait]
-impl Tool for Echo {
-    fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: "echo".into(),
-            description: "Echoes its text, `repeat` times".into(),
-            parameters: serde_json::json!({"type": "object"}),
-        }
-    }
-
-    async fn call(&self, args: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
-        let text = args["text"].as_str().unwrap_or_default();
-        let repeat = args["repeat"].as_u64().unwrap_or(1);
-        Ok(text.repeat(usize::try_from(repeat).unwrap_or(1)))
-    }
-}
 
 /// The sizes of what a request writes. Each case makes one of them large:
 /// the one its targeted step writes.
@@ -432,7 +411,7 @@ impl Fixture {
 
     fn session(&self, payloads: Payloads) -> AgentSession {
         let agent =
-            Agent::new(Arc::new(ScriptedModel::new(payloads.script()))).with_tool(Arc::new(Echo));
+            Agent::new(Arc::new(ScriptedModel::new(payloads.script()))).with_tool(Echo::new());
         AgentSession::new(
             agent,
             self.store.clone(),

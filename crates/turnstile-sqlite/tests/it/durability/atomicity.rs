@@ -3,8 +3,8 @@
 use turnstile::store::RequestStatus;
 use turnstile::{Error, Message, SqliteStore, Store};
 
-use crate::raw_pool;
-use crate::support::{
+use super::raw_pool;
+use turnstile_conformance::support::{
     admit, commit_answer, complete_request, new_conversation, tool_call, tool_turn, Snapshot,
     TestResult,
 };

@@ -15,8 +15,10 @@ use turnstile::store::ToolResult;
 use turnstile::{CheckpointPhase, LoopCheckpoint, Message, SqliteStore, Store, ToolCall};
 use turnstile::{Durability, SqliteOptions};
 
-use crate::support::{admit, checkpoint, commit_answer, new_conversation, TestResult};
-use crate::{checkpoint_truncate, raw_pool};
+use super::{checkpoint_truncate, raw_pool};
+use turnstile_conformance::support::{
+    admit, checkpoint, commit_answer, new_conversation, TestResult,
+};
 
 /// Steps of each workload: turns of one request, or committed requests.
 const STEPS: u32 = 200;

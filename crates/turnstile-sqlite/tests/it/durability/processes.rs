@@ -14,7 +14,7 @@ use tokio::sync::Barrier;
 use turnstile::store::ClaimOutcome;
 use turnstile::{ConversationId, Error, Revision, SqliteStore, Store};
 
-use crate::support::{new_conversation, new_request, TestResult};
+use turnstile_conformance::support::{new_conversation, new_request, TestResult};
 
 const CHILD_DB: &str = "TURNSTILE_TEST_CHILD_DB";
 const CHILD_CONVERSATION: &str = "TURNSTILE_TEST_CHILD_CONVERSATION";

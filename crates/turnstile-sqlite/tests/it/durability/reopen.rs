@@ -3,7 +3,7 @@
 
 use turnstile::{SqliteStore, Store};
 
-use crate::support::{
+use turnstile_conformance::support::{
     admit, commit_answer, complete_request, new_conversation, recover, tool_call, tool_turn,
     Snapshot, TestResult,
 };
@@ -99,7 +99,10 @@ async fn a_closed_store_leaves_the_database_file_alone_complete_and_refuses_late
     // Every clone is closed: a write or a read is an error, not a panic.
     assert!(matches!(
         clone
-            .ensure_conversation(&crate::support::ns(), turnstile::ConversationId::new())
+            .ensure_conversation(
+                &turnstile_conformance::support::ns(),
+                turnstile::ConversationId::new()
+            )
             .await,
         Err(turnstile::Error::Store(_))
     ));

@@ -10,7 +10,7 @@ use tempfile::TempDir;
 use turnstile::store::{Fence, NewRequest};
 use turnstile::{Error, Revision, SqliteStore, Store};
 
-use crate::support::{
+use turnstile_conformance::support::{
     admit, complete_request, new_conversation, new_request, ns, tool_call, tool_turn, TestResult,
 };
 
