@@ -1,11 +1,10 @@
 //! `run`, `resume`, `recover` and `abandon` from a shell: exit codes, JSON
 //! output and the state they leave in the database.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{
+use crate::cli_support;
+use crate::cli_support::{
     add_script, admission, open, run_and_kill_at, script, scripted, turnstile,
     turnstile_with_stdin, uuid,
 };

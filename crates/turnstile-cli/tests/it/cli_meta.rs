@@ -2,12 +2,11 @@
 //! built binary: typed exit codes, `--json`, and nothing written on a
 //! refusal.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{turnstile, uuid};
 use serde_json::{json, Value};
+
+use crate::cli_support::{turnstile, uuid};
 
 fn db_str(db: &Path) -> &str {
     db.to_str().unwrap()

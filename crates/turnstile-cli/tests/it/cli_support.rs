@@ -1,6 +1,5 @@
-//! Shared helpers of the `cli_*` test crates: running the built `turnstile`
-//! binary on temp databases and reading the result back through the store.
-#![allow(dead_code)]
+//! Shared helpers of the CLI's tests: running the built `turnstile` binary
+//! on temp databases and reading the result back through the store.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

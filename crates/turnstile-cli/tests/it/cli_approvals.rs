@@ -4,13 +4,12 @@
 //! the new revision and the next command) and `resume` / `recover` finish
 //! the request.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{admission, pasted, printed, script, scripted, turnstile, uuid};
 use serde_json::{json, Value};
 use turnstile::RequestId;
+
+use crate::cli_support::{admission, pasted, printed, script, scripted, turnstile, uuid};
 
 const INPUT: &str = "add 2 and 3, and count two words";
 

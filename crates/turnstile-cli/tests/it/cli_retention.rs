@@ -1,12 +1,11 @@
 //! `prune --keep-last N` and `--conversations-older-than`: the retention
 //! policy's knobs from a shell.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{add_script, scripted, turnstile, uuid};
 use serde_json::Value;
+
+use crate::cli_support::{add_script, scripted, turnstile, uuid};
 
 /// Commits one tool-using request on `conversation`.
 fn commit(db: &Path, conversation: &str, model: &str) {

@@ -1,11 +1,10 @@
 //! Bad input to the `turnstile` command: a one-line error on stderr, the
 //! documented exit code, and nothing written — not even a database file.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{add_script, admission, scripted, turnstile, uuid};
+use crate::cli_support;
+use crate::cli_support::{add_script, admission, scripted, turnstile, uuid};
 
 fn db_args(db: &Path) -> [&str; 2] {
     ["--db", db.to_str().unwrap()]

@@ -2,15 +2,14 @@
 //! database a `--db` run keeps, and refused arguments. Timings vary with the
 //! machine, so only their presence and consistency are checked.
 
-mod cli_support;
-
 use std::path::Path;
 use std::process::Output;
 
-use cli_support::{command, turnstile, Run};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, Row};
+
+use crate::cli_support::{command, turnstile, Run};
 
 /// Runs the binary with `TMPDIR` set to `tmp`, where the bench puts its
 /// default database.

@@ -2,14 +2,12 @@
 //! `export`, `prune`, `doctor`, and Ctrl-C during a run. Each test runs the
 //! built binary on a temp database and checks the database itself.
 
-mod cli_support;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use cli_support::{
+use crate::cli_support::{
     add_script, admission, command, open, run_and_kill_at, script, scripted, turnstile,
     turnstile_with_stdin, uuid,
 };

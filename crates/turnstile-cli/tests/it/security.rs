@@ -2,8 +2,6 @@
 //! text kept verbatim, private database files, and logs that carry no
 //! conversation content and no API key.
 
-mod cli_support;
-
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -14,6 +12,9 @@ use turnstile::{
     ToolError, ToolSpec, Usage, VerificationReport, Verifier,
 };
 use turnstile_conformance::logs as log_capture;
+use turnstile_testkit::tools::{Echo, Stall};
+
+use crate::cli_support;
 
 // ---------------------------------------------------------------------------
 // Shared pieces
@@ -23,23 +24,6 @@ fn spec(name: &str) -> ToolSpec {
         name: name.into(),
         description: format!("test tool {name}"),
         parameters: json!({ "type": "object" }),
-    }
-}
-
-/// Answers with the `text` argument, verbatim.
-struct Echo;
-
-#[turnstile::async_trait]
-impl Tool for Echo {
-    fn spec(&self) -> ToolSpec {
-        spec("echo")
-    }
-
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
-        match args.get("text").and_then(Value::as_str) {
-            Some(text) => Ok(text.to_owned()),
-            None => Err(ToolError::new("echo needs a text argument")),
-        }
     }
 }
 
@@ -159,7 +143,7 @@ fn hostile_session(
     ]));
     let agent = Agent::new(model.clone())
         .with_system_prompt(text)
-        .with_tool(Arc::new(Echo))
+        .with_tool(Echo::new())
         .with_tool(Arc::new(Fail))
         .with_verifier(Arc::new(Report(text.to_owned())));
     let session = AgentSession::new(
@@ -313,46 +297,8 @@ async fn hostile_text_in_every_field_is_stored_and_returned_verbatim() {
     }
 }
 
-/// Counts its executions; the first one signals `started` and never ends.
-struct Stall {
-    started: Arc<tokio::sync::Notify>,
-    calls: std::sync::atomic::AtomicUsize,
-}
-
-#[turnstile::async_trait]
-impl Tool for Stall {
-    fn spec(&self) -> ToolSpec {
-        spec("stall")
-    }
-
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
-        use std::sync::atomic::Ordering;
-        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.started.notify_one();
-            std::future::pending::<()>().await;
-        }
-        Ok(args["text"].as_str().unwrap_or_default().to_owned())
-    }
-}
-
-/// Counts the executions of [`Echo`].
-struct CountingEcho(std::sync::atomic::AtomicUsize);
-
-#[turnstile::async_trait]
-impl Tool for CountingEcho {
-    fn spec(&self) -> ToolSpec {
-        spec("echo")
-    }
-
-    async fn call(&self, args: Value, context: ToolContext) -> Result<String, ToolError> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Echo.call(args, context).await
-    }
-}
-
 #[tokio::test]
 async fn hostile_text_survives_a_crash_and_resume_a_failure_and_a_summary() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use turnstile::{MaxPasses, ResumePolicy};
 
     let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().await.unwrap());
@@ -370,11 +316,8 @@ async fn hostile_text_survives_a_crash_and_resume_a_failure_and_a_summary() {
             },
             ScriptedReply::text(&text),
         ]));
-        let echo = Arc::new(CountingEcho(AtomicUsize::new(0)));
-        let stall = Arc::new(Stall {
-            started: Arc::default(),
-            calls: AtomicUsize::new(0),
-        });
+        let echo = Echo::new();
+        let stall = Stall::new();
         let session = AgentSession::new(
             Agent::new(model)
                 .with_tool(echo.clone())
@@ -393,7 +336,7 @@ async fn hostile_text_survives_a_crash_and_resume_a_failure_and_a_summary() {
             done = session.run(request, &text, RunContext::default()) => {
                 panic!("{name}: the run should stall, got {done:?}")
             }
-            () = stall.started.notified() => {}
+            () = stall.started() => {}
         }
         let held = store.admission(conversation).await.unwrap();
         let active = held.active.expect("the admission stays held");
@@ -418,12 +361,8 @@ async fn hostile_text_survives_a_crash_and_resume_a_failure_and_a_summary() {
             )
             .await
             .unwrap_or_else(|e| panic!("{name}: resume failed: {e:?}"));
-        assert_eq!(echo.0.load(Ordering::SeqCst), 1, "{name}: echo reused");
-        assert_eq!(
-            stall.calls.load(Ordering::SeqCst),
-            2,
-            "{name}: stall re-run"
-        );
+        assert_eq!(echo.calls(), 1, "{name}: echo reused");
+        assert_eq!(stall.calls(), 2, "{name}: stall re-run");
         let expected = vec![
             Message::user(&text),
             Message::Assistant {
@@ -531,7 +470,7 @@ fn secret_agent() -> (Agent, Arc<ScriptedModel>) {
         .with_usage(usage(10, 5)),
         ScriptedReply::text(format!("{SECRET} answer")).with_usage(usage(20, 4)),
     ]));
-    (Agent::new(model.clone()).with_tool(Arc::new(Echo)), model)
+    (Agent::new(model.clone()).with_tool(Echo::new()), model)
 }
 
 #[track_caller]
@@ -719,7 +658,7 @@ async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
     let own = ConversationId::new();
     let bravo_model = Arc::new(ScriptedModel::new(vec![ScriptedReply::text("bravo")]));
     let b_own = AgentSession::new(
-        Agent::new(bravo_model.clone()).with_tool(Arc::new(Echo)),
+        Agent::new(bravo_model.clone()).with_tool(Echo::new()),
         store.clone(),
         own,
         tenant_b(),
@@ -936,10 +875,16 @@ mod capture {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::Layer;
 
-    pub use crate::log_capture::LogBuffer as Buffer;
+    pub use super::log_capture::LogBuffer as Buffer;
 
     /// Everything logged by any thread of this test binary: `info` at level
     /// INFO (a service's usual setting), `trace` at every level.
+    ///
+    /// The subscriber is global, so the other tests of the binary log into
+    /// it too once it is installed. That is safe: the checks look for
+    /// strings only these tests produce (the marks, their own ids) and
+    /// never for the absence of anything else, and no other test installs a
+    /// subscriber or reads logs.
     pub struct Logs {
         pub info: Buffer,
         pub trace: Buffer,
@@ -1092,7 +1037,7 @@ mod endpoint {
 fn marked_agent(model: Arc<dyn turnstile::Model>) -> Agent {
     Agent::new(model)
         .with_system_prompt(format!("system prompt {PROMPT_MARK}"))
-        .with_tool(Arc::new(Echo))
+        .with_tool(Echo::new())
         .with_tool(Arc::new(Fail))
         .with_verifier(Arc::new(Report(format!("report {REPORT_MARK}"))))
 }

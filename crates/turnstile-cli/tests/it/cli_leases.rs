@@ -3,18 +3,18 @@
 //! activity, a live one is not however stale); `run --lease` frozen past
 //! its lease is taken over by `recover-expired` in another process.
 
-mod cli_support;
-
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use cli_support::{add_script, command, open, script, scripted, turnstile, uuid};
 use serde_json::Value;
 use turnstile::store::columns::now_ms;
 use turnstile::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestStatus};
 use turnstile::{ConversationId, Message, Namespace, RequestId, RunId, Store};
+use turnstile_testkit::process;
+
+use crate::cli_support::{add_script, command, open, script, scripted, turnstile, uuid};
 
 fn ops(args: &[&str], db: &Path) -> Value {
     let mut all = args.to_vec();
@@ -106,14 +106,6 @@ fn slow_second_turn(dir: &Path) -> std::path::PathBuf {
 
 const SHORT_LEASE: [&str; 4] = ["--lease-renew", "200ms", "--lease-expire", "600ms"];
 
-fn signal(child: &Child, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal}");
-}
-
 /// `run --lease` frozen with SIGSTOP inside its second model call, past
 /// its lease: `recover-expired` (another process) refuses the turn in
 /// flight without `--retry-interrupted` (exit 5, the request left held)
@@ -147,7 +139,7 @@ async fn a_frozen_leased_run_is_taken_over_by_recover_expired_and_fenced_when_it
         .map(Result::unwrap)
         .any(|l| l.contains(marker));
     assert!(reached, "the owner reached its second model call");
-    signal(&owner, "-STOP");
+    process::signal(&owner, "-STOP");
     // Past the lease of the last renewal before the freeze (600 ms).
     std::thread::sleep(Duration::from_millis(1_200));
 
@@ -187,7 +179,7 @@ async fn a_frozen_leased_run_is_taken_over_by_recover_expired_and_fenced_when_it
     assert_eq!(requests[0]["conversation_id"], conversation.as_str());
     assert_eq!(requests[0]["outcome"]["final_text"], "2 + 3 = 5");
 
-    signal(&owner, "-CONT");
+    process::signal(&owner, "-CONT");
     let mut stderr = String::new();
     owner
         .stderr

@@ -2,13 +2,13 @@
 //! The assertions read the database back through the store: the demo's
 //! story must be true of the rows, not only of the printed text.
 
-mod cli_support;
-
-use cli_support::{open, turnstile};
 use turnstile::store::{RequestStatus, RunStatus};
 use turnstile::{
     CheckpointPhase, ConversationId, Error, Message, Namespace, RequestId, RunId, Store,
 };
+
+use crate::cli_support;
+use crate::cli_support::{open, turnstile};
 
 fn id<T: std::str::FromStr>(value: &serde_json::Value) -> T
 where

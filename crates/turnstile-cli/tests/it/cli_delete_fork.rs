@@ -2,13 +2,12 @@
 //! for a stale version, a held conversation, an unknown and a deleted one,
 //! a cut inside a tool round; `--json` output; the database afterwards.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{add_script, open, scripted, turnstile, uuid};
 use turnstile::store::{ClaimOutcome, InputHash, NewRequest};
 use turnstile::{ConversationId, Message, Namespace, RequestId, RunId, Store};
+
+use crate::cli_support::{add_script, open, scripted, turnstile, uuid};
 
 /// Commits one request with a tool round: 4 entries, version 1.
 fn conversation_with_a_tool_round(dir: &Path, db: &Path) -> String {

@@ -44,18 +44,17 @@
 //!   tests/sqlite_durability/schema.rs), a read-only database file, a
 //!   truncated WAL.
 
-mod cli_support;
-
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use turnstile::session::MAX_INPUT_BYTES;
 use turnstile::{
     Agent, AgentSession, ContextPolicy, ConversationId, Error, Namespace, RequestId, ResumePolicy,
-    Revision, RunContext, RunId, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall,
-    ToolContext, ToolError, ToolSpec,
+    Revision, RunContext, RunId, ScriptedModel, ScriptedReply, SqliteStore, Store, ToolCall,
 };
+use turnstile_testkit::tools::{Echo, Stall};
+
+use crate::cli_support;
 
 fn invalid(result: Result<impl std::fmt::Debug, Error>) -> String {
     match result {
@@ -683,52 +682,6 @@ async fn resume_and_recover_of_requests_that_hold_nothing() {
 // ---------------------------------------------------------------------------
 // Damaged rows met through the session API
 
-/// Answers with its `text` argument, counting its executions.
-struct Echo(AtomicUsize);
-
-#[turnstile::async_trait]
-impl Tool for Echo {
-    fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: "echo".into(),
-            description: "echoes text".into(),
-            parameters: json!({ "type": "object" }),
-        }
-    }
-
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(args["text"].as_str().unwrap_or_default().to_owned())
-    }
-}
-
-/// Like [`Echo`], but its first execution signals `started` and never ends:
-/// the process "dies" there.
-#[derive(Default)]
-struct Stall {
-    started: tokio::sync::Notify,
-    calls: AtomicUsize,
-}
-
-#[turnstile::async_trait]
-impl Tool for Stall {
-    fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: "stall".into(),
-            description: "echoes text, eventually".into(),
-            parameters: json!({ "type": "object" }),
-        }
-    }
-
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.started.notify_one();
-            std::future::pending::<()>().await;
-        }
-        Ok(args["text"].as_str().unwrap_or_default().to_owned())
-    }
-}
-
 /// A file database with, in one conversation, a committed request (a tool
 /// round, then its answer: transcript rows 0–3) and a request whose process
 /// died in its tool round (its first call journaled as completed, the
@@ -760,8 +713,8 @@ impl Damaged {
         let path = dir.path().join("damaged.db");
         let store = Arc::new(SqliteStore::open(&path).await.unwrap());
         let conversation = ConversationId::new();
-        let echo = Arc::new(Echo(AtomicUsize::new(0)));
-        let stall = Arc::new(Stall::default());
+        let echo = Echo::new();
+        let stall = Stall::new();
         // Same model name and tools: one agent fingerprint for both.
         let session = |replies| {
             let model = Arc::new(ScriptedModel::named("damaged", replies));
@@ -795,7 +748,7 @@ impl Damaged {
             finished = second.run(held, SECOND, RunContext::default()) => {
                 panic!("the second request should stall: {finished:?}")
             }
-            () = stall.started.notified() => {}
+            () = stall.started() => {}
         }
         let admission = store.admission(conversation).await.unwrap();
         let held_run = admission.active.unwrap().run_id;
@@ -821,8 +774,8 @@ impl Damaged {
         (
             self.models[0].calls(),
             self.models[1].calls(),
-            self.echo.0.load(Ordering::SeqCst),
-            self.stall.calls.load(Ordering::SeqCst),
+            self.echo.calls(),
+            self.stall.calls(),
         )
     }
 
@@ -879,7 +832,7 @@ impl Damaged {
         let results: Vec<&str> = outcome.messages[2..4].iter().map(|m| m.content()).collect();
         assert_eq!(results, ["two", "three"], "{case}");
         // Echo ran once per request: the held request's call was reused.
-        assert_eq!(self.echo.0.load(Ordering::SeqCst), 2, "{case}");
+        assert_eq!(self.echo.calls(), 2, "{case}");
         let transcript = self
             .store
             .transcript_window(self.conversation, 100)

@@ -4,11 +4,9 @@
 //! database of its own; the state commands leave is read back through
 //! `PostgresStore` or psql.
 
-mod cli_support;
-
 use std::path::Path;
 
-use cli_support::{
+use crate::cli_support::{
     add_script, command, pasted, printed, run_and_kill_at, script, scripted, turnstile, uuid, Run,
 };
 use serde_json::{json, Value};
