@@ -4,15 +4,14 @@
 //! agent run a stop with the admission held, no tool call run and the run
 //! resumable.
 
-mod support;
-
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use support::*;
 use turnstile::agent::ModelRequest;
 use turnstile::{Event, Model, RequestId, ResumePolicy, RunContext};
+
+use crate::support::*;
 
 /// In every answer below; never in an error.
 const MARK: &str = "ANSWER-TEXT-MARK";

@@ -8,8 +8,6 @@
 //! `$TURNSTILE_LLAMA_VENV` (default `<workspace>/target/llama-venv`), made by
 //! the install step of `.ci/run`. Nothing is downloaded while the test runs.
 
-mod support;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,10 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::*;
 use turnstile::agent::{ModelRequest, ModelResponse};
 use turnstile::{Message, Model, ModelError, RequestId, RunContext, ToolSpec};
 use turnstile_openai::{OpenAiConfig, OpenAiModel};
+
+use crate::support::*;
 
 const VENV_VAR: &str = "TURNSTILE_LLAMA_VENV";
 

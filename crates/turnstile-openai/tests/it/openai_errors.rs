@@ -3,14 +3,13 @@
 //! errors, truncated or malformed answers are not; error events in a stream
 //! are reported; no error carries the API key.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use serde_json::json;
-use support::*;
 use turnstile_openai::{OpenAiConfig, OpenAiModel};
+
+use crate::support::*;
 
 #[tokio::test]
 async fn rate_limits_and_server_errors_are_retryable() {

@@ -1,11 +1,7 @@
-//! Shared helpers of the turnstile-openai test crates: a real HTTP server on
+//! Shared helpers of the turnstile-openai tests: a real HTTP server on
 //! loopback that answers chat-completion requests from a script and records
 //! what it was sent, the builders of its scripts, an `add` tool that counts
 //! its calls, and the checks of a run stopped by a model error.
-//!
-//! Several test crates include this module, so not every crate uses every
-//! helper.
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -2,20 +2,19 @@
 //! server on loopback, see `support`): round trips, alone and in an agent
 //! session, streaming, and what the configuration sends.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use support::*;
 use turnstile::agent::ModelRequest;
 use turnstile::{
     Agent, AgentSession, ContextPolicy, ConversationId, Event, Message, Model, Namespace,
     RequestId, RunContext, SqliteStore, ToolCall, Usage,
 };
 use turnstile_openai::{OpenAiConfig, OpenAiModel};
+
+use crate::support::*;
 
 // ---------------------------------------------------------------------------
 // Round trips
