@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use turnstile::store::{ClaimOutcome, InputHash, NewRequest};
-use turnstile::{ConversationId, Message, Namespace, RequestId, RunId, Store};
+use turnstile::store::ClaimOutcome;
+use turnstile::{ConversationId, Namespace, Store};
+use turnstile_conformance::support::new_request;
 
 use crate::cli_support::{add_script, open, scripted, turnstile, uuid};
 
@@ -102,17 +103,7 @@ async fn delete_exits_5_on_a_stale_version_3_while_held_4_when_unknown_or_delete
     let revision = {
         let store = open(&db).await;
         let admission = store.admission(id).await.unwrap();
-        let claim = NewRequest {
-            conversation_id: id,
-            request_id: RequestId::new(),
-            input_sha256: InputHash::of("held"),
-            input: Message::user("held"),
-            expected_revision: admission.revision,
-            run_id: RunId::new(),
-            agent_fingerprint: "fp".into(),
-            first_turn: None,
-            deadline_at: None,
-        };
+        let claim = new_request(id, admission.revision, "held");
         let ClaimOutcome::Admitted(fence) = store.claim(&claim).await.unwrap() else {
             panic!("not admitted");
         };

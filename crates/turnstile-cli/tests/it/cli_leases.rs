@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use turnstile::store::columns::now_ms;
-use turnstile::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestStatus};
-use turnstile::{ConversationId, Message, Namespace, RequestId, RunId, Store};
+use turnstile::store::{ClaimOutcome, Fence, RequestStatus};
+use turnstile::{ConversationId, Message, Namespace, Store};
+use turnstile_conformance::support::new_request;
 use turnstile_testkit::process;
 
 use crate::cli_support::{add_script, command, open, script, scripted, turnstile, uuid};
@@ -32,17 +33,8 @@ async fn leased(store: &dyn Store, expires_at: i64) -> Fence {
         .ensure_conversation(&namespace, conversation)
         .await
         .unwrap();
-    let claim = NewRequest {
-        conversation_id: conversation,
-        request_id: RequestId::new(),
-        input_sha256: InputHash::of("work"),
-        input: Message::user("work"),
-        expected_revision: store.admission(conversation).await.unwrap().revision,
-        run_id: RunId::new(),
-        agent_fingerprint: "fp".into(),
-        first_turn: None,
-        deadline_at: None,
-    };
+    let revision = store.admission(conversation).await.unwrap().revision;
+    let claim = new_request(conversation, revision, "work");
     let ClaimOutcome::Admitted(fence) = store.claim(&claim).await.unwrap() else {
         panic!("a fresh request is admitted");
     };
