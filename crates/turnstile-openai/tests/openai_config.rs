@@ -1,6 +1,6 @@
-//! `OpenAiConfig::from_env`. A test binary of its own with a single test:
-//! it sets an environment variable, which is only sound while no other
-//! thread of the process reads the environment.
+// A binary of its own: it sets an environment variable, unsound while other threads read the environment.
+//! `OpenAiConfig::from_env`, and what the configuration shows of its
+//! secrets.
 
 use turnstile::Model;
 use turnstile_openai::{OpenAiConfig, OpenAiModel};

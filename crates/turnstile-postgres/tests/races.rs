@@ -1,19 +1,20 @@
+// A binary of its own: it counts the store's retries with a global tracing subscriber.
 //! Two OS processes, 32 tokio tasks each, racing every kind of ownership
 //! change on the same few conversations of one PostgreSQL database (a
 //! schema of its own on the test server): fresh claims (through the
 //! `Store` trait and through `AgentSession::stream`), recovery claims
 //! (`Store::claim_recovery` and `AgentSession::recover_after_owner_exit`),
 //! abandons (both layers) and commits of live owners, while the losers'
-//! owners keep writing. The SQLite `crates/turnstile/tests/races.rs` (two
+//! owners keep writing. The SQLite `crates/turnstile/tests/it/races.rs` (two
 //! processes of 64 tasks on one WAL file) is the model; only the store, the
 //! inspection and the transient-failure accounting differ.
 //!
-//! The second process is this test binary re-run with
-//! `--ignored --exact worker_process` and [`ENV_URL`] set; it prints its
-//! results on stdout (`RACE …` lines) and the parent merges them with its own.
-//! The race and its checks are the SQLite tests' `race_support`, included by
-//! path; this file connects the stores, reads the schema back and accounts
-//! for the store's retries.
+//! The second process is this test binary re-run with `--ignored --exact`,
+//! the name of `worker_process` and [`ENV_URL`] set; it prints its results
+//! on stdout (`RACE …` lines) and the parent merges them with its own. The
+//! race and its checks are `turnstile_testkit::race`, shared with the
+//! SQLite races; this file connects the stores, reads the schema back and
+//! accounts for the store's retries.
 //!
 //! What must hold:
 //! - every successful ownership change is reported with the revision it
@@ -35,22 +36,14 @@
 //! The regression test at the end ports the SQLite one: a recoverer
 //! overtaken before reading its messages is fenced.
 
-#[path = "../../turnstile/tests/race_support/mod.rs"]
-#[allow(dead_code)]
-mod race_support;
-#[path = "../../turnstile/tests/torture_support/mod.rs"]
-#[allow(dead_code)]
-mod torture_support;
-
-#[allow(dead_code)]
-mod durability;
-
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use race_support::{Facts, TestResult};
 use turnstile::{ConversationId, Error, PostgresOptions, PostgresStore, Store};
 use turnstile_test_postgres::Server;
+use turnstile_testkit::postgres::durability;
+use turnstile_testkit::race::{self, Facts, TestResult};
+use turnstile_testkit::worker_test;
 
 /// Racing tasks per process.
 const TASKS: usize = 32;
@@ -74,8 +67,9 @@ async fn two_processes_of_32_tasks_win_each_admission_revision_exactly_once() ->
     let pool = durability::inspect_pool(&url, SCHEMA);
     let deadlocks_before = deadlocks(&pool).await?;
     let store: Arc<dyn Store> = Arc::new(connect(&url).await?);
-    let outcome = race_support::race(
+    let outcome = race::race(
         store.clone(),
+        &worker_test!(worker_process),
         TASKS,
         (ENV_URL, OsStr::new(&url)),
         &["deadlock", "could not serialize", "terminating connection"],
@@ -113,8 +107,8 @@ async fn worker_process() -> TestResult {
     };
     let retries = durability::count_retries_everywhere();
     let store: Arc<dyn Store> = Arc::new(connect(&url).await?);
-    let tally = race_support::race_in_worker(store, TASKS).await?;
-    race_support::report(&tally, &[format!("RACE retries {}", retries.count())])?;
+    let tally = race::race_in_worker(store, TASKS).await?;
+    race::report(&tally, &[format!("RACE retries {}", retries.count())])?;
     Ok(())
 }
 
@@ -160,5 +154,5 @@ async fn facts(pool: &sqlx::PgPool, conversation: ConversationId) -> sqlx::Resul
 async fn a_recoverer_overtaken_before_reading_its_messages_is_fenced() -> TestResult {
     let url = Server::shared().fresh_database();
     let store: Arc<dyn Store> = Arc::new(connect(&url).await?);
-    race_support::a_recoverer_overtaken_before_reading_its_messages_is_fenced(store).await
+    race::a_recoverer_overtaken_before_reading_its_messages_is_fenced(store).await
 }

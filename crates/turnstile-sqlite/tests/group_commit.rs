@@ -1,3 +1,4 @@
+// A binary of its own: it installs a global tracing subscriber to read every log line.
 //! Group commit on a WAL file: steps of many sessions that wait for the
 //! writer together are committed in one transaction, a fenced step among them
 //! fails alone, and every caller is answered only once its step is durable.

@@ -1,0 +1,264 @@
+//! How the OpenAI-compatible model classifies failures, against the scripted
+//! server: rate limits, server errors and timeouts are retryable; client
+//! errors, truncated or malformed answers are not; error events in a stream
+//! are reported; no error carries the API key.
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::json;
+use turnstile_openai::{OpenAiConfig, OpenAiModel};
+
+use crate::support::*;
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_are_retryable() {
+    // The server echoes the key back, as some do.
+    let rate_limited = Reply::Raw {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        content_type: "application/json",
+        headers: vec![("retry-after", "7")],
+        chunks: vec![json!({ "error": {
+            "message": format!("Rate limit reached for key {KEY}, slow down"),
+            "type": "requests",
+        } })
+        .to_string()
+        .into_bytes()],
+        delay: Duration::ZERO,
+        gap: Duration::ZERO,
+    };
+    let server = Server::start(vec![
+        rate_limited,
+        Reply::raw(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            vec![b"upstream exploded".to_vec()],
+        ),
+        error_body(StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+    ])
+    .await;
+    let model = server.model();
+
+    let error = expect_error(ask(&model, &hello()).await, true, "429");
+    assert!(error.message.contains("retry after 7"), "{}", error.message);
+    assert!(
+        error.message.contains("Rate limit reached"),
+        "{}",
+        error.message
+    );
+    assert!(error.message.contains("[redacted]"), "{}", error.message);
+
+    expect_error(ask(&model, &hello()).await, true, "500");
+    let error = expect_error(ask(&model, &hello()).await, true, "503");
+    assert!(error.message.contains("overloaded"), "{}", error.message);
+
+    // A streamed call is classified the same way.
+    server
+        .script
+        .replies
+        .lock()
+        .unwrap()
+        .push_back(error_body(StatusCode::TOO_MANY_REQUESTS, "again"));
+    let (result, deltas) = ask_streaming(&model, &hello()).await;
+    expect_error(result, true, "429");
+    assert!(deltas.is_empty());
+}
+
+#[tokio::test]
+async fn client_errors_are_fatal() {
+    let server = Server::start(vec![
+        error_body(StatusCode::BAD_REQUEST, "Invalid value for 'messages'"),
+        error_body(
+            StatusCode::UNAUTHORIZED,
+            &format!("Incorrect API key provided: {KEY}"),
+        ),
+        Reply::raw(
+            StatusCode::NOT_FOUND,
+            "text/html",
+            vec![b"<h1>no</h1>".to_vec()],
+        ),
+    ])
+    .await;
+    let model = server.model();
+
+    let error = expect_error(ask(&model, &hello()).await, false, "400");
+    assert!(
+        error.message.contains("Invalid value for 'messages'"),
+        "{}",
+        error.message
+    );
+    let error = expect_error(ask(&model, &hello()).await, false, "401");
+    assert!(error.message.contains("[redacted]"), "{}", error.message);
+    expect_error(ask(&model, &hello()).await, false, "404");
+}
+
+#[tokio::test]
+async fn a_truncated_json_body_is_a_fatal_error() {
+    let full = json!({
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": "the whole answer" } }],
+        "usage": { "prompt_tokens": 1, "completion_tokens": 1 },
+    })
+    .to_string();
+    let cut = full[..full.len() / 2].to_owned();
+    let server = Server::start(vec![Reply::raw(
+        StatusCode::OK,
+        "application/json",
+        split(&cut, 8),
+    )])
+    .await;
+
+    expect_error(ask(&server.model(), &hello()).await, false, "truncated");
+}
+
+#[tokio::test]
+async fn a_stream_without_done_is_a_fatal_error() {
+    let body = sse(&[
+        delta_chunk(json!({ "content": "partial " })),
+        delta_chunk(json!({ "content": "answer" })),
+    ]);
+    let body = body.trim_end_matches("data: [DONE]\n\n");
+    // And a stream cut in the middle of an event.
+    let cut = format!("{body}data: {{\"choices\":[{{\"delta\":{{\"cont");
+    let server = Server::start(vec![Reply::sse(body, 9), Reply::sse(&cut, 9)]).await;
+    let model = server.model();
+
+    let (result, deltas) = ask_streaming(&model, &hello()).await;
+    expect_error(result, false, "[DONE]");
+    assert_eq!(deltas, ["partial ", "answer"]);
+
+    let (result, _) = ask_streaming(&model, &hello()).await;
+    expect_error(result, false, "truncated");
+}
+
+#[tokio::test]
+async fn malformed_responses_are_fatal_errors() {
+    let ok = StatusCode::OK;
+    let server = Server::start(vec![
+        Reply::Json(ok, json!({})),
+        Reply::Json(ok, json!({ "choices": [] })),
+        Reply::Json(ok, json!({ "choices": [{ "index": 0 }] })),
+        Reply::Json(ok, json!({ "choices": "many" })),
+        Reply::Json(
+            ok,
+            json!({ "choices": [{ "message": { "content": 42 } }] }),
+        ),
+        Reply::Json(
+            ok,
+            json!({ "choices": [{ "message": { "tool_calls": [{ "id": "c", "function": { "arguments": "{}" } }] } }] }),
+        ),
+        Reply::Json(
+            ok,
+            json!({ "choices": [{ "message": { "content": "x" } }], "usage": { "prompt_tokens": -1 } }),
+        ),
+        Reply::raw(ok, "text/html", vec![b"<html>a login page</html>".to_vec()]),
+        Reply::raw(ok, "application/json", vec![]),
+    ])
+    .await;
+    let model = server.model();
+
+    expect_error(ask(&model, &hello()).await, false, "no choices");
+    expect_error(ask(&model, &hello()).await, false, "no choices");
+    expect_error(ask(&model, &hello()).await, false, "no message");
+    expect_error(ask(&model, &hello()).await, false, "malformed");
+    expect_error(ask(&model, &hello()).await, false, "content is a number");
+    expect_error(ask(&model, &hello()).await, false, "no function name");
+    expect_error(ask(&model, &hello()).await, false, "malformed");
+    expect_error(ask(&model, &hello()).await, false, "content-type text/html");
+    expect_error(ask(&model, &hello()).await, false, "truncated");
+
+    // Streams: an event that is not JSON, a tool call without a name.
+    server.script.replies.lock().unwrap().extend([
+        Reply::sse("data: {not json}\n\ndata: [DONE]\n\n", 64),
+        Reply::sse(
+            &sse(&[delta_chunk(
+                json!({ "tool_calls": [{ "index": 0, "id": "c", "function": { "arguments": "{}" } }] }),
+            )]),
+            64,
+        ),
+    ]);
+    let (result, _) = ask_streaming(&model, &hello()).await;
+    expect_error(result, false, "malformed");
+    let (result, _) = ask_streaming(&model, &hello()).await;
+    expect_error(result, false, "no function name");
+}
+
+#[tokio::test]
+async fn an_error_event_in_a_stream_is_reported() {
+    let server = Server::start(vec![
+        Reply::sse(
+            &format!(
+                "{}data: {}\n\n",
+                sse(&[delta_chunk(json!({ "content": "Hi" }))]).trim_end_matches("data: [DONE]\n\n"),
+                json!({ "error": { "message": format!("server overloaded ({KEY})"), "type": "server_error" } })
+            ),
+            16,
+        ),
+        Reply::sse(
+            &format!(
+                "data: {}\n\n",
+                json!({ "error": { "message": "context too long", "type": "invalid_request_error", "code": 400 } })
+            ),
+            16,
+        ),
+    ])
+    .await;
+    let model = server.model();
+
+    let (result, deltas) = ask_streaming(&model, &hello()).await;
+    let error = expect_error(result, true, "server overloaded");
+    assert!(error.message.contains("[redacted]"), "{}", error.message);
+    assert_eq!(deltas, ["Hi"]);
+
+    let (result, _) = ask_streaming(&model, &hello()).await;
+    expect_error(result, false, "context too long");
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out_as_a_retryable_error() {
+    let slow = |chunks: Vec<Vec<u8>>, delay: Duration, gap: Duration| Reply::Raw {
+        status: StatusCode::OK,
+        content_type: "text/event-stream",
+        headers: Vec::new(),
+        chunks,
+        delay,
+        gap,
+    };
+    let server = Server::start(vec![
+        // No answer at all for 3 s.
+        slow(vec![b"{}".to_vec()], Duration::from_secs(3), Duration::ZERO),
+        // A stream that stalls after its first event.
+        slow(
+            vec![
+                format!("data: {}\n\n", delta_chunk(json!({ "content": "slow" }))).into_bytes(),
+                b"data: [DONE]\n\n".to_vec(),
+            ],
+            Duration::ZERO,
+            Duration::from_secs(3),
+        ),
+    ])
+    .await;
+    let model = OpenAiModel::new(server.config().with_timeout(Duration::from_millis(200))).unwrap();
+
+    let started = Instant::now();
+    let error = expect_error(ask(&model, &hello()).await, true, "timed out");
+    assert!(started.elapsed() < Duration::from_secs(2), "{error:?}");
+
+    let started = Instant::now();
+    let (result, deltas) = ask_streaming(&model, &hello()).await;
+    expect_error(result, true, "timed out");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(deltas, ["slow"]);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retryable() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let config = OpenAiConfig::new(format!("http://{addr}/v1"), "test-model")
+        .with_api_key(KEY)
+        .with_timeout(Duration::from_secs(2));
+    let model = OpenAiModel::new(config).unwrap();
+
+    expect_error(ask(&model, &hello()).await, true, "connect");
+}

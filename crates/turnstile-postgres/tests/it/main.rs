@@ -1,0 +1,15 @@
+//! The PostgreSQL backend's integration tests, one module per behaviour,
+//! linked into one binary; each test process starts its own throwaway
+//! server (`turnstile-test-postgres`). The tests that kill processes re-run
+//! this binary to execute one ignored worker test, named by its module path
+//! (`turnstile_testkit::worker_test!`). `races` is a binary of its own.
+
+mod conformance;
+mod connect;
+mod crash_torture;
+mod fork_cost;
+mod lease_takeover;
+mod server_crash;
+mod sessions;
+mod stuck_order;
+mod terminate_backends;
