@@ -20,7 +20,7 @@
 //! - [`session`]: [`AgentSession`] (`run`, `resume_run`,
 //!   `recover_after_owner_exit`, each also as an [`EventStream`]: `stream`,
 //!   `resume_stream`, `recover_stream`; `admission`, `recovery_usage`,
-//!   `abandon`) and the turn protocol (`session/turns.rs`): how a request
+//!   `abandon`) and the turn protocol (`session/turns/mod.rs`): how a request
 //!   runs. Compaction ([`ContextPolicy`], [`MaxPasses`]) lives there too,
 //!   and opt-in leases ([`LeasePolicy`], `AgentSession::with_lease`,
 //!   [`recover_expired`]): takeover of a request whose owner stopped
