@@ -216,5 +216,6 @@ CREATE INDEX admissions_held ON admissions (active_request_id)
     WHERE active_request_id IS NOT NULL;
 
 CREATE TABLE step_set (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
     version  INTEGER NOT NULL
 );

@@ -262,7 +262,7 @@ pub enum Error {
     /// The database holds the durable steps of a newer turnstile (its schema
     /// is this build's); it was not modified, and this build does not write
     /// to it.
-    #[error("database steps version {found} are newer than this build's {supported}; open it with the newer turnstile that wrote it")]
+    #[error("database steps version {found} is newer than this build's {supported}; open it with the newer turnstile that wrote it")]
     StepsTooNew {
         /// The step set version the database holds.
         found: i64,

@@ -1,5 +1,5 @@
-//! Opening a database: file creation, pragmas, the schema check and the
-//! embedded migrations.
+//! Opening a database: file creation, pragmas, the schema check, the
+//! embedded migrations and the installation of the durable steps.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -34,8 +34,9 @@ impl SqliteStore {
     ///
     /// # Errors
     /// [`Error::SchemaTooNew`] for a database written by a newer turnstile
-    /// (left untouched); [`Error::Store`] when the file cannot be opened or is
-    /// not a SQLite database.
+    /// (left untouched); [`Error::StepsTooNew`] for one whose durable steps
+    /// are a newer turnstile's (left untouched); [`Error::Store`] when the
+    /// file cannot be opened or is not a SQLite database.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         Self::open_with(path, SqliteOptions::default()).await
     }
@@ -197,12 +198,12 @@ impl SqliteStore {
 /// nothing each time one opened.
 ///
 /// `found` is the schema version the database had when it was checked;
-/// `look_only` opens for reading only, which installs no steps.
+/// `existing_only` opens for tools that only look, which installs no steps.
 async fn migrate(
     connect: &SqliteConnectOptions,
     empty: bool,
     found: Option<i64>,
-    look_only: bool,
+    existing_only: bool,
 ) -> Result<(), Error> {
     let connect = match empty {
         true => connect.clone().auto_vacuum(SqliteAutoVacuum::Incremental),
@@ -212,7 +213,7 @@ async fn migrate(
         .connect()
         .await
         .map_err(db("open migration connection"))?;
-    let migrated = migrate_on(&mut conn, found, look_only).await;
+    let migrated = migrate_on(&mut conn, found, existing_only).await;
     conn.close()
         .await
         .map_err(db("close migration connection"))?;
@@ -222,14 +223,14 @@ async fn migrate(
 async fn migrate_on(
     conn: &mut SqliteConnection,
     found: Option<i64>,
-    look_only: bool,
+    existing_only: bool,
 ) -> Result<(), Error> {
     let supported = SqliteStore::supported_schema_version();
     if found.is_some_and(|found| found < supported) {
         steps::drop_before_migrating(conn, supported).await?;
     }
     MIGRATOR.run_direct(conn).await.map_err(migrate_error)?;
-    steps::install(conn, look_only).await
+    steps::install(conn, existing_only).await
 }
 
 /// Whether the database has no pages yet (a new or empty file).

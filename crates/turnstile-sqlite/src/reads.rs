@@ -503,6 +503,8 @@ pub(super) async fn load_claim_context(
                   k.cache_write_tokens AS "cache_write_tokens?: i64",
                   k.tool_calls_count AS "tool_calls_count?: i64",
                   k.reports_count AS "reports_count?: i64",
+                  (SELECT conversation_id FROM deleted_requests WHERE request_id = ?2)
+                      AS "deleted_in?: Vec<u8>",
                   (SELECT json_group_array(json_array(seq, hex(request_id), CAST(role AS TEXT),
                               CAST(content AS TEXT), CAST(meta AS TEXT)) ORDER BY seq)
                    FROM (SELECT seq, request_id, role, content, meta FROM transcript
@@ -570,16 +572,16 @@ pub(super) async fn load_claim_context(
         }
         _ => None,
     };
-    if found.is_none() && request.is_none() {
+    if let (None, None, Some(deleted_in)) = (&found, &request, &row.deleted_in) {
         // A request id of a deleted conversation, for a conversation that
         // does not exist yet: refused here, before the claim's caller
-        // creates the conversation (a refusal writes nothing). Read only
-        // for a conversation's first request.
-        if let Some(conversation_id) =
-            super::deletion::deleted_request(&mut conn, request_id).await?
-        {
-            return Err(Error::Deleted { conversation_id });
+        // creates the conversation (a refusal writes nothing).
+        let conversation_id = Row {
+            table: "deleted_requests",
+            key: &request_id,
         }
+        .id("conversation_id", deleted_in)?;
+        return Err(Error::Deleted { conversation_id });
     }
     if found.is_none() || request.is_some() {
         return Ok(ClaimContext {

@@ -57,7 +57,7 @@ async fn schema_sql_matches_a_freshly_migrated_database() {
     assert!(
         checked_in == dumped,
         "{} differs from a freshly migrated database; if the migration is meant, write it \
-         anew with TURNSTILE_BLESS_SCHEMA=1 cargo test -p turnstile-sqlite schema_sql \
+         anew with TURNSTILE_BLESS_SCHEMA=1 cargo test -p turnstile-sqlite --lib schema_sql \
          and review the diff",
         file.display()
     );

@@ -28,9 +28,10 @@ use sqlx::SqliteConnection;
 use super::codec::{db, primary_code};
 use turnstile_core::Error;
 
-/// The version of the step set below. Any change to a step file bumps it
-/// (the test `step_set_digest_is_recorded_for_its_version` fails until the
-/// digest it records is updated with it).
+/// The version of the step set below: the number of entries of
+/// `DIGESTS` in the tests. Any change to a step file appends the new
+/// files' digest there and bumps this (the test
+/// `each_step_set_version_has_its_own_digest` fails until both are done).
 pub(super) const STEP_SET_VERSION: i64 = 1;
 
 /// Every step, by name: its SQL file's stem.
@@ -114,11 +115,11 @@ async fn drop_if_migrations_pending(
 }
 
 /// Installs this build's step set unless the database holds it already.
-/// `look_only`: the store only reads, so an older step set is left as it
-/// is and a newer one is no obstacle.
-pub(super) async fn install(conn: &mut SqliteConnection, look_only: bool) -> Result<(), Error> {
+/// `existing_only`: the store is opened for tools that only look, so an
+/// older step set is left as it is and a newer one is no obstacle.
+pub(super) async fn install(conn: &mut SqliteConnection, existing_only: bool) -> Result<(), Error> {
     let held = version(conn).await?;
-    if held == STEP_SET_VERSION || look_only {
+    if held == STEP_SET_VERSION || existing_only {
         return Ok(());
     }
     if held > STEP_SET_VERSION {
@@ -165,7 +166,9 @@ async fn begin_immediate(conn: &mut SqliteConnection) -> Result<(), Error> {
 }
 
 /// Commits the transaction `begin_immediate` opened when its work
-/// succeeded, and rolls it back when it failed.
+/// succeeded, and rolls it back when it failed. A failed `COMMIT` leaves
+/// the transaction to the connection's close, which rolls it back (the
+/// caller closes it at once).
 async fn end(conn: &mut SqliteConnection, work: Result<(), Error>) -> Result<(), Error> {
     match work {
         Ok(()) => {
@@ -207,18 +210,19 @@ async fn set_version(conn: &mut SqliteConnection, version: i64) -> Result<(), Er
     Ok(())
 }
 
-/// Drops the views of this step set (a view's trigger goes with it).
+/// Drops every view of the database, and so every step (a view's trigger
+/// goes with it): every view of a turnstile schema is a step, and a view
+/// an older step set had and this one has not goes too.
 async fn drop_views(conn: &mut SqliteConnection) -> Result<(), Error> {
-    // Collected first: no iterator of closures is held across an await (it
-    // would make the opening future lose `Send`).
-    let statements: Vec<String> = STEPS
-        .iter()
-        .flat_map(|(_, sql)| views(sql))
-        .map(|view| format!("DROP VIEW IF EXISTS {view}"))
-        .collect();
-    for statement in statements {
-        // A name from this build's own step files, never from input.
-        sqlx::query(&statement)
+    let names = sqlx::query_scalar!(
+        r#"SELECT name AS "name!: String" FROM sqlite_master WHERE type = 'view'"#
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("read step views"))?;
+    for name in names {
+        let quoted = name.replace('"', "\"\"");
+        sqlx::query(&format!("DROP VIEW IF EXISTS \"{quoted}\""))
             .execute(&mut *conn)
             .await
             .map_err(db("drop step view"))?;
@@ -226,27 +230,28 @@ async fn drop_views(conn: &mut SqliteConnection) -> Result<(), Error> {
     Ok(())
 }
 
-/// The views a step file creates.
-fn views(sql: &str) -> impl Iterator<Item = &str> {
-    sql.lines()
-        .filter_map(|line| line.strip_prefix("CREATE VIEW "))
-        .filter_map(|rest| rest.split_whitespace().next())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
 
-    /// The SHA-256 of the step files (in `STEPS` order) that
-    /// `STEP_SET_VERSION` stands for.
-    const RECORDED: (i64, &str) = (
-        1,
-        "dd689d7b493124eaaf344c100aac5bdd48bf324f0f7244ad3d879a78f466690b",
-    );
+    /// The views a step file creates: each `CREATE VIEW name` starts a line of
+    /// its own (the test `every_step_file_creates_its_views` checks that every
+    /// one has its trigger).
+    fn views(sql: &str) -> impl Iterator<Item = &str> {
+        sql.lines()
+            .filter_map(|line| line.strip_prefix("CREATE VIEW "))
+            .filter_map(|rest| rest.split_whitespace().next())
+    }
+
+    /// The SHA-256 of the step files (in `STEPS` order, each name then its
+    /// text) of every step set version, oldest first: append-only, so two
+    /// versions never stand for the same files and no file changes without
+    /// a new version.
+    const DIGESTS: &[&str] = &["dd689d7b493124eaaf344c100aac5bdd48bf324f0f7244ad3d879a78f466690b"];
 
     #[test]
-    fn step_set_digest_is_recorded_for_its_version() {
+    fn each_step_set_version_has_its_own_digest() {
         let mut digest = Sha256::new();
         for (name, sql) in STEPS {
             digest.update(name.as_bytes());
@@ -258,10 +263,19 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_eq!(
-            (STEP_SET_VERSION, digest.as_str()),
-            RECORDED,
-            "a step file changed: bump STEP_SET_VERSION and record the new digest in RECORDED"
+            DIGESTS.last().copied(),
+            Some(digest.as_str()),
+            "a step file changed: append its digest to DIGESTS and bump STEP_SET_VERSION"
         );
+        assert_eq!(
+            DIGESTS.len() as i64,
+            STEP_SET_VERSION,
+            "one digest per version"
+        );
+        let mut unique = DIGESTS.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), DIGESTS.len(), "a step set repeated");
     }
 
     /// A raw connection to a store's file, to read or tamper with it.
