@@ -459,7 +459,8 @@ fn approvals_reads_and_never_creates_a_database() {
     let db = dir.path().join("missing.db");
     let path = db.to_str().unwrap();
     turnstile(&["approvals", "--db", path]).assert_error(4, "not found");
-    turnstile(&["approvals", "--db", path, "--json"]).assert_error(4, "not found");
+    let doc = turnstile(&["approvals", "--db", path, "--json"]).assert_json_error(4, "not found");
+    assert_eq!(doc["kind"], "not_found", "{doc}");
     let conversation = uuid();
     let request = RequestId::new().to_string();
     let mut approve = on("approve", &db, &conversation);

@@ -282,7 +282,8 @@ async fn an_unknown_conversation_or_namespace_is_refused_without_writing() {
         "--json",
         "hi again",
     ]);
-    turnstile(&other_ns).assert_error(2, "not in namespace default");
+    let doc = turnstile(&other_ns).assert_json_error(2, "not in namespace default");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
     // An invalid namespace never reaches the database.
     let bad_ns = turnstile(&[
         "run",
@@ -463,7 +464,8 @@ fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that
         "second".into(),
     ]);
     let failed = turnstile(&args(&full));
-    failed.assert_error(1, "full");
+    let doc = failed.assert_json_error(1, "full");
+    assert_eq!(doc["kind"], "full", "{doc}");
     assert!(
         failed
             .stderr

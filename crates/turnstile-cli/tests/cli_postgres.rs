@@ -209,7 +209,13 @@ async fn a_failed_run_is_resumed_by_a_second_process_with_usage_carried_over() {
     let fast = scripted(&add_script(dir.path()));
     let mut other = on("run", &url, &conversation);
     other.extend(["--model", &fast, "--json", "something else"]);
-    turnstile(&other).assert_error(3, "busy");
+    let doc = turnstile(&other).assert_json_error(3, "busy");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    assert_eq!(
+        doc["holder_request_id"],
+        active.request_id.to_string(),
+        "{doc}"
+    );
     let run_id = active.run_id.to_string();
     let revision = held.revision.to_string();
     let mut resume = on("resume", &url, &conversation);

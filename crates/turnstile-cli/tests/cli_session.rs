@@ -139,8 +139,17 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     let mut other = on("run", &db, &conversation);
     other.extend(["--model", &fast, "--json", "something else"]);
     let busy = turnstile(&other);
-    busy.assert_error(3, "busy");
+    let doc = busy.assert_json_error(3, "busy");
     assert!(busy.stderr.contains(&request), "{busy:#?}");
+    // The document names the holder and the revision to take it over at.
+    assert_eq!(doc["kind"], "busy", "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
+    assert_eq!(doc["holder_request_id"], request.as_str(), "{doc}");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    assert!(
+        doc["request_id"].is_string(),
+        "the generated id, to retry: {doc}"
+    );
     // The same request again: busy too.
     let mut same = on("run", &db, &conversation);
     same.extend(["--request", &request, "--model", &fast, INPUT]);
@@ -170,6 +179,13 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
         INPUT,
     ]);
     turnstile(&conflict).assert_error(5, "conflict");
+    // ... with --json, the conflict says which revision is current ...
+    conflict.push("--json");
+    let doc = turnstile(&conflict).assert_json_error(5, "conflict");
+    assert_eq!(doc["kind"], "conflict", "{doc}");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
+    assert_eq!(doc["request_id"], request.as_str(), "{doc}");
     // ... another input is a mismatch (2) ...
     let mut mismatch = recover.clone();
     mismatch.extend(["--retry-interrupted", "not the input"]);
@@ -186,6 +202,7 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     assert_eq!(outcome["replayed"], false);
     assert_eq!(outcome["tool_calls"], 1);
     assert_eq!(outcome["turns"], 2);
+    assert_eq!(outcome["conversation_id"], conversation.as_str());
 
     let store = open(&db).await;
     let idle = store
@@ -194,6 +211,10 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
         .unwrap();
     assert!(idle.active.is_none());
     assert!(idle.revision > held.revision);
+    assert_eq!(
+        outcome["revision"], idle.revision.0,
+        "the outcome carries the admission revision"
+    );
     let new_run: RunId = outcome["run_id"].as_str().unwrap().parse().unwrap();
     let run = store.run(new_run).await.unwrap().unwrap();
     assert_eq!(run.resumed_from, Some(active.run_id));
@@ -374,6 +395,82 @@ async fn a_failed_run_exits_1_and_resume_continues_it_with_usage_carried_over() 
 }
 
 #[tokio::test]
+async fn a_stopped_run_with_json_prints_an_error_document_naming_what_continues_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("stopped.db");
+    let conversation = uuid();
+    let failing = script(
+        dir.path(),
+        "failing.json",
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "word_count", "arguments": {"text": "a b c"}}],
+             "usage": {"input_tokens": 100, "output_tokens": 10}},
+            {"text": "3 words", "failure": "upstream overloaded", "fail_times": 1}
+        ]),
+    );
+    let model = scripted(&failing);
+    // No --request: the generated one is in the document.
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--json", "count: a b c"]);
+    let failed = turnstile(&run);
+    let doc = failed.assert_json_error(1, "upstream overloaded");
+    let held = admission(&db, &conversation).await;
+    let active = held
+        .active
+        .clone()
+        .expect("a stopped run keeps the admission");
+    assert_eq!(doc["kind"], "stopped", "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
+    assert_eq!(doc["request_id"], active.request_id.to_string(), "{doc}");
+    assert_eq!(doc["run_id"], active.run_id.to_string(), "{doc}");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    let next = doc["next"].as_str().expect("the command that continues it");
+    assert!(
+        next.starts_with(&format!(
+            "turnstile resume {} --revision {}",
+            active.run_id, held.revision
+        )),
+        "{doc}"
+    );
+}
+
+#[test]
+fn times_with_a_numeric_offset_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("times.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--json", INPUT]);
+    turnstile(&run).assert_success();
+    let path = db.to_str().unwrap();
+    // 2000-01-01T01:00:00+01:00 is midnight UTC: the conversation is after.
+    let listed = turnstile(&[
+        "ls",
+        "conversations",
+        "--db",
+        path,
+        "--created-after",
+        "2000-01-01T01:00:00+01:00",
+        "--json",
+    ]);
+    listed.assert_success();
+    assert!(listed.stdout.contains(&conversation), "{listed:#?}");
+    // A far future with an offset: nothing is after it.
+    let none = turnstile(&[
+        "ls",
+        "conversations",
+        "--db",
+        path,
+        "--created-after",
+        "2999-01-01T00:00:00-05:00",
+        "--json",
+    ]);
+    none.assert_success();
+    assert!(!none.stdout.contains(&conversation), "{none:#?}");
+}
+
+#[tokio::test]
 async fn a_closed_stdout_stops_the_printing_but_the_run_commits_and_replays() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("pipe.db");
@@ -520,7 +617,7 @@ fn the_error_line_shows_control_sequences_escaped() {
     let mut run = on("run", &db, &conversation);
     run.extend(["--model", &model, "--json", INPUT]);
     let failed = turnstile(&run);
-    failed.assert_error(1, "down \\u{1b}]0;OWNED\\u{7}\\u{1b}[2J");
+    failed.assert_json_error(1, "down \\u{1b}]0;OWNED\\u{7}\\u{1b}[2J");
     assert!(!failed.stderr.contains('\u{1b}'), "{failed:#?}");
 }
 
@@ -540,7 +637,13 @@ fn the_resume_hint_pastes_and_runs_for_paths_with_odd_whitespace() {
     let mut run = on("run", &db, &conversation);
     run.extend(["--model", &model, "--json", INPUT]);
     let failed = turnstile(&run);
-    failed.assert_error(1, "continue it with: turnstile resume");
+    let doc = failed.assert_json_error(1, "continue it with: turnstile resume");
+    assert!(
+        doc["next"]
+            .as_str()
+            .is_some_and(|next| next.starts_with("turnstile resume ")),
+        "{doc}"
+    );
     // The request id was generated, so the line ends with it.
     let (_, after) = failed.stderr.split_once("continue it with: ").unwrap();
     let (hint, _) = after.rsplit_once(" (request ").unwrap();
@@ -581,8 +684,9 @@ fn a_password_in_the_base_url_never_reaches_the_hint() {
         INPUT,
     ]);
     let failed = turnstile(&run);
-    failed.assert_error(1, "continue it with: turnstile resume");
+    failed.assert_json_error(1, "continue it with: turnstile resume");
     assert!(!failed.stderr.contains("hunter2"), "{failed:#?}");
+    assert!(!failed.stdout.contains("hunter2"), "{failed:#?}");
     assert!(
         failed.stderr.contains("user:REDACTED@127.0.0.1:9"),
         "{failed:#?}"
@@ -614,7 +718,9 @@ async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
     });
     let busy = busy.await.unwrap();
     holder.execute("ROLLBACK").await.unwrap();
-    busy.assert_error(3, "busy");
+    let doc = busy.assert_json_error(3, "busy");
+    assert_eq!(doc["kind"], "locked", "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     let version = open(&db)
         .await

@@ -18,6 +18,8 @@
 //! (4), "re-read the state and decide" (5) and "a human must decide" (6)
 //! apart without parsing text.
 
+use serde::Serialize;
+use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile::Error;
 
 /// Success is 0 (`ExitCode::SUCCESS`). Any failure not listed below.
@@ -74,11 +76,14 @@ pub enum CliError {
     #[error("{0}")]
     CannotOpen(String),
     /// A run stopped with its admission held (cancelled, budget, deadline,
-    /// model error): the error, and the command that continues it.
+    /// model error): the error, the run and revision that continue it, and
+    /// the command that does.
     #[error("{source}; continue it with: {resume}")]
     Stopped {
         #[source]
         source: Error,
+        run_id: RunId,
+        revision: Revision,
         resume: String,
     },
     /// A library error with what to change to get past it.
@@ -182,6 +187,188 @@ impl CliError {
     }
 }
 
+/// What `--json` prints on stdout when a command fails before printing
+/// anything else: one document a script can act on without parsing the
+/// `error:` line. The ids and revision are those the error names (or the
+/// command was given); `next` is the command that continues a stopped run.
+#[derive(Debug, Serialize)]
+pub struct ErrorDocument {
+    /// Always `"error"` (a run that waits for approval prints
+    /// `"awaiting_approval"` instead, with exit 6).
+    pub status: &'static str,
+    /// What went wrong, as a stable word: see [`CliError::kind`].
+    pub kind: &'static str,
+    /// The process's exit code.
+    pub exit_code: u8,
+    /// The `error:` line's text, without the `error: ` prefix (control and
+    /// reordering characters escaped as there).
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<ConversationId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<RequestId>,
+    /// The request that holds the conversation (busy): with `revision`,
+    /// what `recover`, `abandon` or `delete --revision` need.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_request_id: Option<RequestId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// The admission revision to pass as `--revision` to continue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Revision>,
+    /// The command that continues the request, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// The ids a failed command was given, filled into its error document
+/// where the error itself names none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Given {
+    pub conversation_id: Option<ConversationId>,
+    pub request_id: Option<RequestId>,
+}
+
+impl CliError {
+    /// The error as a JSON document (see [`ErrorDocument`]).
+    pub fn document(&self, given: Given) -> ErrorDocument {
+        let mut doc = ErrorDocument {
+            status: "error",
+            kind: self.kind(),
+            exit_code: self.exit_code(),
+            message: super::output::plain(&self.one_line()).into_owned(),
+            conversation_id: None,
+            request_id: None,
+            holder_request_id: None,
+            run_id: None,
+            revision: None,
+            next: None,
+        };
+        self.fill(&mut doc);
+        doc.conversation_id = doc.conversation_id.or(given.conversation_id);
+        doc.request_id = doc.request_id.or(given.request_id);
+        doc
+    }
+
+    fn fill(&self, doc: &mut ErrorDocument) {
+        match self {
+            CliError::Turnstile(e) | CliError::Advised { source: e, .. } => fill_from(e, doc),
+            CliError::Unrecovered { first, .. } => fill_from(first, doc),
+            CliError::Stopped {
+                source,
+                run_id,
+                revision,
+                resume,
+            } => {
+                fill_from(source, doc);
+                doc.run_id = Some(*run_id);
+                doc.revision = Some(*revision);
+                doc.next = Some(resume.clone());
+            }
+            CliError::ForRequest { request_id, source } => {
+                source.fill(doc);
+                doc.request_id = Some(*request_id);
+            }
+            _ => {}
+        }
+    }
+
+    /// A stable word for what went wrong: `usage`, `not_found`, `deleted`,
+    /// `busy`, `locked` (another process held the database), `full`, `conflict`, `fenced`, `ambiguous_checkpoint`, `not_active`,
+    /// `stopped` (a run stopped with its admission held), `cannot_open`,
+    /// `integrity`, `io` or `failure`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CliError::Usage(_) => "usage",
+            CliError::MissingDatabase(_) | CliError::MissingSchema(_) => "not_found",
+            CliError::Turnstile(e)
+            | CliError::Advised { source: e, .. }
+            | CliError::Unrecovered { first: e, .. } => kind_of(e),
+            CliError::Stopped { source, .. } => match kind_of(source) {
+                "failure" => "stopped",
+                kind => kind,
+            },
+            CliError::Io { .. } => "io",
+            CliError::Failed(_) => "failure",
+            CliError::CannotOpen(_) => "cannot_open",
+            CliError::ForRequest { source, .. } => source.kind(),
+        }
+    }
+}
+
+/// The kind of a library error (see [`CliError::kind`]).
+fn kind_of(error: &Error) -> &'static str {
+    match error {
+        Error::Busy { .. } => "busy",
+        Error::Store(e) if e.is_busy() => "locked",
+        Error::Store(e) if e.is_full() => "full",
+        Error::NotFound { .. } => "not_found",
+        Error::Deleted { .. } => "deleted",
+        Error::Fenced { .. } => "fenced",
+        Error::AmbiguousCheckpoint { .. } => "ambiguous_checkpoint",
+        Error::NotActive { .. } => "not_active",
+        Error::AwaitingApproval { .. } => "awaiting_approval",
+        Error::Conflict { .. }
+        | Error::VersionConflict { .. }
+        | Error::MetaVersionConflict { .. }
+        | Error::NoPendingApproval { .. } => "conflict",
+        _ if error.stopped_run().is_some() => "stopped",
+        _ => match code_for(error) {
+            USAGE => "usage",
+            _ => "failure",
+        },
+    }
+}
+
+/// The ids and revision a library error names.
+fn fill_from(error: &Error, doc: &mut ErrorDocument) {
+    if let Some((run_id, revision)) = error.stopped_run() {
+        doc.run_id = Some(run_id);
+        doc.revision = Some(revision);
+    }
+    match error {
+        Error::Busy {
+            conversation_id,
+            request_id,
+            revision,
+        } => {
+            doc.conversation_id = Some(*conversation_id);
+            doc.holder_request_id = Some(*request_id);
+            doc.revision = Some(*revision);
+        }
+        Error::Conflict {
+            conversation_id,
+            actual,
+            ..
+        } => {
+            doc.conversation_id = Some(*conversation_id);
+            doc.revision = Some(*actual);
+        }
+        Error::Fenced { run_id, revision } => {
+            doc.run_id = Some(*run_id);
+            doc.revision = Some(*revision);
+        }
+        Error::AmbiguousCheckpoint { run_id, .. } => doc.run_id = Some(*run_id),
+        Error::AwaitingApproval { request_id, .. }
+        | Error::RequestMismatch { request_id, .. }
+        | Error::RequestAbandoned { request_id }
+        | Error::NotActive { request_id }
+        | Error::ConfigurationMismatch { request_id }
+        | Error::NoPendingApproval { request_id, .. } => doc.request_id = Some(*request_id),
+        Error::NamespaceMismatch {
+            conversation_id, ..
+        }
+        | Error::Deleted { conversation_id }
+        | Error::VersionConflict {
+            conversation_id, ..
+        }
+        | Error::MetaVersionConflict {
+            conversation_id, ..
+        } => doc.conversation_id = Some(*conversation_id),
+        _ => {}
+    }
+}
+
 impl From<std::io::Error> for CliError {
     fn from(source: std::io::Error) -> Self {
         CliError::Io {
@@ -219,7 +406,6 @@ pub fn code_for(error: &Error) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 
     #[test]
     fn library_errors_map_to_documented_codes() {

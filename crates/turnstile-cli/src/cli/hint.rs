@@ -103,6 +103,8 @@ pub(super) async fn with_hint<T>(
     Err(match (error, stopped) {
         (CliError::Turnstile(source), Some((run, revision))) => CliError::Stopped {
             source,
+            run_id: run,
+            revision,
             resume: resume_command(run, revision, session, Some(agent)),
         },
         (error, _) => error,

@@ -169,12 +169,72 @@ fn parse_revision(s: &str) -> Result<Revision, String> {
         .map_err(|_| format!("the revision must be a non-negative integer, got {s:?}"))
 }
 
-/// Runs a parsed command, writing its output to `out`.
+/// Runs a parsed command, writing its output to `out`. With `--json`, a
+/// command that fails before printing anything prints its error as one
+/// JSON document ([`exit::ErrorDocument`]).
 ///
 /// # Errors
 /// A [`CliError`]; print it with [`CliError::one_line`] and exit with
 /// [`CliError::exit_code`].
 pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
+    let json = cli.json;
+    let given = given(&cli.command);
+    let mut tracked = Tracked {
+        out,
+        written: false,
+    };
+    let result = dispatch(cli, &mut tracked, style);
+    if let Err(error) = &result {
+        if json && !tracked.written && !error.is_closed_output() {
+            // The error line on stderr says the same; a closed stdout
+            // changes nothing.
+            let _ = output::json(tracked.out, &error.document(given));
+        }
+    }
+    result
+}
+
+/// The conversation and request a command names, for its error document.
+fn given(command: &Command) -> exit::Given {
+    let (conversation_id, request_id) = match command {
+        Command::Run(a) => (Some(a.session.conversation), a.request),
+        Command::Resume(a) => (Some(a.session.conversation), None),
+        Command::Recover(a) => (Some(a.session.conversation), Some(a.request)),
+        Command::Abandon(a) => (Some(a.session.conversation), Some(a.request)),
+        Command::Approve(a) => (Some(a.decide.session.conversation), Some(a.decide.request)),
+        Command::Reject(a) => (Some(a.decide.session.conversation), Some(a.decide.request)),
+        Command::Approvals(a) => (a.conversation, None),
+        Command::Show(a) => (Some(a.conversation), None),
+        Command::Export(a) => (Some(a.conversation), None),
+        Command::Delete(a) => (Some(a.conversation), None),
+        Command::Fork(a) => (Some(a.conversation), None),
+        Command::Meta(a) => (Some(a.conversation), None),
+        _ => (None, None),
+    };
+    exit::Given {
+        conversation_id,
+        request_id,
+    }
+}
+
+/// A writer that remembers whether anything was written to it.
+struct Tracked<'a> {
+    out: &'a mut dyn Write,
+    written: bool,
+}
+
+impl Write for Tracked<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.written |= !buf.is_empty();
+        self.out.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
     // One thread is plenty: the work is a sequence of model calls and
     // database steps, and SQLite runs on its own worker threads. The bench
     // drives many conversations at once, as an application would: on every
