@@ -96,6 +96,38 @@ fn invalid_uuids_are_refused_before_the_database_is_touched() {
 }
 
 #[test]
+fn reordering_and_control_characters_in_arguments_are_shown_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("escaped.db");
+    let conversation = uuid();
+    let bad = "evil\u{202e}txt\u{1b}[2J";
+    // Clap drops the escape sequence itself; the rest is shown escaped.
+    let escaped = "evil\\u{202e}txt";
+    let checked = |args: &[&str]| {
+        let refused = turnstile(args);
+        refused.assert_error(2, escaped);
+        assert!(
+            !refused.stderr.contains('\u{202e}') && !refused.stderr.contains('\u{1b}'),
+            "{refused:#?}"
+        );
+    };
+    let mut namespace = vec!["show", conversation.as_str(), "--namespace", bad];
+    namespace.extend(db_args(&db));
+    checked(&namespace);
+    let mut positional = vec!["abandon", bad, "--revision", "1"];
+    positional.extend(["--conversation", conversation.as_str()]);
+    positional.extend(db_args(&db));
+    checked(&positional);
+    let mut after = vec!["ls", "conversations", "--after", bad];
+    after.extend(db_args(&db));
+    checked(&after);
+    let mut meta = vec!["ls", "conversations", "--meta", bad];
+    meta.extend(db_args(&db));
+    checked(&meta);
+    assert!(!db.exists(), "nothing created");
+}
+
+#[test]
 fn negative_or_non_numeric_revisions_are_usage_errors() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("never.db");

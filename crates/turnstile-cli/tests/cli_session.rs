@@ -533,6 +533,35 @@ async fn a_closed_stdout_stops_the_printing_but_the_run_commits_and_replays() {
 }
 
 #[test]
+fn a_multi_line_answer_is_indented_under_its_row_and_forges_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("forged.db");
+    let conversation = uuid();
+    let forger = script(
+        dir.path(),
+        "forger.json",
+        json!([{"text": "fine\nerror: the database is corrupt\nstatus      abandoned"}]),
+    );
+    let model = scripted(&forger);
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, INPUT]);
+    let shown = turnstile(&run);
+    shown.assert_success();
+    let statuses: Vec<&str> = shown
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("status") || l.starts_with("error"))
+        .collect();
+    assert_eq!(statuses, ["status      committed"], "{shown:#?}");
+    assert!(
+        shown.stdout.contains(
+            "answer      fine\n            error: the database is corrupt\n            status      abandoned\n"
+        ),
+        "continuation lines under the answer: {shown:#?}"
+    );
+}
+
+#[test]
 fn a_finished_command_leaves_the_database_file_complete_on_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("closed.db");

@@ -301,12 +301,15 @@ pub fn report(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// Clap's message without its usage and tip paragraphs, on one line.
+/// Clap's message without its usage and tip paragraphs, on one line, with
+/// the value it quotes made [`output::plain`]: an argument can hold control
+/// or reordering characters like any other text a person did not write.
 fn usage_line(error: &clap::Error) -> String {
     let rendered = error.render().to_string();
     let first = rendered.split("\n\n").next().unwrap_or_default();
     let line = first.split_whitespace().collect::<Vec<_>>().join(" ");
-    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    output::plain(line).into_owned()
 }
 
 #[cfg(test)]
@@ -334,6 +337,14 @@ mod tests {
         let line = usage_line(&error);
         assert!(line.contains("--db"), "{line}");
         assert!(!line.contains("Usage"), "{line}");
+    }
+
+    #[test]
+    fn a_usage_error_shows_reordering_and_control_characters_escaped() {
+        let error = parse(&["abandon", "x\u{202e}y\u{1b}[2J", "--revision", "1"]).unwrap_err();
+        let line = usage_line(&error);
+        assert!(line.contains("x\\u{202e}y\\u{1b}[2J"), "{line}");
+        assert!(!line.chars().any(output::unsafe_for_terminal), "{line}");
     }
 
     #[test]

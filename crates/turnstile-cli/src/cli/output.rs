@@ -60,10 +60,19 @@ pub fn json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError>
 }
 
 /// Writes rows as an aligned two-column table, each line after `indent`.
+/// A value's continuation lines are indented under its first, as `show`
+/// indents a message's: a model's multi-line answer cannot start a line of
+/// its own that would read as another row (`error: …`, `status …`).
 pub fn table(out: &mut dyn Write, indent: &str, rows: &[(&str, String)]) -> Result<(), CliError> {
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let pad = " ".repeat(width + 2);
     for (key, value) in rows {
-        writeln!(out, "{indent}{key:<width$}  {value}")?;
+        let mut lines = value.split('\n');
+        let first = lines.next().unwrap_or_default();
+        writeln!(out, "{indent}{key:<width$}  {first}")?;
+        for line in lines {
+            writeln!(out, "{}", format!("{indent}{pad}{line}").trim_end())?;
+        }
     }
     Ok(())
 }
@@ -178,6 +187,20 @@ mod tests {
             "\\u{d}\\u{7f}\\u{9b}\\u{202e}"
         );
         assert!(matches!(plain("safe"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_multi_line_value_is_indented_under_its_row() {
+        let mut out = Vec::new();
+        let rows = [
+            ("answer", "fine\nerror: forged\n\nstatus  forged".to_owned()),
+            ("turns", "2".to_owned()),
+        ];
+        table(&mut out, "", &rows).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "answer  fine\n        error: forged\n\n        status  forged\nturns   2\n"
+        );
     }
 
     #[test]
