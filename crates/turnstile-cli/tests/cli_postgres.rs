@@ -602,6 +602,12 @@ async fn a_call_awaiting_approval_is_listed_approved_and_resumed_on_a_server() {
     assert_eq!(calls[0]["call_id"], "c1");
     let held = admission(&url, &conversation).await;
     assert_eq!(calls[0]["revision"], held.revision.0);
+    // Waiting for a human is not stuck, on a server too.
+    assert_eq!(ops(&["ls", "requests", "--stuck"], &url), json!([]));
+    let report = ops(&["doctor"], &url);
+    assert_eq!(report["held_admissions"], 1, "{report:#}");
+    assert_eq!(report["stuck_admissions"], 0, "{report:#}");
+    assert_eq!(report["awaiting_approval_admissions"], 1, "{report:#}");
 
     let approved = pasted(approve);
     approved.assert_success();

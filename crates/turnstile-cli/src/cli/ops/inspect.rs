@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::awaiting::Awaiting;
 use super::list::mark;
 use super::{columns, utc, CheckpointsArgs, ExportArgs, ShowArgs};
 use crate::cli::exit::CliError;
@@ -79,13 +80,14 @@ pub(in crate::cli) async fn show(
             Ok(())
         })
         .await?;
+        let awaiting = Awaiting::read(store.as_ref(), Some(conversation.id)).await?;
         if json {
             let shown = Shown {
                 conversation: &conversation,
                 summary,
                 transcript: transcript.iter().map(Entry::from).collect(),
             };
-            return output::json(out, &shown);
+            return output::json(out, &awaiting.annotated(&shown)?);
         }
         let admission = match &conversation.held {
             None => format!("{} · idle", conversation.revision),
@@ -99,7 +101,11 @@ pub(in crate::cli) async fn show(
                         .map_or("no run row".into(), |s| s.as_str().to_owned()),
                     mark(held.last_checkpoint.as_ref())
                 );
-                if held.stuck {
+                if awaiting.holds(Some(held)) {
+                    text.push_str(
+                        &style.yellow(" · awaiting approval (see `turnstile approvals`)"),
+                    );
+                } else if held.stuck {
                     text.push_str(&style.red(" · stuck"));
                 }
                 text
@@ -248,6 +254,7 @@ pub(in crate::cli) async fn checkpoints(
             })?;
         let rows = store.checkpoints(args.run).await?;
         let record = store.run(args.run).await?;
+        let awaiting = Awaiting::read(store.as_ref(), Some(run.conversation_id)).await?;
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         if json {
             let shown = RunCheckpoints {
@@ -258,14 +265,18 @@ pub(in crate::cli) async fn checkpoints(
                 }),
                 checkpoints: &rows,
             };
-            return output::json(out, &shown);
+            return output::json(out, &awaiting.annotated(&shown)?);
         }
         // Fingerprints are SHA-256 hex: their first 12 digits tell them apart.
         let short = |f: &str| output::plain(&f.chars().take(12).collect::<String>()).into_owned();
         let agent = change.map_or("-".into(), |c| {
             format!("upgraded from {} to {}", short(&c.from), short(&c.to))
         });
-        let admission = match &run.held {
+        let admission = match run.held.as_ref() {
+            Some(held) if awaiting.holds(Some(held)) => style.yellow(&format!(
+                "holds revision {}, awaiting approval",
+                held.revision
+            )),
             Some(held) if held.stuck => {
                 style.red(&format!("holds revision {}, stuck", held.revision))
             }

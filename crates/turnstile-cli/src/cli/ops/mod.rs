@@ -3,6 +3,7 @@
 //! never create one: a missing file, or a PostgreSQL database without the
 //! turnstile schema, is "not found" (exit 4).
 
+mod awaiting;
 mod inspect;
 mod list;
 mod maintain;
@@ -43,7 +44,8 @@ pub struct LsArgs {
     /// Only what stuck admissions hold: admissions whose run failed, or is
     /// `running` without a change for --stale-after. The database cannot see
     /// processes: a live run inside one long model or tool call looks stuck
-    /// once that call outlasts --stale-after.
+    /// once that call outlasts --stale-after. A request awaiting approval
+    /// is not stuck (see `turnstile approvals`).
     #[arg(long)]
     pub stuck: bool,
     /// How long a `running` owner may leave its admission unchanged before
