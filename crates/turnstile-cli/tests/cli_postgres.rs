@@ -635,6 +635,84 @@ async fn a_call_awaiting_approval_is_listed_approved_and_resumed_on_a_server() {
     }
 }
 
+#[tokio::test]
+async fn a_server_gone_mid_run_is_unreachable_not_busy_and_the_printed_command_continues_it() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_own();
+    let url = server.fresh_database();
+    let conversation = uuid();
+    let request = RequestId::new().to_string();
+    // Turn 1's answer takes three seconds: the server is stopped meanwhile.
+    let model = scripted(&script(
+        dir.path(),
+        "pause.json",
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}],
+             "usage": {"input_tokens": 10, "output_tokens": 5}, "delay_ms": 3000},
+            {"text": "2 + 3 = 5", "usage": {"input_tokens": 20, "output_tokens": 4}}
+        ]),
+    ));
+    let mut run = on("run", &url, &conversation);
+    run.extend(["--request", &request, "--model", &model]);
+    run.extend(["--busy-timeout", "1s", INPUT]);
+    let mut child = command(&run)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("write-ahead checkpoint saved") {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "{seen}");
+        seen.push_str(&line);
+    }
+    server.stop_immediate();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "unreachable, not busy: {stderr}"
+    );
+    // Logged warnings (the server's shutdown notices) may come before it.
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let stderr = errors[0];
+    assert!(!stderr.starts_with("error: busy"), "{stderr}");
+    assert!(!stderr.contains("write lock"), "{stderr}");
+    assert!(!stderr.contains("nothing was written"), "{stderr}");
+    assert!(stderr.contains("could not be reached"), "{stderr}");
+    assert!(stderr.contains("may have written"), "{stderr}");
+    let command_line = stderr
+        .split("continue it with: ")
+        .nth(1)
+        .expect("the command that continues it");
+    assert!(
+        command_line.starts_with("turnstile resume ")
+            && command_line.contains(" --retry-interrupted"),
+        "{stderr}"
+    );
+
+    // Once the server is back, the printed command finishes the request.
+    server.restart();
+    let resumed = pasted(command_line);
+    resumed.assert_success();
+    assert!(
+        resumed.stdout.contains("answer      2 + 3 = 5"),
+        "{resumed:#?}"
+    );
+    let store = store(&url).await;
+    let record = store
+        .request(request.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, RequestStatus::Completed);
+}
+
 #[test]
 fn a_server_that_is_not_there_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -763,6 +763,72 @@ async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
     assert_eq!(version, 1, "the refused request wrote nothing");
 }
 
+#[tokio::test]
+async fn a_write_lock_taken_mid_run_says_what_was_kept_and_the_resume_continues_it() {
+    use sqlx::{Connection, Executor};
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("midrun.db");
+    let conversation = uuid();
+    // Turn 1's answer takes three seconds: the lock is taken meanwhile.
+    let model = scripted(&script(
+        dir.path(),
+        "pause.json",
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}],
+             "usage": {"input_tokens": 10, "output_tokens": 5}, "delay_ms": 3000},
+            {"text": "2 + 3 = 5", "usage": {"input_tokens": 20, "output_tokens": 4}}
+        ]),
+    ));
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--busy-timeout", "1s", INPUT]);
+    let mut child = cli_support::command(&run)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("write-ahead checkpoint saved") {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "{seen}");
+        seen.push_str(&line);
+    }
+    let mut holder = sqlx::SqliteConnection::connect(&format!("sqlite:{}", db.display()))
+        .await
+        .unwrap();
+    holder.execute("BEGIN IMMEDIATE").await.unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    holder.execute("ROLLBACK").await.unwrap();
+    drop(holder);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let line = errors[0];
+    assert!(line.starts_with("error: busy"), "{line}");
+    assert!(
+        !line.contains("nothing was written"),
+        "the run's first turn was written: {line}"
+    );
+    assert!(line.contains("earlier steps are kept"), "{line}");
+    // The request id was generated, so the line ends with it.
+    let (_, after) = line
+        .split_once("continue it with: ")
+        .expect("the command that continues it");
+    let (resume, _) = after.rsplit_once(" (request ").unwrap();
+    let resumed = cli_support::pasted(resume);
+    resumed.assert_success();
+    assert!(
+        resumed.stdout.contains("answer      2 + 3 = 5"),
+        "{resumed:#?}"
+    );
+}
+
 #[test]
 fn a_busy_timeout_past_what_sqlite_takes_is_clamped_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();

@@ -86,6 +86,22 @@ pub enum CliError {
         revision: Revision,
         resume: String,
     },
+    /// A run whose database server could not be reached past the busy
+    /// timeout: it may have written (a step can be applied before its
+    /// answer is lost) and it still holds the admission; the command that
+    /// continues it once the server is back.
+    #[error(
+        "{source}; the database server could not be reached, so the run stopped: it may have \
+         written before the server went away, and it still holds the conversation; once the \
+         server is back, continue it with: {resume}"
+    )]
+    Unreachable {
+        #[source]
+        source: Error,
+        run_id: RunId,
+        revision: Revision,
+        resume: String,
+    },
     /// A library error with what to change to get past it.
     #[error("{source}: {advice}")]
     Advised {
@@ -126,6 +142,7 @@ impl CliError {
             CliError::MissingDatabase(_) | CliError::MissingSchema(_) => NOT_FOUND,
             CliError::Turnstile(e)
             | CliError::Stopped { source: e, .. }
+            | CliError::Unreachable { source: e, .. }
             | CliError::Advised { source: e, .. }
             | CliError::Unrecovered { first: e, .. } => code_for(e),
             CliError::Io { .. } | CliError::Failed(_) => FAILURE,
@@ -148,6 +165,16 @@ impl CliError {
         }
     }
 
+    /// Whether a run of this command stopped holding its admission (and
+    /// the error names the command that continues it).
+    fn holds_a_stopped_run(&self) -> bool {
+        match self {
+            CliError::Stopped { .. } | CliError::Unreachable { .. } => true,
+            CliError::ForRequest { source, .. } => source.holds_a_stopped_run(),
+            _ => false,
+        }
+    }
+
     /// Whether the command failed only because its standard output was
     /// closed (a pipe's reader exited).
     pub fn is_closed_output(&self) -> bool {
@@ -163,10 +190,17 @@ impl CliError {
     pub fn one_line(&self) -> String {
         let mut line = self.to_string();
         if self.is_locked_out() {
+            // A stopped run kept what it wrote before the step that waited.
+            let written = match self.holds_a_stopped_run() {
+                true => "this step was not written (the run's earlier steps are kept)",
+                false => "nothing was written, retry later",
+            };
             line.insert_str(
                 0,
-                "busy: another process held the database's write lock past the busy \
-                 timeout (--busy-timeout); nothing was written, retry later: ",
+                &format!(
+                    "busy: another process held the database's write lock past the busy \
+                     timeout (--busy-timeout); {written}: "
+                ),
             );
         }
         let mut source = std::error::Error::source(self);
@@ -259,6 +293,12 @@ impl CliError {
                 run_id,
                 revision,
                 resume,
+            }
+            | CliError::Unreachable {
+                source,
+                run_id,
+                revision,
+                resume,
             } => {
                 fill_from(source, doc);
                 doc.run_id = Some(*run_id);
@@ -274,7 +314,8 @@ impl CliError {
     }
 
     /// A stable word for what went wrong: `usage`, `not_found`, `deleted`,
-    /// `busy`, `locked` (another process held the database), `full`, `conflict`, `fenced`, `ambiguous_checkpoint`, `not_active`,
+    /// `busy`, `locked` (another process held the database), `unreachable`,
+    /// `full`, `conflict`, `fenced`, `ambiguous_checkpoint`, `not_active`,
     /// `stopped` (a run stopped with its admission held), `cannot_open`,
     /// `integrity`, `io` or `failure`.
     pub fn kind(&self) -> &'static str {
@@ -284,6 +325,7 @@ impl CliError {
             CliError::Turnstile(e)
             | CliError::Advised { source: e, .. }
             | CliError::Unrecovered { first: e, .. } => kind_of(e),
+            CliError::Unreachable { .. } => "unreachable",
             CliError::Stopped { source, .. } => match kind_of(source) {
                 "failure" => "stopped",
                 kind => kind,
@@ -302,6 +344,7 @@ fn kind_of(error: &Error) -> &'static str {
         Error::Busy { .. } => "busy",
         Error::Store(e) if e.is_busy() => "locked",
         Error::Store(e) if e.is_full() => "full",
+        Error::Store(e) if e.is_unreachable() => "unreachable",
         Error::NotFound { .. } => "not_found",
         Error::Deleted { .. } => "deleted",
         Error::Fenced { .. } => "fenced",

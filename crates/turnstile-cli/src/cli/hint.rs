@@ -3,6 +3,7 @@
 //! `--require-approval`), quoted so that they paste and run, with no secret
 //! in them.
 
+use turnstile::checkpoint::CheckpointPhase;
 use turnstile::ids::{RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 use turnstile::LeasePolicy;
@@ -77,13 +78,15 @@ impl<'a> AgentFlags<'a> {
 ///
 /// A run that failed in the store (a full disk, an I/O error) carries no
 /// run id: if its request still holds the admission, the admission says
-/// which run and revision continue it. A run that waits for approval is
-/// left as it is: its revision moves with each decision, and the decisions
-/// print the command that continues it.
+/// which run and revision continue it. A database server that went away
+/// cannot be asked: the run and revision it started with continue it, with
+/// `--retry-interrupted`, once the server is back. A run that waits for
+/// approval is left as it is: its revision moves with each decision, and
+/// the decisions print the command that continues it.
 pub(super) async fn with_hint<T>(
     result: Result<T, CliError>,
     agent_session: &AgentSession,
-    started: Option<RunId>,
+    started: Option<(RunId, Revision)>,
     session: &SessionArgs,
     agent: &AgentFlags<'_>,
 ) -> Result<T, CliError> {
@@ -91,32 +94,66 @@ pub(super) async fn with_hint<T>(
         Ok(value) => return Ok(value),
         Err(error) => error,
     };
+    let error = match (error, started) {
+        (CliError::Turnstile(source), Some((run, revision))) if matches!(&source, turnstile::Error::Store(e) if e.is_unreachable()) =>
+        {
+            let mut resume = resume_command(run, revision, session, Some(agent));
+            resume.push_str(" --retry-interrupted");
+            return Err(CliError::Unreachable {
+                source,
+                run_id: run,
+                revision,
+                resume,
+            });
+        }
+        (error, _) => error,
+    };
     let stopped = match &error {
         CliError::Turnstile(turnstile::Error::Store(_)) => match started {
-            Some(run) => held_by(agent_session, run).await,
+            Some((run, _)) => held_by(agent_session, run).await,
             None => None,
         },
         CliError::Turnstile(turnstile::Error::AwaitingApproval { .. }) => None,
-        CliError::Turnstile(source) => source.stopped_run(),
+        CliError::Turnstile(source) => source
+            .stopped_run()
+            .map(|(run, revision)| (run, revision, false)),
         _ => None,
     };
     Err(match (error, stopped) {
-        (CliError::Turnstile(source), Some((run, revision))) => CliError::Stopped {
-            source,
-            run_id: run,
-            revision,
-            resume: resume_command(run, revision, session, Some(agent)),
-        },
+        (CliError::Turnstile(source), Some((run, revision, in_flight))) => {
+            let mut resume = resume_command(run, revision, session, Some(agent));
+            if in_flight {
+                resume.push_str(" --retry-interrupted");
+            }
+            CliError::Stopped {
+                source,
+                run_id: run,
+                revision,
+                resume,
+            }
+        }
         (error, _) => error,
     })
 }
 
 /// The revision, while `run` (the one this command started) still owns the
-/// admission: never a run another process started.
-async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision)> {
+/// admission: never a run another process started. And whether its last
+/// checkpoint has a turn in flight (a step that failed could not record
+/// its stop), which a resume must be told to retry.
+async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision, bool)> {
     let state = session.admission().await.ok()?;
     let active = state.active?;
-    (active.run_id == run).then_some((run, state.revision))
+    if active.run_id != run {
+        return None;
+    }
+    let last = session.store().latest_checkpoint(run).await.ok()?;
+    let in_flight = last.is_some_and(|c| {
+        matches!(
+            c.phase,
+            CheckpointPhase::TurnInFlight | CheckpointPhase::ToolsInFlight
+        )
+    });
+    Some((run, state.revision, in_flight))
 }
 
 /// `turnstile resume RUN --revision N` on the same database and

@@ -544,13 +544,13 @@ pub(super) async fn abandon(
 /// error is reported after it, so a retry with the same request id
 /// replays instead of finding the conversation held.
 ///
-/// `started` is set to the run this stream started, if it got that far:
-/// the one a resume hint may name.
+/// `started` is set to the run this stream started and the admission
+/// revision it holds, if it got that far: what a resume hint may name.
 pub(super) async fn follow(
     mut events: EventStream<'_>,
     progress: &mut Progress,
     out: &mut dyn Write,
-    started: &mut Option<RunId>,
+    started: &mut Option<(RunId, Revision)>,
 ) -> Result<Outcome, CliError> {
     let mut printing = Printing::To(out);
     let mut outcome = None;
@@ -562,8 +562,11 @@ pub(super) async fn follow(
                 return Err(error.into());
             }
         };
-        if let Event::RunStarted { run_id, .. } = &event {
-            *started = Some(*run_id);
+        if let Event::RunStarted {
+            run_id, revision, ..
+        } = &event
+        {
+            *started = Some((*run_id, *revision));
         }
         printing.write(|out| progress.event(out, &event));
         if let Event::ConversationCommitted {
