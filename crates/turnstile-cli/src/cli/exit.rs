@@ -102,6 +102,16 @@ pub enum CliError {
         revision: Revision,
         resume: String,
     },
+    /// The command's work is done (committed), but closing the database
+    /// could not fold its write-ahead log back into the file (a full disk):
+    /// the file alone lacks the latest commits, which are in the `-wal`
+    /// file beside it. `database` is the file, when the command named one.
+    #[error("{}", unfolded_message(database.as_deref(), source))]
+    Unfolded {
+        #[source]
+        source: Error,
+        database: Option<std::path::PathBuf>,
+    },
     /// A library error with what to change to get past it.
     #[error("{source}: {advice}")]
     Advised {
@@ -145,7 +155,7 @@ impl CliError {
             | CliError::Unreachable { source: e, .. }
             | CliError::Advised { source: e, .. }
             | CliError::Unrecovered { first: e, .. } => code_for(e),
-            CliError::Io { .. } | CliError::Failed(_) => FAILURE,
+            CliError::Io { .. } | CliError::Failed(_) | CliError::Unfolded { .. } => FAILURE,
             CliError::CannotOpen(_) => CANNOT_OPEN,
             CliError::ForRequest { source, .. } => source.exit_code(),
         }
@@ -264,6 +274,20 @@ pub struct Given {
 }
 
 impl CliError {
+    /// The same error naming `database`, the file the command worked on,
+    /// where it says which files to keep.
+    pub fn on_database(self, database: Option<&std::path::Path>) -> Self {
+        match self {
+            CliError::Unfolded { source, .. } => CliError::Unfolded {
+                source,
+                database: database.map(std::path::Path::to_path_buf),
+            },
+            error => error,
+        }
+    }
+}
+
+impl CliError {
     /// The error as a JSON document (see [`ErrorDocument`]).
     pub fn document(&self, given: Given) -> ErrorDocument {
         let mut doc = ErrorDocument {
@@ -316,7 +340,8 @@ impl CliError {
     /// A stable word for what went wrong: `usage`, `not_found`, `deleted`,
     /// `busy`, `locked` (another process held the database), `unreachable`,
     /// `full`, `conflict`, `fenced`, `ambiguous_checkpoint`, `not_active`,
-    /// `stopped` (a run stopped with its admission held), `cannot_open`,
+    /// `stopped` (a run stopped with its admission held), `unfolded` (the
+    /// work is committed, but the `-wal` file must be kept), `cannot_open`,
     /// `integrity`, `io` or `failure`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -331,11 +356,32 @@ impl CliError {
                 kind => kind,
             },
             CliError::Io { .. } => "io",
+            CliError::Unfolded { .. } => "unfolded",
             CliError::Failed(_) => "failure",
             CliError::CannotOpen(_) => "cannot_open",
             CliError::ForRequest { source, .. } => source.kind(),
         }
     }
+}
+
+/// What [`CliError::Unfolded`] says: what is where, what to keep and what
+/// to do.
+fn unfolded_message(database: Option<&std::path::Path>, source: &Error) -> String {
+    let (db, wal) = match database {
+        Some(path) => {
+            let mut wal = path.as_os_str().to_owned();
+            wal.push("-wal");
+            let quote = |p: &std::path::Path| super::hint::quote(&p.display().to_string());
+            (quote(path), quote(std::path::Path::new(&wal)))
+        }
+        None => ("the database file".to_owned(), "its -wal file".to_owned()),
+    };
+    format!(
+        "the command's work is committed, but closing the database could not fold its \
+         write-ahead log back into {db} ({source}): {db} alone lacks the latest commits, which \
+         are in {wal}; keep {wal} with {db} (copy or move them together), make room, then run \
+         any turnstile command on it (such as `turnstile doctor --db {db}`) to fold it"
+    )
 }
 
 /// The kind of a library error (see [`CliError::kind`]).

@@ -179,11 +179,13 @@ fn parse_revision(s: &str) -> Result<Revision, String> {
 pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
     let json = cli.json;
     let given = given(&cli.command);
+    let database = database(&cli.command);
     let mut tracked = Tracked {
         out,
         written: false,
     };
-    let result = dispatch(cli, &mut tracked, style);
+    let result =
+        dispatch(cli, &mut tracked, style).map_err(|error| error.on_database(database.as_deref()));
     if let Err(error) = &result {
         if json && !tracked.written && !error.is_closed_output() {
             // The error line on stderr says the same; a closed stdout
@@ -214,6 +216,34 @@ fn given(command: &Command) -> exit::Given {
     exit::Given {
         conversation_id,
         request_id,
+    }
+}
+
+/// The SQLite file a command works on, if it names one.
+fn database(command: &Command) -> Option<std::path::PathBuf> {
+    let location = match command {
+        Command::Run(a) => &a.session.db,
+        Command::Resume(a) => &a.session.db,
+        Command::Recover(a) => &a.session.db,
+        Command::Abandon(a) => &a.session.db,
+        Command::RecoverExpired(a) => &a.db,
+        Command::Approvals(a) => &a.db,
+        Command::Approve(a) => &a.decide.session.db,
+        Command::Reject(a) => &a.decide.session.db,
+        Command::Ls(a) => &a.db,
+        Command::Show(a) => &a.db,
+        Command::Checkpoints(a) => &a.db,
+        Command::Export(a) => &a.db,
+        Command::Prune(a) => &a.db,
+        Command::Delete(a) => &a.db,
+        Command::Fork(a) => &a.db,
+        Command::Meta(a) => &a.db,
+        Command::Demo(a) => &a.db,
+        _ => return None,
+    };
+    match location {
+        DbLocation::File(path) => Some(path.clone()),
+        DbLocation::Postgres(_) => None,
     }
 }
 

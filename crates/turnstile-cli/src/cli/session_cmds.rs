@@ -143,16 +143,30 @@ pub(super) fn agent_requiring(model: Arc<dyn Model>, approval: &[String]) -> Age
 }
 
 /// Closes the store after a command, whatever the command's result, so the
-/// database file alone is complete when the process exits. A close that
-/// fails (another process reading kept the log from folding whole) is
-/// logged at debug: the command's own result stands, and nothing committed
-/// is lost either way.
+/// database file alone is complete when the process exits. A close kept
+/// from folding the log whole by another process reading (or by a
+/// read-only medium) is logged at debug: the next writer folds it, and
+/// nothing committed is lost either way. A close that found no room to
+/// fold it (a full disk) leaves the latest commits in the `-wal` file
+/// beside the database: after a command that succeeded that is
+/// [`CliError::Unfolded`], so the user learns that the file alone is not
+/// the whole database; after one that failed, its own error stands.
 pub(super) async fn closed<T>(
     store: &dyn StoreAdmin,
     result: Result<T, CliError>,
 ) -> Result<T, CliError> {
-    if let Err(error) = store.close().await {
-        tracing::debug!(%error, "the database was not closed cleanly");
+    match store.close().await {
+        Err(turnstile::Error::Store(e)) if e.is_busy() => {
+            tracing::debug!(error = %e, "the database was not closed cleanly");
+        }
+        Err(turnstile::Error::Store(e)) if e.is_full() && result.is_ok() => {
+            return Err(CliError::Unfolded {
+                source: turnstile::Error::Store(e),
+                database: None,
+            })
+        }
+        Err(error) => tracing::debug!(%error, "the database was not closed cleanly"),
+        Ok(()) => {}
     }
     result
 }
