@@ -96,6 +96,38 @@ fn run_generates_a_request_id_and_a_retry_with_it_replays() {
 }
 
 #[test]
+fn run_without_a_conversation_starts_one_and_prints_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("new.db");
+    let path = db.to_str().unwrap();
+    let model = scripted(&add_script(dir.path()));
+    let first = turnstile(&["run", "--db", path, "--model", &model, INPUT]);
+    first.assert_success();
+    let line = cli_support::printed(&first, "conversation ");
+    let conversation = line.split_whitespace().nth(1).unwrap().to_owned();
+    assert!(
+        line.ends_with(&format!(
+            "(new: pass --conversation {conversation} to continue it)"
+        )),
+        "{first:#?}"
+    );
+    // The printed id continues it.
+    let mut next = on("run", &db, &conversation);
+    next.extend(["--model", &model, "--json", "and again?"]);
+    let next = turnstile(&next);
+    next.assert_success();
+    assert_eq!(next.json()["conversation_version"], 2);
+    // With --json, the outcome names the new conversation.
+    let other = turnstile(&["run", "--db", path, "--model", &model, "--json", INPUT]);
+    other.assert_success();
+    let started = other.json()["conversation_id"].as_str().unwrap().to_owned();
+    assert_ne!(started, conversation);
+    let shown = turnstile(&["show", &started, "--db", path, "--json"]);
+    shown.assert_success();
+    assert_eq!(shown.json()["conversation"]["version"], 1);
+}
+
+#[test]
 fn human_run_prints_the_generated_request_progress_and_outcome() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");

@@ -129,11 +129,14 @@ pub enum CliError {
         #[source]
         first: Error,
     },
-    /// A failure of a request whose id was generated: the id is named so the
-    /// request can be retried or recovered.
-    #[error("{source} (request {request_id})")]
+    /// A failure of a request whose id (or whose new conversation's id) was
+    /// generated: the ids are named so the request can be retried or
+    /// recovered.
+    #[error("{source} ({}request {request_id})", conversation_id.map_or(String::new(), |c| format!("conversation {c}, ")))]
     ForRequest {
         request_id: turnstile::ids::RequestId,
+        /// The conversation, when the command started a new one.
+        conversation_id: Option<ConversationId>,
         #[source]
         source: Box<CliError>,
     },
@@ -329,9 +332,14 @@ impl CliError {
                 doc.revision = Some(*revision);
                 doc.next = Some(resume.clone());
             }
-            CliError::ForRequest { request_id, source } => {
+            CliError::ForRequest {
+                request_id,
+                conversation_id,
+                source,
+            } => {
                 source.fill(doc);
                 doc.request_id = Some(*request_id);
+                doc.conversation_id = doc.conversation_id.or(*conversation_id);
             }
             _ => {}
         }

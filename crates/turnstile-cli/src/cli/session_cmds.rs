@@ -22,7 +22,7 @@ use super::lease::{leased, LeaseArgs};
 use super::model::{self, ModelArgs};
 use super::output::{self, Style};
 use super::progress::Progress;
-use super::{parse_revision, tools, SessionArgs};
+use super::{parse_revision, tools, NewSessionArgs, SessionArgs};
 use turnstile::agent::{Agent, AgentUpgrade, Model, RunContext, ScriptedModel};
 use turnstile::events::Event;
 use turnstile::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
@@ -40,7 +40,7 @@ pub const SYSTEM_PROMPT: &str = "You are a careful assistant. Use the tools add,
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub session: SessionArgs,
+    pub session: NewSessionArgs,
     /// The request id, the idempotency key of this input. Generated (and
     /// printed) when absent; pass it again to replay instead of re-running.
     #[arg(long, value_name = "UUID")]
@@ -333,24 +333,36 @@ pub(super) async fn run(
     let input = read_input(args.input)?;
     let generated = args.request.is_none();
     let request_id = args.request.unwrap_or_else(RequestId::new);
-    if request_id.as_uuid() == args.session.conversation.as_uuid() {
+    let new_conversation = args.session.conversation.is_none();
+    let conversation = args
+        .session
+        .conversation
+        .unwrap_or_else(ConversationId::new);
+    let args_session = args.session.on(conversation);
+    if request_id.as_uuid() == conversation.as_uuid() {
         return Err(CliError::Usage(
-            "the request id must differ from the conversation id".into(),
+            "the request id must differ from the conversation id: pass another --request".into(),
         ));
     }
-    let store = open_store(&args.session.db, Access::Create(args.session.limits())).await?;
+    let store = open_store(&args_session.db, Access::Create(args_session.limits())).await?;
     let result = async {
         let interrupt = Interrupt::watch();
         let ctx = RunContext::default().with_cancel(interrupt.token());
-        if generated && !json {
+        if new_conversation && !json {
             // Like all progress, an unwritable line does not stop the run.
+            let _ = writeln!(
+                out,
+                "conversation {conversation} (new: pass --conversation {conversation} to continue it)"
+            );
+        }
+        if generated && !json {
             let _ = writeln!(
                 out,
                 "request {request_id} (generated: pass --request {request_id} to retry it)"
             );
         }
         let session = leased(
-            session(&args.session, store.clone(), model, &approval),
+            session(&args_session, store.clone(), model, &approval),
             lease,
         );
         let events = session.stream(request_id, input, ctx);
@@ -361,12 +373,13 @@ pub(super) async fn run(
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
         let agent = AgentFlags::new(&args.model, &approval).leased(lease);
-        let followed = report_awaiting(followed, out, style, json, &args.session, &agent);
-        let outcome = with_hint(followed, &session, started, &args.session, &agent)
+        let followed = report_awaiting(followed, out, style, json, &args_session, &agent);
+        let outcome = with_hint(followed, &session, started, &args_session, &agent)
             .await
-            .map_err(|e| match generated {
+            .map_err(|e| match generated || new_conversation {
                 true => CliError::ForRequest {
                     request_id,
+                    conversation_id: new_conversation.then_some(conversation),
                     source: Box::new(e),
                 },
                 false => e,
@@ -376,7 +389,7 @@ pub(super) async fn run(
             style,
             json,
             store.as_ref(),
-            args.session.conversation,
+            conversation,
             &outcome,
         )
         .await
