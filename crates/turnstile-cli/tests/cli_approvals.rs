@@ -242,6 +242,22 @@ fn a_request_awaiting_approval_is_not_stuck_and_is_counted_apart() {
     run.extend(["--require-approval", "add", INPUT]);
     assert_eq!(turnstile(&run).code, 6);
 
+    // `approvals --namespace` alone filters every conversation's calls.
+    let listed = |namespace: &str| {
+        let listed = turnstile(&[
+            "approvals",
+            "--db",
+            path,
+            "--namespace",
+            namespace,
+            "--json",
+        ]);
+        listed.assert_success();
+        listed.json().as_array().unwrap().len()
+    };
+    assert_eq!(listed("default"), 1);
+    assert_eq!(listed("elsewhere"), 0);
+
     // `ls --stuck`: nothing is stuck, in every listing.
     for kind in ["conversations", "requests", "runs"] {
         let stuck = turnstile(&["ls", kind, "--stuck", "--db", path]);

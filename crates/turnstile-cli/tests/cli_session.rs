@@ -197,7 +197,19 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     recover.extend([request.as_str(), "--revision", &revision, "--model", &fast]);
     let mut refused = recover.clone();
     refused.push(INPUT);
-    turnstile(&refused).assert_error(5, "in flight");
+    let in_flight = turnstile(&refused);
+    in_flight.assert_error(5, "in flight");
+    // Each refusal says what to do next.
+    for step in ["--retry-interrupted", "turnstile abandon"] {
+        assert!(in_flight.stderr.contains(step), "{step}: {in_flight:#?}");
+    }
+    for step in [
+        "turnstile recover",
+        "turnstile abandon",
+        "delete --revision",
+    ] {
+        assert!(busy.stderr.contains(step), "{step}: {busy:#?}");
+    }
     // ... a stale revision conflicts (5) ...
     let stale = (held.revision.0 - 1).to_string();
     let mut conflict = on("recover", &db, &conversation);
@@ -210,7 +222,9 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
         "--retry-interrupted",
         INPUT,
     ]);
-    turnstile(&conflict).assert_error(5, "conflict");
+    let stale = turnstile(&conflict);
+    stale.assert_error(5, "conflict");
+    assert!(stale.stderr.contains("re-read"), "{stale:#?}");
     // ... with --json, the conflict says which revision is current ...
     conflict.push("--json");
     let doc = turnstile(&conflict).assert_json_error(5, "conflict");
@@ -221,7 +235,12 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     // ... another input is a mismatch (2) ...
     let mut mismatch = recover.clone();
     mismatch.extend(["--retry-interrupted", "not the input"]);
-    turnstile(&mismatch).assert_error(2, "does not match");
+    let mismatched = turnstile(&mismatch);
+    mismatched.assert_error(2, "does not match");
+    assert!(
+        mismatched.stderr.contains("pass another --request"),
+        "{mismatched:#?}"
+    );
     assert_eq!(admission(&db, &conversation).await, held);
 
     // ... and retrying the interrupted turn finishes the request.

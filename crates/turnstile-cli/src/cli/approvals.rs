@@ -68,8 +68,9 @@ pub struct ApprovalsArgs {
     /// Only this conversation's calls (every conversation's when absent).
     #[arg(long, value_name = "UUID")]
     pub conversation: Option<ConversationId>,
-    /// The namespace the conversation must be in.
-    #[arg(long, value_name = "NS", requires = "conversation")]
+    /// Only calls of conversations in this namespace (with --conversation:
+    /// the namespace it must be in).
+    #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
 }
 
@@ -308,7 +309,16 @@ pub(super) async fn list(
                 }
             }
         }
-        let pending = store.pending_approvals(args.conversation).await?;
+        let mut pending = store.pending_approvals(args.conversation).await?;
+        if let (Some(namespace), None) = (&args.namespace, args.conversation) {
+            let mut kept = Vec::with_capacity(pending.len());
+            for p in pending {
+                if namespace_of(store.as_ref(), p.conversation_id).await? == *namespace {
+                    kept.push(p);
+                }
+            }
+            pending = kept;
+        }
         // The namespace of each conversation, for the printed commands.
         let mut namespaces = HashMap::new();
         if !json {

@@ -3,9 +3,9 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | success (a replayed request included) |
-//! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database (a PostgreSQL server that cannot be reached included), I/O |
+//! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database (a PostgreSQL server that cannot be reached, or went away mid-run, included), I/O; a command whose work committed but whose write-ahead log could not be folded back at close (keep the `-wal` file) |
 //! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
-//! | 3 | busy: the conversation is held by an active request |
+//! | 3 | busy: the conversation is held by an active request, or another process held the database's write lock past the busy timeout |
 //! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run; a deleted conversation (the message says so) |
 //! | 5 | fenced, conflict (stale `--revision`, a stale `delete --version`, or stale metadata `--version` of `meta`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |
 //! | 6 | awaiting approval: the run stopped cleanly (admission held) until tool calls are approved or rejected; it printed them and the commands that decide them |
@@ -16,7 +16,8 @@
 //!
 //! Scripts can tell "retry later" (3), "fix the command" (2), "look it up"
 //! (4), "re-read the state and decide" (5) and "a human must decide" (6)
-//! apart without parsing text.
+//! apart without parsing text; with `--json` a failure also prints an
+//! [`ErrorDocument`] on stdout.
 
 use serde::Serialize;
 use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
@@ -178,6 +179,20 @@ impl CliError {
         }
     }
 
+    /// What to do next, for an error whose message does not say it already
+    /// (a stopped run names its `resume` command instead).
+    fn next_step(&self) -> Option<&'static str> {
+        match self {
+            CliError::MissingDatabase(_) => Some(
+                "check the path (a PostgreSQL URL starts with postgres://); `turnstile run` \
+                 creates a new database",
+            ),
+            CliError::Turnstile(e) => next_step_for(e),
+            CliError::ForRequest { source, .. } => source.next_step(),
+            _ => None,
+        }
+    }
+
     /// Whether a run of this command stopped holding its admission (and
     /// the error names the command that continues it).
     fn holds_a_stopped_run(&self) -> bool {
@@ -224,6 +239,10 @@ impl CliError {
                 line.push_str(&text);
             }
             source = cause.source();
+        }
+        if let Some(step) = self.next_step() {
+            line.push_str("; ");
+            line.push_str(step);
         }
         // Line breaks (a driver's multi-line message) become spaces; runs of
         // spaces stay, since the resume hint's quoted words keep theirs.
@@ -390,6 +409,42 @@ fn unfolded_message(database: Option<&std::path::Path>, source: &Error) -> Strin
          are in {wal}; keep {wal} with {db} (copy or move them together), make room, then run \
          any turnstile command on it (such as `turnstile doctor --db {db}`) to fold it"
     )
+}
+
+/// What to do after a library error (see [`CliError::one_line`]).
+fn next_step_for(error: &Error) -> Option<&'static str> {
+    Some(match error {
+        Error::Busy { .. } => {
+            "retry once that request finishes; if its owner is gone, continue it with \
+             `turnstile recover` (or `turnstile resume` of its run), give it up with \
+             `turnstile abandon`, or delete the conversation with `turnstile delete \
+             --revision`, each at the revision above"
+        }
+        Error::AmbiguousCheckpoint { .. } => {
+            "add --retry-interrupted to re-run that turn (tool calls whose results are \
+             journaled are not run again), or give the request up with `turnstile abandon`"
+        }
+        Error::Conflict { .. } => {
+            "re-read the current revision (`turnstile show CONVERSATION` or `turnstile ls \
+             requests`) and pass it as --revision"
+        }
+        Error::VersionConflict { .. } => {
+            "re-read the conversation's version (`turnstile show CONVERSATION`) and pass it \
+             as --version"
+        }
+        Error::MetaVersionConflict { .. } => {
+            "re-read the metadata (`turnstile meta CONVERSATION`) and pass its version as \
+             --version"
+        }
+        Error::RequestMismatch { .. } | Error::RequestAbandoned { .. } => {
+            "a new input needs a new request id: pass another --request, or leave it out"
+        }
+        Error::NamespaceMismatch { .. } => "pass the conversation's own --namespace",
+        Error::Store(e) if e.is_full() => {
+            "make room (or raise --max-db-bytes), then run the same command again"
+        }
+        _ => return None,
+    })
 }
 
 /// The kind of a library error (see [`CliError::kind`]).

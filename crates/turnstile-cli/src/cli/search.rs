@@ -10,16 +10,18 @@ use turnstile::store::ConversationCursor;
 /// Filters of `ls conversations` (other listings refuse them).
 #[derive(Args, Debug, Default)]
 pub struct SearchArgs {
-    /// Only conversations of this owner.
+    /// Only conversations of this owner (`ls conversations` only).
     #[arg(long, value_name = "OWNER")]
     pub owner: Option<String>,
     /// Only conversations whose metadata key K holds the string V
     /// (`--meta k=v`), or with `k:=JSON` the JSON value (an integer,
-    /// `true`, `false` or `null`: `--meta priority:=3`).
+    /// `true`, `false` or `null`: `--meta priority:=3`). `ls conversations`
+    /// only.
     #[arg(long, value_name = "K=V|K:=JSON", value_parser = parse_meta_filter)]
     pub meta: Option<(String, Value)>,
-    /// Only conversations created at or after this time (RFC 3339, or Unix
-    /// milliseconds).
+    /// Only conversations created at or after this time (RFC 3339 with `Z`
+    /// or an offset such as `+01:00`, or Unix milliseconds). `ls
+    /// conversations` only, as are the other time filters.
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub created_after: Option<i64>,
     /// Only conversations created before this time.
@@ -32,7 +34,8 @@ pub struct SearchArgs {
     /// Only conversations updated before this time.
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub updated_before: Option<i64>,
-    /// The next page: the cursor a previous page printed.
+    /// The next page: the cursor a previous page printed (`ls
+    /// conversations` only).
     #[arg(long, value_name = "CURSOR", value_parser = parse_cursor)]
     pub after: Option<ConversationCursor>,
 }
