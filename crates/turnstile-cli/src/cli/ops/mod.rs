@@ -129,7 +129,8 @@ pub struct PruneArgs {
     /// goes whole (--older-than when absent).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "include_transcripts")]
     pub conversations_older_than: Option<Duration>,
-    /// Spare the newest N requests of each conversation, whatever their age.
+    /// Spare the newest N requests of each conversation, whatever their age
+    /// (a request in progress counts among them).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub keep_last: u32,
 }
