@@ -316,7 +316,7 @@ impl CliError {
             status: "error",
             kind: self.kind(),
             exit_code: self.exit_code(),
-            message: super::output::plain(&self.one_line()).into_owned(),
+            message: super::text::plain(&self.one_line()).into_owned(),
             conversation_id: None,
             request_id: None,
             holder_request_id: None,
@@ -398,7 +398,7 @@ fn unfolded_message(database: Option<&std::path::Path>, source: &Error) -> Strin
         Some(path) => {
             let mut wal = path.as_os_str().to_owned();
             wal.push("-wal");
-            let quote = |p: &std::path::Path| super::hint::quote(&p.display().to_string());
+            let quote = |p: &std::path::Path| super::text::quote(&p.display().to_string());
             (quote(path), quote(std::path::Path::new(&wal)))
         }
         None => ("the database file".to_owned(), "its -wal file".to_owned()),

@@ -8,9 +8,10 @@ use turnstile::ids::{RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 use turnstile::LeasePolicy;
 
+use super::args::SessionArgs;
 use super::exit::CliError;
 use super::model::{ModelArgs, ModelSpec};
-use super::{output, SessionArgs};
+pub(super) use super::text::quote;
 
 /// The options that rebuild a run's agent in a printed command: its model
 /// and the tools whose calls need approval (both are part of the agent
@@ -242,43 +243,6 @@ fn session_words(session: &SessionArgs) -> Vec<String> {
         ]);
     }
     words
-}
-
-/// A shell word that pastes and runs: as it is when it is plain,
-/// single-quoted when it has spaces or shell characters, and ANSI-C quoted
-/// (`$'…'`, bash and zsh) when it has line breaks, control or reordering
-/// characters, so that a path with a newline, a tab or a bidi mark still
-/// fits the one-line error (or a printed command line), which shows such
-/// characters escaped.
-pub(super) fn quote(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        word.to_owned()
-    } else if word
-        .chars()
-        .any(|c| c == '\n' || output::unsafe_for_terminal(c))
-    {
-        let mut quoted = String::from("$'");
-        for c in word.chars() {
-            match c {
-                '\'' => quoted.push_str("\\'"),
-                '\\' => quoted.push_str("\\\\"),
-                '\n' => quoted.push_str("\\n"),
-                '\t' => quoted.push_str("\\t"),
-                c if u32::from(c) < 0x80 && c.is_control() => {
-                    quoted.push_str(&format!("\\x{:02x}", u32::from(c)))
-                }
-                c if output::unsafe_for_terminal(c) => {
-                    quoted.push_str(&format!("\\u{:04x}", u32::from(c)))
-                }
-                c => quoted.push(c),
-            }
-        }
-        quoted.push('\'');
-        quoted
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]

@@ -7,13 +7,20 @@
 //! prints them as one `error: …` line on stderr with the exit code of
 //! [`CliError::exit_code`] (see [`exit`] for the table).
 
+mod abandon;
+mod access;
+mod agent;
 mod approvals;
+mod args;
 mod bench;
+mod committed;
 mod db;
 mod deletion;
 mod demo;
 pub mod exit;
+mod follow;
 mod hint;
+mod input;
 mod interrupt;
 mod lease;
 mod meta;
@@ -23,15 +30,19 @@ pub mod output;
 mod postgres;
 mod progress;
 mod recover_expired;
+mod run;
 mod search;
-mod session_cmds;
+mod store;
+mod take_over;
+mod text;
 pub mod tools;
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
+pub use abandon::AbandonArgs;
 pub use approvals::{ApprovalsArgs, ApproveArgs, RejectArgs};
 pub use bench::BenchArgs;
 pub use db::DbLocation;
@@ -42,9 +53,8 @@ pub use meta::MetaArgs;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
 pub use output::Style;
 pub use recover_expired::RecoverExpiredArgs;
-pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
-
-use turnstile::ids::{ConversationId, Namespace, Revision};
+pub use run::RunArgs;
+pub use take_over::{RecoverArgs, ResumeArgs};
 
 /// Durable LLM agent conversations on SQLite or PostgreSQL.
 #[derive(Parser, Debug)]
@@ -124,90 +134,6 @@ pub enum Command {
     /// A conversation's title, owner and metadata: shows them, or changes
     /// them with a compare-and-swap on their version (exit 5 if it moved).
     Meta(MetaArgs),
-}
-
-/// Where a conversation lives: the options every session command shares.
-#[derive(Args, Clone, Debug)]
-pub struct SessionArgs {
-    /// The database: a SQLite file, or a PostgreSQL URL
-    /// (`postgres://user@host/db`; a password left out of it comes from
-    /// PGPASSWORD or ~/.pgpass).
-    #[arg(long, value_name = "PATH|URL")]
-    pub db: DbLocation,
-    /// The conversation id.
-    #[arg(long, value_name = "UUID")]
-    pub conversation: ConversationId,
-    /// The tenant namespace of the conversation.
-    #[arg(long, value_name = "NS", default_value = "default")]
-    pub namespace: Namespace,
-    /// A size quota for the database file, in bytes: a write past it fails
-    /// like a full disk and loses nothing (the run stops, resumable once
-    /// there is room). SQLite only.
-    #[arg(long, value_name = "BYTES")]
-    pub max_db_bytes: Option<u64>,
-    /// How long a write waits for another process's lock on the database
-    /// before the command exits busy (3). Default 30s. On PostgreSQL: the
-    /// wait for a connection, and each statement's `statement_timeout`.
-    #[arg(long, value_name = "DURATION", value_parser = ops::parse_duration)]
-    pub busy_timeout: Option<std::time::Duration>,
-}
-
-impl SessionArgs {
-    /// The store settings these flags ask for.
-    pub(crate) fn limits(&self) -> session_cmds::Limits {
-        session_cmds::Limits {
-            max_db_bytes: self.max_db_bytes,
-            busy_timeout: self.busy_timeout,
-        }
-    }
-}
-
-/// `run`'s [`SessionArgs`]: the same options, with the conversation
-/// optional (a new one is generated when it is absent).
-#[derive(Args, Clone, Debug)]
-pub struct NewSessionArgs {
-    /// The database: a SQLite file, or a PostgreSQL URL
-    /// (`postgres://user@host/db`; a password left out of it comes from
-    /// PGPASSWORD or ~/.pgpass).
-    #[arg(long, value_name = "PATH|URL")]
-    pub db: DbLocation,
-    /// The conversation id. When absent, a new conversation is started and
-    /// its id printed (pass it as --conversation to continue it).
-    #[arg(long, value_name = "UUID")]
-    pub conversation: Option<ConversationId>,
-    /// The tenant namespace of the conversation.
-    #[arg(long, value_name = "NS", default_value = "default")]
-    pub namespace: Namespace,
-    /// A size quota for the database file, in bytes: a write past it fails
-    /// like a full disk and loses nothing (the run stops, resumable once
-    /// there is room). SQLite only.
-    #[arg(long, value_name = "BYTES")]
-    pub max_db_bytes: Option<u64>,
-    /// How long a write waits for another process's lock on the database
-    /// before the command exits busy (3). Default 30s. On PostgreSQL: the
-    /// wait for a connection, and each statement's `statement_timeout`.
-    #[arg(long, value_name = "DURATION", value_parser = ops::parse_duration)]
-    pub busy_timeout: Option<std::time::Duration>,
-}
-
-impl NewSessionArgs {
-    /// The session options on `conversation`.
-    pub(crate) fn on(self, conversation: ConversationId) -> SessionArgs {
-        SessionArgs {
-            db: self.db,
-            conversation,
-            namespace: self.namespace,
-            max_db_bytes: self.max_db_bytes,
-            busy_timeout: self.busy_timeout,
-        }
-    }
-}
-
-/// Parses a `--revision`: a non-negative integer.
-fn parse_revision(s: &str) -> Result<Revision, String> {
-    s.parse::<u64>()
-        .map(Revision)
-        .map_err(|_| format!("the revision must be a non-negative integer, got {s:?}"))
 }
 
 /// Runs a parsed command, writing its output to `out`. With `--json`, a
@@ -322,10 +248,10 @@ fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
     runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => demo::run(args, out, style, json).await,
-            Command::Run(args) => session_cmds::run(args, out, style, json).await,
-            Command::Resume(args) => session_cmds::resume(args, out, style, json).await,
-            Command::Recover(args) => session_cmds::recover(args, out, style, json).await,
-            Command::Abandon(args) => session_cmds::abandon(args, out, style, json).await,
+            Command::Run(args) => run::run(args, out, style, json).await,
+            Command::Resume(args) => take_over::resume(args, out, style, json).await,
+            Command::Recover(args) => take_over::recover(args, out, style, json).await,
+            Command::Abandon(args) => abandon::abandon(args, out, style, json).await,
             Command::RecoverExpired(args) => recover_expired::run(args, out, style, json).await,
             Command::Approvals(args) => approvals::list(args, out, style, json).await,
             Command::Approve(args) => approvals::approve(args, out, style, json).await,
@@ -386,6 +312,7 @@ fn usage_line(error: &clap::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use turnstile::ids::ConversationId;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("turnstile").chain(args.iter().copied()))
@@ -415,7 +342,7 @@ mod tests {
         let error = parse(&["abandon", "x\u{202e}y\u{1b}[2J", "--revision", "1"]).unwrap_err();
         let line = usage_line(&error);
         assert!(line.contains("x\\u{202e}y\\u{1b}[2J"), "{line}");
-        assert!(!line.chars().any(output::unsafe_for_terminal), "{line}");
+        assert!(!line.chars().any(text::unsafe_for_terminal), "{line}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::exit::CliError;
+pub use super::text::{clip, plain};
 use turnstile::ids::RunId;
 use turnstile::message::Usage;
 use turnstile::outcome::Outcome;
@@ -92,48 +93,6 @@ pub fn usage(usage: &Usage) -> String {
         ));
     }
     text
-}
-
-/// Text from a model, a tool, a user or an endpoint, made safe for a
-/// terminal: every control character but newline and tab, and every
-/// character that reorders text (bidirectional overrides and isolates), is
-/// written visibly as `\u{…}`, so no such text can set a window title,
-/// write the clipboard, move the cursor or forge earlier lines. `--json`
-/// and `export` print text exactly; only human output goes through this.
-pub fn plain(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(unsafe_for_terminal) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut safe = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if unsafe_for_terminal(c) {
-            safe.extend(c.escape_unicode());
-        } else {
-            safe.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(safe)
-}
-
-/// A control character (but newline and tab), or one that reorders text.
-pub(super) fn unsafe_for_terminal(c: char) -> bool {
-    (c.is_control() && c != '\n' && c != '\t')
-        || matches!(
-            c,
-            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-        )
-}
-
-/// `text` cut to `max` characters, on one line, made [`plain`].
-pub fn clip(text: &str, max: usize) -> String {
-    let text = plain(text);
-    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-        format!("{cut}…")
-    }
 }
 
 /// The human table of a committed (or replayed) request. `revision` is the

@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
+use super::access::{Access, Limits};
+use super::agent::agent_session;
 use super::approvals::ApprovalArgs;
 use super::db::DbLocation;
 use super::exit::{code_for, CliError};
@@ -18,7 +20,7 @@ use super::lease::LeaseTiming;
 use super::model::{self, ModelArgs};
 use super::ops::{columns, parse_duration, utc};
 use super::output::{self, Style};
-use super::session_cmds::{agent_session, closed, open_store, Access, Limits};
+use super::store::{closed, open_store};
 use turnstile::agent::{AgentUpgrade, RunContext};
 use turnstile::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;

@@ -23,12 +23,15 @@ use clap::Args;
 pub use worker::{worker, WorkerArgs};
 
 use self::report::{DemoReport, FirstRequest, RecoveredRequest, Replay, Totals};
+use super::access::Access;
+use super::agent::agent;
 use super::db::DbLocation;
 use super::exit::CliError;
+use super::follow::follow;
 use super::hint::quote;
 use super::output::{self, Style};
 use super::progress::Progress;
-use super::session_cmds::{agent, follow, open_store, Access};
+use super::store::open_store;
 use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
 use turnstile::RunContext;
@@ -86,7 +89,7 @@ pub async fn run(
         }
     }
     .await;
-    super::session_cmds::closed(store.as_ref(), result).await
+    super::store::closed(store.as_ref(), result).await
 }
 
 /// `--fresh` deletes only a turnstile database that no live run holds: not

@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::args::{CheckpointsArgs, ExportArgs, ShowArgs};
 use super::awaiting::Awaiting;
+use super::columns::{columns, utc};
 use super::list::mark;
-use super::{columns, utc, CheckpointsArgs, ExportArgs, ShowArgs};
+use crate::cli::access::Access;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::{open_store, Access};
+use crate::cli::store::open_store;
 use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
@@ -155,7 +157,7 @@ pub(in crate::cli) async fn show(
         Ok(())
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 /// `#seq role  text`; tool calls as `→ name(arguments) [id]`; continuation
@@ -219,7 +221,7 @@ pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Res
         Ok(())
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 #[derive(Serialize)]
@@ -350,7 +352,7 @@ pub(in crate::cli) async fn checkpoints(
         )
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 /// The conversation, in `namespace` when one is given.

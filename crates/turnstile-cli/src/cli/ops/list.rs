@@ -6,11 +6,13 @@
 
 use std::io::Write;
 
+use super::args::{ListKind, LsArgs};
 use super::awaiting::Awaiting;
-use super::{columns, utc, ListKind, LsArgs};
+use super::columns::{columns, utc};
+use crate::cli::access::Access;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::{open_store, Access};
+use crate::cli::store::open_store;
 use turnstile::admin::{
     CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary, RunSummary,
 };
@@ -72,7 +74,7 @@ pub(in crate::cli) async fn ls(
         }
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 fn conversations(

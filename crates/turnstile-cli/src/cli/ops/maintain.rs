@@ -3,12 +3,14 @@
 
 use std::io::Write;
 
+use super::args::{DoctorArgs, PruneArgs, PruneStatus};
 use super::awaiting::Awaiting;
-use super::{utc, DoctorArgs, PruneArgs, PruneStatus};
+use super::columns::utc;
+use crate::cli::access::Access;
 use crate::cli::db::DbLocation;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::{closed, open_store, Access};
+use crate::cli::store::{closed, open_store};
 use turnstile::admin::{DoctorReport, PruneOptions};
 use turnstile::store::RequestStatus;
 use turnstile::SqliteStore;
@@ -114,7 +116,7 @@ pub(in crate::cli) async fn prune(
         Ok(())
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 pub(in crate::cli) async fn doctor(
