@@ -91,3 +91,17 @@ pub(super) fn parse_revision(s: &str) -> Result<Revision, String> {
         .map(Revision)
         .map_err(|_| format!("the revision must be a non-negative integer, got {s:?}"))
 }
+
+/// How `resume`, `recover` and `recover-expired` continue a request.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct ContinueArgs {
+    /// Re-run a turn that was in flight (journaled tool results are reused).
+    /// Without it a request whose owner stopped inside a turn is refused
+    /// (exit 5) and left held.
+    #[arg(long)]
+    pub retry_interrupted: bool,
+    /// Continue even if the request was run with another agent (model,
+    /// tools, approval rules): the run records both agent fingerprints.
+    #[arg(long)]
+    pub accept_agent_change: bool,
+}

@@ -10,6 +10,7 @@
 mod abandon;
 mod access;
 mod agent;
+mod agent_args;
 mod approvals;
 mod args;
 mod bench;

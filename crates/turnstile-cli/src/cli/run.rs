@@ -10,7 +10,8 @@ use clap::Args;
 
 use super::access::Access;
 use super::agent::session;
-use super::approvals::{report_awaiting, ApprovalArgs};
+use super::agent_args::AgentArgs;
+use super::approvals::report_awaiting;
 use super::args::NewSessionArgs;
 use super::committed::show_outcome;
 use super::exit::CliError;
@@ -19,7 +20,7 @@ use super::hint::{with_hint, AgentFlags};
 use super::input::read_input;
 use super::interrupt::Interrupt;
 use super::lease::{leased, LeaseArgs};
-use super::model::{self, ModelArgs};
+use super::model;
 use super::output::Style;
 use super::progress::Progress;
 use super::store::{closed, open_store};
@@ -35,9 +36,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "UUID")]
     pub request: Option<RequestId>,
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub approval: ApprovalArgs,
+    pub agent: AgentArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
     /// The user input. Read from stdin when absent (trailing newlines
@@ -52,9 +51,9 @@ pub(super) async fn run(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let approval = args.approval.tools()?;
+    let approval = args.agent.approval.tools()?;
     let lease = args.lease.policy()?;
-    let model = model::load(&args.model)?;
+    let model = model::load(&args.agent.model)?;
     let input = read_input(args.input)?;
     let generated = args.request.is_none();
     let request_id = args.request.unwrap_or_else(RequestId::new);
@@ -97,7 +96,7 @@ pub(super) async fn run(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let agent = AgentFlags::new(&args.model, &approval).leased(lease);
+        let agent = AgentFlags::new(&args.agent.model, &approval).leased(lease);
         let followed = report_awaiting(followed, out, style, json, &args_session, &agent);
         let outcome = with_hint(followed, &session, started, &args_session, &agent)
             .await

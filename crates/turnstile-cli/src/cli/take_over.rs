@@ -8,8 +8,9 @@ use clap::Args;
 
 use super::access::Access;
 use super::agent::session;
-use super::approvals::{report_awaiting, ApprovalArgs};
-use super::args::{parse_revision, SessionArgs};
+use super::agent_args::AgentArgs;
+use super::approvals::report_awaiting;
+use super::args::{parse_revision, ContinueArgs, SessionArgs};
 use super::committed::show_outcome;
 use super::exit::CliError;
 use super::follow::follow;
@@ -34,19 +35,12 @@ pub struct ResumeArgs {
     /// The admission revision you saw (compare-and-swap token).
     #[arg(long, value_name = "N", value_parser = parse_revision, allow_hyphen_values = true)]
     pub revision: Revision,
-    /// Re-run a turn that was in flight (journaled tool results are reused).
-    #[arg(long)]
-    pub retry_interrupted: bool,
-    /// Continue even if the request was run with another agent (model,
-    /// tools, approval rules): the run records both agent fingerprints.
-    #[arg(long)]
-    pub accept_agent_change: bool,
+    #[command(flatten)]
+    pub continuing: ContinueArgs,
     #[command(flatten)]
     pub session: SessionArgs,
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub approval: ApprovalArgs,
+    pub agent: AgentArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
 }
@@ -59,19 +53,12 @@ pub struct RecoverArgs {
     /// The admission revision you saw (compare-and-swap token).
     #[arg(long, value_name = "N", value_parser = parse_revision, allow_hyphen_values = true)]
     pub revision: Revision,
-    /// Re-run a turn that was in flight (journaled tool results are reused).
-    #[arg(long)]
-    pub retry_interrupted: bool,
-    /// Continue even if the request was run with another agent (model,
-    /// tools, approval rules): the run records both agent fingerprints.
-    #[arg(long)]
-    pub accept_agent_change: bool,
+    #[command(flatten)]
+    pub continuing: ContinueArgs,
     #[command(flatten)]
     pub session: SessionArgs,
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub approval: ApprovalArgs,
+    pub agent: AgentArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
     /// The request's input, exactly as first given. Read from stdin when
@@ -94,16 +81,15 @@ pub(super) async fn resume(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let approval = args.approval.tools()?;
+    let approval = args.agent.approval.tools()?;
     let what = TakeOver::Resume(args.run);
     let target = Target {
         session: &args.session,
-        model: &args.model,
+        model: &args.agent.model,
         approval: &approval,
         lease: args.lease.policy()?,
         revision: args.revision,
-        retry_interrupted: args.retry_interrupted,
-        accept_agent_change: args.accept_agent_change,
+        continuing: args.continuing,
     };
     take_over(target, what, out, style, json).await
 }
@@ -114,17 +100,16 @@ pub(super) async fn recover(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let approval = args.approval.tools()?;
+    let approval = args.agent.approval.tools()?;
     let input = read_input(args.input)?;
     let what = TakeOver::Recover(args.request, input);
     let target = Target {
         session: &args.session,
-        model: &args.model,
+        model: &args.agent.model,
         approval: &approval,
         lease: args.lease.policy()?,
         revision: args.revision,
-        retry_interrupted: args.retry_interrupted,
-        accept_agent_change: args.accept_agent_change,
+        continuing: args.continuing,
     };
     take_over(target, what, out, style, json).await
 }
@@ -144,8 +129,7 @@ struct Target<'a> {
     approval: &'a [String],
     lease: Option<LeasePolicy>,
     revision: Revision,
-    retry_interrupted: bool,
-    accept_agent_change: bool,
+    continuing: ContinueArgs,
 }
 
 /// Continues a request in a new run, with live progress and Ctrl-C.
@@ -162,14 +146,14 @@ async fn take_over(
         let session = session(target.session, store.clone(), model, target.approval);
         let session = leased(session, target.lease);
         let interrupt = Interrupt::watch();
-        let upgrade = match target.accept_agent_change {
+        let upgrade = match target.continuing.accept_agent_change {
             true => AgentUpgrade::Accept,
             false => AgentUpgrade::Refuse,
         };
         let ctx = RunContext::default()
             .with_cancel(interrupt.token())
             .with_agent_upgrade(upgrade);
-        let policy = policy(target.retry_interrupted);
+        let policy = policy(target.continuing.retry_interrupted);
         let events = match what {
             TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),
             TakeOver::Recover(request, input) => {
