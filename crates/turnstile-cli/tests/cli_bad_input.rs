@@ -183,6 +183,14 @@ fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
         std::fs::write(&misspelt, format!("[{reply}]")).unwrap();
         run(&scripted(&misspelt)).assert_error(2, &format!("unknown field `{field}`"));
     }
+    // A failure that would never happen (no count) is refused.
+    let never = dir.path().join("never.json");
+    std::fs::write(
+        &never,
+        r#"[{"text": "x"}, {"text": "y", "failure": "down"}]"#,
+    )
+    .unwrap();
+    run(&scripted(&never)).assert_error(2, "reply 2 has a \"failure\" but no \"fail_times\"");
     // A script that never ends is read only up to its limit.
     run("scripted:/dev/zero").assert_error(2, "over the 16777216-byte limit");
     run("gpt-4").assert_error(2, "expected scripted:FILE or openai:MODEL_NAME");
