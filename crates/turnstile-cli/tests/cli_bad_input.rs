@@ -512,6 +512,9 @@ fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that
             .contains("continue it with: turnstile resume "),
         "{failed:#?}"
     );
+    // The quota that was too small is not pasted into the command again.
+    let next = doc["next"].as_str().expect("the command that continues it");
+    assert!(!next.contains("--max-db-bytes"), "{next}");
 
     // The stop was recorded: the request is stuck at once, and resuming it
     // (with room now) commits with the default policy.

@@ -122,6 +122,20 @@ pub(super) async fn with_hint<T>(
     };
     Err(match (error, stopped) {
         (CliError::Turnstile(source), Some((run, revision, in_flight))) => {
+            // A quota that was too small would stop the resumed run too:
+            // the command leaves it out (the user may give a larger one).
+            let full = matches!(&source, turnstile::Error::Store(e) if e.is_full());
+            let unbounded;
+            let session = match (full, session.max_db_bytes) {
+                (true, Some(_)) => {
+                    unbounded = SessionArgs {
+                        max_db_bytes: None,
+                        ..session.clone()
+                    };
+                    &unbounded
+                }
+                _ => session,
+            };
             let mut resume = resume_command(run, revision, session, Some(agent));
             if in_flight {
                 resume.push_str(" --retry-interrupted");
