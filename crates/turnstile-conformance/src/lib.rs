@@ -94,6 +94,7 @@ macro_rules! suite {
     approvals::prune_deletes_the_approvals_of_finished_requests,
     approvals::a_decision_waits_while_a_run_of_the_request_goes_on,
     retention_policy::keep_last_requests_spares_the_newest_requests_of_each_conversation,
+    retention_policy::keep_last_requests_counts_a_held_request_among_the_newest,
     retention_policy::a_retention_policy_prunes_each_status_at_its_own_age_and_idle_conversations_whole,
     retention_policy::the_retention_task_applies_its_policy_on_a_timer_until_stopped,
     deletion::delete_removes_every_row_and_leaves_tombstones_of_the_id_and_its_requests,

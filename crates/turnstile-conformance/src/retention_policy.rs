@@ -73,6 +73,39 @@ pub async fn keep_last_requests_spares_the_newest_requests_of_each_conversation(
     Ok(())
 }
 
+/// A request that holds the admission counts among the newest N: it is
+/// one of the conversation's requests, even though prune never touches it.
+pub async fn keep_last_requests_counts_a_held_request_among_the_newest(
+    store: SharedAdmin,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let finished = completed(&*store, conversation, 2).await?;
+    let held = admit(&*store, conversation, "held").await?;
+    tool_turn(&*store, &held, 1, 1, tool_call("call-1", "{}"), "r").await?;
+    tick().await;
+
+    let report = store
+        .prune(&PruneOptions {
+            keep_last_requests: 2,
+            ..PruneOptions::older_than(Duration::ZERO)
+        })
+        .await?;
+    assert_eq!(report.requests_examined, 1, "{report:?}");
+    assert!(
+        !journaled(&*store, finished[0]).await?,
+        "the third newest is pruned"
+    );
+    assert!(
+        journaled(&*store, finished[1]).await?,
+        "the second newest is spared, after the held one"
+    );
+    assert!(
+        journaled(&*store, held.request_id).await?,
+        "held, untouched"
+    );
+    Ok(())
+}
+
 pub async fn a_retention_policy_prunes_each_status_at_its_own_age_and_idle_conversations_whole(
     store: SharedAdmin,
 ) -> TestResult {

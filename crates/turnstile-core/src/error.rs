@@ -330,14 +330,16 @@ impl fmt::Display for BudgetKind {
 }
 
 /// A database failure. The driver's error is kept as the source, as an
-/// opaque `dyn Error`; the backend that made it says, with [`Self::busy`]
-/// and [`Self::full`], whether it was contention or a full database.
+/// opaque `dyn Error`; the backend that made it says, with [`Self::busy`],
+/// [`Self::full`] and [`Self::unreachable`], whether it was contention, a
+/// full database or a server that could not be reached.
 #[derive(Debug, thiserror::Error)]
 #[error("store error: {message}")]
 pub struct StoreError {
     message: String,
     busy: bool,
     full: bool,
+    unreachable: bool,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -353,6 +355,7 @@ impl StoreError {
             message: message.into(),
             busy: false,
             full: false,
+            unreachable: false,
             source,
         }
     }
@@ -369,10 +372,27 @@ impl StoreError {
         self
     }
 
+    /// The same error, marked as a database server that could not be
+    /// reached (down, restarting, or the network to it gone) past the
+    /// store's own retries. Not contention: it is no longer marked busy.
+    pub fn unreachable(mut self) -> Self {
+        self.unreachable = true;
+        self.busy = false;
+        self
+    }
+
     /// Whether another connection held the database longer than the busy
     /// timeout: the same operation may succeed when retried.
     pub fn is_busy(&self) -> bool {
         self.busy
+    }
+
+    /// Whether the database server could not be reached. Unlike a busy
+    /// database, a step that failed so may have been applied before the
+    /// connection was lost (a commit whose answer never came back): a run
+    /// stopped by it may have written more than its caller saw.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
     }
 
     /// Whether the database had no room for the write: a full disk, or a
@@ -395,6 +415,7 @@ impl StoreError {
             message: self.message.clone(),
             busy: self.busy,
             full: self.full,
+            unreachable: self.unreachable,
             source: None,
         }
     }

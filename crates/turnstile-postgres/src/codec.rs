@@ -8,19 +8,36 @@ pub(crate) use turnstile_core::backend::{now_ms, to_i64, Row};
 
 /// Maps a driver error to the opaque [`StoreError`], naming what was being
 /// done. A lock wait or statement past its timeout is busy; a full disk is
-/// full, as on SQLite.
+/// full, as on SQLite; a lost connection or a server shutting down is
+/// unreachable.
 pub(crate) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     move |e| {
         let state = sqlstate(&e);
         let busy = matches!(e, sqlx::Error::PoolTimedOut)
             || matches!(state.as_deref(), Some("55P03" | "57014"));
         let full = state.as_deref() == Some("53100");
+        // connection exceptions; admin_shutdown, crash_shutdown,
+        // cannot_connect_now.
+        let unreachable = matches!(e, sqlx::Error::Io(_))
+            || state
+                .as_deref()
+                .is_some_and(|s| s.starts_with("08") || matches!(s, "57P01" | "57P02" | "57P03"));
         let error = StoreError::new(format!("{context}: {e}"), Some(Box::new(e)));
-        Error::Store(match (busy, full) {
-            (true, _) => error.busy(),
-            (_, true) => error.full(),
+        Error::Store(match (busy, full, unreachable) {
+            (true, _, _) => error.busy(),
+            (_, true, _) => error.full(),
+            (_, _, true) => error.unreachable(),
             _ => error,
         })
+    }
+}
+
+/// The same error, marked unreachable when it is a store error: for a
+/// connection that could not be opened within the wait.
+pub(crate) fn unreachable(error: Error) -> Error {
+    match error {
+        Error::Store(store) => Error::Store(store.unreachable()),
+        other => other,
     }
 }
 

@@ -128,9 +128,18 @@ pub(crate) async fn acquire(
 ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Error> {
     use sqlx::Connection;
     let acquire = || async {
-        pool.acquire()
-            .await
-            .map_err(super::codec::db("acquire connection"))
+        pool.acquire().await.map_err(|e| {
+            // The pool waits out a refused connection until its timeout:
+            // with room for another connection, that wait was for a server
+            // that did not answer, not for a connection another task held.
+            let not_connected = matches!(e, sqlx::Error::PoolTimedOut)
+                && pool.size() < pool.options().get_max_connections();
+            let error = super::codec::db("acquire connection")(e);
+            match not_connected {
+                true => super::codec::unreachable(error),
+                false => error,
+            }
+        })
     };
     if !retry {
         return acquire().await;

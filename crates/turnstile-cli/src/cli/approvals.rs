@@ -11,14 +11,17 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
+use super::access::Access;
+use super::agent::session;
+use super::args::{parse_revision, SessionArgs};
 use super::db::DbLocation;
 use super::exit::CliError;
 use super::hint::{self, AgentFlags, Decision};
 use super::model::ModelSpec;
 use super::ops::utc;
 use super::output::{self, Style};
-use super::session_cmds::{closed, open_store, session, Access};
-use super::{parse_revision, tools, SessionArgs};
+use super::store::{closed, open_store};
+use super::tools;
 use turnstile::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 use turnstile::store::{PendingApproval, MAX_REJECTION_REASON_BYTES};
@@ -68,8 +71,9 @@ pub struct ApprovalsArgs {
     /// Only this conversation's calls (every conversation's when absent).
     #[arg(long, value_name = "UUID")]
     pub conversation: Option<ConversationId>,
-    /// The namespace the conversation must be in.
-    #[arg(long, value_name = "NS", requires = "conversation")]
+    /// Only calls of conversations in this namespace (with --conversation:
+    /// the namespace it must be in).
+    #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
 }
 
@@ -308,7 +312,16 @@ pub(super) async fn list(
                 }
             }
         }
-        let pending = store.pending_approvals(args.conversation).await?;
+        let mut pending = store.pending_approvals(args.conversation).await?;
+        if let (Some(namespace), None) = (&args.namespace, args.conversation) {
+            let mut kept = Vec::with_capacity(pending.len());
+            for p in pending {
+                if namespace_of(store.as_ref(), p.conversation_id).await? == *namespace {
+                    kept.push(p);
+                }
+            }
+            pending = kept;
+        }
         // The namespace of each conversation, for the printed commands.
         let mut namespaces = HashMap::new();
         if !json {

@@ -7,11 +7,12 @@ use std::io::Write;
 use clap::Args;
 use serde::Serialize;
 
+use super::access::{Access, Limits};
+use super::args::parse_revision;
 use super::db::DbLocation;
 use super::exit::CliError;
 use super::output;
-use super::parse_revision;
-use super::session_cmds::{closed, open_store, Access, Limits};
+use super::store::{closed, open_store};
 use super::Style;
 use turnstile::ids::{ConversationId, Namespace, Revision};
 

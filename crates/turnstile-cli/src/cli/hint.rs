@@ -3,13 +3,15 @@
 //! `--require-approval`), quoted so that they paste and run, with no secret
 //! in them.
 
+use turnstile::checkpoint::CheckpointPhase;
 use turnstile::ids::{RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 use turnstile::LeasePolicy;
 
+use super::args::SessionArgs;
 use super::exit::CliError;
 use super::model::{ModelArgs, ModelSpec};
-use super::{output, SessionArgs};
+pub(super) use super::text::quote;
 
 /// The options that rebuild a run's agent in a printed command: its model
 /// and the tools whose calls need approval (both are part of the agent
@@ -77,13 +79,15 @@ impl<'a> AgentFlags<'a> {
 ///
 /// A run that failed in the store (a full disk, an I/O error) carries no
 /// run id: if its request still holds the admission, the admission says
-/// which run and revision continue it. A run that waits for approval is
-/// left as it is: its revision moves with each decision, and the decisions
-/// print the command that continues it.
+/// which run and revision continue it. A database server that went away
+/// cannot be asked: the run and revision it started with continue it, with
+/// `--retry-interrupted`, once the server is back. A run that waits for
+/// approval is left as it is: its revision moves with each decision, and
+/// the decisions print the command that continues it.
 pub(super) async fn with_hint<T>(
     result: Result<T, CliError>,
     agent_session: &AgentSession,
-    started: Option<RunId>,
+    started: Option<(RunId, Revision)>,
     session: &SessionArgs,
     agent: &AgentFlags<'_>,
 ) -> Result<T, CliError> {
@@ -91,30 +95,80 @@ pub(super) async fn with_hint<T>(
         Ok(value) => return Ok(value),
         Err(error) => error,
     };
+    let error = match (error, started) {
+        (CliError::Turnstile(source), Some((run, revision))) if matches!(&source, turnstile::Error::Store(e) if e.is_unreachable()) =>
+        {
+            let mut resume = resume_command(run, revision, session, Some(agent));
+            resume.push_str(" --retry-interrupted");
+            return Err(CliError::Unreachable {
+                source,
+                run_id: run,
+                revision,
+                resume,
+            });
+        }
+        (error, _) => error,
+    };
     let stopped = match &error {
         CliError::Turnstile(turnstile::Error::Store(_)) => match started {
-            Some(run) => held_by(agent_session, run).await,
+            Some((run, _)) => held_by(agent_session, run).await,
             None => None,
         },
         CliError::Turnstile(turnstile::Error::AwaitingApproval { .. }) => None,
-        CliError::Turnstile(source) => source.stopped_run(),
+        CliError::Turnstile(source) => source
+            .stopped_run()
+            .map(|(run, revision)| (run, revision, false)),
         _ => None,
     };
     Err(match (error, stopped) {
-        (CliError::Turnstile(source), Some((run, revision))) => CliError::Stopped {
-            source,
-            resume: resume_command(run, revision, session, Some(agent)),
-        },
+        (CliError::Turnstile(source), Some((run, revision, in_flight))) => {
+            // A quota that was too small would stop the resumed run too:
+            // the command leaves it out (the user may give a larger one).
+            let full = matches!(&source, turnstile::Error::Store(e) if e.is_full());
+            let unbounded;
+            let session = match (full, session.max_db_bytes) {
+                (true, Some(_)) => {
+                    unbounded = SessionArgs {
+                        max_db_bytes: None,
+                        ..session.clone()
+                    };
+                    &unbounded
+                }
+                _ => session,
+            };
+            let mut resume = resume_command(run, revision, session, Some(agent));
+            if in_flight {
+                resume.push_str(" --retry-interrupted");
+            }
+            CliError::Stopped {
+                source,
+                run_id: run,
+                revision,
+                resume,
+            }
+        }
         (error, _) => error,
     })
 }
 
 /// The revision, while `run` (the one this command started) still owns the
-/// admission: never a run another process started.
-async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision)> {
+/// admission: never a run another process started. And whether its last
+/// checkpoint has a turn in flight (a step that failed could not record
+/// its stop), which a resume must be told to retry.
+async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision, bool)> {
     let state = session.admission().await.ok()?;
     let active = state.active?;
-    (active.run_id == run).then_some((run, state.revision))
+    if active.run_id != run {
+        return None;
+    }
+    let last = session.store().latest_checkpoint(run).await.ok()?;
+    let in_flight = last.is_some_and(|c| {
+        matches!(
+            c.phase,
+            CheckpointPhase::TurnInFlight | CheckpointPhase::ToolsInFlight
+        )
+    });
+    Some((run, state.revision, in_flight))
 }
 
 /// `turnstile resume RUN --revision N` on the same database and
@@ -203,43 +257,6 @@ fn session_words(session: &SessionArgs) -> Vec<String> {
         ]);
     }
     words
-}
-
-/// A shell word that pastes and runs: as it is when it is plain,
-/// single-quoted when it has spaces or shell characters, and ANSI-C quoted
-/// (`$'…'`, bash and zsh) when it has line breaks, control or reordering
-/// characters, so that a path with a newline, a tab or a bidi mark still
-/// fits the one-line error (or a printed command line), which shows such
-/// characters escaped.
-pub(super) fn quote(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        word.to_owned()
-    } else if word
-        .chars()
-        .any(|c| c == '\n' || output::unsafe_for_terminal(c))
-    {
-        let mut quoted = String::from("$'");
-        for c in word.chars() {
-            match c {
-                '\'' => quoted.push_str("\\'"),
-                '\\' => quoted.push_str("\\\\"),
-                '\n' => quoted.push_str("\\n"),
-                '\t' => quoted.push_str("\\t"),
-                c if u32::from(c) < 0x80 && c.is_control() => {
-                    quoted.push_str(&format!("\\x{:02x}", u32::from(c)))
-                }
-                c if output::unsafe_for_terminal(c) => {
-                    quoted.push_str(&format!("\\u{:04x}", u32::from(c)))
-                }
-                c => quoted.push(c),
-            }
-        }
-        quoted.push('\'');
-        quoted
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]

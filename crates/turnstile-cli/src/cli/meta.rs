@@ -6,12 +6,13 @@ use std::io::Write;
 use clap::Args;
 use serde::Serialize;
 
+use super::access::Access;
 use super::db::DbLocation;
 use super::exit::CliError;
 use super::ops::utc;
 use super::output::{self, Style};
 use super::search::parse_pair;
-use super::session_cmds::{closed, open_store, Access};
+use super::store::{closed, open_store};
 use turnstile::ids::{ConversationId, Namespace};
 use turnstile::store::{ConversationMeta, MetaUpdate};
 use turnstile::Error;

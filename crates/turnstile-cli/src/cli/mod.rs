@@ -7,13 +7,21 @@
 //! prints them as one `error: …` line on stderr with the exit code of
 //! [`CliError::exit_code`] (see [`exit`] for the table).
 
+mod abandon;
+mod access;
+mod agent;
+mod agent_args;
 mod approvals;
+mod args;
 mod bench;
+mod committed;
 mod db;
 mod deletion;
 mod demo;
 pub mod exit;
+mod follow;
 mod hint;
+mod input;
 mod interrupt;
 mod lease;
 mod meta;
@@ -23,15 +31,19 @@ pub mod output;
 mod postgres;
 mod progress;
 mod recover_expired;
+mod run;
 mod search;
-mod session_cmds;
+mod store;
+mod take_over;
+mod text;
 pub mod tools;
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
+pub use abandon::AbandonArgs;
 pub use approvals::{ApprovalsArgs, ApproveArgs, RejectArgs};
 pub use bench::BenchArgs;
 pub use db::DbLocation;
@@ -42,9 +54,8 @@ pub use meta::MetaArgs;
 pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
 pub use output::Style;
 pub use recover_expired::RecoverExpiredArgs;
-pub use session_cmds::{AbandonArgs, RecoverArgs, ResumeArgs, RunArgs};
-
-use turnstile::ids::{ConversationId, Namespace, Revision};
+pub use run::RunArgs;
+pub use take_over::{RecoverArgs, ResumeArgs};
 
 /// Durable LLM agent conversations on SQLite or PostgreSQL.
 #[derive(Parser, Debug)]
@@ -126,55 +137,102 @@ pub enum Command {
     Meta(MetaArgs),
 }
 
-/// Where a conversation lives: the options every session command shares.
-#[derive(Args, Clone, Debug)]
-pub struct SessionArgs {
-    /// The database: a SQLite file, or a PostgreSQL URL
-    /// (`postgres://user@host/db`; a password left out of it comes from
-    /// PGPASSWORD or ~/.pgpass).
-    #[arg(long, value_name = "PATH|URL")]
-    pub db: DbLocation,
-    /// The conversation id.
-    #[arg(long, value_name = "UUID")]
-    pub conversation: ConversationId,
-    /// The tenant namespace of the conversation.
-    #[arg(long, value_name = "NS", default_value = "default")]
-    pub namespace: Namespace,
-    /// A size quota for the database file, in bytes: a write past it fails
-    /// like a full disk and loses nothing (the run stops, resumable once
-    /// there is room). SQLite only.
-    #[arg(long, value_name = "BYTES")]
-    pub max_db_bytes: Option<u64>,
-    /// How long a write waits for another process's lock on the database
-    /// before the command exits busy (3). Default 30s. On PostgreSQL: the
-    /// wait for a connection, and each statement's `statement_timeout`.
-    #[arg(long, value_name = "DURATION", value_parser = ops::parse_duration)]
-    pub busy_timeout: Option<std::time::Duration>,
-}
-
-impl SessionArgs {
-    /// The store settings these flags ask for.
-    pub(crate) fn limits(&self) -> session_cmds::Limits {
-        session_cmds::Limits {
-            max_db_bytes: self.max_db_bytes,
-            busy_timeout: self.busy_timeout,
-        }
-    }
-}
-
-/// Parses a `--revision`: a non-negative integer.
-fn parse_revision(s: &str) -> Result<Revision, String> {
-    s.parse::<u64>()
-        .map(Revision)
-        .map_err(|_| format!("the revision must be a non-negative integer, got {s:?}"))
-}
-
-/// Runs a parsed command, writing its output to `out`.
+/// Runs a parsed command, writing its output to `out`. With `--json`, a
+/// command that fails before printing anything prints its error as one
+/// JSON document ([`exit::ErrorDocument`]).
 ///
 /// # Errors
 /// A [`CliError`]; print it with [`CliError::one_line`] and exit with
 /// [`CliError::exit_code`].
 pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
+    let json = cli.json;
+    let given = given(&cli.command);
+    let database = database(&cli.command);
+    let mut tracked = Tracked {
+        out,
+        written: false,
+    };
+    let result =
+        dispatch(cli, &mut tracked, style).map_err(|error| error.on_database(database.as_deref()));
+    if let Err(error) = &result {
+        if json && !tracked.written && !error.is_closed_output() {
+            // The error line on stderr says the same; a closed stdout
+            // changes nothing.
+            let _ = output::json(tracked.out, &error.document(given));
+        }
+    }
+    result
+}
+
+/// The conversation and request a command names, for its error document.
+fn given(command: &Command) -> exit::Given {
+    let (conversation_id, request_id) = match command {
+        Command::Run(a) => (a.session.conversation, a.request),
+        Command::Resume(a) => (Some(a.session.conversation), None),
+        Command::Recover(a) => (Some(a.session.conversation), Some(a.request)),
+        Command::Abandon(a) => (Some(a.session.conversation), Some(a.request)),
+        Command::Approve(a) => (Some(a.decide.session.conversation), Some(a.decide.request)),
+        Command::Reject(a) => (Some(a.decide.session.conversation), Some(a.decide.request)),
+        Command::Approvals(a) => (a.conversation, None),
+        Command::Show(a) => (Some(a.conversation), None),
+        Command::Export(a) => (Some(a.conversation), None),
+        Command::Delete(a) => (Some(a.conversation), None),
+        Command::Fork(a) => (Some(a.conversation), None),
+        Command::Meta(a) => (Some(a.conversation), None),
+        _ => (None, None),
+    };
+    exit::Given {
+        conversation_id,
+        request_id,
+    }
+}
+
+/// The SQLite file a command works on, if it names one.
+fn database(command: &Command) -> Option<std::path::PathBuf> {
+    let location = match command {
+        Command::Run(a) => &a.session.db,
+        Command::Resume(a) => &a.session.db,
+        Command::Recover(a) => &a.session.db,
+        Command::Abandon(a) => &a.session.db,
+        Command::RecoverExpired(a) => &a.db,
+        Command::Approvals(a) => &a.db,
+        Command::Approve(a) => &a.decide.session.db,
+        Command::Reject(a) => &a.decide.session.db,
+        Command::Ls(a) => &a.db,
+        Command::Show(a) => &a.db,
+        Command::Checkpoints(a) => &a.db,
+        Command::Export(a) => &a.db,
+        Command::Prune(a) => &a.db,
+        Command::Delete(a) => &a.db,
+        Command::Fork(a) => &a.db,
+        Command::Meta(a) => &a.db,
+        Command::Demo(a) => &a.db,
+        _ => return None,
+    };
+    match location {
+        DbLocation::File(path) => Some(path.clone()),
+        DbLocation::Postgres(_) => None,
+    }
+}
+
+/// A writer that remembers whether anything was written to it.
+struct Tracked<'a> {
+    out: &'a mut dyn Write,
+    written: bool,
+}
+
+impl Write for Tracked<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.written |= !buf.is_empty();
+        self.out.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
     // One thread is plenty: the work is a sequence of model calls and
     // database steps, and SQLite runs on its own worker threads. The bench
     // drives many conversations at once, as an application would: on every
@@ -191,10 +249,10 @@ pub fn main(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
     runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => demo::run(args, out, style, json).await,
-            Command::Run(args) => session_cmds::run(args, out, style, json).await,
-            Command::Resume(args) => session_cmds::resume(args, out, style, json).await,
-            Command::Recover(args) => session_cmds::recover(args, out, style, json).await,
-            Command::Abandon(args) => session_cmds::abandon(args, out, style, json).await,
+            Command::Run(args) => run::run(args, out, style, json).await,
+            Command::Resume(args) => take_over::resume(args, out, style, json).await,
+            Command::Recover(args) => take_over::recover(args, out, style, json).await,
+            Command::Abandon(args) => abandon::abandon(args, out, style, json).await,
             Command::RecoverExpired(args) => recover_expired::run(args, out, style, json).await,
             Command::Approvals(args) => approvals::list(args, out, style, json).await,
             Command::Approve(args) => approvals::approve(args, out, style, json).await,
@@ -241,17 +299,21 @@ pub fn report(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// Clap's message without its usage and tip paragraphs, on one line.
+/// Clap's message without its usage and tip paragraphs, on one line, with
+/// the value it quotes made [`output::plain`]: an argument can hold control
+/// or reordering characters like any other text a person did not write.
 fn usage_line(error: &clap::Error) -> String {
     let rendered = error.render().to_string();
     let first = rendered.split("\n\n").next().unwrap_or_default();
     let line = first.split_whitespace().collect::<Vec<_>>().join(" ");
-    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    output::plain(line).into_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use turnstile::ids::ConversationId;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("turnstile").chain(args.iter().copied()))
@@ -274,6 +336,14 @@ mod tests {
         let line = usage_line(&error);
         assert!(line.contains("--db"), "{line}");
         assert!(!line.contains("Usage"), "{line}");
+    }
+
+    #[test]
+    fn a_usage_error_shows_reordering_and_control_characters_escaped() {
+        let error = parse(&["abandon", "x\u{202e}y\u{1b}[2J", "--revision", "1"]).unwrap_err();
+        let line = usage_line(&error);
+        assert!(line.contains("x\\u{202e}y\\u{1b}[2J"), "{line}");
+        assert!(!line.chars().any(text::unsafe_for_terminal), "{line}");
     }
 
     #[test]

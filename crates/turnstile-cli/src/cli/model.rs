@@ -101,8 +101,18 @@ pub fn load_script(path: &Path) -> Result<Vec<ScriptedReply>, CliError> {
     if replies.is_empty() {
         return Err(bad("it holds no reply".into()));
     }
-    for reply in replies.iter_mut() {
+    for (i, reply) in replies.iter_mut().enumerate() {
         refuse_unknown_fields(reply).map_err(bad)?;
+        // Without a count the failure would never happen: say so rather
+        // than run a script that does not do what it reads as.
+        let fails = reply.get("fail_times").and_then(Value::as_u64).unwrap_or(0);
+        if reply.get("failure").is_some() && fails == 0 {
+            return Err(bad(format!(
+                "reply {} has a \"failure\" but no \"fail_times\": say how many calls \
+                 fail (\"fail_times\": 1)",
+                i + 1
+            )));
+        }
         normalize(reply);
     }
     serde_json::from_value(value).map_err(|e| bad(e.to_string()))

@@ -6,6 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::exit::CliError;
+pub use super::text::{clip, plain};
 use turnstile::ids::RunId;
 use turnstile::message::Usage;
 use turnstile::outcome::Outcome;
@@ -60,10 +61,19 @@ pub fn json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError>
 }
 
 /// Writes rows as an aligned two-column table, each line after `indent`.
+/// A value's continuation lines are indented under its first, as `show`
+/// indents a message's: a model's multi-line answer cannot start a line of
+/// its own that would read as another row (`error: …`, `status …`).
 pub fn table(out: &mut dyn Write, indent: &str, rows: &[(&str, String)]) -> Result<(), CliError> {
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let pad = " ".repeat(width + 2);
     for (key, value) in rows {
-        writeln!(out, "{indent}{key:<width$}  {value}")?;
+        let mut lines = value.split('\n');
+        let first = lines.next().unwrap_or_default();
+        writeln!(out, "{indent}{key:<width$}  {first}")?;
+        for line in lines {
+            writeln!(out, "{}", format!("{indent}{pad}{line}").trim_end())?;
+        }
     }
     Ok(())
 }
@@ -83,48 +93,6 @@ pub fn usage(usage: &Usage) -> String {
         ));
     }
     text
-}
-
-/// Text from a model, a tool, a user or an endpoint, made safe for a
-/// terminal: every control character but newline and tab, and every
-/// character that reorders text (bidirectional overrides and isolates), is
-/// written visibly as `\u{…}`, so no such text can set a window title,
-/// write the clipboard, move the cursor or forge earlier lines. `--json`
-/// and `export` print text exactly; only human output goes through this.
-pub fn plain(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(unsafe_for_terminal) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut safe = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if unsafe_for_terminal(c) {
-            safe.extend(c.escape_unicode());
-        } else {
-            safe.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(safe)
-}
-
-/// A control character (but newline and tab), or one that reorders text.
-pub(super) fn unsafe_for_terminal(c: char) -> bool {
-    (c.is_control() && c != '\n' && c != '\t')
-        || matches!(
-            c,
-            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-        )
-}
-
-/// `text` cut to `max` characters, on one line, made [`plain`].
-pub fn clip(text: &str, max: usize) -> String {
-    let text = plain(text);
-    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-        format!("{cut}…")
-    }
 }
 
 /// The human table of a committed (or replayed) request. `revision` is the
@@ -178,6 +146,20 @@ mod tests {
             "\\u{d}\\u{7f}\\u{9b}\\u{202e}"
         );
         assert!(matches!(plain("safe"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_multi_line_value_is_indented_under_its_row() {
+        let mut out = Vec::new();
+        let rows = [
+            ("answer", "fine\nerror: forged\n\nstatus  forged".to_owned()),
+            ("turns", "2".to_owned()),
+        ];
+        table(&mut out, "", &rows).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "answer  fine\n        error: forged\n\n        status  forged\nturns   2\n"
+        );
     }
 
     #[test]

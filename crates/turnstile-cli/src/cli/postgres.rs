@@ -26,9 +26,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 
+use super::access::{Access, Limits};
 use super::db::PgUrl;
 use super::exit::CliError;
-use super::session_cmds::{Access, Limits};
 use turnstile::admin::DoctorReport;
 use turnstile::{Error, PostgresOptions, PostgresStore, StoreAdmin};
 

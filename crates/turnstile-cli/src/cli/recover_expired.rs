@@ -10,15 +10,18 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use super::approvals::ApprovalArgs;
+use super::access::{Access, Limits};
+use super::agent::agent_session;
+use super::agent_args::AgentArgs;
+use super::args::ContinueArgs;
 use super::db::DbLocation;
 use super::exit::{code_for, CliError};
 use super::interrupt::Interrupt;
 use super::lease::LeaseTiming;
-use super::model::{self, ModelArgs};
+use super::model;
 use super::ops::{columns, parse_duration, utc};
 use super::output::{self, Style};
-use super::session_cmds::{agent_session, closed, open_store, Access, Limits};
+use super::store::{closed, open_store};
 use turnstile::agent::{AgentUpgrade, RunContext};
 use turnstile::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile::outcome::Outcome;
@@ -35,23 +38,14 @@ pub struct RecoverExpiredArgs {
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
-    /// Re-run a turn that was in flight (journaled tool results are reused).
-    /// Without it a request whose owner stopped inside a turn is refused
-    /// (exit 5) and left held.
-    #[arg(long)]
-    pub retry_interrupted: bool,
-    /// Continue a request even if it was run with another agent (model,
-    /// tools, approval rules).
-    #[arg(long)]
-    pub accept_agent_change: bool,
+    #[command(flatten)]
+    pub continuing: ContinueArgs,
     /// How long a write waits for another process's lock on the database
     /// before it fails busy. Default 30s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub busy_timeout: Option<Duration>,
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub approval: ApprovalArgs,
+    pub agent: AgentArgs,
     #[command(flatten)]
     pub lease: LeaseTiming,
 }
@@ -101,9 +95,9 @@ pub(super) async fn run(
     style: Style,
     json: bool,
 ) -> Result<(), CliError> {
-    let approval = args.approval.tools()?;
+    let approval = args.agent.approval.tools()?;
     let lease = args.lease.policy()?;
-    let model = model::load(&args.model)?;
+    let model = model::load(&args.agent.model)?;
     let limits = Limits {
         max_db_bytes: None,
         busy_timeout: args.busy_timeout,
@@ -112,14 +106,14 @@ pub(super) async fn run(
     let result = async {
         let interrupt = Interrupt::watch();
         let token = interrupt.token();
-        let upgrade = match args.accept_agent_change {
+        let upgrade = match args.continuing.accept_agent_change {
             true => AgentUpgrade::Accept,
             false => AgentUpgrade::Refuse,
         };
         let ctx = RunContext::default()
             .with_cancel(interrupt.token())
             .with_agent_upgrade(upgrade);
-        let policy = match args.retry_interrupted {
+        let policy = match args.continuing.retry_interrupted {
             true => ResumePolicy::RetryInterruptedTurn,
             false => ResumePolicy::RejectAmbiguous,
         };

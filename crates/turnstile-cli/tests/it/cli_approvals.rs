@@ -228,6 +228,80 @@ async fn an_approved_call_runs_once_when_the_request_is_resumed() {
     assert_eq!(none.stdout, "no tool calls await approval\n");
 }
 
+#[test]
+fn a_request_awaiting_approval_is_not_stuck_and_is_counted_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("waiting.db");
+    let path = db.to_str().unwrap();
+    let conversation = uuid();
+    let request = RequestId::new().to_string();
+    let model = two_calls(dir.path());
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--request", &request, "--model", &model]);
+    run.extend(["--require-approval", "add", INPUT]);
+    assert_eq!(turnstile(&run).code, 6);
+
+    // `approvals --namespace` alone filters every conversation's calls.
+    let listed = |namespace: &str| {
+        let listed = turnstile(&[
+            "approvals",
+            "--db",
+            path,
+            "--namespace",
+            namespace,
+            "--json",
+        ]);
+        listed.assert_success();
+        listed.json().as_array().unwrap().len()
+    };
+    assert_eq!(listed("default"), 1);
+    assert_eq!(listed("elsewhere"), 0);
+
+    // `ls --stuck`: nothing is stuck, in every listing.
+    for kind in ["conversations", "requests", "runs"] {
+        let stuck = turnstile(&["ls", kind, "--stuck", "--db", path]);
+        stuck.assert_success();
+        assert_eq!(stuck.stdout, format!("no {kind}\n"), "{stuck:#?}");
+    }
+    // The plain listings say what it waits for.
+    let requests = turnstile(&["ls", "requests", "--db", path]);
+    requests.assert_success();
+    assert!(
+        requests.stdout.contains("active, awaiting approval"),
+        "{requests:#?}"
+    );
+    assert!(!requests.stdout.contains("stuck"), "{requests:#?}");
+    let listed = turnstile(&["ls", "requests", "--db", path, "--json"]);
+    listed.assert_success();
+    let held = &listed.json()[0]["held"];
+    assert_eq!(held["awaiting_approval"], true, "{held}");
+    assert_eq!(held["stuck"], false, "{held}");
+
+    // `show`: awaiting approval, not stuck.
+    let shown = turnstile(&["show", &conversation, "--db", path]);
+    shown.assert_success();
+    let revision = printed(&shown, "revision");
+    assert!(revision.contains("awaiting approval"), "{shown:#?}");
+    assert!(!revision.contains("stuck"), "{shown:#?}");
+    let shown = turnstile(&["show", &conversation, "--db", path, "--json"]);
+    shown.assert_success();
+    assert_eq!(shown.json()["conversation"]["held"]["stuck"], false);
+
+    // `doctor`: held, not stuck, one awaiting approval.
+    let doctor = turnstile(&["doctor", "--db", path]);
+    doctor.assert_success();
+    assert!(
+        printed(&doctor, "admissions").contains("1 held · 0 stuck · 1 awaiting approval"),
+        "{doctor:#?}"
+    );
+    let doctor = turnstile(&["doctor", "--db", path, "--json"]);
+    doctor.assert_success();
+    let report = doctor.json();
+    assert_eq!(report["held_admissions"], 1, "{report}");
+    assert_eq!(report["stuck_admissions"], 0, "{report}");
+    assert_eq!(report["awaiting_approval_admissions"], 1, "{report}");
+}
+
 #[tokio::test]
 async fn a_rejected_call_never_runs_and_the_model_is_given_the_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -458,7 +532,8 @@ fn approvals_reads_and_never_creates_a_database() {
     let db = dir.path().join("missing.db");
     let path = db.to_str().unwrap();
     turnstile(&["approvals", "--db", path]).assert_error(4, "not found");
-    turnstile(&["approvals", "--db", path, "--json"]).assert_error(4, "not found");
+    let doc = turnstile(&["approvals", "--db", path, "--json"]).assert_json_error(4, "not found");
+    assert_eq!(doc["kind"], "not_found", "{doc}");
     let conversation = uuid();
     let request = RequestId::new().to_string();
     let mut approve = on("approve", &db, &conversation);

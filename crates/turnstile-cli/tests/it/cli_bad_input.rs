@@ -95,6 +95,38 @@ fn invalid_uuids_are_refused_before_the_database_is_touched() {
 }
 
 #[test]
+fn reordering_and_control_characters_in_arguments_are_shown_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("escaped.db");
+    let conversation = uuid();
+    let bad = "evil\u{202e}txt\u{1b}[2J";
+    // Clap drops the escape sequence itself; the rest is shown escaped.
+    let escaped = "evil\\u{202e}txt";
+    let checked = |args: &[&str]| {
+        let refused = turnstile(args);
+        refused.assert_error(2, escaped);
+        assert!(
+            !refused.stderr.contains('\u{202e}') && !refused.stderr.contains('\u{1b}'),
+            "{refused:#?}"
+        );
+    };
+    let mut namespace = vec!["show", conversation.as_str(), "--namespace", bad];
+    namespace.extend(db_args(&db));
+    checked(&namespace);
+    let mut positional = vec!["abandon", bad, "--revision", "1"];
+    positional.extend(["--conversation", conversation.as_str()]);
+    positional.extend(db_args(&db));
+    checked(&positional);
+    let mut after = vec!["ls", "conversations", "--after", bad];
+    after.extend(db_args(&db));
+    checked(&after);
+    let mut meta = vec!["ls", "conversations", "--meta", bad];
+    meta.extend(db_args(&db));
+    checked(&meta);
+    assert!(!db.exists(), "nothing created");
+}
+
+#[test]
 fn negative_or_non_numeric_revisions_are_usage_errors() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("never.db");
@@ -150,6 +182,14 @@ fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
         std::fs::write(&misspelt, format!("[{reply}]")).unwrap();
         run(&scripted(&misspelt)).assert_error(2, &format!("unknown field `{field}`"));
     }
+    // A failure that would never happen (no count) is refused.
+    let never = dir.path().join("never.json");
+    std::fs::write(
+        &never,
+        r#"[{"text": "x"}, {"text": "y", "failure": "down"}]"#,
+    )
+    .unwrap();
+    run(&scripted(&never)).assert_error(2, "reply 2 has a \"failure\" but no \"fail_times\"");
     // A script that never ends is read only up to its limit.
     run("scripted:/dev/zero").assert_error(2, "over the 16777216-byte limit");
     run("gpt-4").assert_error(2, "expected scripted:FILE or openai:MODEL_NAME");
@@ -281,7 +321,8 @@ async fn an_unknown_conversation_or_namespace_is_refused_without_writing() {
         "--json",
         "hi again",
     ]);
-    turnstile(&other_ns).assert_error(2, "not in namespace default");
+    let doc = turnstile(&other_ns).assert_json_error(2, "not in namespace default");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
     // An invalid namespace never reaches the database.
     let bad_ns = turnstile(&[
         "run",
@@ -462,13 +503,17 @@ fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that
         "second".into(),
     ]);
     let failed = turnstile(&args(&full));
-    failed.assert_error(1, "full");
+    let doc = failed.assert_json_error(1, "full");
+    assert_eq!(doc["kind"], "full", "{doc}");
     assert!(
         failed
             .stderr
             .contains("continue it with: turnstile resume "),
         "{failed:#?}"
     );
+    // The quota that was too small is not pasted into the command again.
+    let next = doc["next"].as_str().expect("the command that continues it");
+    assert!(!next.contains("--max-db-bytes"), "{next}");
 
     // The stop was recorded: the request is stuck at once, and resuming it
     // (with room now) commits with the default policy.
@@ -502,4 +547,180 @@ fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that
         "--json",
     ]);
     resumed.assert_success();
+}
+
+/// A tmpfs of `size` mounted on a new directory, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount a tmpfs on {}",
+            dir.path().display()
+        );
+        Self { dir }
+    }
+
+    /// Bytes free, as `df` counts them.
+    fn available(&self) -> u64 {
+        let out = std::process::Command::new("df")
+            .args(["-B1", "--output=avail"])
+            .arg(self.dir.path())
+            .output()
+            .expect("run df");
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines().nth(1).unwrap().trim().parse().unwrap()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// `path` with `-wal` appended.
+fn wal(path: &Path) -> std::path::PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    wal.into()
+}
+
+#[tokio::test]
+async fn a_full_disk_at_close_names_the_wal_file_to_keep_and_exits_non_zero() {
+    use sqlx::{Connection, Executor};
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let scripts = tempfile::tempdir().unwrap();
+    let conversation = uuid();
+    let small = scripted(&add_script(scripts.path()));
+    let big = scripted(&cli_support::script(
+        scripts.path(),
+        "big.json",
+        serde_json::json!([{ "text": "y".repeat(600_000) }]),
+    ));
+    let run = |db: &Path, model: &str, input: &str| {
+        turnstile(&[
+            "run",
+            "--db",
+            db.to_str().unwrap(),
+            "--conversation",
+            &conversation,
+            "--model",
+            model,
+            "--json",
+            input,
+        ])
+    };
+    let disk = Tmpfs::mount("8m");
+    let db = disk.dir.path().join("full.db");
+    run(&db, &small, "first").assert_success();
+
+    // How much the big request logs, and how much the file grows when the
+    // log is folded: measured on a copy, with a reader keeping the log
+    // from being folded at close.
+    let copies = tempfile::tempdir().unwrap();
+    let copy = copies.path().join("copy.db");
+    std::fs::copy(&db, &copy).unwrap();
+    let before = size(&copy);
+    let mut reader = sqlx::SqliteConnection::connect(&format!("sqlite:{}", copy.display()))
+        .await
+        .unwrap();
+    reader.execute("BEGIN").await.unwrap();
+    reader
+        .execute("SELECT count(*) FROM conversations")
+        .await
+        .unwrap();
+    let copied: Vec<String> = [&big, "second"].iter().map(|s| s.to_string()).collect();
+    let (copy_path, conversation_id) = (copy.clone(), conversation.clone());
+    let logged = tokio::task::spawn_blocking(move || {
+        turnstile(&[
+            "run",
+            "--db",
+            copy_path.to_str().unwrap(),
+            "--conversation",
+            &conversation_id,
+            "--model",
+            &copied[0],
+            "--json",
+            &copied[1],
+        ])
+    })
+    .await
+    .unwrap();
+    logged.assert_success();
+    let log_bytes = size(&wal(&copy));
+    reader.execute("ROLLBACK").await.unwrap();
+    reader.close().await.unwrap();
+    let folded = turnstile(&["ls", "conversations", "--db", copy.to_str().unwrap()]);
+    folded.assert_success();
+    assert!(!wal(&copy).exists(), "folded: {folded:#?}");
+    let growth = size(&copy) - before;
+    assert!(log_bytes > 0 && growth > 0, "{log_bytes} {growth}");
+
+    // Room for the log (and the shared-memory index), not for the fold.
+    let page = 4096;
+    let room = log_bytes.div_ceil(page) * page + 64 * 1024 + growth / 2;
+    let filler = disk.dir.path().join("filler");
+    let fill = disk.available() - room;
+    std::fs::write(&filler, vec![0u8; usize::try_from(fill).unwrap()]).unwrap();
+
+    let committed = run(&db, &big, "second");
+    assert_eq!(committed.code, 1, "{committed:#?}");
+    assert_eq!(
+        committed.json()["final_text"].as_str().map(str::len),
+        Some(600_000),
+        "the outcome was printed: {committed:#?}"
+    );
+    let lines: Vec<&str> = committed.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{committed:#?}");
+    let wal_path = wal(&db);
+    assert!(wal_path.exists(), "the log is kept");
+    for said in [
+        "committed",
+        "keep",
+        wal_path.to_str().unwrap(),
+        "make room",
+        "turnstile doctor --db",
+    ] {
+        assert!(lines[0].contains(said), "{said:?} in {committed:#?}");
+    }
+
+    // With room again, the pair holds the commit and the next command
+    // folds it.
+    std::fs::remove_file(&filler).unwrap();
+    let shown = turnstile(&[
+        "show",
+        &conversation,
+        "--db",
+        db.to_str().unwrap(),
+        "--json",
+    ]);
+    shown.assert_success();
+    assert_eq!(shown.json()["conversation"]["version"], 2, "{shown:#?}");
+    assert!(!wal_path.exists(), "folded at close");
 }

@@ -172,6 +172,22 @@ fn demo_prints_all_four_parts_as_plain_lines_when_piped() {
     }
     // The worker's turns 3 and 4 never ran: it was frozen after turn 2.
     assert!(!out.contains("worker │ turn 3"), "{out}");
+    // The recovery it shows, as a user would type it.
+    let typed = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("from a shell: "))
+        .unwrap_or_else(|| panic!("the recover command in:\n{out}"));
+    assert!(typed.starts_with("turnstile recover "), "{typed}");
+    for part in [
+        " --retry-interrupted ",
+        &format!(" --db {} ", db.display()),
+        " --model scripted:FILE ",
+    ] {
+        assert!(typed.contains(part), "{part:?} in {typed}");
+    }
+    // The write-ahead log is not reported as if it outlived the demo.
+    assert!(!db.with_extension("db-wal").exists());
+    assert!(out.contains("closing folds into it"), "{out}");
 }
 
 #[tokio::test]

@@ -207,7 +207,13 @@ async fn a_failed_run_is_resumed_by_a_second_process_with_usage_carried_over() {
     let fast = scripted(&add_script(dir.path()));
     let mut other = on("run", &url, &conversation);
     other.extend(["--model", &fast, "--json", "something else"]);
-    turnstile(&other).assert_error(3, "busy");
+    let doc = turnstile(&other).assert_json_error(3, "busy");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    assert_eq!(
+        doc["holder_request_id"],
+        active.request_id.to_string(),
+        "{doc}"
+    );
     let run_id = active.run_id.to_string();
     let revision = held.revision.to_string();
     let mut resume = on("resume", &url, &conversation);
@@ -594,6 +600,12 @@ async fn a_call_awaiting_approval_is_listed_approved_and_resumed_on_a_server() {
     assert_eq!(calls[0]["call_id"], "c1");
     let held = admission(&url, &conversation).await;
     assert_eq!(calls[0]["revision"], held.revision.0);
+    // Waiting for a human is not stuck, on a server too.
+    assert_eq!(ops(&["ls", "requests", "--stuck"], &url), json!([]));
+    let report = ops(&["doctor"], &url);
+    assert_eq!(report["held_admissions"], 1, "{report:#}");
+    assert_eq!(report["stuck_admissions"], 0, "{report:#}");
+    assert_eq!(report["awaiting_approval_admissions"], 1, "{report:#}");
 
     let approved = pasted(approve);
     approved.assert_success();
@@ -619,6 +631,84 @@ async fn a_call_awaiting_approval_is_listed_approved_and_resumed_on_a_server() {
             "the password is printed: {run:#?}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_server_gone_mid_run_is_unreachable_not_busy_and_the_printed_command_continues_it() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_own();
+    let url = server.fresh_database();
+    let conversation = uuid();
+    let request = RequestId::new().to_string();
+    // Turn 1's answer takes three seconds: the server is stopped meanwhile.
+    let model = scripted(&script(
+        dir.path(),
+        "pause.json",
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}],
+             "usage": {"input_tokens": 10, "output_tokens": 5}, "delay_ms": 3000},
+            {"text": "2 + 3 = 5", "usage": {"input_tokens": 20, "output_tokens": 4}}
+        ]),
+    ));
+    let mut run = on("run", &url, &conversation);
+    run.extend(["--request", &request, "--model", &model]);
+    run.extend(["--busy-timeout", "1s", INPUT]);
+    let mut child = command(&run)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("write-ahead checkpoint saved") {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "{seen}");
+        seen.push_str(&line);
+    }
+    server.stop_immediate();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "unreachable, not busy: {stderr}"
+    );
+    // Logged warnings (the server's shutdown notices) may come before it.
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let stderr = errors[0];
+    assert!(!stderr.starts_with("error: busy"), "{stderr}");
+    assert!(!stderr.contains("write lock"), "{stderr}");
+    assert!(!stderr.contains("nothing was written"), "{stderr}");
+    assert!(stderr.contains("could not be reached"), "{stderr}");
+    assert!(stderr.contains("may have written"), "{stderr}");
+    let command_line = stderr
+        .split("continue it with: ")
+        .nth(1)
+        .expect("the command that continues it");
+    assert!(
+        command_line.starts_with("turnstile resume ")
+            && command_line.contains(" --retry-interrupted"),
+        "{stderr}"
+    );
+
+    // Once the server is back, the printed command finishes the request.
+    server.restart();
+    let resumed = pasted(command_line);
+    resumed.assert_success();
+    assert!(
+        resumed.stdout.contains("answer      2 + 3 = 5"),
+        "{resumed:#?}"
+    );
+    let store = store(&url).await;
+    let record = store
+        .request(request.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, RequestStatus::Completed);
 }
 
 #[test]

@@ -95,6 +95,38 @@ fn run_generates_a_request_id_and_a_retry_with_it_replays() {
 }
 
 #[test]
+fn run_without_a_conversation_starts_one_and_prints_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("new.db");
+    let path = db.to_str().unwrap();
+    let model = scripted(&add_script(dir.path()));
+    let first = turnstile(&["run", "--db", path, "--model", &model, INPUT]);
+    first.assert_success();
+    let line = cli_support::printed(&first, "conversation ");
+    let conversation = line.split_whitespace().nth(1).unwrap().to_owned();
+    assert!(
+        line.ends_with(&format!(
+            "(new: pass --conversation {conversation} to continue it)"
+        )),
+        "{first:#?}"
+    );
+    // The printed id continues it.
+    let mut next = on("run", &db, &conversation);
+    next.extend(["--model", &model, "--json", "and again?"]);
+    let next = turnstile(&next);
+    next.assert_success();
+    assert_eq!(next.json()["conversation_version"], 2);
+    // With --json, the outcome names the new conversation.
+    let other = turnstile(&["run", "--db", path, "--model", &model, "--json", INPUT]);
+    other.assert_success();
+    let started = other.json()["conversation_id"].as_str().unwrap().to_owned();
+    assert_ne!(started, conversation);
+    let shown = turnstile(&["show", &started, "--db", path, "--json"]);
+    shown.assert_success();
+    assert_eq!(shown.json()["conversation"]["version"], 1);
+}
+
+#[test]
 fn human_run_prints_the_generated_request_progress_and_outcome() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
@@ -138,8 +170,17 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     let mut other = on("run", &db, &conversation);
     other.extend(["--model", &fast, "--json", "something else"]);
     let busy = turnstile(&other);
-    busy.assert_error(3, "busy");
+    let doc = busy.assert_json_error(3, "busy");
     assert!(busy.stderr.contains(&request), "{busy:#?}");
+    // The document names the holder and the revision to take it over at.
+    assert_eq!(doc["kind"], "busy", "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
+    assert_eq!(doc["holder_request_id"], request.as_str(), "{doc}");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    assert!(
+        doc["request_id"].is_string(),
+        "the generated id, to retry: {doc}"
+    );
     // The same request again: busy too.
     let mut same = on("run", &db, &conversation);
     same.extend(["--request", &request, "--model", &fast, INPUT]);
@@ -155,7 +196,19 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     recover.extend([request.as_str(), "--revision", &revision, "--model", &fast]);
     let mut refused = recover.clone();
     refused.push(INPUT);
-    turnstile(&refused).assert_error(5, "in flight");
+    let in_flight = turnstile(&refused);
+    in_flight.assert_error(5, "in flight");
+    // Each refusal says what to do next.
+    for step in ["--retry-interrupted", "turnstile abandon"] {
+        assert!(in_flight.stderr.contains(step), "{step}: {in_flight:#?}");
+    }
+    for step in [
+        "turnstile recover",
+        "turnstile abandon",
+        "delete --revision",
+    ] {
+        assert!(busy.stderr.contains(step), "{step}: {busy:#?}");
+    }
     // ... a stale revision conflicts (5) ...
     let stale = (held.revision.0 - 1).to_string();
     let mut conflict = on("recover", &db, &conversation);
@@ -168,11 +221,25 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
         "--retry-interrupted",
         INPUT,
     ]);
-    turnstile(&conflict).assert_error(5, "conflict");
+    let stale = turnstile(&conflict);
+    stale.assert_error(5, "conflict");
+    assert!(stale.stderr.contains("re-read"), "{stale:#?}");
+    // ... with --json, the conflict says which revision is current ...
+    conflict.push("--json");
+    let doc = turnstile(&conflict).assert_json_error(5, "conflict");
+    assert_eq!(doc["kind"], "conflict", "{doc}");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
+    assert_eq!(doc["request_id"], request.as_str(), "{doc}");
     // ... another input is a mismatch (2) ...
     let mut mismatch = recover.clone();
     mismatch.extend(["--retry-interrupted", "not the input"]);
-    turnstile(&mismatch).assert_error(2, "does not match");
+    let mismatched = turnstile(&mismatch);
+    mismatched.assert_error(2, "does not match");
+    assert!(
+        mismatched.stderr.contains("pass another --request"),
+        "{mismatched:#?}"
+    );
     assert_eq!(admission(&db, &conversation).await, held);
 
     // ... and retrying the interrupted turn finishes the request.
@@ -185,6 +252,7 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
     assert_eq!(outcome["replayed"], false);
     assert_eq!(outcome["tool_calls"], 1);
     assert_eq!(outcome["turns"], 2);
+    assert_eq!(outcome["conversation_id"], conversation.as_str());
 
     let store = open(&db).await;
     let idle = store
@@ -193,6 +261,10 @@ async fn a_held_admission_is_busy_and_recover_finishes_it() {
         .unwrap();
     assert!(idle.active.is_none());
     assert!(idle.revision > held.revision);
+    assert_eq!(
+        outcome["revision"], idle.revision.0,
+        "the outcome carries the admission revision"
+    );
     let new_run: RunId = outcome["run_id"].as_str().unwrap().parse().unwrap();
     let run = store.run(new_run).await.unwrap().unwrap();
     assert_eq!(run.resumed_from, Some(active.run_id));
@@ -373,6 +445,82 @@ async fn a_failed_run_exits_1_and_resume_continues_it_with_usage_carried_over() 
 }
 
 #[tokio::test]
+async fn a_stopped_run_with_json_prints_an_error_document_naming_what_continues_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("stopped.db");
+    let conversation = uuid();
+    let failing = script(
+        dir.path(),
+        "failing.json",
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "word_count", "arguments": {"text": "a b c"}}],
+             "usage": {"input_tokens": 100, "output_tokens": 10}},
+            {"text": "3 words", "failure": "upstream overloaded", "fail_times": 1}
+        ]),
+    );
+    let model = scripted(&failing);
+    // No --request: the generated one is in the document.
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--json", "count: a b c"]);
+    let failed = turnstile(&run);
+    let doc = failed.assert_json_error(1, "upstream overloaded");
+    let held = admission(&db, &conversation).await;
+    let active = held
+        .active
+        .clone()
+        .expect("a stopped run keeps the admission");
+    assert_eq!(doc["kind"], "stopped", "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
+    assert_eq!(doc["request_id"], active.request_id.to_string(), "{doc}");
+    assert_eq!(doc["run_id"], active.run_id.to_string(), "{doc}");
+    assert_eq!(doc["revision"], held.revision.0, "{doc}");
+    let next = doc["next"].as_str().expect("the command that continues it");
+    assert!(
+        next.starts_with(&format!(
+            "turnstile resume {} --revision {}",
+            active.run_id, held.revision
+        )),
+        "{doc}"
+    );
+}
+
+#[test]
+fn times_with_a_numeric_offset_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("times.db");
+    let conversation = uuid();
+    let model = scripted(&add_script(dir.path()));
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--json", INPUT]);
+    turnstile(&run).assert_success();
+    let path = db.to_str().unwrap();
+    // 2000-01-01T01:00:00+01:00 is midnight UTC: the conversation is after.
+    let listed = turnstile(&[
+        "ls",
+        "conversations",
+        "--db",
+        path,
+        "--created-after",
+        "2000-01-01T01:00:00+01:00",
+        "--json",
+    ]);
+    listed.assert_success();
+    assert!(listed.stdout.contains(&conversation), "{listed:#?}");
+    // A far future with an offset: nothing is after it.
+    let none = turnstile(&[
+        "ls",
+        "conversations",
+        "--db",
+        path,
+        "--created-after",
+        "2999-01-01T00:00:00-05:00",
+        "--json",
+    ]);
+    none.assert_success();
+    assert!(!none.stdout.contains(&conversation), "{none:#?}");
+}
+
+#[tokio::test]
 async fn a_closed_stdout_stops_the_printing_but_the_run_commits_and_replays() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("pipe.db");
@@ -431,6 +579,35 @@ async fn a_closed_stdout_stops_the_printing_but_the_run_commits_and_replays() {
             .unwrap()
             .version,
         1
+    );
+}
+
+#[test]
+fn a_multi_line_answer_is_indented_under_its_row_and_forges_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("forged.db");
+    let conversation = uuid();
+    let forger = script(
+        dir.path(),
+        "forger.json",
+        json!([{"text": "fine\nerror: the database is corrupt\nstatus      abandoned"}]),
+    );
+    let model = scripted(&forger);
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, INPUT]);
+    let shown = turnstile(&run);
+    shown.assert_success();
+    let statuses: Vec<&str> = shown
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("status") || l.starts_with("error"))
+        .collect();
+    assert_eq!(statuses, ["status      committed"], "{shown:#?}");
+    assert!(
+        shown.stdout.contains(
+            "answer      fine\n            error: the database is corrupt\n            status      abandoned\n"
+        ),
+        "continuation lines under the answer: {shown:#?}"
     );
 }
 
@@ -519,7 +696,7 @@ fn the_error_line_shows_control_sequences_escaped() {
     let mut run = on("run", &db, &conversation);
     run.extend(["--model", &model, "--json", INPUT]);
     let failed = turnstile(&run);
-    failed.assert_error(1, "down \\u{1b}]0;OWNED\\u{7}\\u{1b}[2J");
+    failed.assert_json_error(1, "down \\u{1b}]0;OWNED\\u{7}\\u{1b}[2J");
     assert!(!failed.stderr.contains('\u{1b}'), "{failed:#?}");
 }
 
@@ -539,7 +716,13 @@ fn the_resume_hint_pastes_and_runs_for_paths_with_odd_whitespace() {
     let mut run = on("run", &db, &conversation);
     run.extend(["--model", &model, "--json", INPUT]);
     let failed = turnstile(&run);
-    failed.assert_error(1, "continue it with: turnstile resume");
+    let doc = failed.assert_json_error(1, "continue it with: turnstile resume");
+    assert!(
+        doc["next"]
+            .as_str()
+            .is_some_and(|next| next.starts_with("turnstile resume ")),
+        "{doc}"
+    );
     // The request id was generated, so the line ends with it.
     let (_, after) = failed.stderr.split_once("continue it with: ").unwrap();
     let (hint, _) = after.rsplit_once(" (request ").unwrap();
@@ -580,8 +763,9 @@ fn a_password_in_the_base_url_never_reaches_the_hint() {
         INPUT,
     ]);
     let failed = turnstile(&run);
-    failed.assert_error(1, "continue it with: turnstile resume");
+    failed.assert_json_error(1, "continue it with: turnstile resume");
     assert!(!failed.stderr.contains("hunter2"), "{failed:#?}");
+    assert!(!failed.stdout.contains("hunter2"), "{failed:#?}");
     assert!(
         failed.stderr.contains("user:REDACTED@127.0.0.1:9"),
         "{failed:#?}"
@@ -613,7 +797,9 @@ async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
     });
     let busy = busy.await.unwrap();
     holder.execute("ROLLBACK").await.unwrap();
-    busy.assert_error(3, "busy");
+    let doc = busy.assert_json_error(3, "busy");
+    assert_eq!(doc["kind"], "locked", "{doc}");
+    assert_eq!(doc["conversation_id"], conversation.as_str(), "{doc}");
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     let version = open(&db)
         .await
@@ -625,6 +811,72 @@ async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
         .unwrap()
         .version;
     assert_eq!(version, 1, "the refused request wrote nothing");
+}
+
+#[tokio::test]
+async fn a_write_lock_taken_mid_run_says_what_was_kept_and_the_resume_continues_it() {
+    use sqlx::{Connection, Executor};
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("midrun.db");
+    let conversation = uuid();
+    // Turn 1's answer takes three seconds: the lock is taken meanwhile.
+    let model = scripted(&script(
+        dir.path(),
+        "pause.json",
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}],
+             "usage": {"input_tokens": 10, "output_tokens": 5}, "delay_ms": 3000},
+            {"text": "2 + 3 = 5", "usage": {"input_tokens": 20, "output_tokens": 4}}
+        ]),
+    ));
+    let mut run = on("run", &db, &conversation);
+    run.extend(["--model", &model, "--busy-timeout", "1s", INPUT]);
+    let mut child = cli_support::command(&run)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("write-ahead checkpoint saved") {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "{seen}");
+        seen.push_str(&line);
+    }
+    let mut holder = sqlx::SqliteConnection::connect(&format!("sqlite:{}", db.display()))
+        .await
+        .unwrap();
+    holder.execute("BEGIN IMMEDIATE").await.unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    holder.execute("ROLLBACK").await.unwrap();
+    drop(holder);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let line = errors[0];
+    assert!(line.starts_with("error: busy"), "{line}");
+    assert!(
+        !line.contains("nothing was written"),
+        "the run's first turn was written: {line}"
+    );
+    assert!(line.contains("earlier steps are kept"), "{line}");
+    // The request id was generated, so the line ends with it.
+    let (_, after) = line
+        .split_once("continue it with: ")
+        .expect("the command that continues it");
+    let (resume, _) = after.rsplit_once(" (request ").unwrap();
+    let resumed = cli_support::pasted(resume);
+    resumed.assert_success();
+    assert!(
+        resumed.stdout.contains("answer      2 + 3 = 5"),
+        "{resumed:#?}"
+    );
 }
 
 #[test]

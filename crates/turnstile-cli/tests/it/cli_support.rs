@@ -37,6 +37,30 @@ impl Run {
         assert!(self.stdout.is_empty(), "nothing on stdout: {self:#?}");
     }
 
+    /// Asserts a `--json` failure with `code`: one `error:` line on stderr
+    /// and one JSON error document on stdout, whose `kind`, `exit_code` and
+    /// `message` agree with it. Returns the document.
+    pub fn assert_json_error(&self, code: i32, contains: &str) -> serde_json::Value {
+        assert_eq!(self.code, code, "{self:#?}");
+        let lines: Vec<_> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line on stderr: {self:#?}");
+        let line = lines[0].strip_prefix("error: ").expect("an error line");
+        assert!(
+            line.to_lowercase().contains(&contains.to_lowercase()),
+            "stderr should mention {contains:?}: {self:#?}"
+        );
+        let doc = self.json();
+        assert_eq!(doc["status"], "error", "{doc}");
+        assert_eq!(doc["exit_code"], code, "{doc}");
+        assert!(doc["kind"].is_string(), "{doc}");
+        let message = doc["message"].as_str().expect("a message");
+        assert!(
+            message.to_lowercase().contains(&contains.to_lowercase()),
+            "the document's message should mention {contains:?}: {doc}"
+        );
+        doc
+    }
+
     pub fn assert_success(&self) {
         assert_eq!(self.code, 0, "{self:#?}");
         assert!(self.stderr.is_empty(), "nothing on stderr: {self:#?}");

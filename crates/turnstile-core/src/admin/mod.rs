@@ -382,7 +382,11 @@ pub struct PruneOptions {
     /// `older_than` when `None`.
     pub conversations_older_than: Option<Duration>,
     /// The newest this many requests of each conversation are not pruned,
-    /// whatever their age (0: age alone decides).
+    /// whatever their age (0: age alone decides). Every request counts
+    /// among them whatever its status: one that holds the admission (never
+    /// pruned itself) takes one of the N places, and so do the rows that
+    /// earlier prunes kept (a pruned request keeps its row). Both backends
+    /// count the same way (a conformance case checks it).
     pub keep_last_requests: u32,
     /// Count what would be deleted and delete nothing.
     pub dry_run: bool,

@@ -154,6 +154,10 @@ async fn a_server_that_cannot_be_reached_is_a_store_error_not_busy() {
         "{err:?}"
     );
     assert!(
+        matches!(&err, Error::Store(e) if e.is_unreachable()),
+        "a server that is not there is unreachable: {err:?}"
+    );
+    assert!(
         !format!("{err} {err:?}").contains("secret-password"),
         "{err:?}"
     );

@@ -12,8 +12,8 @@ use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 
+use super::args::BenchDurability;
 use super::stats::Latency;
-use super::BenchDurability;
 use crate::cli::exit::CliError;
 
 /// Bare turns written before the sampled ones: at two or three WAL pages

@@ -13,6 +13,7 @@
 //! - `storage`: pages in use after a WAL checkpoint;
 //! - `stats` and `report`: the figures and their rendering.
 
+mod args;
 mod baseline;
 mod location;
 mod postgres;
@@ -26,8 +27,8 @@ mod workload;
 use std::io::Write;
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
-
+pub use self::args::BenchArgs;
+use self::args::{BenchDurability, MAX_MESSAGE_TEXT_BYTES, MAX_TURNS};
 use self::location::Location;
 use self::report::{BenchReport, WorkloadParams};
 use self::stats::Latency;
@@ -35,78 +36,8 @@ use self::workload::Workload;
 use super::db::DbLocation;
 use super::exit::CliError;
 use super::output::{self, Style};
-use turnstile::session::MAX_INPUT_BYTES;
 use turnstile::store::Store;
-use turnstile::{Durability, SqliteOptions, SqliteStore};
-
-/// The largest `--message-bytes`: the largest input a request accepts.
-const MAX_MESSAGE_BYTES: i64 = MAX_INPUT_BYTES as i64;
-/// Caps on the whole workload, so a typo cannot fill the disk or memory
-/// (one latency is kept per turn).
-const MAX_TURNS: u64 = 1_000_000;
-const MAX_MESSAGE_TEXT_BYTES: u64 = 4 << 30;
-
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// Conversations in the workload.
-    #[arg(long, value_name = "N", default_value_t = 200,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub conversations: u32,
-    /// Turns per conversation. A turn is one request: a user input answered
-    /// by a scripted final answer (two messages).
-    #[arg(long, value_name = "T", default_value_t = 20,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub turns: u32,
-    /// Bytes of each message's text (input and answer alike).
-    #[arg(long, value_name = "B", default_value_t = 500,
-          value_parser = clap::value_parser!(u32).range(1..=MAX_MESSAGE_BYTES))]
-    pub message_bytes: u32,
-    /// `full` (synchronous=FULL, survives power loss; the default) or
-    /// `normal` (synchronous=NORMAL, survives a process crash). SQLite only:
-    /// on PostgreSQL the server's settings decide, and are reported.
-    #[arg(long, value_enum)]
-    pub durability: Option<BenchDurability>,
-    /// Conversations driven at the same time, each by its own task (at most
-    /// --conversations). Default 1. SQLite only: on PostgreSQL the bench
-    /// runs at 1, 8 and 64.
-    #[arg(long, value_name = "C",
-          value_parser = clap::value_parser!(u32).range(1..=1_024))]
-    pub concurrency: Option<u32>,
-    /// Write to this new file and keep it (an existing file is refused).
-    /// Default: a fresh temp directory, removed afterwards. Or a PostgreSQL
-    /// URL: each workload then runs in a new schema of that database
-    /// (`turnstile_bench_…`), dropped afterwards.
-    #[arg(long, value_name = "PATH|URL", conflicts_with = "in_memory")]
-    pub db: Option<DbLocation>,
-    /// Run the workload on `SqliteStore::in_memory()` (the test-harness
-    /// store), against a baseline in memory too; storage is what the
-    /// in-memory database holds.
-    #[arg(long)]
-    pub in_memory: bool,
-}
-
-/// `--durability`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BenchDurability {
-    Full,
-    Normal,
-}
-
-impl BenchDurability {
-    fn store(self) -> Durability {
-        match self {
-            BenchDurability::Full => Durability::Full,
-            BenchDurability::Normal => Durability::Normal,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            BenchDurability::Full => "full",
-            BenchDurability::Normal => "normal",
-        }
-    }
-}
+use turnstile::{SqliteOptions, SqliteStore};
 
 pub(super) async fn run(
     args: BenchArgs,

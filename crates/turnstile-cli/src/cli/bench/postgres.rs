@@ -16,11 +16,12 @@ use sqlx::postgres::PgConnection;
 use sqlx::Connection;
 use tokio::task::JoinSet;
 
+use super::args::BenchArgs;
+use super::reads;
 use super::report::WorkloadParams;
 use super::stats::Latency;
 use super::text::{self, Role};
 use super::workload::Workload;
-use super::{reads, BenchArgs};
 use crate::cli::db::PgUrl;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};

@@ -23,11 +23,15 @@ use clap::Args;
 pub use worker::{worker, WorkerArgs};
 
 use self::report::{DemoReport, FirstRequest, RecoveredRequest, Replay, Totals};
+use super::access::Access;
+use super::agent::agent;
 use super::db::DbLocation;
 use super::exit::CliError;
+use super::follow::follow;
+use super::hint::quote;
 use super::output::{self, Style};
 use super::progress::Progress;
-use super::session_cmds::{agent, follow, open_store, Access};
+use super::store::open_store;
 use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile::session::{AgentSession, ContextPolicy, ResumePolicy};
 use turnstile::RunContext;
@@ -85,7 +89,7 @@ pub async fn run(
         }
     }
     .await;
-    super::session_cmds::closed(store.as_ref(), result).await
+    super::store::closed(store.as_ref(), result).await
 }
 
 /// `--fresh` deletes only a turnstile database that no live run holds: not
@@ -305,6 +309,25 @@ impl<'a> Demo<'a> {
             out,
             "   recover_stream(request, input, revision {}, RetryInterruptedTurn) continues from turn {}:",
             admission.revision, checkpoint.turn
+        )?;
+        // What a user would type for the same recovery (the demo's scripted
+        // model is in this process: a shell would name its own).
+        let mut command = vec![
+            "turnstile recover".to_owned(),
+            second_request.to_string(),
+            format!("--revision {} --retry-interrupted", admission.revision),
+            format!("--db {}", quote(&self.db.to_string())),
+            format!("--conversation {}", self.conversation),
+        ];
+        if self.namespace.as_str() != "default" {
+            command.push(format!("--namespace {}", quote(self.namespace.as_str())));
+        }
+        command.push("--model scripted:FILE".into());
+        command.push(quote(script::SECOND_INPUT));
+        writeln!(
+            out,
+            "   {}",
+            s.dim(&format!("from a shell: {}", command.join(" ")))
         )?;
         let events = second_session.recover_stream(
             second_request,

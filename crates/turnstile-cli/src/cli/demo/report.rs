@@ -133,7 +133,8 @@ impl DemoReport {
                         )
                     } else {
                         format!(
-                            "{} · {} KiB + {} KiB write-ahead log",
+                            "{} · {} KiB, and {} KiB of write-ahead log that closing \
+                             folds into it (the file alone is complete after exit)",
                             self.database,
                             kib(self.database_bytes),
                             kib(self.wal_bytes)

@@ -16,11 +16,13 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::script;
+use crate::cli::access::Access;
+use crate::cli::agent::agent;
 use crate::cli::db::DbLocation;
 use crate::cli::exit::CliError;
 use crate::cli::output::Style;
 use crate::cli::progress::Progress;
-use crate::cli::session_cmds::{agent, open_store, Access};
+use crate::cli::store::open_store;
 use turnstile::events::Event;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
 use turnstile::session::{AgentSession, ContextPolicy};

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::args::{CheckpointsArgs, ExportArgs, ShowArgs};
+use super::awaiting::Awaiting;
+use super::columns::{columns, utc};
 use super::list::mark;
-use super::{columns, utc, CheckpointsArgs, ExportArgs, ShowArgs};
+use crate::cli::access::Access;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::{open_store, Access};
+use crate::cli::store::open_store;
 use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
@@ -79,13 +82,14 @@ pub(in crate::cli) async fn show(
             Ok(())
         })
         .await?;
+        let awaiting = Awaiting::read(store.as_ref(), Some(conversation.id)).await?;
         if json {
             let shown = Shown {
                 conversation: &conversation,
                 summary,
                 transcript: transcript.iter().map(Entry::from).collect(),
             };
-            return output::json(out, &shown);
+            return output::json(out, &awaiting.annotated(&shown)?);
         }
         let admission = match &conversation.held {
             None => format!("{} · idle", conversation.revision),
@@ -99,7 +103,11 @@ pub(in crate::cli) async fn show(
                         .map_or("no run row".into(), |s| s.as_str().to_owned()),
                     mark(held.last_checkpoint.as_ref())
                 );
-                if held.stuck {
+                if awaiting.holds(Some(held)) {
+                    text.push_str(
+                        &style.yellow(" · awaiting approval (see `turnstile approvals`)"),
+                    );
+                } else if held.stuck {
                     text.push_str(&style.red(" · stuck"));
                 }
                 text
@@ -149,7 +157,7 @@ pub(in crate::cli) async fn show(
         Ok(())
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 /// `#seq role  text`; tool calls as `→ name(arguments) [id]`; continuation
@@ -213,7 +221,7 @@ pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Res
         Ok(())
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 #[derive(Serialize)]
@@ -250,6 +258,7 @@ pub(in crate::cli) async fn checkpoints(
                 id: args.run.to_string(),
             })?;
         let rows = store.checkpoints(args.run).await?;
+        let awaiting = Awaiting::read(store.as_ref(), Some(run.conversation_id)).await?;
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         if json {
             let shown = RunCheckpoints {
@@ -260,14 +269,18 @@ pub(in crate::cli) async fn checkpoints(
                 }),
                 checkpoints: &rows,
             };
-            return output::json(out, &shown);
+            return output::json(out, &awaiting.annotated(&shown)?);
         }
         // Fingerprints are SHA-256 hex: their first 12 digits tell them apart.
         let short = |f: &str| output::plain(&f.chars().take(12).collect::<String>()).into_owned();
         let agent = change.map_or("-".into(), |c| {
             format!("upgraded from {} to {}", short(&c.from), short(&c.to))
         });
-        let admission = match &run.held {
+        let admission = match run.held.as_ref() {
+            Some(held) if awaiting.holds(Some(held)) => style.yellow(&format!(
+                "holds revision {}, awaiting approval",
+                held.revision
+            )),
             Some(held) if held.stuck => {
                 style.red(&format!("holds revision {}, stuck", held.revision))
             }
@@ -341,7 +354,7 @@ pub(in crate::cli) async fn checkpoints(
         )
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 /// The conversation, in `namespace` when one is given.

@@ -1,13 +1,18 @@
 //! `ls conversations|requests|runs`: one row per item, newest first (stuck
 //! ones stalest first), or with `--json` one array (conversations: one
-//! page object, `{"conversations": [...], "next": CURSOR|null}`).
+//! page object, `{"conversations": [...], "next": CURSOR|null}`). An
+//! admission held by a request awaiting approval is shown as such, not as
+//! stuck, and `--stuck` leaves it out (see [`super::awaiting`]).
 
 use std::io::Write;
 
-use super::{columns, utc, ListKind, LsArgs};
+use super::args::{ListKind, LsArgs};
+use super::awaiting::Awaiting;
+use super::columns::{columns, utc};
+use crate::cli::access::Access;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::session_cmds::{open_store, Access};
+use crate::cli::store::open_store;
 use turnstile::admin::{
     CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary, RunSummary,
 };
@@ -34,41 +39,48 @@ pub(in crate::cli) async fn ls(
             limit: args.limit,
             ..ListFilter::default()
         });
+        let awaiting = Awaiting::read(store.as_ref(), args.conversation).await?;
+        // What waits for a human is not stuck.
+        let keep = |held: Option<&HeldAdmission>| !(args.stuck && awaiting.holds(held));
         match args.kind {
             ListKind::Conversations => {
-                let page = store.list_conversations(&filter).await?;
+                let mut page = store.list_conversations(&filter).await?;
+                page.conversations.retain(|c| keep(c.held.as_ref()));
                 if json {
-                    return output::json(out, &page);
+                    return output::json(out, &awaiting.annotated(&page)?);
                 }
-                conversations(out, style, &page.conversations)?;
+                conversations(out, style, &awaiting, &page.conversations)?;
                 if let Some(next) = page.next {
                     writeln!(out, "more: --after {next}")?;
                 }
                 Ok(())
             }
             ListKind::Requests => {
-                let rows = store.list_requests(&filter).await?;
+                let mut rows = store.list_requests(&filter).await?;
+                rows.retain(|r| keep(r.held.as_ref()));
                 if json {
-                    return output::json(out, &rows);
+                    return output::json(out, &awaiting.annotated(&rows)?);
                 }
-                requests(out, style, &rows)
+                requests(out, style, &awaiting, &rows)
             }
             ListKind::Runs => {
-                let rows = store.list_runs(&filter).await?;
+                let mut rows = store.list_runs(&filter).await?;
+                rows.retain(|r| keep(r.held.as_ref()));
                 if json {
-                    return output::json(out, &rows);
+                    return output::json(out, &awaiting.annotated(&rows)?);
                 }
-                runs(out, style, &rows)
+                runs(out, style, &awaiting, &rows)
             }
         }
     }
     .await;
-    crate::cli::session_cmds::closed(store.as_ref(), result).await
+    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 fn conversations(
     out: &mut dyn Write,
     style: Style,
+    awaiting: &Awaiting,
     rows: &[ConversationSummary],
 ) -> Result<(), CliError> {
     if rows.is_empty() {
@@ -83,7 +95,7 @@ fn conversations(
                 c.version.to_string(),
                 c.revision.to_string(),
                 c.transcript_entries.to_string(),
-                state(style, c.held.as_ref()),
+                state(style, awaiting, c.held.as_ref()),
                 c.held
                     .as_ref()
                     .map_or("-".into(), |h| h.request_id.to_string()),
@@ -121,14 +133,20 @@ fn conversations(
     )
 }
 
-fn requests(out: &mut dyn Write, style: Style, rows: &[RequestSummary]) -> Result<(), CliError> {
+fn requests(
+    out: &mut dyn Write,
+    style: Style,
+    awaiting: &Awaiting,
+    rows: &[RequestSummary],
+) -> Result<(), CliError> {
     if rows.is_empty() {
         return none(out, "requests");
     }
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let status = match &r.held {
+            let status = match r.held.as_ref() {
+                held if awaiting.holds(held) => style.yellow("active, awaiting approval"),
                 Some(held) if held.stuck => style.red("active, stuck"),
                 _ => r.status.as_str().to_owned(),
             };
@@ -167,14 +185,22 @@ fn requests(out: &mut dyn Write, style: Style, rows: &[RequestSummary]) -> Resul
     )
 }
 
-fn runs(out: &mut dyn Write, style: Style, rows: &[RunSummary]) -> Result<(), CliError> {
+fn runs(
+    out: &mut dyn Write,
+    style: Style,
+    awaiting: &Awaiting,
+    rows: &[RunSummary],
+) -> Result<(), CliError> {
     if rows.is_empty() {
         return none(out, "runs");
     }
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let admission = match &r.held {
+            let admission = match r.held.as_ref() {
+                Some(held) if awaiting.holds(Some(held)) => {
+                    style.yellow(&format!("held at {}, awaiting approval", held.revision))
+                }
                 Some(held) if held.stuck => style.red(&format!("held at {}, stuck", held.revision)),
                 Some(held) => format!("held at {}", held.revision),
                 None => "-".into(),
@@ -216,10 +242,11 @@ fn none(out: &mut dyn Write, what: &str) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `idle`, `active` or `stuck`.
-fn state(style: Style, held: Option<&HeldAdmission>) -> String {
+/// `idle`, `active`, `awaiting approval` or `stuck`.
+fn state(style: Style, awaiting: &Awaiting, held: Option<&HeldAdmission>) -> String {
     match held {
         None => "idle".into(),
+        held if awaiting.holds(held) => style.yellow("awaiting approval"),
         Some(held) if held.stuck => style.red("stuck"),
         Some(_) => style.yellow("active"),
     }

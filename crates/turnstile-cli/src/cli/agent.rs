@@ -1,0 +1,68 @@
+//! The command-line agent (the model given, the real tools and the system
+//! prompt) and its session on one conversation.
+
+use std::sync::Arc;
+
+use super::args::SessionArgs;
+use super::tools;
+use turnstile::agent::{Agent, Model};
+use turnstile::ids::{ConversationId, Namespace};
+use turnstile::session::{AgentSession, ContextPolicy};
+use turnstile::StoreAdmin;
+
+/// The system prompt of the command-line agent. It is part of the agent
+/// fingerprint: `resume` and `recover` accept a request only from the agent
+/// it was admitted with.
+pub const SYSTEM_PROMPT: &str = "You are a careful assistant. Use the tools add, clock and \
+                                 word_count when they help, then answer briefly.";
+
+/// The command-line agent: `model`, the real tools and [`SYSTEM_PROMPT`].
+pub(super) fn agent(model: Arc<dyn Model>) -> Agent {
+    agent_requiring(model, &[])
+}
+
+/// The command-line agent whose calls of the tools named in `approval`
+/// wait for a human's approval.
+pub(super) fn agent_requiring(model: Arc<dyn Model>, approval: &[String]) -> Agent {
+    tools::toolbox()
+        .into_iter()
+        .fold(Agent::new(model), |agent, tool| {
+            match approval.contains(&tool.spec().name) {
+                true => agent.with_tool_requiring_approval(tool),
+                false => agent.with_tool(tool),
+            }
+        })
+        .with_system_prompt(SYSTEM_PROMPT)
+}
+
+pub(super) fn session(
+    args: &SessionArgs,
+    store: Arc<dyn StoreAdmin>,
+    model: Arc<dyn Model>,
+    approval: &[String],
+) -> AgentSession {
+    agent_session(
+        args.conversation,
+        args.namespace.clone(),
+        store,
+        model,
+        approval,
+    )
+}
+
+/// The command-line agent's session on one conversation.
+pub(super) fn agent_session(
+    conversation: ConversationId,
+    namespace: Namespace,
+    store: Arc<dyn StoreAdmin>,
+    model: Arc<dyn Model>,
+    approval: &[String],
+) -> AgentSession {
+    AgentSession::new(
+        agent_requiring(model, approval),
+        store,
+        conversation,
+        namespace,
+        ContextPolicy::default(),
+    )
+}

@@ -1,0 +1,16 @@
+//! The agent options of `run`, `resume`, `recover` and `recover-expired`:
+//! the model and the tools whose calls wait for approval (both part of the
+//! agent fingerprint a continued request is checked against).
+
+use clap::Args;
+
+use super::approvals::ApprovalArgs;
+use super::model::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub approval: ApprovalArgs,
+}

@@ -1,0 +1,83 @@
+//! Opening a command's database (a SQLite file or a PostgreSQL database)
+//! and closing it so the file alone is complete when the process exits.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::access::Access;
+use super::db::DbLocation;
+use super::exit::CliError;
+use turnstile::{SqliteOptions, SqliteStore, StoreAdmin};
+
+/// Closes the store after a command, whatever the command's result, so the
+/// database file alone is complete when the process exits. A close kept
+/// from folding the log whole by another process reading (or by a
+/// read-only medium) is logged at debug: the next writer folds it, and
+/// nothing committed is lost either way. A close that found no room to
+/// fold it (a full disk) leaves the latest commits in the `-wal` file
+/// beside the database: after a command that succeeded that is
+/// [`CliError::Unfolded`], so the user learns that the file alone is not
+/// the whole database; after one that failed, its own error stands.
+pub(super) async fn closed<T>(
+    store: &dyn StoreAdmin,
+    result: Result<T, CliError>,
+) -> Result<T, CliError> {
+    match store.close().await {
+        Err(turnstile::Error::Store(e)) if e.is_busy() => {
+            tracing::debug!(error = %e, "the database was not closed cleanly");
+        }
+        Err(turnstile::Error::Store(e)) if e.is_full() && result.is_ok() => {
+            return Err(CliError::Unfolded {
+                source: turnstile::Error::Store(e),
+                database: None,
+            })
+        }
+        Err(error) => tracing::debug!(%error, "the database was not closed cleanly"),
+        Ok(()) => {}
+    }
+    result
+}
+
+/// Opens the database: a file (unless `create`, a missing file is not
+/// found, and is not created) or a PostgreSQL database (see
+/// [`super::postgres`]).
+pub(super) async fn open_store(
+    db: &DbLocation,
+    access: Access,
+) -> Result<Arc<dyn StoreAdmin>, CliError> {
+    match db {
+        DbLocation::File(path) => open_file(path, access).await,
+        DbLocation::Postgres(url) => Ok(Arc::new(super::postgres::open(url, access).await?)),
+    }
+}
+
+async fn open_file(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, CliError> {
+    match std::fs::metadata(db) {
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound && !matches!(access, Access::Create(_)) =>
+        {
+            return Err(CliError::MissingDatabase(db.display().to_string()));
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(CliError::io(format!("inspect {}", db.display()))(e));
+        }
+        // `--db /dev/null`, a directory or a FIFO: SQLite would make a
+        // journal beside it, or block on it.
+        Ok(metadata) if !metadata.is_file() => {
+            return Err(CliError::Usage(format!(
+                "{} is not a database file",
+                db.display()
+            )));
+        }
+        _ => {}
+    }
+    let limits = access.limits();
+    let defaults = SqliteOptions::default();
+    let options = SqliteOptions {
+        existing_only: access == Access::Read,
+        max_database_bytes: limits.max_db_bytes,
+        busy_timeout: limits.busy_timeout.unwrap_or(defaults.busy_timeout),
+        ..defaults
+    };
+    Ok(Arc::new(SqliteStore::open_with(db, options).await?))
+}
