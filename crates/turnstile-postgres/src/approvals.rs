@@ -8,7 +8,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::codec::{db, now_ms, text, to_i64, Row};
-use super::turns::{fenced, write_step, Step};
+use super::steps::fenced;
+use super::steps::turn_write::{write_step, Step};
 use turnstile_core::backend::decision_refusal;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};

@@ -4,10 +4,10 @@
 //! Each durable step is one statement that commits on its own (one round
 //! trip): a claim, each turn write, a tool result, a commit, an abandon, an
 //! approval decision; a recovery claim, the summary writes and a stop for
-//! approval are one short transaction. So
-//! no connection is held across a model or tool call. Every ownership
-//! change is one guarded `UPDATE admissions … WHERE revision = $n` whose
-//! row count decides it; every write of a run's owner starts with a fenced
+//! approval are one short transaction (the steps are in `steps/`, under
+//! the names of SQLite's). So no connection is held across a model or tool
+//! call. Every ownership change is one guarded `UPDATE admissions … WHERE
+//! revision = $n` whose row count decides it; every write of a run's owner starts with a fenced
 //! update of the same row, which also holds its lock until the step
 //! commits, so a takeover waits for a step in progress and the step after it
 //! is fenced. Transient failures are retried inside the store (`retry.rs`).
@@ -16,7 +16,6 @@
 mod admission;
 mod approvals;
 mod codec;
-mod commit;
 mod connect;
 mod deletion;
 mod fork;
@@ -27,8 +26,8 @@ mod reads;
 mod retry;
 #[cfg(test)]
 mod schema_sql;
+mod steps;
 mod summaries;
-mod turns;
 
 use std::time::Duration;
 
@@ -36,6 +35,7 @@ use async_trait::async_trait;
 use sqlx::PgPool;
 
 use retry::{autocommit, transaction};
+use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
@@ -129,7 +129,7 @@ impl Store for PostgresStore {
         namespace: &Namespace,
         id: ConversationId,
     ) -> Result<Conversation, Error> {
-        autocommit!(self, |conn, _retry| admission::ensure_conversation(
+        autocommit!(self, |conn, _retry| conversation_open::ensure_conversation(
             conn, namespace, id
         ))
     }
@@ -168,11 +168,11 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        autocommit!(self, |conn, retry| admission::claim(conn, claim, retry))
+        autocommit!(self, |conn, retry| claim::claim(conn, claim, retry))
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
-        transaction!(self, |conn, retry| admission::claim_recovery_in(
+        transaction!(self, |conn, retry| recovery_claim::claim_recovery_in(
             conn, claim, retry
         ))
     }
@@ -186,7 +186,7 @@ impl Store for PostgresStore {
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        autocommit!(self, |conn, _retry| turns::begin_turn(
+        autocommit!(self, |conn, _retry| turn_write::begin_turn(
             conn, fence, checkpoint
         ))
     }
@@ -197,7 +197,7 @@ impl Store for PostgresStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        autocommit!(self, |conn, retry| turns::record_model_response(
+        autocommit!(self, |conn, retry| turn_write::record_model_response(
             conn, fence, checkpoint, assistant, retry
         ))
     }
@@ -209,7 +209,7 @@ impl Store for PostgresStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
-        autocommit!(self, |conn, retry| turns::record_tool_result(
+        autocommit!(self, |conn, retry| tool_result::record_tool_result(
             conn, fence, turn, call_id, result, retry
         ))
     }
@@ -227,7 +227,7 @@ impl Store for PostgresStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        autocommit!(self, |conn, retry| turns::finish_turn(
+        autocommit!(self, |conn, retry| turn_write::finish_turn(
             conn, fence, checkpoint, first_seq, messages, next, retry
         ))
     }
@@ -253,7 +253,7 @@ impl Store for PostgresStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        autocommit!(self, |conn, _retry| turns::fail_run(
+        autocommit!(self, |conn, _retry| turn_write::fail_run(
             conn, fence, error, settled
         ))
     }
@@ -266,7 +266,7 @@ impl Store for PostgresStore {
     ) -> Result<Revision, Error> {
         // One token per call, the same across its attempts.
         let token = uuid::Uuid::new_v4();
-        autocommit!(self, |conn, retry| admission::abandon(
+        autocommit!(self, |conn, retry| abandon::abandon(
             conn,
             conversation_id,
             request_id,

@@ -8,8 +8,9 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::admission::{ensure_conversation, load_conversation};
+use super::admission::load_conversation;
 use super::codec::{db, now_ms, to_i64, Row};
+use super::steps::conversation_open::ensure_conversation;
 use turnstile_core::backend::{decode_metadata, metadata_json};
 use turnstile_core::ids::{ConversationId, Namespace};
 use turnstile_core::store::{ConversationMeta, MetaUpdate};

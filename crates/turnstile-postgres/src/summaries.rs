@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, text, to_i64, Row};
-use super::turns::{check_fence, fenced};
+use super::steps::{check_fence, fenced};
 use turnstile_core::backend::owns;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};

@@ -7,7 +7,7 @@ use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, hex, now_ms, to_i64, to_json, Row};
-use super::turns::fail_run;
+use super::steps::turn_write::fail_run;
 use turnstile_core::backend::decision_refusal;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};

@@ -6,7 +6,7 @@ use super::read_connections::ReadConnections;
 use sqlx::SqliteConnection;
 
 use super::codec::{db, to_i64, Row};
-use super::turns::fenced;
+use super::steps::fenced;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::store::{ExpiredLease, Fence};
 use turnstile_core::Error;

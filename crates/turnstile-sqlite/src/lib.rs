@@ -4,19 +4,19 @@
 //! `BEGIN IMMEDIATE` (so concurrent writers queue on the busy timeout instead
 //! of failing a read-to-write upgrade), or as one writing statement, which
 //! SQLite starts the same way; reads go to reader connections of their own
-//! (`read_connections.rs`; in memory, the writer's). Every
-//! write of the `Store` contract reaches that connection through the group
-//! writer (`writer.rs`), which commits the steps of concurrent sessions
-//! together, the steps of one kind as one statement (`batch.rs`); only the
+//! (`read_connections.rs`; in memory, the writer's). Every write of the
+//! `Store` contract reaches that connection through the group writer
+//! (`writer.rs`), which commits the steps of concurrent sessions together,
+//! the steps of one kind as one statement (`batch.rs`); only the
 //! maintenance operations (`prune`, delete, fork) take it directly
-//! (`write_connection.rs`).
+//! (`write_connection.rs`). Each durable step, its SQL and its Rust side,
+//! is in `steps/`.
 
 mod admission;
 mod approvals;
 mod batch;
 mod close;
 mod codec;
-mod commit;
 mod deletion;
 mod fork;
 mod leases;
@@ -27,10 +27,8 @@ mod read_connections;
 mod reads;
 #[cfg(test)]
 mod schema_sql;
-mod step_columns;
 mod steps;
 mod summaries;
-mod turns;
 mod write_connection;
 mod writer;
 
@@ -42,6 +40,7 @@ use async_trait::async_trait;
 
 use batch::{Applied, BatchKind};
 use codec::db;
+use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{Message, Usage};
@@ -135,7 +134,7 @@ impl SqliteStore {
 
     /// Writes a step of a run's owner: alone, or in one statement with the
     /// other turn steps of its group transaction.
-    async fn write_turn(&self, step: turns::TurnStep) -> Result<(), Error> {
+    async fn write_turn(&self, step: turn_write::TurnStep) -> Result<(), Error> {
         let step = Arc::new(step);
         let row = step.clone();
         self.group
@@ -175,9 +174,9 @@ impl Store for SqliteStore {
         let namespace = namespace.clone();
         self.group
             .write(Isolation::Statement, move |conn| {
-                Box::pin(
-                    async move { admission::ensure_conversation_in(conn, &namespace, id).await },
-                )
+                Box::pin(async move {
+                    conversation_open::ensure_conversation_in(conn, &namespace, id).await
+                })
             })
             .await
     }
@@ -208,7 +207,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        let step = Arc::new(admission::ClaimStep::new(claim.clone())?);
+        let step = Arc::new(claim::ClaimStep::new(claim.clone())?);
         let (row, applied) = (step.clone(), step.clone());
         self.group
             .write_batchable(
@@ -229,7 +228,7 @@ impl Store for SqliteStore {
         let claim = claim.clone();
         self.group
             .write(Isolation::Statement, move |conn| {
-                Box::pin(async move { admission::claim_recovery_in(conn, &claim).await })
+                Box::pin(async move { recovery_claim::claim_recovery_in(conn, &claim).await })
             })
             .await
     }
@@ -244,7 +243,8 @@ impl Store for SqliteStore {
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        self.write_turn(turns::begin_turn(fence, checkpoint)?).await
+        self.write_turn(turn_write::begin_turn(fence, checkpoint)?)
+            .await
     }
 
     async fn record_model_response(
@@ -253,7 +253,7 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        self.write_turn(turns::model_response(fence, checkpoint, assistant)?)
+        self.write_turn(turn_write::model_response(fence, checkpoint, assistant)?)
             .await
     }
 
@@ -264,7 +264,9 @@ impl Store for SqliteStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
-        let step = Arc::new(turns::ToolResultStep::new(fence, turn, call_id, result));
+        let step = Arc::new(tool_result::ToolResultStep::new(
+            fence, turn, call_id, result,
+        ));
         let row = step.clone();
         self.group
             .write_batchable(
@@ -294,7 +296,7 @@ impl Store for SqliteStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        self.write_turn(turns::finish_turn(
+        self.write_turn(turn_write::finish_turn(
             fence, checkpoint, first_seq, messages, next,
         )?)
         .await
@@ -333,7 +335,7 @@ impl Store for SqliteStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        self.write_turn(turns::fail_run(fence, error, settled)?)
+        self.write_turn(turn_write::fail_run(fence, error, settled)?)
             .await
     }
 
@@ -346,8 +348,7 @@ impl Store for SqliteStore {
         self.group
             .write(Isolation::Statement, move |conn| {
                 Box::pin(async move {
-                    admission::abandon_in(conn, conversation_id, request_id, expected_revision)
-                        .await
+                    abandon::abandon_in(conn, conversation_id, request_id, expected_revision).await
                 })
             })
             .await

@@ -9,7 +9,7 @@ use sqlx::SqliteConnection;
 
 use super::admission::load_admission;
 use super::codec::{db, now_ms, to_i64, FenceColumns, Row};
-use super::turns::fenced;
+use super::steps::fenced;
 use turnstile_core::backend::owns;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::store::{Fence, StoredSummary, SummaryCommit, SummaryPass};

@@ -1,5 +1,13 @@
 //! The durable steps, one SQL file each, installed into the database when
-//! it opens.
+//! it opens, and beside each its Rust side, under the same name: the
+//! step's parameters, its statement alone, its row of a batch statement
+//! and the typed errors its refusals become.
+//!
+//! `turnstile-postgres/src/steps/` holds the same steps under the same
+//! names (`conversation_open`, `claim`, `recovery_claim`, `turn_write`,
+//! `tool_result`, `commit`, `abandon`), each one Rust function of one
+//! statement, fence first: `claim.sql` and `claim.rs` here read side by
+//! side with `turnstile-postgres/src/steps/claim.rs`.
 //!
 //! A step is one statement: an `INSERT` into a view whose `INSTEAD OF`
 //! trigger is the step (fence, check, write), because sqlx hands every
@@ -7,8 +15,7 @@
 //! trip, not SQLite, is most of what a step costs. Each file holds the
 //! whole step: its view (the step's parameters), its trigger, and the batch
 //! view through which the writer sends many of the same step of one group
-//! transaction as one statement. The same steps on PostgreSQL are the
-//! functions of the same names in `turnstile-postgres`.
+//! transaction as one statement (`batch.rs`).
 //!
 //! The files are the only definition of the steps: migrations change
 //! tables, indexes and the invariant triggers, never a step. The database
@@ -23,16 +30,34 @@
 //! statement, and only it, and the transaction goes on. [`raised`] maps the
 //! message to its [`Raised`] refusal, here and nowhere else.
 
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
-use super::codec::{db, primary_code};
+use super::admission::load_admission;
+use super::codec::{db, hex, primary_code, to_i64, Row};
+use turnstile_core::backend::{cas_refusal, message_columns, Wanted};
+use turnstile_core::checkpoint::LoopCheckpoint;
+use turnstile_core::ids::{ConversationId, RequestId, Revision};
+use turnstile_core::message::Message;
+use turnstile_core::store::Fence;
 use turnstile_core::Error;
+
+pub(super) mod abandon;
+pub(super) mod claim;
+pub(super) mod commit;
+pub(super) mod conversation_open;
+pub(super) mod recovery_claim;
+pub(super) mod tool_result;
+pub(super) mod turn_write;
 
 /// The version of the step set below: the number of entries of
 /// `DIGESTS` in the tests. Any change to a step file appends the new
 /// files' digest there and bumps this (the test
 /// `each_step_set_version_has_its_own_digest` fails until both are done).
-pub(super) const STEP_SET_VERSION: i64 = 1;
+pub(super) const STEP_SET_VERSION: i64 = 2;
 
 /// Every step, by name: its SQL file's stem.
 const STEPS: [(&str, &str); 7] = [
@@ -79,6 +104,153 @@ pub(super) fn raised(error: &sqlx::Error) -> Option<Raised> {
         "turnstile: deleted" => Some(Raised::Deleted),
         _ => None,
     }
+}
+
+/// The refusal of a run owner's step whose admission moved on.
+pub(super) fn fenced(fence: &Fence) -> Error {
+    Error::Fenced {
+        run_id: fence.run_id,
+        revision: fence.revision,
+    }
+}
+
+/// Explains why a compare-and-swap on the admission matched no row.
+pub(super) async fn diagnose(
+    tx: &mut SqliteConnection,
+    wanted: Wanted,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    expected: Revision,
+) -> Error {
+    match load_admission(tx, conversation_id).await {
+        Ok(admission) => cas_refusal(admission, wanted, request_id, expected),
+        Err(e) => e,
+    }
+}
+
+/// A revision as the admission stored it.
+pub(super) fn admission_revision(
+    conversation_id: ConversationId,
+    revision: i64,
+) -> Result<Revision, Error> {
+    let key = Row {
+        table: "admissions",
+        key: &conversation_id,
+    };
+    Ok(Revision(key.u64("revision", revision)?))
+}
+
+/// A checkpoint as its `loop_checkpoints` columns (the run and the time
+/// are the step's own). Serialized under the column names, which the
+/// shared statements read back.
+#[derive(Clone, Copy, Serialize)]
+pub(super) struct CheckpointColumns {
+    pub(super) turn: i64,
+    pub(super) phase: &'static str,
+    pub(super) input_tokens: i64,
+    pub(super) output_tokens: i64,
+    pub(super) cache_read_tokens: i64,
+    pub(super) cache_write_tokens: i64,
+    pub(super) tool_calls_count: i64,
+    pub(super) reports_count: i64,
+    pub(super) message_count: i64,
+}
+
+impl CheckpointColumns {
+    pub(super) fn of(checkpoint: &LoopCheckpoint) -> Self {
+        let usage = checkpoint.usage;
+        let reports = u64::try_from(checkpoint.verification_reports.len()).unwrap_or(u64::MAX);
+        Self {
+            turn: i64::from(checkpoint.turn),
+            phase: checkpoint.phase.as_str(),
+            input_tokens: to_i64(usage.input_tokens),
+            output_tokens: to_i64(usage.output_tokens),
+            cache_read_tokens: to_i64(usage.cache_read_tokens),
+            cache_write_tokens: to_i64(usage.cache_write_tokens),
+            tool_calls_count: to_i64(checkpoint.tool_calls_count),
+            reports_count: to_i64(reports),
+            message_count: to_i64(checkpoint.message_count),
+        }
+    }
+}
+
+/// A message as its stored columns: role, text and `meta` (its other
+/// fields as a JSON object, `None` when it has none).
+pub(super) struct MessageColumns {
+    pub(super) role: String,
+    pub(super) content: String,
+    pub(super) meta: Option<String>,
+}
+
+impl MessageColumns {
+    pub(super) fn of(message: &Message) -> Result<Self, Error> {
+        let (role, content, meta) = message_columns(message)?;
+        Ok(Self {
+            role,
+            content,
+            meta,
+        })
+    }
+}
+
+/// A run owner's fence in a step's row: the ids as hex, and the revision.
+#[derive(Serialize)]
+pub(super) struct FenceKeys {
+    conversation: String,
+    request: String,
+    run: String,
+    revision: i64,
+}
+
+impl FenceKeys {
+    pub(super) fn of(fence: &Fence) -> Self {
+        Self {
+            conversation: hex(fence.conversation_id.as_uuid().as_bytes()),
+            request: hex(fence.request_id.as_uuid().as_bytes()),
+            run: hex(fence.run_id.as_uuid().as_bytes()),
+            revision: to_i64(fence.revision.0),
+        }
+    }
+}
+
+/// A list as the JSON array a step trigger expands, `None` (SQL NULL) when
+/// it is empty.
+pub(super) fn raw_list<T: Serialize>(items: &[T]) -> Result<Option<Box<RawValue>>, Error> {
+    match items {
+        [] => Ok(None),
+        items => raw_json(items).map(Some),
+    }
+}
+
+/// A value as JSON, kept as text to bind or to embed in a row.
+fn raw_json<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, Error> {
+    serde_json::value::to_raw_value(value)
+        .map_err(|e| Error::InvalidInput(format!("value cannot be serialized: {e}")))
+}
+
+/// The verification reports the checkpoints' own turns added, by their
+/// position in the request (the earlier ones are stored already: a
+/// checkpoint row only counts them). A position two checkpoints share is
+/// taken from the first, as the trigger keeps a stored report.
+pub(super) fn new_reports(checkpoints: &[&LoopCheckpoint]) -> Result<Option<Box<RawValue>>, Error> {
+    let mut rows = BTreeMap::new();
+    for checkpoint in checkpoints {
+        let reports = &checkpoint.verification_reports;
+        let Some(first_new) = reports.iter().position(|r| r.turn == checkpoint.turn) else {
+            continue;
+        };
+        for (seq, report) in reports.iter().enumerate().skip(first_new) {
+            rows.entry(seq).or_insert_with(|| {
+                serde_json::json!({
+                    "seq": seq,
+                    "turn": report.turn,
+                    "passed": report.passed,
+                    "detail": report.detail,
+                })
+            });
+        }
+    }
+    raw_list(&rows.into_values().collect::<Vec<_>>())
 }
 
 /// Before pending migrations run on a database that holds installed steps:
@@ -248,7 +420,10 @@ mod tests {
     /// text) of every step set version, oldest first: append-only, so two
     /// versions never stand for the same files and no file changes without
     /// a new version.
-    const DIGESTS: &[&str] = &["dd689d7b493124eaaf344c100aac5bdd48bf324f0f7244ad3d879a78f466690b"];
+    const DIGESTS: &[&str] = &[
+        "dd689d7b493124eaaf344c100aac5bdd48bf324f0f7244ad3d879a78f466690b",
+        "d760047e669569eadfb5c84874d36b087fb53b004464160bbaec626db9b7fa99",
+    ];
 
     #[test]
     fn each_step_set_version_has_its_own_digest() {

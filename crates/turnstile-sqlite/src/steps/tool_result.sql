@@ -1,5 +1,5 @@
 -- A tool call's result, in a group transaction with others. A lone result
--- is one fenced `UPDATE` (`turns.rs`), with no view; here each row's
+-- is one fenced `UPDATE` (`tool_result.rs`), with no view; here each row's
 -- trigger makes that update itself, after skipping (`RAISE(IGNORE)`) a row
 -- whose owner was replaced or whose call awaits no result: the writer then
 -- runs that result alone to name the refusal.

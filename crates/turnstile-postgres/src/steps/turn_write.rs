@@ -1,20 +1,25 @@
-//! The writes of a run's owner during its turns, each one statement that
-//! commits on its own: one round trip per step. The statement starts with
-//! its fence, an update of the admission row that matches only while the
-//! admission still names the owner's run and revision (and holds the row's
-//! lock until the statement commits); every other part of the statement
-//! writes only rows joined to that fence. If the admission moved on,
-//! nothing is written and the owner gets [`Error::Fenced`]. The fence also
-//! records the step as the admission's latest activity, and a checkpoint's
-//! usage as the request's latest usage (what SQLite's triggers do).
+//! The writes of a run's owner during its turns: a turn's write-ahead
+//! checkpoint (`begin_turn`), the model's answer (`record_model_response`),
+//! a turn's end (`finish_turn`) and a run's failure (`fail_run`). Each is
+//! one statement (`write_step`) that commits on its own: one round trip per
+//! step. The statement starts with its fence, an update of the admission
+//! row that matches only while the admission still names the owner's run
+//! and revision (and holds the row's lock until the statement commits);
+//! every other part of the statement writes only rows joined to that
+//! fence. The fence also records the step as the admission's latest
+//! activity, and a checkpoint's usage as the request's latest usage (what
+//! SQLite's trigger does). A retry whose first attempt committed finds its
+//! messages stored, and is done.
+//!
+//! Refusal: a replaced owner is [`Error::Fenced`]; nothing is written.
 
 use sqlx::PgConnection;
 
-use super::codec::{db, now_ms, to_i64};
-use turnstile_core::backend::message_columns;
+use super::{check_fence, fenced, CheckpointColumns, MessageColumns, ReportColumns};
+use crate::codec::{db, now_ms, to_i64};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
-use turnstile_core::store::{Fence, ToolResult};
+use turnstile_core::store::Fence;
 use turnstile_core::Error;
 
 /// What one step writes besides its fence.
@@ -89,34 +94,6 @@ pub(crate) async fn record_model_response(
     landed_meanwhile(conn, fence, checkpoint.message_count, retry, written).await
 }
 
-/// A retry whose first attempt was still running on the server, and
-/// committed while the retry waited for the admission's lock, finds the
-/// step's messages taken (a unique violation): the step is done.
-async fn landed_meanwhile(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    seq: u64,
-    retry: bool,
-    written: Result<(), Error>,
-) -> Result<(), Error> {
-    match written {
-        Err(Error::Store(e))
-            if retry
-                && is_unique_violation_error(&e)
-                && message_stored(conn, fence, seq).await? =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
-
-fn is_unique_violation_error(error: &turnstile_core::StoreError) -> bool {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<sqlx::Error>())
-        .is_some_and(super::codec::is_unique_violation)
-}
-
 /// A turn's end: its checkpoint and the next turn's write-ahead, the turn's
 /// `messages` at `first_seq..`, and the journal compacted.
 pub(crate) async fn finish_turn(
@@ -181,107 +158,6 @@ pub(crate) async fn fail_run(
     .await
 }
 
-/// One tool call's result: one statement, fenced (the admission row is
-/// locked first; its activity time moves only when the result lands, so a
-/// refused result writes nothing).
-pub(crate) async fn record_tool_result(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    turn: u32,
-    call_id: &str,
-    result: &ToolResult,
-    retry: bool,
-) -> Result<(), Error> {
-    let status = if result.is_error {
-        "failed"
-    } else {
-        "completed"
-    };
-    let row = sqlx::query!(
-        r#"WITH fence AS (
-               SELECT conversation_id FROM admissions
-               WHERE conversation_id = $1 AND revision = $2 AND run_id = $3
-                 AND active_request_id = $4
-               FOR UPDATE
-           ), journaled AS (
-               UPDATE tool_calls t SET status = $6, result = $7, completed_at = $5
-               FROM fence f
-               WHERE t.conversation_id = f.conversation_id AND t.request_id = $4 AND t.turn = $8
-                 AND t.call_id = $9 AND t.status = 'requested'
-               RETURNING 1
-           ), touched AS (
-               UPDATE admissions SET updated_at = $5
-               WHERE conversation_id = $1 AND EXISTS (SELECT 1 FROM journaled)
-           )
-           SELECT (SELECT COUNT(*) FROM fence) AS "fenced!",
-                  (SELECT COUNT(*) FROM journaled) AS "journaled!""#,
-        fence.conversation_id.as_uuid(),
-        to_i64(fence.revision.0),
-        fence.run_id.as_uuid(),
-        fence.request_id.as_uuid(),
-        now_ms(),
-        status,
-        result.content.as_bytes(),
-        i64::from(turn),
-        call_id.as_bytes()
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db("journal tool result"))?;
-    if row.fenced == 0 {
-        return Err(fenced(fence));
-    }
-    if row.journaled == 1 {
-        return Ok(());
-    }
-    if retry && result_stored(conn, fence, turn, call_id, status, result).await? {
-        return Ok(());
-    }
-    Err(Error::InvalidInput(format!(
-        "no requested tool call {call_id:?} in turn {turn} of request {}",
-        fence.request_id
-    )))
-}
-
-/// Whether exactly this result is journaled for the call (a retry whose
-/// first attempt committed).
-async fn result_stored(
-    conn: &mut PgConnection,
-    fence: &Fence,
-    turn: u32,
-    call_id: &str,
-    status: &str,
-    result: &ToolResult,
-) -> Result<bool, Error> {
-    sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM tool_calls
-               WHERE conversation_id = $1 AND request_id = $2 AND turn = $3 AND call_id = $4
-                 AND status = $5 AND result = $6) AS "stored!""#,
-        fence.conversation_id.as_uuid(),
-        fence.request_id.as_uuid(),
-        i64::from(turn),
-        call_id.as_bytes(),
-        status,
-        result.content.as_bytes()
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db("read tool result"))
-}
-
-/// The fence on its own: touches the admission only while it still names
-/// the owner's run and revision.
-pub(crate) async fn check_fence(conn: &mut PgConnection, fence: &Fence) -> Result<(), Error> {
-    write_step(conn, fence, &Step::default()).await
-}
-
-pub(crate) fn fenced(fence: &Fence) -> Error {
-    Error::Fenced {
-        run_id: fence.run_id,
-        revision: fence.revision,
-    }
-}
-
 /// Whether the request has a pending message at `seq`.
 async fn message_stored(conn: &mut PgConnection, fence: &Fence, seq: u64) -> Result<bool, Error> {
     sqlx::query_scalar!(
@@ -296,96 +172,32 @@ async fn message_stored(conn: &mut PgConnection, fence: &Fence, seq: u64) -> Res
     .map_err(db("read run messages"))
 }
 
-/// Checkpoint rows as the column arrays the statements expand with
-/// `UNNEST`.
-pub(crate) struct CheckpointColumns {
-    pub turns: Vec<i64>,
-    pub phases: Vec<&'static str>,
-    pub inputs: Vec<i64>,
-    pub outputs: Vec<i64>,
-    pub cache_reads: Vec<i64>,
-    pub cache_writes: Vec<i64>,
-    pub tool_calls: Vec<i64>,
-    pub reports: Vec<i64>,
-    pub message_counts: Vec<i64>,
-}
-
-impl CheckpointColumns {
-    pub fn of(checkpoints: &[&LoopCheckpoint]) -> Self {
-        let column = |f: fn(&LoopCheckpoint) -> u64| -> Vec<i64> {
-            checkpoints.iter().map(|c| to_i64(f(c))).collect()
-        };
-        Self {
-            turns: column(|c| u64::from(c.turn)),
-            phases: checkpoints.iter().map(|c| c.phase.as_str()).collect(),
-            inputs: column(|c| c.usage.input_tokens),
-            outputs: column(|c| c.usage.output_tokens),
-            cache_reads: column(|c| c.usage.cache_read_tokens),
-            cache_writes: column(|c| c.usage.cache_write_tokens),
-            tool_calls: column(|c| c.tool_calls_count),
-            reports: column(|c| c.verification_reports.len() as u64),
-            message_counts: column(|c| c.message_count),
+/// A retry whose first attempt was still running on the server, and
+/// committed while the retry waited for the admission's lock, finds the
+/// step's messages taken (a unique violation): the step is done.
+async fn landed_meanwhile(
+    conn: &mut PgConnection,
+    fence: &Fence,
+    seq: u64,
+    retry: bool,
+    written: Result<(), Error>,
+) -> Result<(), Error> {
+    match written {
+        Err(Error::Store(e))
+            if retry
+                && is_unique_violation_error(&e)
+                && message_stored(conn, fence, seq).await? =>
+        {
+            Ok(())
         }
+        other => other,
     }
 }
 
-/// The verification reports new in the checkpoints' own turns (the earlier
-/// ones are stored already: a row only counts them), as column arrays.
-#[derive(Default)]
-pub(crate) struct ReportColumns<'a> {
-    pub seqs: Vec<i64>,
-    pub turns: Vec<i64>,
-    pub passed: Vec<bool>,
-    pub details: Vec<&'a [u8]>,
-}
-
-impl<'a> ReportColumns<'a> {
-    pub fn of(checkpoints: &[&'a LoopCheckpoint]) -> Self {
-        let mut columns = Self::default();
-        for checkpoint in checkpoints {
-            let all = &checkpoint.verification_reports;
-            let Some(first_new) = all.iter().position(|r| r.turn == checkpoint.turn) else {
-                continue;
-            };
-            for (seq, report) in all.iter().enumerate().skip(first_new) {
-                columns.seqs.push(seq as i64);
-                columns.turns.push(i64::from(report.turn));
-                columns.passed.push(report.passed);
-                columns.details.push(report.detail.as_bytes());
-            }
-        }
-        columns
-    }
-}
-
-/// Messages as the column arrays the statements expand with `UNNEST`.
-pub(crate) struct MessageColumns {
-    pub roles: Vec<String>,
-    pub contents: Vec<String>,
-    /// `meta` is NULL for most messages; an array of text cannot say so
-    /// through the checked macros, so the empty string stands for it.
-    pub metas: Vec<String>,
-}
-
-impl MessageColumns {
-    pub fn of(messages: &[Message]) -> Result<Self, Error> {
-        let mut columns = Self {
-            roles: Vec::with_capacity(messages.len()),
-            contents: Vec::with_capacity(messages.len()),
-            metas: Vec::with_capacity(messages.len()),
-        };
-        for message in messages {
-            let (role, content, meta) = message_columns(message)?;
-            columns.roles.push(role);
-            columns.contents.push(content);
-            columns.metas.push(meta.unwrap_or_default());
-        }
-        Ok(columns)
-    }
-
-    pub fn contents(&self) -> Vec<&[u8]> {
-        self.contents.iter().map(|c| c.as_bytes()).collect()
-    }
+fn is_unique_violation_error(error: &turnstile_core::StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(crate::codec::is_unique_violation)
 }
 
 /// One step of a run's owner as one statement: the fence, then everything

@@ -1,12 +1,16 @@
-//! The commit: one statement that appends the request's messages to the
-//! transcript, bumps the conversation version, stores the outcome for replay,
-//! releases the admission and completes the run. There is no moment where
-//! the answer is committed but the conversation is still held.
+//! The commit of a request by its run's owner: one statement whose fence is
+//! the admission's release itself, and which appends the request's
+//! messages to the transcript, bumps the conversation version, stores the
+//! outcome for replay and completes the run. There is no moment where the
+//! answer is committed but the conversation is still held. A retry whose
+//! first attempt committed finds the outcome stored, and returns it.
+//!
+//! Refusal: a replaced owner is [`Error::Fenced`].
 
 use sqlx::PgConnection;
 
-use super::codec::{db, now_ms, to_i64, Row};
-use super::turns::{fenced, ReportColumns};
+use super::{fenced, ReportColumns};
+use crate::codec::{db, now_ms, to_i64, Row};
 use turnstile_core::backend::message_columns;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
@@ -158,7 +162,7 @@ async fn committed_by(
     conn: &mut PgConnection,
     fence: &Fence,
 ) -> Result<Option<StoredOutcome>, Error> {
-    let record = super::reads::load_request(conn, fence.request_id).await?;
+    let record = crate::reads::load_request(conn, fence.request_id).await?;
     Ok(record
         .filter(|r| r.status == RequestStatus::Completed)
         .and_then(|r| r.outcome)

@@ -1,25 +1,27 @@
-//! The commit: one statement (an `INSERT` into the `commits` view of
-//! migration 0013) whose trigger, fenced, appends the request's messages to
-//! the transcript, bumps the conversation version, stores the outcome for
-//! replay, releases the admission and completes the run. There is no moment
-//! where the answer is committed but the conversation is still held.
+//! The commit of a request by its run's owner (`commit.sql`): one `INSERT`
+//! into the `commits` view, alone or as a row of `commit_batches`, whose
+//! trigger fences on the owner's run and revision and writes, in one
+//! statement, the request's messages appended to the transcript, the
+//! conversation version bumped, the outcome stored for replay, the
+//! admission released and the run completed. There is no moment where the
+//! answer is committed but the conversation is still held.
+//!
+//! Refusal: a replaced owner (`fenced`) is [`Error::Fenced`].
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::SqliteConnection;
 
-use super::batch::FenceKeys;
-use super::codec::{db, now_ms, only_row, to_i64, to_json, FenceColumns, Row};
-use super::step_columns::{CheckpointColumns, MessageColumns};
-use super::steps::{raised, Raised};
-use super::turns::{fenced, new_reports};
+use super::{fenced, new_reports, raised, CheckpointColumns, FenceKeys, MessageColumns, Raised};
+use crate::batch::Applied;
+use crate::codec::{db, now_ms, only_row, to_i64, to_json, FenceColumns, Row};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, StoredOutcome};
 use turnstile_core::Error;
 
 /// A commit, its values ready for its statement.
-pub(super) struct CommitStep {
+pub(crate) struct CommitStep {
     fence: Fence,
     checkpoint: LoopCheckpoint,
     reports: Option<Box<RawValue>>,
@@ -45,7 +47,7 @@ struct CommitRow<'a> {
 }
 
 impl CommitStep {
-    pub(super) fn new(
+    pub(crate) fn new(
         fence: &Fence,
         checkpoint: &LoopCheckpoint,
         final_message: &Message,
@@ -68,7 +70,7 @@ impl CommitStep {
     }
 
     /// Commits as a statement of its own, fenced.
-    pub(super) async fn write(&self, tx: &mut SqliteConnection) -> Result<StoredOutcome, Error> {
+    pub(crate) async fn write(&self, tx: &mut SqliteConnection) -> Result<StoredOutcome, Error> {
         // When the writer sends the step, not when it was queued.
         let now = now_ms();
         let fence = &self.fence;
@@ -119,7 +121,7 @@ impl CommitStep {
     }
 
     /// The step as its row of a shared statement.
-    pub(super) fn row(&self) -> Result<String, Error> {
+    pub(crate) fn row(&self) -> Result<String, Error> {
         to_json(&CommitRow {
             fence: FenceKeys::of(&self.fence),
             now: now_ms(),
@@ -133,7 +135,7 @@ impl CommitStep {
     }
 
     /// The outcome, from what the commit's statement returned.
-    pub(super) fn outcome(
+    pub(crate) fn outcome(
         &self,
         version: i64,
         first_seq: i64,
@@ -155,4 +157,52 @@ impl CommitStep {
             end_seq: key.u64("end_seq", end_seq)?,
         })
     }
+}
+
+/// Many commits of one group transaction as one statement: a row each of
+/// `commit_batches` (`batch.rs`), returning what each applied row placed.
+pub(crate) async fn batch(
+    conn: &mut SqliteConnection,
+    rows: &str,
+) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
+    // The RETURNING subqueries read the request row as its trigger left it.
+    let returned = sqlx::query!(
+        r#"WITH steps AS MATERIALIZED (SELECT key, jsonb(value) AS fields FROM json_each(?1))
+           INSERT INTO commit_batches (step, conversation_id, request_id, run_id, revision, now,
+               turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+               tool_calls_count, reports_count, message_count, reports, answer_role,
+               answer_content, answer_meta, final_seq)
+           SELECT key, unhex(fields ->> '$.conversation'), unhex(fields ->> '$.request'),
+               unhex(fields ->> '$.run'), fields ->> '$.revision', fields ->> '$.now',
+               fields ->> '$.turn', fields ->> '$.phase', fields ->> '$.input_tokens',
+               fields ->> '$.output_tokens', fields ->> '$.cache_read_tokens',
+               fields ->> '$.cache_write_tokens', fields ->> '$.tool_calls_count',
+               fields ->> '$.reports_count', fields ->> '$.message_count', fields -> '$.reports',
+               fields ->> '$.answer_role', fields ->> '$.answer_content',
+               fields ->> '$.answer_meta', fields ->> '$.final_seq'
+           FROM steps
+           RETURNING CAST(step AS INTEGER) AS "step!: i64",
+               (SELECT conversation_version FROM requests
+                WHERE request_id = commit_batches.request_id) AS "version!: i64",
+               (SELECT first_seq FROM requests
+                WHERE request_id = commit_batches.request_id) AS "first_seq!: i64",
+               (SELECT end_seq FROM requests
+                WHERE request_id = commit_batches.request_id) AS "end_seq!: i64""#,
+        rows
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(returned
+        .into_iter()
+        .map(|r| {
+            (
+                r.step,
+                Applied::Commit {
+                    version: r.version,
+                    first_seq: r.first_seq,
+                    end_seq: r.end_seq,
+                },
+            )
+        })
+        .collect())
 }

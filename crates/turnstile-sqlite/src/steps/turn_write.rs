@@ -1,25 +1,23 @@
-//! The writes of a run's owner during its turns. Each is one step of the
-//! group writer and one statement: an `INSERT` into the `turn_writes` view
-//! (migration 0005), whose trigger checks the fence (the admission still
-//! names the owner's run and revision) and then writes the step's rows. If
-//! the admission moved on, the trigger raises, SQLite undoes the statement,
-//! nothing is written and the owner gets [`Error::Fenced`]. A turn with one
-//! tool call is three steps of one statement each.
-
-use std::collections::BTreeMap;
-
-use sqlx::SqliteConnection;
+//! The writes of a run's owner during its turns (`turn_write.sql`): a
+//! turn's write-ahead checkpoint, the model's answer, a turn's end and a
+//! run's failure. Each is one `INSERT` into the `turn_writes` view, alone
+//! or as a row of `turn_write_batches`, whose trigger fences on the owner's
+//! run and revision and then writes the step's rows. A turn with one tool
+//! call is three of these steps and one tool result (`tool_result.rs`).
+//!
+//! Refusal: a replaced owner (`fenced`) is [`Error::Fenced`]; SQLite undoes
+//! the statement and nothing is written.
 
 use serde::Serialize;
 use serde_json::value::RawValue;
+use sqlx::SqliteConnection;
 
-use super::batch::FenceKeys;
-use super::codec::{db, now_ms, to_i64, to_json, FenceColumns};
-use super::step_columns::CheckpointColumns;
-use super::steps::{raised, Raised};
+use super::{fenced, new_reports, raised, raw_list, CheckpointColumns, FenceKeys, Raised};
+use crate::batch::Applied;
+use crate::codec::{db, now_ms, to_i64, to_json, FenceColumns};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
-use turnstile_core::store::{Fence, ToolResult};
+use turnstile_core::store::Fence;
 use turnstile_core::Error;
 
 /// The parts of one `turn_writes` row; each may be empty.
@@ -43,7 +41,7 @@ struct TurnWrite<'a> {
 
 /// One step of a run's owner, its values ready for its statement: built on
 /// the caller's task, so the writer only sends it.
-pub(super) struct TurnStep {
+pub(crate) struct TurnStep {
     fence: Fence,
     checkpoints: Option<Box<RawValue>>,
     reports: Option<Box<RawValue>>,
@@ -92,7 +90,7 @@ impl TurnStep {
     }
 
     /// Writes the step as a statement of its own, fenced.
-    pub(super) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+    pub(crate) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
         // When the writer sends the step, not when it was queued.
         let now = now_ms();
         let fence = &self.fence;
@@ -129,7 +127,7 @@ impl TurnStep {
     }
 
     /// The step as its row of a shared statement.
-    pub(super) fn row(&self) -> Result<String, Error> {
+    pub(crate) fn row(&self) -> Result<String, Error> {
         to_json(&TurnRow {
             fence: FenceKeys::of(&self.fence),
             now: now_ms(),
@@ -146,7 +144,7 @@ impl TurnStep {
 }
 
 /// A turn's write-ahead checkpoint.
-pub(super) fn begin_turn(fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<TurnStep, Error> {
+pub(crate) fn begin_turn(fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<TurnStep, Error> {
     let write = TurnWrite {
         checkpoints: &[checkpoint],
         turn: checkpoint.turn,
@@ -157,7 +155,7 @@ pub(super) fn begin_turn(fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<T
 
 /// The model's answer, its checkpoint and its tool calls journaled as
 /// requested.
-pub(super) fn model_response(
+pub(crate) fn model_response(
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
     assistant: &Message,
@@ -173,100 +171,10 @@ pub(super) fn model_response(
     TurnStep::new(fence, write)
 }
 
-/// One tool call's result, its values ready for its statement.
-pub(super) struct ToolResultStep {
-    fence: Fence,
-    turn: i64,
-    call_id: String,
-    status: &'static str,
-    result: String,
-}
-
-/// A [`ToolResultStep`] as its row of a shared statement (`batch.rs`).
-#[derive(Serialize)]
-struct ToolResultRow<'a> {
-    #[serde(flatten)]
-    fence: FenceKeys,
-    turn: i64,
-    call_id: &'a str,
-    status: &'a str,
-    result: &'a str,
-    now: i64,
-}
-
-impl ToolResultStep {
-    pub(super) fn new(fence: &Fence, turn: u32, call_id: &str, result: &ToolResult) -> Self {
-        Self {
-            fence: *fence,
-            turn: i64::from(turn),
-            call_id: call_id.to_owned(),
-            status: if result.is_error {
-                "failed"
-            } else {
-                "completed"
-            },
-            result: result.content.clone(),
-        }
-    }
-
-    /// Journals the result as a statement of its own, fenced in the same
-    /// statement: it lands only while the admission still names this run.
-    pub(super) async fn write(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
-        // When the writer sends the step, not when it was queued.
-        let now = now_ms();
-        let fence = &self.fence;
-        let f = FenceColumns::of(fence);
-        let journaled = sqlx::query!(
-            "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
-             WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
-                 AND status = 'requested'
-                 AND EXISTS (SELECT 1 FROM admissions
-                     WHERE conversation_id = ?7 AND revision = ?8 AND run_id = ?9
-                         AND active_request_id = ?4)",
-            self.status,
-            self.result,
-            now,
-            f.request,
-            self.turn,
-            self.call_id,
-            f.conversation,
-            f.revision,
-            f.run
-        )
-        .execute(&mut *conn)
-        .await
-        .map_err(db("journal tool result"))?;
-        if journaled.rows_affected() == 1 {
-            return Ok(());
-        }
-        // Nothing written: either the owner was replaced, or there is no
-        // such call waiting for its result.
-        if !fence_holds(conn, fence).await? {
-            return Err(fenced(fence));
-        }
-        Err(Error::InvalidInput(format!(
-            "no requested tool call {:?} in turn {} of request {}",
-            self.call_id, self.turn, fence.request_id
-        )))
-    }
-
-    /// The step as its row of a shared statement.
-    pub(super) fn row(&self) -> Result<String, Error> {
-        to_json(&ToolResultRow {
-            fence: FenceKeys::of(&self.fence),
-            turn: self.turn,
-            call_id: &self.call_id,
-            status: self.status,
-            result: &self.result,
-            now: now_ms(),
-        })
-    }
-}
-
 /// A turn's end: its checkpoint, the next turn's write-ahead if any, and
 /// the turn's `messages` at `first_seq..`; the turn's calls and results are
 /// messages now, so the journal keeps only its record of what ran.
-pub(super) fn finish_turn(
+pub(crate) fn finish_turn(
     fence: &Fence,
     checkpoint: &LoopCheckpoint,
     first_seq: u64,
@@ -295,7 +203,7 @@ pub(super) fn finish_turn(
 /// A run's failure. A settled checkpoint may count usage the last write did
 /// not (an answer refused as malformed): it is saved, and the admission
 /// reports its usage.
-pub(super) fn fail_run(
+pub(crate) fn fail_run(
     fence: &Fence,
     error: &str,
     settled: Option<&LoopCheckpoint>,
@@ -309,56 +217,14 @@ pub(super) fn fail_run(
     TurnStep::new(fence, write)
 }
 
-/// Whether the admission still names the owner's request, run and
-/// revision. Reads only: for explaining a write that matched nothing.
-pub(super) async fn fence_holds(conn: &mut SqliteConnection, fence: &Fence) -> Result<bool, Error> {
-    let f = FenceColumns::of(fence);
-    sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM admissions
-               WHERE conversation_id = ?1 AND revision = ?2 AND run_id = ?3
-                   AND active_request_id = ?4) AS "holds!: bool""#,
-        f.conversation,
-        f.revision,
-        f.run,
-        f.request
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db("check fence"))
-}
-
-pub(super) fn fenced(fence: &Fence) -> Error {
-    Error::Fenced {
-        run_id: fence.run_id,
-        revision: fence.revision,
-    }
-}
-
-/// A list as the JSON array a step trigger expands, `None` (SQL NULL) when
-/// it is empty.
-pub(super) fn raw_list<T: Serialize>(items: &[T]) -> Result<Option<Box<RawValue>>, Error> {
-    match items {
-        [] => Ok(None),
-        items => raw_json(items).map(Some),
-    }
-}
-
-/// A value as JSON, kept as text to bind or to embed in a row.
-pub(super) fn raw_json<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, Error> {
-    serde_json::value::to_raw_value(value)
-        .map_err(|e| Error::InvalidInput(format!("value cannot be serialized: {e}")))
-}
-
 /// Checkpoints as the JSON rows the step triggers save.
-pub(super) fn checkpoint_rows(
-    checkpoints: &[&LoopCheckpoint],
-) -> Result<Option<Box<RawValue>>, Error> {
+fn checkpoint_rows(checkpoints: &[&LoopCheckpoint]) -> Result<Option<Box<RawValue>>, Error> {
     let rows: Vec<serde_json::Value> = checkpoints.iter().map(|c| checkpoint_row(c)).collect();
     raw_list(&rows)
 }
 
 /// One checkpoint as the JSON object the turn-write trigger expands (its
-/// keys are migration 0005's).
+/// keys are `turn_write.sql`'s).
 fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
     let c = CheckpointColumns::of(checkpoint);
     serde_json::json!({
@@ -374,27 +240,29 @@ fn checkpoint_row(checkpoint: &LoopCheckpoint) -> serde_json::Value {
     })
 }
 
-/// The verification reports the checkpoints' own turns added, by their
-/// position in the request (the earlier ones are stored already: a
-/// checkpoint row only counts them). A position two checkpoints share is
-/// taken from the first, as the trigger keeps a stored report.
-pub(super) fn new_reports(checkpoints: &[&LoopCheckpoint]) -> Result<Option<Box<RawValue>>, Error> {
-    let mut rows = BTreeMap::new();
-    for checkpoint in checkpoints {
-        let reports = &checkpoint.verification_reports;
-        let Some(first_new) = reports.iter().position(|r| r.turn == checkpoint.turn) else {
-            continue;
-        };
-        for (seq, report) in reports.iter().enumerate().skip(first_new) {
-            rows.entry(seq).or_insert_with(|| {
-                serde_json::json!({
-                    "seq": seq,
-                    "turn": report.turn,
-                    "passed": report.passed,
-                    "detail": report.detail,
-                })
-            });
-        }
-    }
-    raw_list(&rows.into_values().collect::<Vec<_>>())
+/// Many turn writes of one group transaction as one statement: a row each
+/// of `turn_write_batches` (`batch.rs`).
+pub(crate) async fn batch(
+    conn: &mut SqliteConnection,
+    rows: &str,
+) -> Result<Vec<(i64, Applied)>, sqlx::Error> {
+    let returned = sqlx::query_scalar!(
+        r#"WITH steps AS MATERIALIZED (SELECT key, jsonb(value) AS fields FROM json_each(?1))
+           INSERT INTO turn_write_batches (step, conversation_id, request_id, run_id, revision,
+               now, checkpoints, reports, turn, first_seq, messages, calls, compact, failure)
+           SELECT key, unhex(fields ->> '$.conversation'), unhex(fields ->> '$.request'),
+               unhex(fields ->> '$.run'), fields ->> '$.revision', fields ->> '$.now',
+               fields -> '$.checkpoints', fields -> '$.reports', fields ->> '$.turn',
+               fields ->> '$.first_seq', fields -> '$.messages', fields -> '$.calls',
+               fields ->> '$.compact', fields ->> '$.failure'
+           FROM steps
+           RETURNING CAST(step AS INTEGER) AS "step!: i64""#,
+        rows
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(returned
+        .into_iter()
+        .map(|step| (step, Applied::TurnWrite))
+        .collect())
 }

@@ -1,0 +1,91 @@
+//! The abandon of an active admission by its request: one statement that
+//! fences on the expected active revision (the compare-and-swap) and
+//! writes the release: the admission idle, its run and its request
+//! abandoned, by a token of the call so that a retry whose first attempt
+//! committed knows it.
+//!
+//! Refusal: a moved admission is explained by reading it (`diagnose`).
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{diagnose, fence_at};
+use crate::codec::{db, now_ms, to_i64};
+use turnstile_core::backend::Wanted;
+use turnstile_core::ids::{ConversationId, RequestId, Revision};
+use turnstile_core::Error;
+
+/// The abandon: one statement that releases the admission and marks its
+/// run and request abandoned, by `token` (one per call, the same for all
+/// its attempts).
+pub(crate) async fn abandon(
+    conn: &mut PgConnection,
+    conversation_id: ConversationId,
+    request_id: RequestId,
+    expected_revision: Revision,
+    token: Uuid,
+    retry: bool,
+) -> Result<Revision, Error> {
+    let conversation = conversation_id.as_uuid();
+    let request = request_id.as_uuid();
+    let released = sqlx::query_scalar!(
+        r#"WITH held AS (
+               SELECT run_id FROM admissions
+               WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
+           ), released AS (
+               UPDATE admissions
+               SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL,
+                   agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
+                   cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
+                   summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1
+               WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
+               RETURNING revision
+           ), run AS (
+               UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, $1)
+               WHERE conversation_id = $2 AND run_id = (SELECT run_id FROM held)
+                 AND status IN ('running', 'failed') AND EXISTS (SELECT 1 FROM released)
+           ), request AS (
+               UPDATE requests SET status = 'abandoned', completed_at = $1, abandoned_by = $5
+               WHERE conversation_id = $2 AND request_id = $4 AND EXISTS (SELECT 1 FROM released)
+           )
+           SELECT revision AS "revision!" FROM released"#,
+        now_ms(),
+        conversation,
+        to_i64(expected_revision.0),
+        request,
+        token
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("abandon"))?;
+    if let Some(revision) = released {
+        return fence_at(conversation_id, revision);
+    }
+    if retry {
+        // This call's first attempt released it (from `expected_revision`),
+        // and its acknowledgement was lost.
+        let mine = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM requests
+                   WHERE conversation_id = $1 AND request_id = $2 AND abandoned_by = $3)
+               AS "mine!""#,
+            conversation,
+            request,
+            token
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("read abandon"))?;
+        if mine {
+            return Ok(Revision(expected_revision.0 + 1));
+        }
+    }
+    Err(diagnose(
+        conn,
+        Wanted::Active,
+        conversation_id,
+        request_id,
+        expected_revision,
+    )
+    .await)
+}

@@ -1,0 +1,183 @@
+//! The claim of an idle admission by a new request: one statement that
+//! checks the request id is not taken anywhere in the store, fences on the
+//! expected idle revision (the compare-and-swap) and writes the request,
+//! its id in `request_ids`, its first run, its input and the first turn's
+//! write-ahead when it starts now.
+//!
+//! Refusals, explained by reads after the statement wrote nothing: a taken
+//! request id is that request ([`ClaimOutcome::Existing`]; a retry whose
+//! first attempt committed is admitted as that attempt was); a request id
+//! of a deleted conversation is [`Error::Deleted`]; a moved admission is
+//! explained by reading it (`diagnose`).
+
+use sqlx::PgConnection;
+
+use super::{diagnose, fence_at, CheckpointColumns, ReportColumns};
+use crate::admission::load_admission;
+use crate::codec::{db, now_ms, to_i64};
+use turnstile_core::backend::{message_columns, Wanted};
+use turnstile_core::checkpoint::LoopCheckpoint;
+use turnstile_core::store::{ClaimOutcome, Fence, NewRequest, RequestRecord, RequestStatus};
+use turnstile_core::Error;
+
+/// The claim as one statement: the admission's compare-and-swap, only
+/// while the request id is not taken anywhere in the store, records the
+/// request, its id in `request_ids`, its first run, its input and the first
+/// turn's write-ahead when it starts now. A request id already taken is that
+/// request, whatever its conversation.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    retry: bool,
+) -> Result<ClaimOutcome, Error> {
+    // A claim of the same id elsewhere that committed after this statement's
+    // snapshot makes its `request_ids` insert fail: the second try sees it.
+    let input = message_columns(&claim.input)?;
+    let mut attempt = 0;
+    let claimed = loop {
+        match claim_statement(conn, claim, &input).await {
+            Err(e) if attempt == 0 && crate::codec::is_unique_violation(&e) => attempt += 1,
+            result => break result.map_err(db("claim admission"))?,
+        }
+    };
+    if let Some(revision) = claimed {
+        return Ok(ClaimOutcome::Admitted(Fence {
+            conversation_id: claim.conversation_id,
+            request_id: claim.request_id,
+            run_id: claim.run_id,
+            revision: fence_at(claim.conversation_id, revision)?,
+        }));
+    }
+    if let Some(record) = crate::reads::load_request(conn, claim.request_id).await? {
+        return existing(conn, claim, record, retry).await;
+    }
+    if let Some(conversation_id) = crate::deletion::deleted_request(conn, claim.request_id).await? {
+        return Err(Error::Deleted { conversation_id });
+    }
+    Err(diagnose(
+        conn,
+        Wanted::Idle,
+        claim.conversation_id,
+        claim.request_id,
+        claim.expected_revision,
+    )
+    .await)
+}
+
+/// A claim of a request id that is taken: the request as stored. A retry
+/// whose first attempt committed without its acknowledgement finds its own
+/// run holding the admission, and is admitted as that attempt was.
+async fn existing(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    record: RequestRecord,
+    retry: bool,
+) -> Result<ClaimOutcome, Error> {
+    if retry && record.status == RequestStatus::Active {
+        let admission = load_admission(conn, record.conversation_id).await?;
+        if admission
+            .active
+            .is_some_and(|a| a.request_id == claim.request_id && a.run_id == claim.run_id)
+        {
+            return Ok(ClaimOutcome::Admitted(Fence {
+                conversation_id: record.conversation_id,
+                request_id: claim.request_id,
+                run_id: claim.run_id,
+                revision: admission.revision,
+            }));
+        }
+    }
+    Ok(ClaimOutcome::Existing(record))
+}
+
+/// The claim's one statement: the new revision, or `None` when the
+/// admission was not idle at the expected revision or the id is taken.
+async fn claim_statement(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    (role, content, meta): &(String, String, Option<String>),
+) -> Result<Option<i64>, sqlx::Error> {
+    let first: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
+    let checkpoints = CheckpointColumns::of(&first);
+    let reports = ReportColumns::of(&first);
+    let usage = claim
+        .first_turn
+        .as_ref()
+        .map(|c| c.usage)
+        .unwrap_or_default();
+    sqlx::query_scalar!(
+        r#"WITH taken AS (
+               SELECT 1 FROM request_ids WHERE request_id = $1
+           ), claimed AS (
+               UPDATE admissions
+               SET active_request_id = $1, input_sha256 = $2, run_id = $3, agent_fingerprint = $4,
+                   input_tokens = $11, output_tokens = $12, cache_read_tokens = $13,
+                   cache_write_tokens = $14, summary_passes = 0, summary_from_seq = NULL,
+                   summary_through_seq = NULL, summary_version = NULL,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $5
+               WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM taken)
+               RETURNING revision
+           ), reserved AS (
+               INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
+           ), request AS (
+               INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at,
+                   deadline_at)
+               SELECT $6, $1, $2, 'active', $5, $28 FROM claimed
+           ), run AS (
+               INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
+               SELECT $6, $3, $1, 'running', $5 FROM claimed
+           ), input AS (
+               INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role,
+                   content, meta)
+               SELECT $6, $1, 0, $3, 0, $8, $9, $10 FROM claimed
+           ), first_turn AS (
+               INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
+                   output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+                   reports_count, message_count, created_at)
+               SELECT $6, $3, c.turn, c.phase, c.input, c.output, c.cache_read, c.cache_write,
+                   c.tool_calls, c.reports, c.messages, $5
+               FROM claimed, UNNEST($15::bigint[], $16::text[], $17::bigint[], $18::bigint[],
+                   $19::bigint[], $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[])
+                   AS c(turn, phase, input, output, cache_read, cache_write, tool_calls, reports,
+                        messages)
+           ), reports AS (
+               INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
+                   detail)
+               SELECT $6, $1, r.seq, r.turn, r.passed, r.detail
+               FROM claimed, UNNEST($24::bigint[], $25::bigint[], $26::boolean[], $27::bytea[])
+                   AS r(seq, turn, passed, detail)
+           )
+           SELECT revision AS "revision!" FROM claimed"#,
+        claim.request_id.as_uuid(),
+        &claim.input_sha256.0[..],
+        claim.run_id.as_uuid(),
+        claim.agent_fingerprint,
+        now_ms(),
+        claim.conversation_id.as_uuid(),
+        to_i64(claim.expected_revision.0),
+        role,
+        content.as_bytes(),
+        meta.as_deref(),
+        to_i64(usage.input_tokens),
+        to_i64(usage.output_tokens),
+        to_i64(usage.cache_read_tokens),
+        to_i64(usage.cache_write_tokens),
+        &checkpoints.turns,
+        &checkpoints.phases as &[&str],
+        &checkpoints.inputs,
+        &checkpoints.outputs,
+        &checkpoints.cache_reads,
+        &checkpoints.cache_writes,
+        &checkpoints.tool_calls,
+        &checkpoints.reports,
+        &checkpoints.message_counts,
+        &reports.seqs,
+        &reports.turns,
+        &reports.passed,
+        &reports.details as &[&[u8]],
+        claim.deadline_at
+    )
+    .fetch_optional(&mut *conn)
+    .await
+}
