@@ -227,7 +227,7 @@ async fn a_db_run_keeps_a_database_with_every_message() {
 
     // The file now exists: a second run refuses it and leaves it alone.
     let before = std::fs::read(&db).unwrap();
-    turnstile(&args).assert_error(2, "already exists");
+    turnstile(&args).assert_json_error(2, "already exists");
     assert_eq!(std::fs::read(&db).unwrap(), before);
 }
 
