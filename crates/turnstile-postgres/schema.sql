@@ -187,6 +187,7 @@ CREATE TABLE public.requests (
     completed_at bigint,
     abandoned_by uuid,
     deadline_at bigint,
+    budget jsonb,
     CONSTRAINT requests_status_check CHECK ((status = ANY (ARRAY['active'::text, 'completed'::text, 'abandoned'::text])))
 );
 
@@ -222,6 +223,7 @@ CREATE TABLE public.runs (
     ended_at bigint,
     agent_fingerprint text,
     replaced_fingerprint text,
+    budget_change jsonb,
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'superseded'::text, 'abandoned'::text])))
 );
 

@@ -37,7 +37,7 @@ CREATE TABLE requests (
     end_seq               INTEGER,
     created_at            INTEGER NOT NULL,
     completed_at          INTEGER
-, deadline_at INTEGER) WITHOUT ROWID;
+, deadline_at INTEGER, budget TEXT) WITHOUT ROWID;
 
 CREATE TABLE runs (
     run_id        BLOB PRIMARY KEY NOT NULL,
@@ -47,7 +47,7 @@ CREATE TABLE runs (
     error         TEXT,
     started_at    INTEGER NOT NULL,
     ended_at      INTEGER
-, agent_fingerprint TEXT, replaced_fingerprint TEXT) WITHOUT ROWID;
+, agent_fingerprint TEXT, replaced_fingerprint TEXT, budget_change TEXT) WITHOUT ROWID;
 
 CREATE TABLE run_messages (
     request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,

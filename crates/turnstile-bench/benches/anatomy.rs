@@ -451,6 +451,7 @@ async fn steps(dir: &Path) {
             agent_fingerprint: "bench".into(),
             first_turn: Some(support::first_turn(run_id)),
             deadline_at: None,
+            budget: Default::default(),
         }
     };
 

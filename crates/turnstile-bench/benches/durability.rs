@@ -94,6 +94,7 @@ fn step(c: &mut Criterion) {
                         agent_fingerprint: "bench".into(),
                         first_turn: None,
                         deadline_at: None,
+                        budget: Default::default(),
                     };
                     let turnstile::store::ClaimOutcome::Admitted(held) =
                         store.claim(&claim).await.expect("claim")

@@ -247,6 +247,7 @@ pub async fn claim(store: &dyn Store, conversation: ConversationId) -> Fence {
         agent_fingerprint: "bench".into(),
         first_turn: Some(first_turn(run_id)),
         deadline_at: None,
+        budget: Default::default(),
     };
     match store.claim(&claim).await.expect("claim") {
         ClaimOutcome::Admitted(fence) => fence,

@@ -370,6 +370,7 @@ pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
         new_run: RunId::new(),
         reject_in_flight: false,
         agent_fingerprint: None,
+        budget_change: None,
     };
     match store.claim_recovery(&stale).await {
         Err(Error::Conflict {

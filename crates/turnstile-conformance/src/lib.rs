@@ -17,6 +17,7 @@ pub mod activity;
 pub mod admin;
 pub mod admission;
 pub mod approvals;
+pub mod budgets;
 pub mod concurrency;
 pub mod deletion;
 pub mod fencing;
@@ -90,6 +91,8 @@ macro_rules! suite {
     approvals::concurrent_decisions_on_one_call_let_exactly_one_win,
     approvals::pending_approvals_leave_out_answered_calls_and_released_requests,
     approvals::claim_stores_the_deadline_and_every_read_of_the_request_returns_it,
+    budgets::claim_stores_the_budget_and_every_read_of_the_request_returns_it,
+    budgets::recovery_claim_with_a_budget_change_records_it_and_the_request_keeps_it,
     approvals::recovery_claim_with_another_fingerprint_records_the_agent_change,
     approvals::prune_deletes_the_approvals_of_finished_requests,
     approvals::a_decision_waits_while_a_run_of_the_request_goes_on,

@@ -44,6 +44,7 @@ pub fn new_request(
         agent_fingerprint: "fp".into(),
         first_turn: None,
         deadline_at: None,
+        budget: Default::default(),
     }
 }
 
@@ -243,6 +244,7 @@ pub async fn recover(store: &dyn Store, fence: &Fence) -> Result<Fence, Error> {
             new_run: RunId::new(),
             reject_in_flight: false,
             agent_fingerprint: None,
+            budget_change: None,
         })
         .await
 }

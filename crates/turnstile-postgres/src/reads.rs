@@ -6,7 +6,9 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::codec::{db, text, to_i64, Row};
-use turnstile_core::backend::{decode_message, AdmissionRow, CheckpointRow};
+use turnstile_core::backend::{
+    decode_budget, decode_budget_change, decode_message, AdmissionRow, CheckpointRow,
+};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
@@ -22,7 +24,7 @@ pub(crate) async fn load_run(
 ) -> Result<Option<RunRecord>, Error> {
     let Some(row) = sqlx::query!(
         "SELECT request_id, resumed_from, status, error, started_at, ended_at,
-                agent_fingerprint, replaced_fingerprint
+                agent_fingerprint, replaced_fingerprint, budget_change::text
          FROM runs WHERE run_id = $1",
         run_id.as_uuid()
     )
@@ -56,6 +58,7 @@ pub(crate) async fn load_run(
             (None, None) => None,
             _ => return Err(key.corrupt("one of agent_fingerprint and replaced_fingerprint")),
         },
+        budget_change: decode_budget_change(&key, row.budget_change.as_deref())?,
     }))
 }
 
@@ -260,7 +263,7 @@ pub(crate) async fn load_request(
     let Some(row) = sqlx::query!(
         r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
                   r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
-                  r.deadline_at, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
+                  r.deadline_at, r.budget::text, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
                   c.output_tokens AS "output_tokens?", c.cache_read_tokens AS "cache_read_tokens?",
                   c.cache_write_tokens AS "cache_write_tokens?",
                   c.tool_calls_count AS "tool_calls_count?", c.reports_count AS "reports_count?"
@@ -336,6 +339,7 @@ pub(crate) async fn load_request(
         created_at: row.created_at,
         completed_at: row.completed_at,
         deadline_at: row.deadline_at,
+        budget: decode_budget(&key, row.budget.as_deref())?,
     }))
 }
 

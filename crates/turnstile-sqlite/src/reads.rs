@@ -5,7 +5,7 @@ use sqlx::SqliteConnection;
 
 use super::admission::AdmissionColumns;
 use super::codec::{db, decode_message, to_i64, Row};
-use turnstile_core::backend::CheckpointRow;
+use turnstile_core::backend::{decode_budget, decode_budget_change, CheckpointRow};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
@@ -23,7 +23,7 @@ pub(super) async fn load_run(
     let uuid = run_id.as_uuid();
     let Some(row) = sqlx::query!(
         "SELECT request_id, resumed_from, status, error, started_at, ended_at, agent_fingerprint,
-             replaced_fingerprint
+             replaced_fingerprint, budget_change
          FROM runs WHERE run_id = ?1",
         uuid
     )
@@ -57,6 +57,7 @@ pub(super) async fn load_run(
             (None, None) => None,
             _ => return Err(key.corrupt("one of the two fingerprints of an agent change")),
         },
+        budget_change: decode_budget_change(&key, row.budget_change.as_deref())?,
     }))
 }
 
@@ -278,7 +279,7 @@ pub(super) async fn load_request(
         RequestColumns,
         r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
                   r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
-                  r.deadline_at, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
+                  r.deadline_at, r.budget, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
                   c.output_tokens AS "output_tokens?", c.cache_read_tokens AS "cache_read_tokens?",
                   c.cache_write_tokens AS "cache_write_tokens?",
                   c.tool_calls_count AS "tool_calls_count?", c.reports_count AS "reports_count?"
@@ -309,6 +310,7 @@ pub(super) struct RequestColumns {
     pub(super) created_at: i64,
     pub(super) completed_at: Option<i64>,
     pub(super) deadline_at: Option<i64>,
+    pub(super) budget: Option<String>,
     pub(super) turn: Option<i64>,
     pub(super) phase: Option<String>,
     pub(super) input_tokens: Option<i64>,
@@ -380,6 +382,7 @@ impl RequestColumns {
             created_at: row.created_at,
             completed_at: row.completed_at,
             deadline_at: row.deadline_at,
+            budget: decode_budget(&key, row.budget.as_deref())?,
         })
     }
 }
@@ -496,7 +499,7 @@ pub(super) async fn load_claim_context(
                   r.first_seq AS "first_seq?: i64", r.end_seq AS "end_seq?: i64",
                   r.created_at AS "request_created_at?: i64",
                   r.completed_at AS "completed_at?: i64",
-                  r.deadline_at AS "deadline_at?: i64",
+                  r.deadline_at AS "deadline_at?: i64", r.budget AS "budget?: String",
                   k.turn AS "turn?: i64", k.phase AS "phase?: String",
                   k.input_tokens AS "input_tokens?: i64", k.output_tokens AS "output_tokens?: i64",
                   k.cache_read_tokens AS "cache_read_tokens?: i64",
@@ -559,6 +562,7 @@ pub(super) async fn load_claim_context(
                 created_at,
                 completed_at: row.completed_at,
                 deadline_at: row.deadline_at,
+                budget: row.budget.clone(),
                 turn: row.turn,
                 phase: row.phase.clone(),
                 input_tokens: row.input_tokens,

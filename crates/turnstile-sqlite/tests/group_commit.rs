@@ -412,6 +412,12 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         let mut claim = NewRequest {
             agent_fingerprint: format!("fp-{i}-é"),
             deadline_at: Some(1_900_000_000_000 + i as i64),
+            // Every other claim with a budget (JSON inside the row's JSON).
+            budget: turnstile_core::Budget {
+                max_turns: (i % 2 == 0).then_some(i as u32 + 1),
+                max_tokens: (i % 2 == 0).then_some(u64::MAX - i as u64),
+                max_tool_calls: None,
+            },
             ..new_request(conversation, revision, &input)
         };
         // Every other claim starts its first turn at once (its write-ahead
@@ -504,6 +510,7 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         assert_eq!(active.input_sha256, claim.input_sha256);
         let record = store.request(claim.request_id).await?.expect("stored");
         assert_eq!(record.deadline_at, claim.deadline_at);
+        assert_eq!(record.budget, claim.budget);
         assert_eq!(record.input_sha256, claim.input_sha256);
         let first_turn = store
             .latest_checkpoint(claim.run_id)

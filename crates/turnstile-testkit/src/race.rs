@@ -722,6 +722,7 @@ impl Racers {
             // The owner writes its turn's write-ahead itself.
             first_turn: None,
             deadline_at: None,
+            budget: Default::default(),
         };
         match self.store.claim(&claim).await {
             Ok(ClaimOutcome::Admitted(fence)) => {
@@ -796,6 +797,7 @@ impl Racers {
             new_run: RunId::new(),
             reject_in_flight,
             agent_fingerprint: None,
+            budget_change: None,
         };
         match self.store.claim_recovery(&claim).await {
             Ok(fence) => {

@@ -1,28 +1,62 @@
 //! What a caller gives one run: budget, deadline, cancellation, metadata.
 
 use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::BudgetChange;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Limits counted over the whole request, across resumes: a resumed run is
-/// seeded with what was already spent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Limits counted over the whole request, across its runs: a resumed run is
+/// seeded with what was already spent (the usage of failed and interrupted
+/// runs included, as far as their last checkpoint). The budget is stored
+/// with the request's claim, so every later run of it, in any process,
+/// honours the same limits; see [`RunContext::budget`] for raising them.
+/// The agent's own [`AgentLimits::max_turns`](crate::AgentLimits::max_turns)
+/// caps the turns whatever the budget says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {
     /// Turns of the request (summary passes count as turns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_turns: Option<u32>,
     /// Input plus output tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
     /// Tool calls of the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tool_calls: Option<u64>,
+}
+
+impl Budget {
+    /// Whether no limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        *self == Budget::default()
+    }
+
+    /// `stored` with each limit this budget sets in its place.
+    fn over(self, stored: Budget) -> Budget {
+        Budget {
+            max_turns: self.max_turns.or(stored.max_turns),
+            max_tokens: self.max_tokens.or(stored.max_tokens),
+            max_tool_calls: self.max_tool_calls.or(stored.max_tool_calls),
+        }
+    }
 }
 
 /// Per-call settings of `run`, `stream`, `resume_run` and
 /// `recover_after_owner_exit`.
 #[derive(Clone, Debug, Default)]
 pub struct RunContext {
-    /// Limits over the whole request.
+    /// Limits over the whole request. `run` stores them with the request's
+    /// claim. A resume or recovery (`resume_run`, `recover_after_owner_exit`,
+    /// `continue_after_approval`, in any process) runs under the stored
+    /// ones; each limit set here replaces the stored one from that run on
+    /// (raised or lowered), and the run records the change
+    /// ([`RunRecord::budget_change`](crate::store::RunRecord::budget_change)).
+    /// A limit left `None` keeps the stored one.
     pub budget: Budget,
     /// Interrupts a model or tool call in flight; the turn is left in flight
     /// only if a tool was interrupted. A monotonic instant of this process:
@@ -107,6 +141,19 @@ impl RunContext {
             };
         }
         ctx
+    }
+
+    /// This context under a request's stored budget, with the change when
+    /// it sets other limits than `stored` (see [`RunContext::budget`]).
+    pub(crate) fn with_stored_budget(&self, stored: Budget) -> (RunContext, Option<BudgetChange>) {
+        let budget = self.budget.over(stored);
+        let change = (budget != stored).then_some(BudgetChange {
+            from: stored,
+            to: budget,
+        });
+        let mut ctx = self.clone();
+        ctx.budget = budget;
+        (ctx, change)
     }
 
     /// Cancels the run when `cancel` is cancelled ([`RunContext::cancel`]).

@@ -10,9 +10,11 @@
 //!   [`Error::Corrupt`] instead of a panic. [`AdmissionRow`] and
 //!   [`CheckpointRow`] are the admission and loop checkpoint rows as every
 //!   backend selects them; [`decode_message`] and [`decode_metadata`] read
-//!   a stored message and metadata object back.
+//!   a stored message and metadata object back, [`decode_budget`] and
+//!   [`decode_budget_change`] a request's budget and a run's change of it.
 //! - **Writing rows.** [`message_columns`] splits a message into the
-//!   columns it is stored in, [`metadata_json`] and [`to_json`] serialize,
+//!   columns it is stored in, [`metadata_json`], [`budget_json`],
+//!   [`budget_change_json`] and [`to_json`] serialize,
 //!   [`to_i64`] clamps a counter into a signed SQL integer, [`now_ms`] is
 //!   the clock every stored time is read from (Unix milliseconds).
 //! - **Naming a refusal.** When a step's compare-and-swap or guard matches
@@ -42,7 +44,8 @@ pub use refusals::{
     cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,
 };
 pub use rows::{
-    decode_message, decode_metadata, message_columns, metadata_json, now_ms, to_i64, to_json,
-    AdmissionRow, CheckpointRow, Row,
+    budget_change_json, budget_json, decode_budget, decode_budget_change, decode_message,
+    decode_metadata, message_columns, metadata_json, now_ms, to_i64, to_json, AdmissionRow,
+    CheckpointRow, Row,
 };
 pub use stuck::is_stuck;

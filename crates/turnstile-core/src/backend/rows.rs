@@ -6,11 +6,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use uuid::Uuid;
 
+use crate::agent::Budget;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
 use crate::message::{Message, Usage, VerificationReport};
-use crate::store::{ActiveAdmission, Admission, InputHash, Metadata, SummaryPass, SummaryProgress};
+use crate::store::{
+    ActiveAdmission, Admission, BudgetChange, InputHash, Metadata, SummaryPass, SummaryProgress,
+};
 
 /// The time now as Unix milliseconds, the unit of every stored time
 /// (0 before 1970, `i64::MAX` past its range).
@@ -274,6 +277,36 @@ pub fn decode_metadata(row: &Row<'_>, text: &str) -> Result<Metadata, Error> {
         Ok(serde_json::Value::Object(map)) => Ok(map),
         _ => Err(row.corrupt("metadata is not a JSON object")),
     }
+}
+
+/// A request's budget as it is stored (`requests.budget`): a JSON object
+/// of the limits set, `None` (SQL NULL) for none.
+pub fn budget_json(budget: &Budget) -> Option<String> {
+    // Three optional integers always serialize.
+    (!budget.is_unlimited()).then(|| serde_json::to_string(budget).unwrap_or_default())
+}
+
+/// A budget change as it is stored (`runs.budget_change`).
+pub fn budget_change_json(change: Option<&BudgetChange>) -> Option<String> {
+    change.map(|c| serde_json::to_string(c).unwrap_or_default())
+}
+
+/// A stored budget read back (`requests.budget`).
+pub fn decode_budget(row: &Row<'_>, text: Option<&str>) -> Result<Budget, Error> {
+    text.map_or(Ok(Budget::default()), |text| {
+        serde_json::from_str(text).map_err(|_| row.corrupt("budget is not a budget object"))
+    })
+}
+
+/// A stored budget change read back (`runs.budget_change`).
+pub fn decode_budget_change(
+    row: &Row<'_>,
+    text: Option<&str>,
+) -> Result<Option<BudgetChange>, Error> {
+    text.map(|text| {
+        serde_json::from_str(text).map_err(|_| row.corrupt("budget_change is not a budget change"))
+    })
+    .transpose()
 }
 
 /// A loop checkpoint row as every backend reads it, each field the

@@ -5,7 +5,7 @@ use super::stream::Emitter;
 use super::turns::first_turn;
 use super::turns::first_turn_may_start;
 use super::AgentSession;
-use crate::agent::RunContext;
+use crate::agent::{Budget, RunContext};
 use crate::error::Error;
 use crate::ids::{RequestId, RunId};
 use crate::message::Message;
@@ -33,15 +33,15 @@ impl AgentSession {
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
-        // A wall-clock deadline is stored with the claim; this run keeps
-        // the earliest of its deadlines as one instant.
+        // A wall-clock deadline and the budget are stored with the claim;
+        // this run keeps the earliest of its deadlines as one instant.
         let deadline_at = ctx.deadline_at_ms();
         let ctx = &ctx.with_deadlines(None);
         // Without summary passes to run first, the claim also saves the
         // first turn's write-ahead: one commit fewer per request.
         let first_turn_ahead = self.summary.is_none() && first_turn_may_start(&self.agent, ctx);
         match self
-            .admit(request_id, input, first_turn_ahead, deadline_at)
+            .admit(request_id, input, first_turn_ahead, deadline_at, ctx.budget)
             .await?
         {
             Admitted::Replay(outcome) => Ok(outcome),
@@ -58,6 +58,7 @@ impl AgentSession {
         input: &str,
         first_turn_ahead: bool,
         deadline_at: Option<i64>,
+        budget: Budget,
     ) -> Result<Admitted, Error> {
         self.validate(request_id, input)?;
         // Everything the claim depends on, read at once (one query where
@@ -129,6 +130,7 @@ impl AgentSession {
                 agent_fingerprint: self.fingerprint(),
                 first_turn: first_turn_ahead.then(|| first_turn(run_id)),
                 deadline_at,
+                budget,
             };
             match self.store.claim(&claim).await {
                 Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence, prefix)),

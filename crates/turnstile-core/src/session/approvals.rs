@@ -119,9 +119,8 @@ impl AgentSession {
                 pending,
             });
         }
-        let ctx = ctx.with_deadlines(record.deadline_at);
         self.take_over(
-            request_id,
+            &record,
             None,
             &ctx,
             expected_revision,

@@ -289,9 +289,15 @@ impl AgentSession {
     /// Continues a stopped run from its latest checkpoint in a new run
     /// (`resumed_from = run_id`), seeded with its usage, tool-call count,
     /// turn number and verification reports. The admission moves to the new
-    /// run by compare-and-swap at `expected_revision`.
+    /// run by compare-and-swap at `expected_revision`. The run keeps the
+    /// request's stored deadline and budget; a limit set in `ctx.budget`
+    /// replaces the stored one from this run on, recorded in the new run
+    /// ([`RunContext::budget`]).
     ///
     /// # Errors
+    /// [`Error::BudgetExceeded`] naming `run_id` and the current revision,
+    /// with nothing written, when the run stopped between turns with a
+    /// budget it has spent and `ctx` does not raise it;
     /// [`Error::AmbiguousCheckpoint`] under [`ResumePolicy::RejectAmbiguous`]
     /// when a turn was in flight; [`Error::Conflict`] or [`Error::Busy`] when
     /// another owner won; [`Error::ConfigurationMismatch`] when the agent

@@ -2,12 +2,13 @@
 //! `recover_after_owner_exit` (by request).
 
 use super::stream::Emitter;
+use super::turns::spent_between_turns;
 use super::{AgentSession, ResumePolicy};
 use crate::agent::{AgentUpgrade, RunContext};
 use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::outcome::Outcome;
-use crate::store::{AgentChange, InputHash, RecoveryClaim, RequestStatus};
+use crate::store::{AgentChange, InputHash, RecoveryClaim, RequestRecord, RequestStatus};
 
 impl AgentSession {
     pub(super) async fn resume(
@@ -34,9 +35,9 @@ impl AgentSession {
             }),
             RequestStatus::Active => {
                 self.take_over(
-                    record.request_id,
+                    &record,
                     Some(run_id),
-                    &ctx.with_deadlines(record.deadline_at),
+                    ctx,
                     expected_revision,
                     policy,
                     events,
@@ -62,24 +63,29 @@ impl AgentSession {
             RequestStatus::Completed => self.replay(record).await,
             RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),
             RequestStatus::Active => {
-                let ctx = ctx.with_deadlines(record.deadline_at);
-                self.take_over(request_id, None, &ctx, expected_revision, policy, events)
+                self.take_over(&record, None, ctx, expected_revision, policy, events)
                     .await
             }
         }
     }
 
     /// Checks everything that can be checked without writing, then claims
-    /// the admission for a new run with one compare-and-swap.
+    /// the admission for a new run with one compare-and-swap. The run keeps
+    /// the request's stored deadline and budget, the budget changed where
+    /// `ctx` sets other limits.
     pub(super) async fn take_over(
         &self,
-        request_id: RequestId,
+        record: &RequestRecord,
         from_run: Option<RunId>,
         ctx: &RunContext,
         expected_revision: Revision,
         policy: ResumePolicy,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
+        let request_id = record.request_id;
+        let (ctx, budget_change) = ctx
+            .with_deadlines(record.deadline_at)
+            .with_stored_budget(record.budget);
         let admission = self.store.admission(self.conversation_id).await?;
         let active = match admission.active {
             Some(active) if active.request_id == request_id => active,
@@ -117,6 +123,20 @@ impl AgentSession {
                 revision: admission.revision,
             });
         }
+        // Continued under a budget it has already spent, the request would
+        // stop at once: refused before anything is written, so pasting the
+        // same resume again never loops.
+        if let Some(checkpoint) = self.store.latest_checkpoint(from_run).await? {
+            if let Some((kind, used, limit)) = spent_between_turns(&self.agent, &ctx, &checkpoint) {
+                return Err(Error::BudgetExceeded {
+                    run_id: from_run,
+                    revision: admission.revision,
+                    kind,
+                    used,
+                    limit,
+                });
+            }
+        }
         // The store refuses an in-flight turn under `RejectAmbiguous` inside
         // the claim's own transaction, so the check and the claim cannot race.
         let fence = self
@@ -129,9 +149,10 @@ impl AgentSession {
                 new_run: RunId::new(),
                 reject_in_flight: policy == ResumePolicy::RejectAmbiguous,
                 agent_fingerprint: agent_change.as_ref().map(|c| c.to.clone()),
+                budget_change,
             })
             .await?;
-        self.drive_resumed(fence, from_run, agent_change, ctx, events)
+        self.drive_resumed(fence, from_run, agent_change, &ctx, events)
             .await
     }
 }

@@ -24,10 +24,10 @@ pub use deletion::{DeleteReport, ForkOutcome};
 pub use leases::ExpiredLease;
 pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{
-    ActiveAdmission, Admission, AgentChange, ClaimContext, ClaimOutcome, Conversation, Fence,
-    InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim, RequestRecord,
-    RequestStatus, RunRecord, RunStatus, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
-    SummaryProgress, TranscriptEntry,
+    ActiveAdmission, Admission, AgentChange, BudgetChange, ClaimContext, ClaimOutcome,
+    Conversation, Fence, InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim,
+    RequestRecord, RequestStatus, RunRecord, RunStatus, StoredOutcome, StoredSummary,
+    SummaryCommit, SummaryPass, SummaryProgress, TranscriptEntry,
 };
 
 use crate::checkpoint::LoopCheckpoint;

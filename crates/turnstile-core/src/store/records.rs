@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::agent::Budget;
 use crate::checkpoint::LoopCheckpoint;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::{Message, ToolResult, Usage, VerificationReport};
@@ -161,9 +162,15 @@ pub struct NewRequest {
     /// A wall-clock deadline (Unix milliseconds) stored with the request:
     /// every run of it, in any process, stops there.
     pub deadline_at: Option<i64>,
+    /// The request's budget, stored with it: every run of it, in any
+    /// process, honours it until a continuing run changes it.
+    pub budget: Budget,
 }
 
 /// The result of [`Store::claim`](super::Store::claim).
+// Returned once per claim and matched at once: boxing the record would cost
+// an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum ClaimOutcome {
     /// The admission is ours.
@@ -193,6 +200,10 @@ pub struct RecoveryClaim {
     /// admission holds (an explicit upgrade): the admission takes it and the
     /// new run records both. `None` keeps the admission's.
     pub agent_fingerprint: Option<String>,
+    /// The request's new budget when the continuing run changes it: the
+    /// request takes `to` and the new run records the change. `None` keeps
+    /// the request's budget.
+    pub budget_change: Option<BudgetChange>,
 }
 
 /// Lifecycle of a request.
@@ -232,6 +243,8 @@ pub struct RequestRecord {
     pub completed_at: Option<i64>,
     /// The wall-clock deadline stored with the request (Unix milliseconds).
     pub deadline_at: Option<i64>,
+    /// The budget stored with the request (the latest a continuing run set).
+    pub budget: Budget,
 }
 
 /// What a new request reads before its claim, as
@@ -320,6 +333,8 @@ pub struct RunRecord {
     /// Set when the run continued its request with another agent than the
     /// run before it (an explicit upgrade).
     pub agent_change: Option<AgentChange>,
+    /// Set when the run changed its request's budget.
+    pub budget_change: Option<BudgetChange>,
 }
 
 /// The agent fingerprints of a run that continued its request with another
@@ -330,6 +345,18 @@ pub struct AgentChange {
     pub from: String,
     /// This run's.
     pub to: String,
+}
+
+/// A request's budget changed by a resume or recovery that set other
+/// limits than the stored ones ([`RunContext::budget`](crate::RunContext::budget)), as the run that
+/// changed it records it
+/// ([`RunRecord::budget_change`](RunRecord::budget_change)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetChange {
+    /// The request's budget before the run.
+    pub from: Budget,
+    /// Its budget from the run on.
+    pub to: Budget,
 }
 
 /// One committed message.

@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 use super::{diagnose, fence_at, CheckpointColumns, ReportColumns};
 use crate::admission::load_admission;
 use crate::codec::{db, now_ms, to_i64};
-use turnstile_core::backend::{message_columns, Wanted};
+use turnstile_core::backend::{budget_json, message_columns, Wanted};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::store::{ClaimOutcome, Fence, NewRequest, RequestRecord, RequestStatus};
 use turnstile_core::Error;
@@ -122,8 +122,8 @@ async fn claim_statement(
                INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
                INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at,
-                   deadline_at)
-               SELECT $6, $1, $2, 'active', $5, $28 FROM claimed
+                   deadline_at, budget)
+               SELECT $6, $1, $2, 'active', $5, $28, $29::text::jsonb FROM claimed
            ), run AS (
                INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
                SELECT $6, $3, $1, 'running', $5 FROM claimed
@@ -176,7 +176,8 @@ async fn claim_statement(
         &reports.turns,
         &reports.passed,
         &reports.details as &[&[u8]],
-        claim.deadline_at
+        claim.deadline_at,
+        budget_json(&claim.budget)
     )
     .fetch_optional(&mut *conn)
     .await

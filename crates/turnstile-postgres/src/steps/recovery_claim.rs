@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 use super::fence_at;
 use crate::admission::load_admission;
 use crate::codec::{db, now_ms, to_i64, Row};
-use turnstile_core::backend::{cas_refusal, Wanted};
+use turnstile_core::backend::{budget_change_json, budget_json, cas_refusal, Wanted};
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::ids::Revision;
 use turnstile_core::store::{Admission, Fence, RecoveryClaim};
@@ -120,16 +120,20 @@ pub(crate) async fn claim_recovery_in(
     }
     // The run being continued is superseded; the new run starts from a copy
     // of its latest checkpoint (one small row, no messages copied), or at
-    // the start if it never checkpointed.
+    // the start if it never checkpointed. A change of the request's budget
+    // is recorded on the new run, and the request takes the new budget.
     sqlx::query!(
         "WITH superseded AS (
              UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, $1)
              WHERE conversation_id = $2 AND run_id = $3 AND status IN ('running', 'failed')
          ), resumed AS (
              INSERT INTO runs (conversation_id, run_id, request_id, resumed_from, status,
-                 started_at, agent_fingerprint, replaced_fingerprint)
+                 started_at, agent_fingerprint, replaced_fingerprint, budget_change)
              VALUES ($2, $4, $5, $3, 'running', $1, $6::text,
-                 CASE WHEN $6::text IS NOT NULL THEN $7::text END)
+                 CASE WHEN $6::text IS NOT NULL THEN $7::text END, $8::text::jsonb)
+         ), budgeted AS (
+             UPDATE requests SET budget = $9::text::jsonb
+             WHERE conversation_id = $2 AND request_id = $5 AND $8::text IS NOT NULL
          )
          INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
@@ -145,7 +149,12 @@ pub(crate) async fn claim_recovery_in(
         new_run,
         claim.request_id.as_uuid(),
         claim.agent_fingerprint.as_deref(),
-        claimed.replaced_fingerprint
+        claimed.replaced_fingerprint,
+        budget_change_json(claim.budget_change.as_ref()),
+        claim
+            .budget_change
+            .as_ref()
+            .and_then(|c| budget_json(&c.to))
     )
     .execute(&mut *conn)
     .await

@@ -1062,6 +1062,7 @@ async fn a_retried_abandon_does_not_claim_another_callers_abandon() {
         agent_fingerprint: "fingerprint".into(),
         first_turn: None,
         deadline_at: None,
+        budget: Default::default(),
     };
     let fence = match direct.claim(&claim).await.expect("claim") {
         turnstile::store::ClaimOutcome::Admitted(fence) => fence,

@@ -18,7 +18,7 @@ use super::{admission_revision, diagnose, new_reports, raised, CheckpointColumns
 use super::{MessageColumns, Raised};
 use crate::batch::Applied;
 use crate::codec::{db, hex, now_ms, to_i64, to_json};
-use turnstile_core::backend::Wanted;
+use turnstile_core::backend::{budget_json, Wanted};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::Revision;
 use turnstile_core::store::{ClaimOutcome, Fence, NewRequest};
@@ -52,6 +52,8 @@ struct ClaimRow<'a> {
     reports: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     deadline_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget: Option<String>,
 }
 
 impl ClaimStep {
@@ -87,15 +89,16 @@ impl ClaimStep {
         let reports_count = first.map(|c| c.reports_count);
         let message_count = first.map(|c| c.message_count);
         let reports = self.reports.as_deref().map(RawValue::get);
+        let budget = budget_json(&claim.budget);
         // Run to its end with no row returned (see `next_revision`).
         let claimed = sqlx::query!(
             "INSERT INTO claims (conversation_id, request_id, run_id, expected_revision,
                  input_sha256, agent_fingerprint, now, input_role, input_content, input_meta,
                  turn, phase, input_tokens, output_tokens, cache_read_tokens,
                  cache_write_tokens, tool_calls_count, reports_count, message_count, reports,
-                 deadline_at)
+                 deadline_at, budget)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, ?19, ?20, ?21)",
+                 ?18, ?19, ?20, ?21, ?22)",
             conversation,
             request,
             run,
@@ -116,7 +119,8 @@ impl ClaimStep {
             reports_count,
             message_count,
             reports,
-            claim.deadline_at
+            claim.deadline_at,
+            budget
         )
         .execute(&mut *tx)
         .await;
@@ -192,6 +196,7 @@ impl ClaimStep {
             first_turn: self.first_turn(),
             reports: self.reports.as_deref(),
             deadline_at: claim.deadline_at,
+            budget: budget_json(&claim.budget),
         })
     }
 
@@ -242,7 +247,7 @@ pub(crate) async fn batch(
                expected_revision, input_sha256, agent_fingerprint, now, input_role,
                input_content, input_meta, turn, phase, input_tokens, output_tokens,
                cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-               message_count, reports, deadline_at)
+               message_count, reports, deadline_at, budget)
            SELECT key, unhex(fields ->> '$.conversation'), unhex(fields ->> '$.request'),
                unhex(fields ->> '$.run'), fields ->> '$.expected_revision',
                unhex(fields ->> '$.input_sha256'), fields ->> '$.agent_fingerprint',
@@ -251,7 +256,8 @@ pub(crate) async fn batch(
                fields ->> '$.input_tokens', fields ->> '$.output_tokens',
                fields ->> '$.cache_read_tokens', fields ->> '$.cache_write_tokens',
                fields ->> '$.tool_calls_count', fields ->> '$.reports_count',
-               fields ->> '$.message_count', fields -> '$.reports', fields ->> '$.deadline_at'
+               fields ->> '$.message_count', fields -> '$.reports', fields ->> '$.deadline_at',
+               fields ->> '$.budget'
            FROM steps
            RETURNING CAST(step AS INTEGER) AS "step!: i64",
                (SELECT revision FROM admissions

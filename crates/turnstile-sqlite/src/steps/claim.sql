@@ -1,7 +1,7 @@
 -- A new request's claim of an idle admission: the compare-and-swap, the
--- request (with its deadline), its first run, its input as its first
--- message and, when the loop starts at once, the first turn's write-ahead
--- checkpoint. The message and the checkpoint are plain columns (a NULL
+-- request (with its deadline and budget), its first run, its input as its
+-- first message and, when the loop starts at once, the first turn's
+-- write-ahead checkpoint. The message and the checkpoint are plain columns (a NULL
 -- `phase`: no checkpoint); verification reports a JSON array.
 --
 -- A request id of a deleted conversation is refused by the
@@ -16,9 +16,11 @@ CREATE VIEW claims (
     tool_calls_count, reports_count, message_count,
     reports,
     -- Unix milliseconds, or NULL
-    deadline_at
+    deadline_at,
+    -- a JSON object of the limits set, or NULL
+    budget
 ) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-     NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
      WHERE 0;
 
 CREATE TRIGGER claim INSTEAD OF INSERT ON claims
@@ -43,9 +45,9 @@ BEGIN
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
       AND active_request_id IS NULL;
     INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
-        deadline_at)
+        deadline_at, budget)
     VALUES (NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
-        NEW.deadline_at);
+        NEW.deadline_at, NEW.budget);
     INSERT INTO runs (run_id, request_id, status, started_at)
     VALUES (NEW.run_id, NEW.request_id, 'running', NEW.now);
     INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
@@ -76,9 +78,9 @@ CREATE VIEW claim_batches (
     step, conversation_id, request_id, run_id, expected_revision, input_sha256,
     agent_fingerprint, now, input_role, input_content, input_meta, turn, phase, input_tokens,
     output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-    message_count, reports, deadline_at
+    message_count, reports, deadline_at, budget
 ) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
      WHERE 0;
 
 CREATE TRIGGER claim_batch INSTEAD OF INSERT ON claim_batches
@@ -92,10 +94,10 @@ BEGIN
     INSERT INTO claims (conversation_id, request_id, run_id, expected_revision, input_sha256,
         agent_fingerprint, now, input_role, input_content, input_meta, turn, phase,
         input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
-        reports_count, message_count, reports, deadline_at)
+        reports_count, message_count, reports, deadline_at, budget)
     VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.expected_revision,
         NEW.input_sha256, NEW.agent_fingerprint, NEW.now, NEW.input_role, NEW.input_content,
         NEW.input_meta, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
         NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count,
-        NEW.reports_count, NEW.message_count, NEW.reports, NEW.deadline_at);
+        NEW.reports_count, NEW.message_count, NEW.reports, NEW.deadline_at, NEW.budget);
 END;

@@ -3,7 +3,8 @@
 //! always alone, whose trigger fences on the expected active revision,
 //! checks (when the claim rejects ambiguity) that the run being continued
 //! is not in flight, and writes the takeover: the run superseded, the new
-//! run and its copy of the latest checkpoint.
+//! run (with the request's new budget when it changes it) and its copy of
+//! the latest checkpoint.
 //!
 //! Refusals: a moved admission (`admission moved`) is explained by reading
 //! it (`diagnose`); a run stopped mid-turn (`turn in flight`) is
@@ -13,7 +14,7 @@ use sqlx::SqliteConnection;
 
 use super::{admission_revision, diagnose, raised, Raised};
 use crate::codec::{db, now_ms, only_row, to_i64, to_json, Row};
-use turnstile_core::backend::Wanted;
+use turnstile_core::backend::{budget_change_json, budget_json, Wanted};
 use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::store::{Fence, RecoveryClaim};
 use turnstile_core::Error;
@@ -58,11 +59,16 @@ pub(crate) async fn claim_recovery_in(
         true => Some(to_json(&in_flight_phases())?),
         false => None,
     };
+    let budget = claim
+        .budget_change
+        .as_ref()
+        .and_then(|c| budget_json(&c.to));
+    let budget_change = budget_change_json(claim.budget_change.as_ref());
     let now = now_ms();
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO recovery_claims (conversation_id, request_id, from_run, new_run,
-               expected_revision, refuse_phases, now, agent_fingerprint)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+               expected_revision, refuse_phases, now, agent_fingerprint, budget, budget_change)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
            RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
                AS "revision!: i64""#,
         conversation,
@@ -72,7 +78,9 @@ pub(crate) async fn claim_recovery_in(
         expected,
         refuse,
         now,
-        claim.agent_fingerprint
+        claim.agent_fingerprint,
+        budget,
+        budget_change
     )
     .fetch_all(&mut *tx)
     .await

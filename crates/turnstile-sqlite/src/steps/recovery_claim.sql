@@ -1,15 +1,19 @@
 -- A recovery's claim of an active admission for a new run that continues
 -- `from_run`: the compare-and-swap, the run superseded, the new run (with
--- the new agent's fingerprint when it changes the agent) and a copy of the
--- latest checkpoint of the run it continues (one small row, no messages
--- copied). The latest checkpoint of `from_run` in one of `refuse_phases` (a
+-- the new agent's fingerprint when it changes the agent, and the change of
+-- the request's budget when it changes that: the request takes the new
+-- one) and a copy of the latest checkpoint of the run it continues (one
+-- small row, no messages copied). The latest checkpoint of `from_run` in one of `refuse_phases` (a
 -- JSON array of phase names, NULL for none) refuses the claim: a turn was
 -- in flight.
 CREATE VIEW recovery_claims (
     conversation_id, request_id, from_run, new_run, expected_revision, refuse_phases, now,
     -- the new run's agent fingerprint when it changes the agent, or NULL
-    agent_fingerprint
-) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+    agent_fingerprint,
+    -- when the run changes the request's budget: the new budget and the
+    -- change (JSON), or NULL
+    budget, budget_change
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
 
 CREATE TRIGGER recovery_claim INSTEAD OF INSERT ON recovery_claims
 BEGIN
@@ -25,10 +29,13 @@ BEGIN
            ORDER BY turn DESC LIMIT 1) IN (SELECT value FROM json_each(NEW.refuse_phases));
     -- Write. The new run first: it records the fingerprint the admission held.
     INSERT INTO runs (run_id, request_id, resumed_from, status, started_at, agent_fingerprint,
-        replaced_fingerprint)
+        replaced_fingerprint, budget_change)
     SELECT NEW.new_run, NEW.request_id, NEW.from_run, 'running', NEW.now, NEW.agent_fingerprint,
-        CASE WHEN NEW.agent_fingerprint IS NOT NULL THEN agent_fingerprint END
+        CASE WHEN NEW.agent_fingerprint IS NOT NULL THEN agent_fingerprint END,
+        NEW.budget_change
     FROM admissions WHERE conversation_id = NEW.conversation_id;
+    UPDATE requests SET budget = NEW.budget
+    WHERE request_id = NEW.request_id AND NEW.budget_change IS NOT NULL;
     UPDATE admissions SET run_id = NEW.new_run, revision = revision + 1, updated_at = NEW.now,
         agent_fingerprint = COALESCE(NEW.agent_fingerprint, agent_fingerprint)
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision

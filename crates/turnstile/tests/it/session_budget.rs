@@ -1,10 +1,12 @@
 //! Budgets count the whole request across resumes: a stopped run keeps the
-//! admission, a resume with the same budget gets no new turns, a larger
-//! budget finishes with usage and turns summed over every run.
+//! admission, a resume with the same budget is refused before it writes, a
+//! larger budget finishes with usage and turns summed over every run. The
+//! budget is stored with the request: a resume that sets none keeps it, one
+//! that sets other limits records the change.
 
 use std::sync::Arc;
 
-use turnstile::store::{RequestStatus, RunStatus};
+use turnstile::store::{BudgetChange, RequestStatus, RunStatus};
 use turnstile::{
     AgentLimits, Budget, BudgetKind, CheckpointPhase, ConversationId, Error, RequestId,
     ResumePolicy, RunContext, ScriptedModel, ScriptedReply,
@@ -80,29 +82,27 @@ async fn run_that_spends_its_turn_budget_stops_with_admission_held_and_resumes_o
     );
     assert_eq!((model.calls(), tool.calls()), (1, 1));
 
-    // Same budget: the spent turn counts, so no new model call.
+    // Same budget: the spent turn counts, so the resume is refused before
+    // it writes anything (pasting it again never loops).
     let err = expect_err(
         session
             .resume_run(run1, turns(1), rev1, ResumePolicy::RejectAmbiguous)
             .await,
     );
     assert_turns_exceeded(&err, 1, 1);
-    let (run2, rev2) = err.stopped_run().expect("stopped run");
-    assert_ne!(run2, run1);
-    assert!(rev2 > rev1);
+    assert_eq!(err.stopped_run(), Some((run1, rev1)));
     assert_eq!(
         (model.calls(), tool.calls()),
         (1, 1),
         "no work without budget"
     );
-    assert_eq!(
-        store.admission(conversation_id).await.unwrap().revision,
-        rev2
-    );
+    let admission = store.admission(conversation_id).await.unwrap();
+    assert_eq!(admission.revision, rev1, "a refused resume writes nothing");
+    assert_eq!(admission.active.map(|a| a.run_id), Some(run1));
 
     // A larger budget finishes the request, counting every run.
     let outcome = session
-        .resume_run(run2, turns(3), rev2, ResumePolicy::RejectAmbiguous)
+        .resume_run(run1, turns(3), rev1, ResumePolicy::RejectAmbiguous)
         .await
         .expect("resumed to the end");
     assert!(!outcome.replayed);
@@ -113,13 +113,9 @@ async fn run_that_spends_its_turn_budget_stops_with_admission_held_and_resumes_o
     assert_eq!((model.calls(), tool.calls()), (3, 2));
     assert_eq!(outcome.messages.len(), 6);
     assert_one_result_per_call(&outcome.messages);
-    let run3 = store.run(outcome.run_id).await.unwrap().unwrap();
-    assert_eq!(run3.resumed_from, Some(run2));
-    assert_eq!(run3.status, RunStatus::Completed);
-    assert_eq!(
-        store.run(run2).await.unwrap().unwrap().resumed_from,
-        Some(run1)
-    );
+    let run2 = store.run(outcome.run_id).await.unwrap().unwrap();
+    assert_eq!(run2.resumed_from, Some(run1));
+    assert_eq!(run2.status, RunStatus::Completed);
     let admission = store.admission(conversation_id).await.unwrap();
     assert!(admission.active.is_none());
     assert_eq!(
@@ -276,4 +272,112 @@ async fn tool_call_budget_stops_the_tool_round_without_running_tools() {
         .unwrap()
         .active
         .is_some());
+}
+
+#[tokio::test]
+async fn a_resume_without_a_budget_keeps_the_one_stored_with_the_request() {
+    let store = memory_store().await;
+    let model = scripted(three_turn_script());
+    let tool = CountingTool::new("count");
+    let conversation_id = ConversationId::new();
+    let first = session(
+        agent(model.clone(), vec![tool.clone()]),
+        &store,
+        conversation_id,
+    );
+    let request_id = RequestId::new();
+    let err = expect_err(first.run(request_id, "work", turns(1)).await);
+    let (run1, rev1) = err.stopped_run().expect("stopped run");
+    let stored = store.request(request_id).await.unwrap().unwrap().budget;
+    assert_eq!(stored, turns(1).budget);
+
+    // Another session, as another process builds it, sets no budget: the
+    // stored one still holds, and the refusal writes nothing.
+    let later = session(
+        agent(model.clone(), vec![tool.clone()]),
+        &store,
+        conversation_id,
+    );
+    let err = expect_err(
+        later
+            .resume_run(
+                run1,
+                RunContext::default(),
+                rev1,
+                ResumePolicy::RejectAmbiguous,
+            )
+            .await,
+    );
+    assert_turns_exceeded(&err, 1, 1);
+    assert_eq!(err.stopped_run(), Some((run1, rev1)));
+    assert_eq!(model.calls(), 1);
+    assert_eq!(
+        store.admission(conversation_id).await.unwrap().revision,
+        rev1
+    );
+}
+
+#[tokio::test]
+async fn a_resume_that_raises_the_budget_records_the_change_and_later_runs_keep_it() {
+    let store = memory_store().await;
+    let model = scripted(three_turn_script());
+    let tool = CountingTool::new("count");
+    let conversation_id = ConversationId::new();
+    let session = session(
+        agent(model.clone(), vec![tool.clone()]),
+        &store,
+        conversation_id,
+    );
+    let request_id = RequestId::new();
+    let err = expect_err(session.run(request_id, "work", turns(1)).await);
+    let (run1, rev1) = err.stopped_run().unwrap();
+    assert_eq!(store.run(run1).await.unwrap().unwrap().budget_change, None);
+
+    // Raised to two turns: the new run records the change and stops there.
+    let retry = ResumePolicy::RejectAmbiguous;
+    let err = expect_err(session.resume_run(run1, turns(2), rev1, retry).await);
+    assert_turns_exceeded(&err, 2, 2);
+    let (run2, rev2) = err.stopped_run().unwrap();
+    assert_eq!(
+        store.run(run2).await.unwrap().unwrap().budget_change,
+        Some(BudgetChange {
+            from: turns(1).budget,
+            to: turns(2).budget,
+        })
+    );
+    assert_eq!(
+        store.request(request_id).await.unwrap().unwrap().budget,
+        turns(2).budget
+    );
+    assert_eq!(model.calls(), 2);
+
+    // Without a budget, the raised one holds.
+    let err = expect_err(
+        session
+            .resume_run(run2, RunContext::default(), rev2, retry)
+            .await,
+    );
+    assert_turns_exceeded(&err, 2, 2);
+    assert_eq!(err.stopped_run(), Some((run2, rev2)));
+
+    // A limit of another kind keeps the stored turns and adds to them.
+    let both = RunContext::default().with_budget(both_budget());
+    let outcome = session
+        .resume_run(run2, both, rev2, retry)
+        .await
+        .expect("finish");
+    assert_eq!(outcome.turns, 3);
+    let run3 = store.run(outcome.run_id).await.unwrap().unwrap();
+    assert_eq!(
+        run3.budget_change.map(|c| (c.from, c.to)),
+        Some((turns(2).budget, both_budget()))
+    );
+}
+
+fn both_budget() -> Budget {
+    Budget {
+        max_turns: Some(3),
+        max_tokens: Some(1_000),
+        ..Budget::default()
+    }
 }

@@ -565,6 +565,33 @@ pub(super) fn start_of(fence: Fence, compacted: Compacted) -> LoopCheckpoint {
     }
 }
 
+/// The budget a request stopped between turns (`checkpoint`'s phase
+/// `Ready`) has already spent, so that its next turn could not start: the
+/// kind, what was used and the limit. A run that continued it would stop at
+/// once.
+pub(super) fn spent_between_turns(
+    agent: &Agent,
+    ctx: &RunContext,
+    checkpoint: &LoopCheckpoint,
+) -> Option<(BudgetKind, u64, u64)> {
+    if checkpoint.phase != CheckpointPhase::Ready {
+        return None;
+    }
+    let turns = turn_limit(agent, ctx);
+    if checkpoint.turn >= turns {
+        return Some((
+            BudgetKind::Turns,
+            u64::from(checkpoint.turn),
+            u64::from(turns),
+        ));
+    }
+    let used = checkpoint.usage.total();
+    match ctx.budget.max_tokens {
+        Some(limit) if used >= limit => Some((BudgetKind::Tokens, used, limit)),
+        _ => None,
+    }
+}
+
 /// The request's turn limit: the caller's budget within the agent's own.
 /// Summary passes count as turns of the request.
 pub(super) fn turn_limit(agent: &Agent, ctx: &RunContext) -> u32 {
