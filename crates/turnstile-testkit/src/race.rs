@@ -1107,6 +1107,7 @@ pub async fn a_recoverer_overtaken_before_reading_its_messages_is_fenced(
 ) -> TestResult {
     let pause = Arc::new(PauseHook {
         armed: AtomicBool::new(false),
+        claimed: AtomicBool::new(false),
         paused: Notify::new(),
         resume: Notify::new(),
     });
@@ -1151,7 +1152,7 @@ pub async fn a_recoverer_overtaken_before_reading_its_messages_is_fenced(
             .recover_after_owner_exit(
                 request,
                 "go",
-                RunContext::default(),
+                crate::session::more_turns(),
                 revision,
                 ResumePolicy::RetryInterruptedTurn,
             )
@@ -1166,7 +1167,7 @@ pub async fn a_recoverer_overtaken_before_reading_its_messages_is_fenced(
         .recover_after_owner_exit(
             request,
             "go",
-            RunContext::default(),
+            crate::session::more_turns(),
             claimed,
             ResumePolicy::RetryInterruptedTurn,
         )
@@ -1181,8 +1182,11 @@ pub async fn a_recoverer_overtaken_before_reading_its_messages_is_fenced(
 }
 
 /// Once armed, pauses the next `latest_checkpoint` until resumed.
+/// Pauses the first checkpoint read after an armed store's recovery claim
+/// (the reads before the claim go on).
 struct PauseHook {
     armed: AtomicBool,
+    claimed: AtomicBool,
     paused: Notify,
     resume: Notify,
 }
@@ -1190,12 +1194,16 @@ struct PauseHook {
 #[turnstile::async_trait]
 impl Hook for PauseHook {
     async fn enter(&self, call: &Call) -> u64 {
-        if call.op == "latest_checkpoint" && self.armed.swap(false, Ordering::SeqCst) {
+        if call.op == "latest_checkpoint" && self.claimed.swap(false, Ordering::SeqCst) {
             self.paused.notify_one();
             self.resume.notified().await;
         }
         0
     }
 
-    fn leave(&self, _call: &Call, _token: u64, _ok: bool) {}
+    fn leave(&self, call: &Call, _token: u64, ok: bool) {
+        if call.op == "claim_recovery" && ok && self.armed.swap(false, Ordering::SeqCst) {
+            self.claimed.store(true, Ordering::SeqCst);
+        }
+    }
 }

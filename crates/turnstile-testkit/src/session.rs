@@ -14,8 +14,9 @@ use tokio::sync::Notify;
 use turnstile::agent::{ModelRequest, ModelResponse};
 use turnstile::store::{Admission, RequestRecord};
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Error, Message, Model, ModelError,
-    Namespace, RequestId, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall, Usage,
+    Agent, AgentSession, Budget, ContextPolicy, ConversationId, Error, Message, Model, ModelError,
+    Namespace, RequestId, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store, Tool,
+    ToolCall, Usage,
 };
 
 /// Fails a test that waits longer than this for something that must happen.
@@ -33,6 +34,16 @@ pub fn usage(input_tokens: u64, output_tokens: u64) -> Usage {
         output_tokens,
         ..Usage::default()
     }
+}
+
+/// The context of a resume or recovery that lifts a turn budget the
+/// request was stopped by (a budget is stored with the request, so a
+/// continuing call without one keeps it): the agent's own limit decides.
+pub fn more_turns() -> RunContext {
+    RunContext::default().with_budget(Budget {
+        max_turns: Some(u32::MAX),
+        ..Budget::default()
+    })
 }
 
 /// A tool call with empty JSON arguments.

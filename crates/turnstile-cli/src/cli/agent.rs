@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::args::SessionArgs;
 use super::tools;
-use turnstile::agent::{Agent, Model};
+use turnstile::agent::{Agent, AgentLimits, Model};
 use turnstile::ids::{ConversationId, Namespace};
 use turnstile::session::{AgentSession, ContextPolicy};
 use turnstile::StoreAdmin;
@@ -33,6 +33,12 @@ pub(super) fn agent_requiring(model: Arc<dyn Model>, approval: &[String]) -> Age
             }
         })
         .with_system_prompt(SYSTEM_PROMPT)
+        // The request's stored budget (`--max-turns`, default 32) limits
+        // its turns, so that a continuing command can raise it.
+        .with_limits(AgentLimits {
+            max_turns: u32::MAX,
+            ..AgentLimits::default()
+        })
 }
 
 pub(super) fn session(

@@ -4,6 +4,7 @@
 use clap::Args;
 
 use super::access::Limits;
+use super::budget_args::BudgetArgs;
 use super::db::DbLocation;
 use super::ops;
 use turnstile::ids::{ConversationId, Namespace, Revision};
@@ -95,6 +96,8 @@ pub(super) fn parse_revision(s: &str) -> Result<Revision, String> {
 /// How `resume`, `recover` and `recover-expired` continue a request.
 #[derive(Args, Clone, Copy, Debug)]
 pub struct ContinueArgs {
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     /// Re-run a turn that was in flight (journaled tool results are reused).
     /// Without it a request whose owner stopped inside a turn is refused
     /// (exit 5) and left held.

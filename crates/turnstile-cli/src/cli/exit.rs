@@ -19,6 +19,8 @@
 //! apart without parsing text; with `--json` a failure also prints an
 //! [`ErrorDocument`] on stdout.
 
+use std::fmt;
+
 use serde::Serialize;
 use turnstile::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile::Error;
@@ -78,14 +80,15 @@ pub enum CliError {
     CannotOpen(String),
     /// A run stopped with its admission held (cancelled, budget, deadline,
     /// model error): the error, the run and revision that continue it, and
-    /// the command that does.
-    #[error("{source}; continue it with: {resume}")]
+    /// the command that does; for a spent budget, the command that gives
+    /// the request up instead.
+    #[error("{source}; continue it with: {next}")]
     Stopped {
         #[source]
         source: Error,
         run_id: RunId,
         revision: Revision,
-        resume: String,
+        next: Box<NextSteps>,
     },
     /// A run whose database server could not be reached past the busy
     /// timeout: it may have written (a step can be applied before its
@@ -285,6 +288,9 @@ pub struct ErrorDocument {
     /// The command that continues the request, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    /// The command that gives the request up instead (a spent budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub give_up: Option<String>,
 }
 
 /// The ids a failed command was given, filled into its error document
@@ -323,6 +329,7 @@ impl CliError {
             run_id: None,
             revision: None,
             next: None,
+            give_up: None,
         };
         self.fill(&mut doc);
         doc.conversation_id = doc.conversation_id.or(given.conversation_id);
@@ -338,9 +345,15 @@ impl CliError {
                 source,
                 run_id,
                 revision,
-                resume,
+                next,
+            } => {
+                fill_from(source, doc);
+                doc.run_id = Some(*run_id);
+                doc.revision = Some(*revision);
+                doc.next = Some(next.resume.clone());
+                doc.give_up = next.give_up.clone();
             }
-            | CliError::Unreachable {
+            CliError::Unreachable {
                 source,
                 run_id,
                 revision,
@@ -387,6 +400,25 @@ impl CliError {
             CliError::Failed(_) => "failure",
             CliError::CannotOpen(_) => "cannot_open",
             CliError::ForRequest { source, .. } => source.kind(),
+        }
+    }
+}
+
+/// The commands a stopped run's error names: the `resume` that continues
+/// it and, for a spent budget, the `abandon` that gives the request up.
+/// Boxed: errors travel in every `Result` of the CLI.
+#[derive(Debug)]
+pub struct NextSteps {
+    pub resume: String,
+    pub give_up: Option<String>,
+}
+
+impl fmt::Display for NextSteps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.resume)?;
+        match &self.give_up {
+            Some(command) => write!(f, "; or give the request up with: {command}"),
+            None => Ok(()),
         }
     }
 }

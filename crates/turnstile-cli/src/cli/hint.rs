@@ -9,7 +9,8 @@ use turnstile::session::AgentSession;
 use turnstile::LeasePolicy;
 
 use super::args::SessionArgs;
-use super::exit::CliError;
+use super::budget_args::raise;
+use super::exit::{CliError, NextSteps};
 use super::model::{ModelArgs, ModelSpec};
 pub(super) use super::text::quote;
 
@@ -140,11 +141,22 @@ pub(super) async fn with_hint<T>(
             if in_flight {
                 resume.push_str(" --retry-interrupted");
             }
+            // A spent budget is stored with the request: the same resume
+            // would be refused, so the command raises it, or gives up.
+            let mut give_up = None;
+            if let turnstile::Error::BudgetExceeded { kind, limit, .. } = &source {
+                if let Some((flag, raised)) = raise(*kind, *limit) {
+                    resume.push_str(&format!(" {flag} {raised}"));
+                }
+                give_up = holder(agent_session, run)
+                    .await
+                    .map(|request| abandon_command(request, revision, session));
+            }
             CliError::Stopped {
                 source,
                 run_id: run,
                 revision,
-                resume,
+                next: Box::new(NextSteps { resume, give_up }),
             }
         }
         (error, _) => error,
@@ -169,6 +181,30 @@ async fn held_by(session: &AgentSession, run: RunId) -> Option<(RunId, Revision,
         )
     });
     Some((run, state.revision, in_flight))
+}
+
+/// The request `run` runs, while it holds the admission.
+async fn holder(session: &AgentSession, run: RunId) -> Option<RequestId> {
+    let active = session.admission().await.ok()?.active?;
+    (active.run_id == run).then_some(active.request_id)
+}
+
+/// `turnstile abandon REQUEST --revision N` on the same database and
+/// conversation.
+pub(super) fn abandon_command(
+    request: RequestId,
+    revision: Revision,
+    session: &SessionArgs,
+) -> String {
+    let mut words = vec![
+        "turnstile".to_owned(),
+        "abandon".into(),
+        request.to_string(),
+        "--revision".into(),
+        revision.to_string(),
+    ];
+    words.extend(session_words(session));
+    words.join(" ")
 }
 
 /// `turnstile resume RUN --revision N` on the same database and

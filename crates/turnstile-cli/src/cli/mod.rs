@@ -14,6 +14,7 @@ mod agent_args;
 mod approvals;
 mod args;
 mod bench;
+mod budget_args;
 mod committed;
 mod db;
 mod deletion;

@@ -112,7 +112,8 @@ pub(super) async fn run(
         };
         let ctx = RunContext::default()
             .with_cancel(interrupt.token())
-            .with_agent_upgrade(upgrade);
+            .with_agent_upgrade(upgrade)
+            .with_budget(args.continuing.budget.as_given());
         let policy = match args.continuing.retry_interrupted {
             true => ResumePolicy::RetryInterruptedTurn,
             false => ResumePolicy::RejectAmbiguous,

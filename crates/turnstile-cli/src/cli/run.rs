@@ -13,6 +13,7 @@ use super::agent::session;
 use super::agent_args::AgentArgs;
 use super::approvals::report_awaiting;
 use super::args::NewSessionArgs;
+use super::budget_args::BudgetArgs;
 use super::committed::show_outcome;
 use super::exit::CliError;
 use super::follow::follow;
@@ -39,6 +40,8 @@ pub struct RunArgs {
     pub agent: AgentArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     /// The user input. Read from stdin when absent (trailing newlines
     /// dropped).
     #[arg(value_name = "INPUT")]
@@ -71,7 +74,9 @@ pub(super) async fn run(
     let store = open_store(&args_session.db, Access::Create(args_session.limits())).await?;
     let result = async {
         let interrupt = Interrupt::watch();
-        let ctx = RunContext::default().with_cancel(interrupt.token());
+        let ctx = RunContext::default()
+            .with_cancel(interrupt.token())
+            .with_budget(args.budget.for_new_request());
         if new_conversation && !json {
             // Like all progress, an unwritable line does not stop the run.
             let _ = writeln!(

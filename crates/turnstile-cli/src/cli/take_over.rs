@@ -152,7 +152,8 @@ async fn take_over(
         };
         let ctx = RunContext::default()
             .with_cancel(interrupt.token())
-            .with_agent_upgrade(upgrade);
+            .with_agent_upgrade(upgrade)
+            .with_budget(target.continuing.budget.as_given());
         let policy = policy(target.continuing.retry_interrupted);
         let events = match what {
             TakeOver::Resume(run) => session.resume_stream(run, ctx, target.revision, policy),

@@ -7,6 +7,7 @@ mod bad_input;
 mod cli_approvals;
 mod cli_bad_input;
 mod cli_bench;
+mod cli_budget;
 mod cli_delete_fork;
 mod cli_demo;
 mod cli_leases;

@@ -836,8 +836,13 @@ async fn no_entry_point_crosses_a_namespace_or_leaks_its_content() {
     );
     let (agent, _) = secret_agent();
     let a = AgentSession::new(agent, store, conversation, tenant_a(), Default::default());
+    // The budget is stored with the request: the resume raises it.
+    let raised = ctx().with_budget(Budget {
+        max_turns: Some(10),
+        ..Budget::default()
+    });
     let finished = a
-        .resume_run(run, ctx(), revision, ResumePolicy::default())
+        .resume_run(run, raised, revision, ResumePolicy::default())
         .await
         .unwrap();
     assert_eq!(finished.final_text, format!("{SECRET} answer"));
@@ -1110,8 +1115,13 @@ async fn scripted_requests(store: Arc<dyn Store>) -> ConversationId {
     let (run, revision) = stopped.stopped_run().expect("stopped");
     let busy = session.run(RequestId::new(), &input(5), ctx()).await;
     assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
+    // The budget is stored with the request: the resume raises it.
+    let raised = ctx().with_budget(Budget {
+        max_turns: Some(10),
+        ..Budget::default()
+    });
     session
-        .resume_run(run, ctx(), revision, ResumePolicy::default())
+        .resume_run(run, raised, revision, ResumePolicy::default())
         .await
         .unwrap();
 

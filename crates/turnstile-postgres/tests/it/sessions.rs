@@ -208,7 +208,7 @@ async fn a_stopped_run_resumes_from_another_store_with_its_usage_carried_over() 
     let outcome = session
         .resume_run(
             run_id,
-            RunContext::default(),
+            more_turns(),
             revision,
             ResumePolicy::RejectAmbiguous,
         )

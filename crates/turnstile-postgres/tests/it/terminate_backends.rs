@@ -48,6 +48,7 @@ use turnstile::{
 };
 use turnstile_test_postgres::Server;
 use turnstile_testkit::postgres::durability;
+use turnstile_testkit::session::more_turns;
 use turnstile_testkit::torture::hooked::{Call, Hook, Hooked};
 use turnstile_testkit::torture::{checks, namespace, ConversationPlan, Plan, Rng};
 
@@ -691,12 +692,7 @@ async fn flow(session: &AgentSession, conversation: &ConversationPlan) -> Vec<St
     told_callers.push(told("run r1 (one turn)", &stopped));
     if let Some((run, revision)) = stopped.as_ref().err().and_then(Error::stopped_run) {
         let resumed = session
-            .resume_run(
-                run,
-                RunContext::default(),
-                revision,
-                ResumePolicy::RejectAmbiguous,
-            )
+            .resume_run(run, more_turns(), revision, ResumePolicy::RejectAmbiguous)
             .await;
         told_callers.push(told("resume r1", &resumed));
     }
@@ -708,7 +704,7 @@ async fn flow(session: &AgentSession, conversation: &ConversationPlan) -> Vec<St
             .recover_after_owner_exit(
                 r2.id,
                 &r2.input,
-                RunContext::default(),
+                more_turns(),
                 revision,
                 ResumePolicy::RetryInterruptedTurn,
             )

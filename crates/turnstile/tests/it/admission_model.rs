@@ -942,6 +942,15 @@ impl Reference {
                 revision: self.revision,
             };
         }
+        // Stopped between turns with its turn budget spent, the request is
+        // refused before anything is written: the run would stop at once.
+        if behavior == Behavior::OneTurnBudget && holder.progress == Progress::Ready {
+            return Obs::Stopped {
+                kind: StopKind::Budget,
+                run: tok(holder.run),
+                revision: self.revision,
+            };
+        }
         if policy == Policy::RejectAmbiguous {
             if let Some(turn) = holder.progress.ambiguous_turn() {
                 return Obs::Ambiguous {
@@ -1110,26 +1119,27 @@ impl Harness {
         request.map_or_else(RequestId::new, |r| self.request_ids[r])
     }
 
-    /// Sets the switches and the context for `behavior`.
+    /// Sets the switches and the context for `behavior`. Every run sets
+    /// each limit the behaviours use, so that the one a request stored (and
+    /// a continuing run would keep) never decides: the model judges each
+    /// step by its own behaviour.
     fn arm(&self, behavior: Behavior) -> RunContext {
         self.switches.reset();
-        let mut ctx = RunContext::default();
+        let mut ctx = RunContext::default().with_budget(Budget {
+            max_turns: Some(u32::MAX),
+            max_tool_calls: Some(u64::MAX),
+            ..Budget::default()
+        });
         match behavior {
             Behavior::Complete => {}
             Behavior::CrashInModel => self.switches.block_model.store(true, Ordering::SeqCst),
             Behavior::CrashInTool => self.switches.block_tool.store(true, Ordering::SeqCst),
             Behavior::ModelFails => self.switches.fail_model.store(true, Ordering::SeqCst),
             Behavior::OneTurnBudget => {
-                ctx = ctx.with_budget(Budget {
-                    max_turns: Some(1),
-                    ..Budget::default()
-                })
+                ctx.budget.max_turns = Some(1);
             }
             Behavior::NoToolBudget => {
-                ctx = ctx.with_budget(Budget {
-                    max_tool_calls: Some(0),
-                    ..Budget::default()
-                })
+                ctx.budget.max_tool_calls = Some(0);
             }
             Behavior::Cancelled => {
                 let cancel = CancellationToken::new();
@@ -1281,10 +1291,10 @@ impl Harness {
                 callers,
             } => {
                 let id = self.request_id(*request);
-                self.arm(*behavior);
+                let armed = self.arm(*behavior);
                 let calls = (0..*callers)
                     .map(|_| {
-                        let ctx = RunContext::default();
+                        let ctx = armed.clone();
                         let (session, input) = (self.session.clone(), input.clone());
                         let (expected, policy) = (Revision(*expected), policy.real());
                         async move {
@@ -1678,6 +1688,14 @@ fn step_requests(step: &Step) -> Vec<usize> {
     }
 }
 
+/// A context that lifts the request's stored tool-call limit.
+fn any_tool_calls() -> RunContext {
+    RunContext::default().with_budget(Budget {
+        max_tool_calls: Some(u64::MAX),
+        ..Budget::default()
+    })
+}
+
 /// Regression (found by this model): a run resumed from a
 /// `ToolsPending` checkpoint starts its tool without moving the checkpoint
 /// back to `ToolsInFlight`. If it dies while the tool runs, the checkpoint
@@ -1715,7 +1733,7 @@ fn a_resumed_tool_round_that_dies_mid_tool_is_refused_as_ambiguous() {
         let resumed = harness
             .crashable(session.resume_run(
                 run,
-                RunContext::default(),
+                any_tool_calls(),
                 revision,
                 ResumePolicy::RejectAmbiguous,
             ))
@@ -1736,7 +1754,7 @@ fn a_resumed_tool_round_that_dies_mid_tool_is_refused_as_ambiguous() {
             .recover_after_owner_exit(
                 request,
                 "go",
-                RunContext::default(),
+                any_tool_calls(),
                 admission.revision,
                 ResumePolicy::RejectAmbiguous,
             )

@@ -139,7 +139,7 @@ async fn sixteen_concurrent_recoverers_exactly_one_wins_the_rest_get_busy_or_con
                 .recover_after_owner_exit(
                     request_id,
                     "contended",
-                    RunContext::default(),
+                    more_turns(),
                     revision,
                     ResumePolicy::RetryInterruptedTurn,
                 )

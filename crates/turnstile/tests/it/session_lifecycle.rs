@@ -77,12 +77,7 @@ async fn recovery_usage_of_a_completed_request_is_not_active() {
     let s = stopped_after_two_turns().await;
     let outcome = s
         .session
-        .resume_run(
-            s.run_id,
-            RunContext::default(),
-            s.revision,
-            Default::default(),
-        )
+        .resume_run(s.run_id, more_turns(), s.revision, Default::default())
         .await
         .expect("finish");
     assert_eq!(outcome.usage, usage(108, 14));
@@ -323,7 +318,7 @@ async fn verification_reports_and_tool_call_count_survive_a_resume() {
     assert_eq!(checkpoint.tool_calls_count, 1);
 
     let outcome = session
-        .resume_run(run, RunContext::default(), revision, Default::default())
+        .resume_run(run, more_turns(), revision, Default::default())
         .await
         .expect("finish");
     assert_eq!(outcome.tool_calls, 3);

@@ -51,12 +51,7 @@ async fn labelling_a_held_conversation_fences_no_run_and_survives_its_commit() {
 
     // The run resumes at the revision it had and commits; the label stays.
     let outcome = session
-        .resume_run(
-            run,
-            RunContext::default(),
-            revision,
-            ResumePolicy::RejectAmbiguous,
-        )
+        .resume_run(run, more_turns(), revision, ResumePolicy::RejectAmbiguous)
         .await
         .expect("resumed to the end");
     assert_eq!(outcome.final_text, "done");

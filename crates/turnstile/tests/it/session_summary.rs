@@ -735,7 +735,7 @@ async fn changed_pass_limit_summary_agent_or_window_is_refused_on_recovery() {
         .recover_after_owner_exit(
             request_id,
             "question 6",
-            RunContext::default(),
+            more_turns(),
             revision,
             ResumePolicy::RejectAmbiguous,
         )

@@ -14,10 +14,11 @@ use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
 use crate::cli::store::open_store;
 use turnstile::admin::{ConversationSummary, RunSummary};
+use turnstile::agent::Budget;
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
 use turnstile::message::Message;
-use turnstile::store::TranscriptEntry;
+use turnstile::store::{BudgetChange, TranscriptEntry};
 use turnstile::Error;
 use turnstile::StoreAdmin;
 
@@ -229,7 +230,25 @@ struct RunCheckpoints<'a> {
     run: &'a RunSummary,
     /// Set when the run continued its request with another agent.
     agent_change: Option<AgentChangeShown<'a>>,
+    /// Set when the run changed its request's budget.
+    budget_change: Option<&'a BudgetChange>,
     checkpoints: &'a [LoopCheckpoint],
+}
+
+/// A budget's limits in words: "at most 2 turns, 100 tokens".
+fn budget_words(budget: &Budget) -> String {
+    let limits: Vec<String> = [
+        budget.max_turns.map(|n| format!("{n} turns")),
+        budget.max_tool_calls.map(|n| format!("{n} tool calls")),
+        budget.max_tokens.map(|n| format!("{n} tokens")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    match limits.is_empty() {
+        true => "no limits".to_owned(),
+        false => format!("at most {}", limits.join(", ")),
+    }
 }
 
 /// The fingerprints of an accepted agent upgrade.
@@ -260,9 +279,11 @@ pub(in crate::cli) async fn checkpoints(
         let rows = store.checkpoints(args.run).await?;
         let awaiting = Awaiting::read(store.as_ref(), Some(run.conversation_id)).await?;
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
+        let budget_change = record.as_ref().and_then(|r| r.budget_change.as_ref());
         if json {
             let shown = RunCheckpoints {
                 run: &run,
+                budget_change,
                 agent_change: change.map(|c| AgentChangeShown {
                     from: &c.from,
                     to: &c.to,
@@ -301,6 +322,16 @@ pub(in crate::cli) async fn checkpoints(
                 ),
                 ("admission", admission),
                 ("agent", agent),
+                (
+                    "budget",
+                    budget_change.map_or("-".into(), |c| {
+                        format!(
+                            "changed from {} to {}",
+                            budget_words(&c.from),
+                            budget_words(&c.to)
+                        )
+                    }),
+                ),
                 (
                     "error",
                     run.error
