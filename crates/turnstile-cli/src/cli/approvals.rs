@@ -275,7 +275,8 @@ fn decide_next(
 ) -> Result<(), CliError> {
     writeln!(
         out,
-        "{indent}decide call {} (each decision prints the new revision and the next command):",
+        "{indent}decide call {} (each decision prints the new revision and the next command; \
+         a rejection needs its reason, written after --reason):",
         one_line(&call.call_id)
     )?;
     for decision in [Decision::Approve, Decision::Reject] {

@@ -200,9 +200,11 @@ pub(super) enum Decision {
     Reject,
 }
 
-/// `turnstile approve REQUEST CALL --revision N …` (or `reject … --reason
-/// '…'`, the reason left for the user to write), with the agent's options
-/// when they are known, so the command it prints next pastes too.
+/// `turnstile approve REQUEST CALL --revision N …` (or `reject …
+/// --reason`), with the agent's options when they are known, so the command it prints
+/// next pastes too. A rejection's reason is the user's to write: `--reason`
+/// comes last with no value, so the command pasted as printed is refused
+/// (a value is required) rather than sending a placeholder to the model.
 pub(super) fn decide_command(
     decision: Decision,
     request: RequestId,
@@ -222,12 +224,13 @@ pub(super) fn decide_command(
         words.push(quote(call_id));
     }
     words.extend(["--revision".into(), revision.to_string()]);
-    if decision == Decision::Reject {
-        words.extend(["--reason".into(), quote("…")]);
-    }
     words.extend(session_words(session));
     if let Some(agent) = agent {
         words.extend(agent.words());
+    }
+    if decision == Decision::Reject {
+        // Before a `--`, which clap never takes as its value.
+        words.push("--reason".into());
     }
     if hyphen {
         words.extend(["--".into(), quote(call_id)]);
@@ -312,11 +315,8 @@ mod tests {
             )
         );
         let reject = decide_command(Decision::Reject, request, "-x", Revision(4), &session, None);
-        assert!(
-            reject.contains(" --revision 4 --reason '…' --db "),
-            "{reject}"
-        );
-        assert!(reject.ends_with(" -- -x"), "{reject}");
+        assert!(reject.contains(" --revision 4 --db "), "{reject}");
+        assert!(reject.ends_with(" --reason -- -x"), "{reject}");
         let resume = resume_command(RunId::new(), Revision(5), &session, None);
         assert!(
             resume.contains(" --revision 5 --db 'my db.sqlite' "),

@@ -110,10 +110,20 @@ async fn an_approved_call_runs_once_when_the_request_is_resumed() {
     let reject = printed(&stopped, "turnstile reject ");
     let decided = format!("{request} c1 --revision {revision} --db ");
     assert!(approve.contains(&decided), "{approve}");
-    assert!(reject.contains("--reason '…'"), "{reject}");
-    for command in [approve, reject] {
-        assert!(command.ends_with("--require-approval add"), "{command}");
-    }
+    assert!(reject.contains(&decided), "{reject}");
+    assert!(approve.ends_with("--require-approval add"), "{approve}");
+    // The reason is the user's to write: pasted as printed, the rejection
+    // is refused (2) and nothing is decided.
+    assert!(
+        reject.ends_with("--require-approval add --reason"),
+        "{reject}"
+    );
+    let unwritten = pasted(reject);
+    assert_eq!(unwritten.code, 2, "{unwritten:#?}");
+    assert!(unwritten.stderr.contains("--reason"), "{unwritten:#?}");
+    assert!(unwritten.stdout.is_empty(), "{unwritten:#?}");
+    assert_eq!(admission(&db, &conversation).await, held, "nothing decided");
+    assert_eq!(pending(&db).len(), 1);
 
     // `approvals --json`: the call, with what deciding needs.
     let calls = pending(&db);
