@@ -7,6 +7,8 @@ use serde_json::Value;
 use turnstile::admin::ListFilter;
 use turnstile::store::ConversationCursor;
 
+use super::text::echoed;
+
 /// Filters of `ls conversations` (other listings refuse them).
 #[derive(Args, Debug, Default)]
 pub struct SearchArgs {
@@ -76,17 +78,17 @@ fn parse_meta_filter(s: &str) -> Result<(String, Value), String> {
 }
 
 /// `k=v` as a string value, `k:=JSON` as a JSON value.
-pub(super) fn parse_pair(s: &str) -> Result<(String, Value), String> {
+fn parse_pair(s: &str) -> Result<(String, Value), String> {
     if let Some((key, json)) = s.split_once(":=") {
         if !key.contains('=') {
             let value = serde_json::from_str(json)
-                .map_err(|e| format!("{json:?} after := is not JSON: {e}"))?;
+                .map_err(|e| format!("{} after := is not JSON: {e}", echoed(json)))?;
             return Ok((key.to_owned(), value));
         }
     }
     let (key, value) = s
         .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE or KEY:=JSON, got {s:?}"))?;
+        .ok_or_else(|| format!("expected KEY=VALUE or KEY:=JSON, got {}", echoed(s)))?;
     Ok((key.to_owned(), Value::String(value.to_owned())))
 }
 
