@@ -545,6 +545,32 @@ fn a_write_past_max_db_bytes_fails_like_a_full_disk_and_writes_nothing() {
 }
 
 #[test]
+fn a_quota_below_what_the_schema_needs_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("tiny.db");
+    let model = scripted(&add_script(dir.path()));
+    let conversation = uuid();
+    let refused = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+        "--max-db-bytes",
+        "8192",
+        "hi",
+    ]);
+    refused.assert_error(1, "raise --max-db-bytes");
+    let beside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(beside, ["add.json"], "no database, journal or log left");
+}
+
+#[test]
 fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that_continues_it() {
     fn args(v: &[String]) -> Vec<&str> {
         v.iter().map(String::as_str).collect()

@@ -13,6 +13,7 @@ mod cli_leases;
 mod cli_meta;
 mod cli_ops;
 mod cli_postgres;
+mod cli_read_only;
 mod cli_retention;
 mod cli_session;
 mod cli_support;
