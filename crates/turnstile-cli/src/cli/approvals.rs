@@ -132,6 +132,15 @@ pub struct RejectArgs {
     pub reason: String,
 }
 
+/// `approvals --json`: one object, as every listing is, with its items and
+/// `next`, the cursor of a next page (always `null`: every waiting call is
+/// listed).
+#[derive(Serialize)]
+struct Listed<'a> {
+    approvals: Vec<Pending<'a>>,
+    next: Option<String>,
+}
+
 /// One waiting call as `approvals --json` (and a run's exit 6 with
 /// `--json`) writes it.
 #[derive(Serialize)]
@@ -342,8 +351,14 @@ pub(super) async fn list(
     .await;
     let (pending, namespaces) = closed(store.as_ref(), result).await?;
     if json {
-        let rows: Vec<Pending<'_>> = pending.iter().map(Pending::from).collect();
-        return output::json(out, &rows);
+        let approvals: Vec<Pending<'_>> = pending.iter().map(Pending::from).collect();
+        return output::json(
+            out,
+            &Listed {
+                approvals,
+                next: None,
+            },
+        );
     }
     if pending.is_empty() {
         writeln!(out, "no tool calls await approval")?;

@@ -629,7 +629,7 @@ fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that
         "--json",
     ]);
     stuck.assert_success();
-    let rows = stuck.json();
+    let rows = stuck.json()["requests"].clone();
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows:#}");
     let held = tokio::runtime::Runtime::new()
         .unwrap()

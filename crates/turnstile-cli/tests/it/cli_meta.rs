@@ -37,7 +37,7 @@ fn ids(page: &Value) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .map(|c| c["conversation_id"].as_str().unwrap().to_owned())
         .collect()
 }
 

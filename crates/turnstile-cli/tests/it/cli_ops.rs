@@ -204,7 +204,10 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     let page = ops(&["ls", "conversations"], &db);
     assert_eq!(page["next"], Value::Null);
     let conversations = page["conversations"].clone();
-    assert_eq!(ids(&conversations, "id"), [second.clone(), first.clone()]);
+    assert_eq!(
+        ids(&conversations, "conversation_id"),
+        [second.clone(), first.clone()]
+    );
     let [newer, older] = conversations.as_array().unwrap().as_slice() else {
         panic!("two conversations: {conversations:#}");
     };
@@ -224,9 +227,9 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
 
     // Filters: namespace, conversation, both, limit.
     let team = ops(&["ls", "conversations", "--namespace", "team-b"], &db)["conversations"].clone();
-    assert_eq!(ids(&team, "id"), [second.as_str()]);
+    assert_eq!(ids(&team, "conversation_id"), [second.as_str()]);
     let one = ops(&["ls", "conversations", "--conversation", &first], &db)["conversations"].clone();
-    assert_eq!(ids(&one, "id"), [first.as_str()]);
+    assert_eq!(ids(&one, "conversation_id"), [first.as_str()]);
     let none = ops(
         &[
             "ls",
@@ -240,17 +243,23 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     );
     assert_eq!(none["conversations"], json!([]));
     let limited = ops(&["ls", "conversations", "--limit", "1"], &db);
-    assert_eq!(ids(&limited["conversations"], "id"), [second.as_str()]);
+    assert_eq!(
+        ids(&limited["conversations"], "conversation_id"),
+        [second.as_str()]
+    );
     let after = limited["next"].as_str().expect("a next page").to_owned();
     let rest = ops(
         &["ls", "conversations", "--limit", "1", "--after", &after],
         &db,
     );
-    assert_eq!(ids(&rest["conversations"], "id"), [first.as_str()]);
+    assert_eq!(
+        ids(&rest["conversations"], "conversation_id"),
+        [first.as_str()]
+    );
     assert_eq!(rest["next"], Value::Null);
 
     // Requests of the second conversation, newest first.
-    let requests = ops(&["ls", "requests", "--conversation", &second], &db);
+    let requests = ops(&["ls", "requests", "--conversation", &second], &db)["requests"].clone();
     assert_eq!(
         ids(&requests, "request_id"),
         [
@@ -273,13 +282,13 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     assert_eq!(finished["last_checkpoint"]["phase"], "completed");
     assert!(finished["completed_at"].as_i64().unwrap() >= finished["created_at"].as_i64().unwrap());
     assert_eq!(finished["held"], Value::Null);
-    let all = ops(&["ls", "requests"], &db);
+    let all = ops(&["ls", "requests"], &db)["requests"].clone();
     assert_eq!(all.as_array().unwrap().len(), 3);
-    let stuck = ops(&["ls", "requests", "--stuck"], &db);
+    let stuck = ops(&["ls", "requests", "--stuck"], &db)["requests"].clone();
     assert_eq!(ids(&stuck, "request_id"), [request.as_str()]);
 
     // Runs, newest first.
-    let runs = ops(&["ls", "runs"], &db);
+    let runs = ops(&["ls", "runs"], &db)["runs"].clone();
     assert_eq!(
         ids(&runs, "run_id"),
         [
@@ -298,7 +307,7 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     assert_eq!(runs[2]["status"], "completed");
     assert_eq!(runs[2]["conversation_id"], first.as_str());
     assert_eq!(runs[2]["namespace"], "default");
-    let default_runs = ops(&["ls", "runs", "--namespace", "default"], &db);
+    let default_runs = ops(&["ls", "runs", "--namespace", "default"], &db)["runs"].clone();
     assert_eq!(
         ids(&default_runs, "run_id"),
         [ids(&runs, "run_id")[2].clone()]
@@ -349,9 +358,12 @@ async fn ls_stuck_finds_a_request_whose_worker_was_sigkilled() {
     // The run row still says `running`: the database cannot tell a dead
     // process from one inside a long model call, so it is stuck only once
     // the admission is older than --stale-after (5m by default).
-    assert_eq!(ops(&["ls", "requests", "--stuck"], &db), json!([]));
+    assert_eq!(
+        ops(&["ls", "requests", "--stuck"], &db)["requests"].clone(),
+        json!([])
+    );
     let stale = ["--stuck", "--stale-after", "0s"];
-    let requests = ops(&[&["ls", "requests"][..], &stale].concat(), &db);
+    let requests = ops(&[&["ls", "requests"][..], &stale].concat(), &db)["requests"].clone();
     assert_eq!(ids(&requests, "request_id"), [request.as_str()]);
     assert_eq!(requests[0]["status"], "active");
     assert_eq!(requests[0]["held"]["stuck"], true);
@@ -361,10 +373,10 @@ async fn ls_stuck_finds_a_request_whose_worker_was_sigkilled() {
     assert_eq!(requests[0]["last_checkpoint"]["phase"], "turn_in_flight");
     let conversations = ops(&[&["ls", "conversations"][..], &stale].concat(), &db);
     assert_eq!(
-        ids(&conversations["conversations"], "id"),
+        ids(&conversations["conversations"], "conversation_id"),
         [conversation.as_str()]
     );
-    let runs = ops(&[&["ls", "runs"][..], &stale].concat(), &db);
+    let runs = ops(&[&["ls", "runs"][..], &stale].concat(), &db)["runs"].clone();
     assert_eq!(ids(&runs, "run_id"), [run.as_str()]);
     assert_eq!(runs[0]["status"], "running");
 
@@ -1031,7 +1043,7 @@ async fn ctrl_c_cancels_a_run_cleanly_and_resume_finishes_it() {
     );
     assert!(stderr.contains(&hint), "{stderr}");
     // A failed owner is stuck at once.
-    let stuck = ops(&["ls", "requests", "--stuck"], &db);
+    let stuck = ops(&["ls", "requests", "--stuck"], &db)["requests"].clone();
     assert_eq!(ids(&stuck, "request_id"), [request.as_str()]);
 
     // The printed command (with a model that answers now) finishes it.

@@ -9,6 +9,7 @@ mod cli_bad_input;
 mod cli_bench;
 mod cli_delete_fork;
 mod cli_demo;
+mod cli_json;
 mod cli_leases;
 mod cli_meta;
 mod cli_ops;
