@@ -71,8 +71,9 @@ pub struct ApprovalsArgs {
     /// Only this conversation's calls (every conversation's when absent).
     #[arg(long, value_name = "UUID")]
     pub conversation: Option<ConversationId>,
-    /// Only calls of conversations in this namespace (with --conversation:
-    /// the namespace it must be in).
+    /// Only calls of conversations in this namespace, with or without
+    /// --conversation (which must then be in it); every namespace when
+    /// absent.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
 }

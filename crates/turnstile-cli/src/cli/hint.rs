@@ -4,7 +4,7 @@
 //! in them.
 
 use turnstile::checkpoint::CheckpointPhase;
-use turnstile::ids::{RequestId, Revision, RunId};
+use turnstile::ids::{Namespace, RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 use turnstile::LeasePolicy;
 
@@ -247,7 +247,7 @@ fn session_words(session: &SessionArgs) -> Vec<String> {
         "--conversation".into(),
         session.conversation.to_string(),
     ];
-    if session.namespace.as_str() != "default" {
+    if session.namespace.as_str() != Namespace::DEFAULT {
         words.extend(["--namespace".into(), quote(session.namespace.as_str())]);
     }
     if let Some(bytes) = session.max_db_bytes {
@@ -271,7 +271,7 @@ mod tests {
         SessionArgs {
             db: super::super::DbLocation::File("my db.sqlite".into()),
             conversation: ConversationId::new(),
-            namespace: turnstile::ids::Namespace::new("default").unwrap(),
+            namespace: Namespace::default(),
             max_db_bytes: None,
             busy_timeout: None,
         }

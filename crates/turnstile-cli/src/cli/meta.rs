@@ -26,7 +26,7 @@ pub struct MetaArgs {
     #[arg(long, value_name = "PATH|URL")]
     pub db: DbLocation,
     /// The conversation's namespace.
-    #[arg(long, value_name = "NS", default_value = "default")]
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
     pub namespace: Namespace,
     /// Set metadata key K to the string V (repeatable).
     #[arg(long, value_name = "K=V")]

@@ -9,8 +9,10 @@ use turnstile::store::ConversationCursor;
 
 use super::text::echoed;
 
-/// Filters of `ls conversations` (other listings refuse them).
+/// Filters of `ls conversations` (other listings refuse them), shown
+/// under a heading of their own in `ls --help`.
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Filters of `ls conversations` only (requests and runs refuse them)")]
 pub struct SearchArgs {
     /// Only conversations of this owner (`ls conversations` only).
     #[arg(long, value_name = "OWNER")]
@@ -23,17 +25,19 @@ pub struct SearchArgs {
     pub meta: Option<(String, Value)>,
     /// Only conversations created at or after this time (RFC 3339 with `Z`
     /// or an offset such as `+01:00`, or Unix milliseconds). `ls
-    /// conversations` only, as are the other time filters.
+    /// conversations` only.
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub created_after: Option<i64>,
-    /// Only conversations created before this time.
+    /// Only conversations created before this time (`ls conversations`
+    /// only).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub created_before: Option<i64>,
     /// Only conversations updated (last activity or metadata change) at or
-    /// after this time.
+    /// after this time (`ls conversations` only).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub updated_after: Option<i64>,
-    /// Only conversations updated before this time.
+    /// Only conversations updated before this time (`ls conversations`
+    /// only).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub updated_before: Option<i64>,
     /// The next page: the cursor a previous page printed (`ls

@@ -1106,3 +1106,89 @@ fn bad_operations_arguments_are_one_line_usage_errors_and_create_nothing() {
     }
     assert!(!db.exists());
 }
+
+/// The help of `--namespace` in a command's `--help`: its line and those
+/// under it, up to the next option (short or long help alike).
+fn namespace_help(text: &str) -> String {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("--namespace"));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no --namespace: {text}"));
+    let rest = lines.take_while(|l| !l.trim_start().starts_with('-'));
+    std::iter::once(first)
+        .chain(rest)
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn every_command_defaults_to_one_namespace_and_ls_help_groups_the_conversation_filters() {
+    let help = |command: &[&str]| {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let shown = turnstile(&args);
+        shown.assert_success();
+        shown.stdout
+    };
+    // The commands that run or change a conversation: `default`, the
+    // library's default too.
+    let default = turnstile::Namespace::default();
+    assert_eq!(default.as_str(), turnstile::Namespace::DEFAULT);
+    let named = format!("[default: {}]", turnstile::Namespace::DEFAULT);
+    for command in [
+        &["run"][..],
+        &["resume"],
+        &["recover"],
+        &["abandon"],
+        &["approve"],
+        &["reject"],
+        &["delete"],
+        &["fork"],
+        &["meta"],
+    ] {
+        let text = help(command);
+        let line = namespace_help(&text);
+        assert!(line.contains(&named), "{command:?}: {line}");
+    }
+    // The read commands filter: every namespace when absent.
+    for command in [&["ls"][..], &["approvals"], &["show"], &["export"]] {
+        let text = help(command);
+        let line = namespace_help(&text);
+        assert!(!line.contains("[default:"), "{command:?}: {line}");
+        assert!(
+            line.contains("every namespace when absent") || line.contains("any when absent"),
+            "{command:?}: {line}"
+        );
+    }
+    // `ls --help`: the conversation-only filters under their own heading,
+    // after every filter that applies to all three listings.
+    let text = help(&["ls"]);
+    let heading = text
+        .find("Filters of `ls conversations` only (requests and runs refuse them):")
+        .unwrap_or_else(|| panic!("{text}"));
+    for flag in [
+        "--namespace",
+        "--conversation",
+        "--stuck",
+        "--stale-after",
+        "--limit",
+    ] {
+        let at = text.find(&format!("      {flag} ")).unwrap();
+        assert!(at < heading, "{flag} applies to every listing: {text}");
+    }
+    for flag in [
+        "--owner",
+        "--meta",
+        "--created-after",
+        "--created-before",
+        "--updated-after",
+        "--updated-before",
+        "--after",
+    ] {
+        let at = text.find(&format!("      {flag} ")).unwrap();
+        assert!(at > heading, "{flag} filters conversations only: {text}");
+    }
+}
