@@ -82,6 +82,9 @@ impl SqliteStore {
                     }
                     return Err(Error::Store(e));
                 }
+                Err(Error::Store(e)) if options.existing_only && !look_only && !writable(path) => {
+                    return Err(unreadable_with_log(path, e));
+                }
                 other => return other,
             }
         }
@@ -361,10 +364,36 @@ fn remove_new_file(path: &Path) {
 /// SQLite then creates no `-wal` or `-shm` file beside it, which this
 /// process could not remove, or not create at all.
 pub(crate) fn only_readable(path: &Path) -> bool {
+    !writable(path) && !wal_beside(path).exists()
+}
+
+/// Whether this process may write the file: opening it for writing
+/// changes nothing.
+fn writable(path: &Path) -> bool {
+    std::fs::OpenOptions::new().write(true).open(path).is_ok()
+}
+
+fn wal_beside(path: &Path) -> std::path::PathBuf {
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
-    let writable = std::fs::OpenOptions::new().write(true).open(path).is_ok();
-    !writable && !Path::new(&wal).exists()
+    wal.into()
+}
+
+/// A look at a file this process cannot write, with a `-wal` file beside
+/// it, that failed: SQLite reads such a log only through a `-shm` file it
+/// can create or write. Says so, and what to do.
+fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
+    Error::Store(StoreError::new(
+        format!(
+            "cannot read {} without writing: a write-ahead log ({}) is beside it, which \
+             SQLite reads only through a -shm file it may create or write; read it as a user \
+             who may write the database and its directory, or once its writer has closed it \
+             (which folds the log into the file)",
+            path.display(),
+            wal_beside(path).display(),
+        ),
+        Some(Box::new(error)),
+    ))
 }
 
 /// Creates a missing database file with mode 0600 before SQLite opens it;

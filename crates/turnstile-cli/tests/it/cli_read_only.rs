@@ -2,7 +2,8 @@
 //! directory (as a read-only medium is) and a writable directory with a
 //! file the user may only read. Each works and leaves no `-wal` or `-shm`
 //! file beside the database. As root, file modes bind nobody: the commands
-//! then run as the user `nobody`, who really cannot write there.
+//! then run as the user `nobody`, who really cannot write there. A log
+//! beside such a file cannot be read without writing: that read says why.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -153,4 +154,30 @@ fn reads_of_a_file_the_user_cannot_write_leave_no_log_files_beside_it() {
     std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let read = reader(outer.path(), root);
     every_read_works_and_leaves_nothing(&read, &dir, &made);
+}
+
+#[test]
+fn a_read_that_needs_to_write_beside_a_log_says_why_and_what_to_do() {
+    let root = is_root();
+    let outer = tempfile::tempdir().unwrap();
+    let dir = outer.path().join("data");
+    std::fs::create_dir(&dir).unwrap();
+    let (db, _, _) = made(&dir);
+    // A log beside the file (its writer still has it open, or could not
+    // fold it): reading it needs a -shm file the reader cannot create.
+    std::fs::write(dir.join("ro.db-wal"), b"").unwrap();
+    std::fs::set_permissions(Path::new(&db), std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let read = reader(outer.path(), root);
+    let refused = read(&["ls", "conversations", "--db", &db]);
+    refused.assert_error(1, "a write-ahead log");
+    assert!(
+        refused
+            .stderr
+            .contains("read it as a user who may write the database and its directory"),
+        "{refused:#?}"
+    );
+    assert_eq!(names_in(&dir), ["ro.db", "ro.db-wal"]);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
