@@ -82,7 +82,12 @@ impl SqliteStore {
                     }
                     return Err(Error::Store(e));
                 }
-                Err(Error::Store(e)) if options.existing_only && !look_only && !writable(path) => {
+                Err(Error::Store(e))
+                    if options.existing_only
+                        && !look_only
+                        && !writable(path)
+                        && wal_beside(path).exists() =>
+                {
                     return Err(unreadable_with_log(path, e));
                 }
                 other => return other,
@@ -360,11 +365,17 @@ fn remove_new_file(path: &Path) {
 /// not write it (opening it for writing, which changes nothing, fails: a
 /// read-only medium, another user's file), and no `-wal` file is beside it
 /// (SQLite keeps one while a connection has the database open, or after a
-/// close that could not fold it), so the file alone holds every commit.
+/// close that could not fold it), nor a `-journal`, so the file alone
+/// holds every commit.
 /// SQLite then creates no `-wal` or `-shm` file beside it, which this
 /// process could not remove, or not create at all.
 pub(crate) fn only_readable(path: &Path) -> bool {
-    !writable(path) && !wal_beside(path).exists()
+    // A rollback journal beside it (a database in another journal mode,
+    // cut off mid-transaction) is a hot journal an immutable read would
+    // ignore: such a file is opened the usual way.
+    let mut journal = path.as_os_str().to_owned();
+    journal.push("-journal");
+    !writable(path) && !wal_beside(path).exists() && !Path::new(&journal).exists()
 }
 
 /// Whether this process may write the file: opening it for writing
