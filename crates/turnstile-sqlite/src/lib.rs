@@ -90,7 +90,8 @@ pub struct SqliteOptions {
     /// already past the quota opens and reads as before, and only writes
     /// that need a new page fail. The write-ahead log is not counted. A new
     /// database needs about 100 KiB for its schema; a smaller quota makes
-    /// opening it fail with the same error.
+    /// opening it fail with the same error, and the file that open created
+    /// is removed.
     pub max_database_bytes: Option<u64>,
     /// Open only an existing database at this build's schema, as it is:
     /// create no file and migrate nothing. A missing file (or one that is

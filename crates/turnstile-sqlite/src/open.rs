@@ -76,7 +76,10 @@ impl SqliteStore {
                 Err(Error::Store(e)) if e.is_full() && created => {
                     // A quota (or a disk) too small for the schema: the file
                     // this call created holds no database, and goes; unless
-                    // an opener racing this one completed its schema.
+                    // an opener racing this one completed its schema. (One
+                    // still migrating it with a larger quota at this very
+                    // moment is not seen: two first opens of one new file
+                    // with different quotas are not supported.)
                     if !has_whole_schema(path).await {
                         remove_new_file(path);
                     }
