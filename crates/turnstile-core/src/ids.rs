@@ -106,6 +106,11 @@ impl Namespace {
     /// The longest namespace accepted, in bytes.
     pub const MAX_LEN: usize = 128;
 
+    /// The name of the namespace used when none is chosen: the command
+    /// line's `--namespace` default on every command that needs one, and
+    /// [`Namespace::default`].
+    pub const DEFAULT: &'static str = "default";
+
     /// Validates a namespace.
     ///
     /// # Errors
@@ -137,6 +142,12 @@ impl Namespace {
     }
 }
 
+impl Default for Namespace {
+    /// The namespace named [`Namespace::DEFAULT`].
+    fn default() -> Self {
+        Self(Self::DEFAULT.to_owned())
+    }
+}
 impl fmt::Display for Namespace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -118,7 +118,8 @@ impl ToolCall {
     }
 }
 
-/// Token usage. Additions saturate instead of overflowing.
+/// Token usage. Additions saturate at [`Usage::MAX_COUNT`] instead of
+/// overflowing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Tokens the model read (prompt).
@@ -132,22 +133,24 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The largest count a sum reaches: `i64::MAX`, the most every store
+    /// keeps (a signed 64-bit column), so a run's usage is the same live
+    /// and when its committed outcome is replayed.
+    pub const MAX_COUNT: u64 = i64::MAX as u64;
+
     /// Input plus output tokens.
     pub fn total(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
     }
 
-    /// The saturating sum of two usages.
+    /// The sum of two usages, each count at most [`Usage::MAX_COUNT`].
     pub fn saturating_add(self, other: Usage) -> Usage {
+        let add = |a: u64, b: u64| a.saturating_add(b).min(Self::MAX_COUNT);
         Usage {
-            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
-            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
-            cache_read_tokens: self
-                .cache_read_tokens
-                .saturating_add(other.cache_read_tokens),
-            cache_write_tokens: self
-                .cache_write_tokens
-                .saturating_add(other.cache_write_tokens),
+            input_tokens: add(self.input_tokens, other.input_tokens),
+            output_tokens: add(self.output_tokens, other.output_tokens),
+            cache_read_tokens: add(self.cache_read_tokens, other.cache_read_tokens),
+            cache_write_tokens: add(self.cache_write_tokens, other.cache_write_tokens),
         }
     }
 }

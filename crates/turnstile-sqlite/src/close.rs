@@ -21,7 +21,10 @@ impl SqliteStore {
     /// process was reading; [`StoreError::is_busy`]) or the database failed.
     /// Nothing committed is lost either way.
     pub async fn close(&self) -> Result<(), Error> {
-        let folded = self.fold_now().await;
+        let folded = match self.look_only {
+            true => Ok(false),
+            false => self.fold_now().await,
+        };
         self.writer.close().await;
         self.reader.close().await;
         if folded? {

@@ -90,13 +90,21 @@ pub struct SqliteOptions {
     /// already past the quota opens and reads as before, and only writes
     /// that need a new page fail. The write-ahead log is not counted. A new
     /// database needs about 100 KiB for its schema; a smaller quota makes
-    /// opening it fail with the same error.
+    /// opening it fail with the same error, and the file that open created
+    /// is removed.
     pub max_database_bytes: Option<u64>,
     /// Open only an existing database at this build's schema, as it is:
     /// create no file and migrate nothing. A missing file (or one that is
     /// not a regular file, or has no turnstile schema) is
     /// [`Error::NotFound`]; an older schema is [`Error::SchemaTooOld`]. For
     /// tools that only look.
+    ///
+    /// A file this process cannot write (a read-only medium, another
+    /// user's file) with no `-wal` file beside it (no writer has it open,
+    /// and every commit is in the file) is opened read-only and immutable:
+    /// SQLite creates no `-wal` or `-shm` file beside it, which it could
+    /// not remove, or not create at all in a read-only directory. Such a
+    /// store sees the file as it was when opened.
     pub existing_only: bool,
 }
 
@@ -121,6 +129,9 @@ pub struct SqliteStore {
     reader: read_connections::ReadConnections,
     /// The database file (`None` in memory): `prune` reports its size.
     path: Option<PathBuf>,
+    /// Opened to look only, read-only and immutable (a file this process
+    /// cannot write): there is no log to fold at close.
+    look_only: bool,
     /// Keeps a named in-memory database alive while any clone of the store
     /// lives, whatever the pools do with their connections.
     _memory_keeper: Option<std::sync::Arc<open::MemoryKeeper>>,

@@ -58,47 +58,76 @@ impl SqliteStore {
                     id: path.display().to_string(),
                 });
             }
-        } else {
-            create_owner_only(path)?;
         }
+        let created = !options.existing_only && create_owner_only(path)?;
         // Openers racing on a new file can meet a lock that SQLite reports
         // without waiting for the busy timeout (the switch to WAL), or a
         // migration another opener just applied (SQLite's migrator takes no
         // lock): the loser checks the schema again and retries, briefly.
+        let look_only = options.existing_only && only_readable(path);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::open_once(path, &options).await {
+            match Self::open_once(path, &options, look_only).await {
                 Err(Error::Store(e)) if e.is_busy() && attempt < OPEN_ATTEMPTS => {
                     tracing::debug!(attempt, error = %e, "opening raced another opener; retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(10 * attempt)).await;
+                }
+                Err(Error::Store(e)) if e.is_full() && created => {
+                    // A quota (or a disk) too small for the schema: the file
+                    // this call created holds no database, and goes; unless
+                    // an opener racing this one completed its schema. (One
+                    // still migrating it with a larger quota at this very
+                    // moment is not seen: two first opens of one new file
+                    // with different quotas are not supported.)
+                    if !has_whole_schema(path).await {
+                        remove_new_file(path);
+                    }
+                    return Err(Error::Store(e));
+                }
+                Err(Error::Store(e))
+                    if options.existing_only
+                        && !look_only
+                        && !writable(path)
+                        && wal_beside(path).exists() =>
+                {
+                    return Err(unreadable_with_log(path, e));
                 }
                 other => return other,
             }
         }
     }
 
-    async fn open_once(path: &Path, options: &SqliteOptions) -> Result<Self, Error> {
+    async fn open_once(
+        path: &Path,
+        options: &SqliteOptions,
+        look_only: bool,
+    ) -> Result<Self, Error> {
         // SQLite takes the timeout in milliseconds as an `int`.
         let busy_timeout = options.busy_timeout.min(MAX_BUSY_TIMEOUT);
-        let connect = SqliteConnectOptions::new()
+        let plain = SqliteConnectOptions::new()
             .filename(path)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(match options.durability {
-                Durability::Full => SqliteSynchronous::Full,
-                Durability::Normal => SqliteSynchronous::Normal,
-            })
-            .busy_timeout(busy_timeout)
-            .foreign_keys(true);
+            .busy_timeout(busy_timeout);
+        let (plain, connect) = match look_only {
+            true => {
+                let plain = plain.read_only(true).immutable(true);
+                (plain.clone(), plain.foreign_keys(true))
+            }
+            false => (
+                plain.clone(),
+                plain
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(match options.durability {
+                        Durability::Full => SqliteSynchronous::Full,
+                        Durability::Normal => SqliteSynchronous::Normal,
+                    })
+                    .foreign_keys(true),
+            ),
+        };
         // The schema check runs before anything could write to the file. The
         // probe sets no journal mode: switching a rollback-journal database
         // to WAL rewrites its header, and a refused database stays untouched.
-        let mut probe = SqliteConnectOptions::new()
-            .filename(path)
-            .busy_timeout(busy_timeout)
-            .connect()
-            .await
-            .map_err(db("open database"))?;
+        let mut probe = plain.connect().await.map_err(db("open database"))?;
         let found = check_schema(&mut probe).await?;
         let supported = Self::supported_schema_version();
         if options.existing_only && found != Some(supported) {
@@ -127,7 +156,11 @@ impl SqliteStore {
         let wait = busy_timeout
             .saturating_mul(2)
             .saturating_add(Duration::from_secs(5));
-        migrate(&connect, empty, found, options.existing_only).await?;
+        // A look-only open found this build's schema (checked above) and
+        // can write nothing: there is nothing to migrate or install.
+        if !look_only {
+            migrate(&connect, empty, found, options.existing_only).await?;
+        }
         let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = ReadConnections::open(connect, options.readers, wait);
         Ok(Self {
@@ -135,6 +168,7 @@ impl SqliteStore {
             writer,
             reader,
             path: Some(path.to_owned()),
+            look_only,
             _memory_keeper: None,
         })
     }
@@ -170,6 +204,7 @@ impl SqliteStore {
             reader: ReadConnections::Writer(writer.clone()),
             writer,
             path: None,
+            look_only: false,
             _memory_keeper: Some(Arc::new(MemoryKeeper {
                 _connection: tokio::sync::Mutex::new(keeper),
             })),
@@ -308,16 +343,84 @@ fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
     })
 }
 
+/// Whether the file holds this build's whole schema (false when it
+/// cannot be read).
+async fn has_whole_schema(path: &Path) -> bool {
+    let Ok(mut conn) = SqliteConnectOptions::new().filename(path).connect().await else {
+        return false;
+    };
+    let found = check_schema(&mut conn).await;
+    let _ = conn.close().await;
+    matches!(found, Ok(Some(v)) if v == SqliteStore::supported_schema_version())
+}
+
+/// Removes a database file this opener created, and whatever SQLite put
+/// beside it. Best effort: the error that led here is the one reported.
+fn remove_new_file(path: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+}
+
+/// Whether a database file is to be read as immutable: this process may
+/// not write it (opening it for writing, which changes nothing, fails: a
+/// read-only medium, another user's file), and no `-wal` file is beside it
+/// (SQLite keeps one while a connection has the database open, or after a
+/// close that could not fold it), nor a `-journal`, so the file alone
+/// holds every commit.
+/// SQLite then creates no `-wal` or `-shm` file beside it, which this
+/// process could not remove, or not create at all.
+pub(crate) fn only_readable(path: &Path) -> bool {
+    // A rollback journal beside it (a database in another journal mode,
+    // cut off mid-transaction) is a hot journal an immutable read would
+    // ignore: such a file is opened the usual way.
+    let mut journal = path.as_os_str().to_owned();
+    journal.push("-journal");
+    !writable(path) && !wal_beside(path).exists() && !Path::new(&journal).exists()
+}
+
+/// Whether this process may write the file: opening it for writing
+/// changes nothing.
+fn writable(path: &Path) -> bool {
+    std::fs::OpenOptions::new().write(true).open(path).is_ok()
+}
+
+fn wal_beside(path: &Path) -> std::path::PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    wal.into()
+}
+
+/// A look at a file this process cannot write, with a `-wal` file beside
+/// it, that failed: SQLite reads such a log only through a `-shm` file it
+/// can create or write. Says so, and what to do.
+fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
+    Error::Store(StoreError::new(
+        format!(
+            "cannot read {} without writing: a write-ahead log ({}) is beside it, which \
+             SQLite reads only through a -shm file it may create or write; read it as a user \
+             who may write the database and its directory, or once its writer has closed it \
+             (which folds the log into the file)",
+            path.display(),
+            wal_beside(path).display(),
+        ),
+        Some(Box::new(error)),
+    ))
+}
+
 /// Creates a missing database file with mode 0600 before SQLite opens it;
 /// SQLite gives its -wal and -shm files the same mode.
-fn create_owner_only(path: &Path) -> Result<(), Error> {
+/// Returns whether it created it.
+fn create_owner_only(path: &Path) -> Result<bool, Error> {
     let mut open = std::fs::OpenOptions::new();
     open.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
     match open.open(path) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(Error::Store(StoreError::new(
             format!("create database file {}: {e}", path.display()),
             Some(Box::new(e)),

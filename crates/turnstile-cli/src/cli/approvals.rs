@@ -71,8 +71,9 @@ pub struct ApprovalsArgs {
     /// Only this conversation's calls (every conversation's when absent).
     #[arg(long, value_name = "UUID")]
     pub conversation: Option<ConversationId>,
-    /// Only calls of conversations in this namespace (with --conversation:
-    /// the namespace it must be in).
+    /// Only calls of conversations in this namespace, with or without
+    /// --conversation (which must then be in it); every namespace when
+    /// absent.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
 }
@@ -130,6 +131,15 @@ pub struct RejectArgs {
     /// bytes). The call never runs.
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
+}
+
+/// `approvals --json`: one object, as every listing is, with its items and
+/// `next`, the cursor of a next page (always `null`: every waiting call is
+/// listed).
+#[derive(Serialize)]
+struct Listed<'a> {
+    approvals: Vec<Pending<'a>>,
+    next: Option<String>,
 }
 
 /// One waiting call as `approvals --json` (and a run's exit 6 with
@@ -275,7 +285,8 @@ fn decide_next(
 ) -> Result<(), CliError> {
     writeln!(
         out,
-        "{indent}decide call {} (each decision prints the new revision and the next command):",
+        "{indent}decide call {} (each decision prints the new revision and the next command; \
+         a rejection needs its reason, written after --reason):",
         one_line(&call.call_id)
     )?;
     for decision in [Decision::Approve, Decision::Reject] {
@@ -341,8 +352,14 @@ pub(super) async fn list(
     .await;
     let (pending, namespaces) = closed(store.as_ref(), result).await?;
     if json {
-        let rows: Vec<Pending<'_>> = pending.iter().map(Pending::from).collect();
-        return output::json(out, &rows);
+        let approvals: Vec<Pending<'_>> = pending.iter().map(Pending::from).collect();
+        return output::json(
+            out,
+            &Listed {
+                approvals,
+                next: None,
+            },
+        );
     }
     if pending.is_empty() {
         writeln!(out, "no tool calls await approval")?;

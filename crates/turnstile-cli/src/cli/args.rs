@@ -21,7 +21,7 @@ pub struct SessionArgs {
     #[arg(long, value_name = "UUID")]
     pub conversation: ConversationId,
     /// The tenant namespace of the conversation.
-    #[arg(long, value_name = "NS", default_value = "default")]
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
     pub namespace: Namespace,
     /// A size quota for the database file, in bytes: a write past it fails
     /// like a full disk and loses nothing (the run stops, resumable once
@@ -59,7 +59,7 @@ pub struct NewSessionArgs {
     #[arg(long, value_name = "UUID")]
     pub conversation: Option<ConversationId>,
     /// The tenant namespace of the conversation.
-    #[arg(long, value_name = "NS", default_value = "default")]
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
     pub namespace: Namespace,
     /// A size quota for the database file, in bytes: a write past it fails
     /// like a full disk and loses nothing (the run stops, resumable once

@@ -34,7 +34,7 @@ pub struct DeleteArgs {
     #[arg(long, value_name = "N", value_parser = parse_revision)]
     pub revision: Option<Revision>,
     /// The tenant namespace of the conversation.
-    #[arg(long, value_name = "NS", default_value = "default")]
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
     pub namespace: Namespace,
 }
 
@@ -53,7 +53,7 @@ pub struct ForkArgs {
     #[arg(long, value_name = "PATH|URL")]
     pub db: DbLocation,
     /// The tenant namespace of both conversations.
-    #[arg(long, value_name = "NS", default_value = "default")]
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
     pub namespace: Namespace,
 }
 

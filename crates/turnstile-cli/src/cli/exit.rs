@@ -4,7 +4,7 @@
 //! |---|---|
 //! | 0 | success (a replayed request included) |
 //! | 1 | any other failure: a stopped run (model error, budget, deadline, Ctrl-C), a failed integrity check (`doctor`), the database (a PostgreSQL server that cannot be reached, or went away mid-run, included), I/O; a command whose work committed but whose write-ahead log could not be folded back at close (keep the `-wal` file) |
-//! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id |
+//! | 2 | usage: a bad argument, unreadable script, empty input, a request bound to another input, conversation, namespace or agent, an abandoned request id; a `--db` that holds no database (a directory, a FIFO, a text file, random bytes) |
 //! | 3 | busy: the conversation is held by an active request, or another process held the database's write lock past the busy timeout |
 //! | 4 | not found: database file (or PostgreSQL database, or its turnstile schema), conversation, request or run; a deleted conversation (the message says so) |
 //! | 5 | fenced, conflict (stale `--revision`, a stale `delete --version`, or stale metadata `--version` of `meta`), ambiguous checkpoint, request not active, a tool call that awaits no decision (`approve`/`reject` of a call decided already or never asked about) |

@@ -4,7 +4,7 @@
 //! in them.
 
 use turnstile::checkpoint::CheckpointPhase;
-use turnstile::ids::{RequestId, Revision, RunId};
+use turnstile::ids::{Namespace, RequestId, Revision, RunId};
 use turnstile::session::AgentSession;
 use turnstile::LeasePolicy;
 
@@ -236,9 +236,11 @@ pub(super) enum Decision {
     Reject,
 }
 
-/// `turnstile approve REQUEST CALL --revision N …` (or `reject … --reason
-/// '…'`, the reason left for the user to write), with the agent's options
-/// when they are known, so the command it prints next pastes too.
+/// `turnstile approve REQUEST CALL --revision N …` (or `reject …
+/// --reason`), with the agent's options when they are known, so the command it prints
+/// next pastes too. A rejection's reason is the user's to write: `--reason`
+/// comes last with no value, so the command pasted as printed is refused
+/// (a value is required) rather than sending a placeholder to the model.
 pub(super) fn decide_command(
     decision: Decision,
     request: RequestId,
@@ -258,12 +260,13 @@ pub(super) fn decide_command(
         words.push(quote(call_id));
     }
     words.extend(["--revision".into(), revision.to_string()]);
-    if decision == Decision::Reject {
-        words.extend(["--reason".into(), quote("…")]);
-    }
     words.extend(session_words(session));
     if let Some(agent) = agent {
         words.extend(agent.words());
+    }
+    if decision == Decision::Reject {
+        // Before a `--`, which clap never takes as its value.
+        words.push("--reason".into());
     }
     if hyphen {
         words.extend(["--".into(), quote(call_id)]);
@@ -280,7 +283,7 @@ fn session_words(session: &SessionArgs) -> Vec<String> {
         "--conversation".into(),
         session.conversation.to_string(),
     ];
-    if session.namespace.as_str() != "default" {
+    if session.namespace.as_str() != Namespace::DEFAULT {
         words.extend(["--namespace".into(), quote(session.namespace.as_str())]);
     }
     if let Some(bytes) = session.max_db_bytes {
@@ -304,7 +307,7 @@ mod tests {
         SessionArgs {
             db: super::super::DbLocation::File("my db.sqlite".into()),
             conversation: ConversationId::new(),
-            namespace: turnstile::ids::Namespace::new("default").unwrap(),
+            namespace: Namespace::default(),
             max_db_bytes: None,
             busy_timeout: None,
         }
@@ -348,11 +351,8 @@ mod tests {
             )
         );
         let reject = decide_command(Decision::Reject, request, "-x", Revision(4), &session, None);
-        assert!(
-            reject.contains(" --revision 4 --reason '…' --db "),
-            "{reject}"
-        );
-        assert!(reject.ends_with(" -- -x"), "{reject}");
+        assert!(reject.contains(" --revision 4 --db "), "{reject}");
+        assert!(reject.ends_with(" --reason -- -x"), "{reject}");
         let resume = resume_command(RunId::new(), Revision(5), &session, None);
         assert!(
             resume.contains(" --revision 5 --db 'my db.sqlite' "),

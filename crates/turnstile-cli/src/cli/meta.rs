@@ -11,8 +11,8 @@ use super::db::DbLocation;
 use super::exit::CliError;
 use super::ops::utc;
 use super::output::{self, Style};
-use super::search::parse_pair;
 use super::store::{closed, open_store};
+use super::text::echoed;
 use turnstile::ids::{ConversationId, Namespace};
 use turnstile::store::{ConversationMeta, MetaUpdate};
 use turnstile::Error;
@@ -26,7 +26,7 @@ pub struct MetaArgs {
     #[arg(long, value_name = "PATH|URL")]
     pub db: DbLocation,
     /// The conversation's namespace.
-    #[arg(long, value_name = "NS", default_value = "default")]
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
     pub namespace: Namespace,
     /// Set metadata key K to the string V (repeatable).
     #[arg(long, value_name = "K=V")]
@@ -132,16 +132,31 @@ fn update_of(args: &MetaArgs) -> Result<MetaUpdate, CliError> {
     for pair in &args.set {
         let (key, value) = pair
             .split_once('=')
-            .ok_or_else(|| CliError::Usage(format!("--set expects K=V, got {pair:?}")))?;
+            .ok_or_else(|| CliError::Usage(format!("--set expects K=V, got {}", echoed(pair))))?;
         update
             .set
             .insert(key.to_owned(), serde_json::Value::String(value.to_owned()));
     }
     for pair in &args.set_json {
-        let (key, value) = parse_pair(&pair.replacen('=', ":=", 1)).map_err(CliError::Usage)?;
+        let (key, value) = set_json(pair).map_err(CliError::Usage)?;
         update.set.insert(key, value);
     }
     Ok(update)
+}
+
+/// `--set-json K=JSON`, refused in the words the user typed.
+fn set_json(pair: &str) -> Result<(String, serde_json::Value), String> {
+    let (key, json) = pair
+        .split_once('=')
+        .ok_or_else(|| format!("--set-json expects K=JSON, got {}", echoed(pair)))?;
+    let value = serde_json::from_str(json).map_err(|e| {
+        format!(
+            "--set-json {}: the value after = is not JSON ({e}); a string is quoted: \
+             --set-json 'k=\"text\"', or use --set k=text",
+            echoed(pair)
+        )
+    })?;
+    Ok((key.to_owned(), value))
 }
 
 fn show(

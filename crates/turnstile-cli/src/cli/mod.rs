@@ -68,7 +68,8 @@ pub use take_over::{RecoverArgs, ResumeArgs};
                         Logging: RUST_LOG (default warn), on stderr."
 )]
 pub struct Cli {
-    /// Print one JSON document instead of tables.
+    /// Print one JSON document instead of tables (`export` prints JSON
+    /// Lines, with or without it).
     #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
@@ -112,7 +113,9 @@ pub enum Command {
     /// Every checkpoint row of a run: turn, phase, usage, tool calls,
     /// reports, messages.
     Checkpoints(CheckpointsArgs),
-    /// A conversation's transcript as JSON Lines (seq, request_id, message).
+    /// A conversation's transcript as JSON Lines, one object per entry
+    /// (seq, request_id, message), with or without --json: it streams a
+    /// transcript of any length page by page.
     Export(ExportArgs),
     /// Delete what no replay needs from old finished requests (optionally
     /// whole idle conversations) and give the space back to the disk.

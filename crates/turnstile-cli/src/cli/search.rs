@@ -7,8 +7,12 @@ use serde_json::Value;
 use turnstile::admin::ListFilter;
 use turnstile::store::ConversationCursor;
 
-/// Filters of `ls conversations` (other listings refuse them).
+use super::text::echoed;
+
+/// Filters of `ls conversations` (other listings refuse them), shown
+/// under a heading of their own in `ls --help`.
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Filters of `ls conversations` only (requests and runs refuse them)")]
 pub struct SearchArgs {
     /// Only conversations of this owner (`ls conversations` only).
     #[arg(long, value_name = "OWNER")]
@@ -21,17 +25,19 @@ pub struct SearchArgs {
     pub meta: Option<(String, Value)>,
     /// Only conversations created at or after this time (RFC 3339 with `Z`
     /// or an offset such as `+01:00`, or Unix milliseconds). `ls
-    /// conversations` only, as are the other time filters.
+    /// conversations` only.
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub created_after: Option<i64>,
-    /// Only conversations created before this time.
+    /// Only conversations created before this time (`ls conversations`
+    /// only).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub created_before: Option<i64>,
     /// Only conversations updated (last activity or metadata change) at or
-    /// after this time.
+    /// after this time (`ls conversations` only).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub updated_after: Option<i64>,
-    /// Only conversations updated before this time.
+    /// Only conversations updated before this time (`ls conversations`
+    /// only).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub updated_before: Option<i64>,
     /// The next page: the cursor a previous page printed (`ls
@@ -76,17 +82,17 @@ fn parse_meta_filter(s: &str) -> Result<(String, Value), String> {
 }
 
 /// `k=v` as a string value, `k:=JSON` as a JSON value.
-pub(super) fn parse_pair(s: &str) -> Result<(String, Value), String> {
+fn parse_pair(s: &str) -> Result<(String, Value), String> {
     if let Some((key, json)) = s.split_once(":=") {
         if !key.contains('=') {
             let value = serde_json::from_str(json)
-                .map_err(|e| format!("{json:?} after := is not JSON: {e}"))?;
+                .map_err(|e| format!("{} after := is not JSON: {e}", echoed(json)))?;
             return Ok((key.to_owned(), value));
         }
     }
     let (key, value) = s
         .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE or KEY:=JSON, got {s:?}"))?;
+        .ok_or_else(|| format!("expected KEY=VALUE or KEY:=JSON, got {}", echoed(s)))?;
     Ok((key.to_owned(), Value::String(value.to_owned())))
 }
 

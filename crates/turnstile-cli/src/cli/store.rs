@@ -63,12 +63,8 @@ async fn open_file(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, Cli
         }
         // `--db /dev/null`, a directory or a FIFO: SQLite would make a
         // journal beside it, or block on it.
-        Ok(metadata) if !metadata.is_file() => {
-            return Err(CliError::Usage(format!(
-                "{} is not a database file",
-                db.display()
-            )));
-        }
+        Ok(metadata) if !metadata.is_file() => return Err(not_a_database(db)),
+        Ok(_) if !sqlite_or_empty(db)? => return Err(not_a_database(db)),
         _ => {}
     }
     let limits = access.limits();
@@ -80,4 +76,29 @@ async fn open_file(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, Cli
         ..defaults
     };
     Ok(Arc::new(SqliteStore::open_with(db, options).await?))
+}
+
+/// Whether a file starts as every SQLite database does, or is empty (a
+/// database not written yet). Checked before SQLite opens it, so a text
+/// file or random bytes are refused as a directory or a FIFO is, with the
+/// same words and exit code, rather than as a failed read.
+fn sqlite_or_empty(db: &Path) -> Result<bool, CliError> {
+    use std::io::Read;
+    const MAGIC: &[u8; 16] = b"SQLite format 3\0";
+    let mut head = Vec::with_capacity(MAGIC.len());
+    std::fs::File::open(db)
+        .and_then(|file| file.take(MAGIC.len() as u64).read_to_end(&mut head))
+        .map_err(CliError::io(format!("read {}", db.display())))?;
+    Ok(head.is_empty() || head == MAGIC)
+}
+
+/// What `--db` names is there but holds no database: a directory, a FIFO,
+/// a device, a text file, random bytes.
+fn not_a_database(db: &Path) -> CliError {
+    CliError::Usage(format!(
+        "{} is not a turnstile database (not a SQLite file): give --db the file a \
+         writing command such as `turnstile run` created, or a path where no file \
+         exists yet for `turnstile run` to create one",
+        super::text::quote(&db.display().to_string())
+    ))
 }

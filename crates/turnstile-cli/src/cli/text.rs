@@ -44,6 +44,12 @@ pub fn clip(text: &str, max: usize) -> String {
     }
 }
 
+/// What the user typed, quoted, as an error echoes it: once, on one line,
+/// and cut after 60 characters so a huge bad value does not flood it.
+pub fn echoed(typed: &str) -> String {
+    format!("{:?}", clip(typed, 60))
+}
+
 /// A shell word that pastes and runs: as it is when it is plain,
 /// single-quoted when it has spaces or shell characters, and ANSI-C quoted
 /// (`$'…'`, bash and zsh) when it has line breaks, control or reordering

@@ -1319,24 +1319,6 @@ fn mode_bits_bind_us(dir: &std::path::Path) -> bool {
     !writable
 }
 
-/// The built binary, where the user `nobody` may run it: in place when
-/// every directory above it lets others through, else a copy in `dir`.
-#[cfg(unix)]
-fn binary_for_others(dir: &std::path::Path) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_turnstile"));
-    let others_may = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0)
-    };
-    if binary.ancestors().all(others_may) {
-        return binary;
-    }
-    let copy = dir.join("turnstile");
-    std::fs::copy(&binary, &copy).unwrap();
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    copy
-}
-
 #[cfg(unix)]
 #[tokio::test]
 async fn a_read_only_database_is_read_but_never_written() {
@@ -1422,7 +1404,7 @@ async fn a_read_only_database_is_read_but_never_written() {
             std::os::unix::fs::chown(file, Some(NOBODY), Some(NOBODY)).unwrap();
         }
         std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let binary = binary_for_others(outer.path());
+        let binary = cli_support::binary_for_others(outer.path());
         let as_nobody = |args: &[&str]| {
             let output = std::process::Command::new(&binary)
                 .args(args)

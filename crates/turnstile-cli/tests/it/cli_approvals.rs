@@ -55,7 +55,9 @@ fn tool_messages(db: &Path, conversation: &str) -> Vec<Value> {
 fn pending(db: &Path) -> Vec<Value> {
     let listed = turnstile(&["approvals", "--db", db.to_str().unwrap(), "--json"]);
     listed.assert_success();
-    listed.json().as_array().unwrap().clone()
+    let listed = listed.json();
+    assert_eq!(listed["next"], Value::Null, "{listed}");
+    listed["approvals"].as_array().unwrap().clone()
 }
 
 #[tokio::test]
@@ -110,10 +112,20 @@ async fn an_approved_call_runs_once_when_the_request_is_resumed() {
     let reject = printed(&stopped, "turnstile reject ");
     let decided = format!("{request} c1 --revision {revision} --db ");
     assert!(approve.contains(&decided), "{approve}");
-    assert!(reject.contains("--reason '…'"), "{reject}");
-    for command in [approve, reject] {
-        assert!(command.ends_with("--require-approval add"), "{command}");
-    }
+    assert!(reject.contains(&decided), "{reject}");
+    assert!(approve.ends_with("--require-approval add"), "{approve}");
+    // The reason is the user's to write: pasted as printed, the rejection
+    // is refused (2) and nothing is decided.
+    assert!(
+        reject.ends_with("--require-approval add --reason"),
+        "{reject}"
+    );
+    let unwritten = pasted(reject);
+    assert_eq!(unwritten.code, 2, "{unwritten:#?}");
+    assert!(unwritten.stderr.contains("--reason"), "{unwritten:#?}");
+    assert!(unwritten.stdout.is_empty(), "{unwritten:#?}");
+    assert_eq!(admission(&db, &conversation).await, held, "nothing decided");
+    assert_eq!(pending(&db).len(), 1);
 
     // `approvals --json`: the call, with what deciding needs.
     let calls = pending(&db);
@@ -252,7 +264,7 @@ fn a_request_awaiting_approval_is_not_stuck_and_is_counted_apart() {
             "--json",
         ]);
         listed.assert_success();
-        listed.json().as_array().unwrap().len()
+        listed.json()["approvals"].as_array().unwrap().len()
     };
     assert_eq!(listed("default"), 1);
     assert_eq!(listed("elsewhere"), 0);
@@ -273,7 +285,7 @@ fn a_request_awaiting_approval_is_not_stuck_and_is_counted_apart() {
     assert!(!requests.stdout.contains("stuck"), "{requests:#?}");
     let listed = turnstile(&["ls", "requests", "--db", path, "--json"]);
     listed.assert_success();
-    let held = &listed.json()[0]["held"];
+    let held = &listed.json()["requests"][0]["held"];
     assert_eq!(held["awaiting_approval"], true, "{held}");
     assert_eq!(held["stuck"], false, "{held}");
 
@@ -552,7 +564,7 @@ fn approvals_reads_and_never_creates_a_database() {
     assert_eq!(none.stdout, "no tool calls await approval\n");
     let empty = turnstile(&["approvals", "--db", path, "--json"]);
     empty.assert_success();
-    assert_eq!(empty.stdout, "[]\n");
+    assert_eq!(empty.stdout, "{\"approvals\":[],\"next\":null}\n");
     let mut mine = vec!["approvals", "--db", path, "--conversation", &conversation];
     turnstile(&mine).assert_success();
     mine.extend(["--namespace", "elsewhere"]);

@@ -419,9 +419,86 @@ fn read_commands_never_create_or_migrate_and_refuse_what_is_not_a_database_file(
             "hi",
         ],
     ] {
-        turnstile(&args).assert_error(2, "not a database file");
+        turnstile(&args).assert_error(2, "is not a turnstile database");
     }
     assert_eq!(journal.exists(), journal_before, "/dev/null-journal");
+}
+
+/// The one message every command gives for a `--db` that holds no
+/// database, whatever it is.
+const NOT_A_DATABASE: &str = "is not a turnstile database (not a SQLite file): give --db the file \
+                              a writing command such as `turnstile run` created";
+
+#[test]
+fn what_is_not_a_database_gets_one_exit_code_and_one_message_and_stays_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let directory = dir.path().join("a-directory");
+    std::fs::create_dir(&directory).unwrap();
+    let fifo = dir.path().join("a-fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello, this is not a database\n").unwrap();
+    let random = dir.path().join("random.bin");
+    // Bytes no SQLite file starts with, enough for a header and a page.
+    let bytes: Vec<u8> = (0..5000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&random, &bytes).unwrap();
+    let (conversation, run) = (uuid(), turnstile::RunId::new().to_string());
+    let model = scripted(&add_script(dir.path()));
+    let before: Vec<_> = [&text, &random]
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    for path in [&directory, &fifo, &text, &random] {
+        let db = path.to_str().unwrap();
+        let commands: [Vec<&str>; 7] = [
+            vec![
+                "run",
+                "--conversation",
+                &conversation,
+                "--model",
+                &model,
+                "hi",
+            ],
+            vec!["show", &conversation],
+            vec!["ls", "conversations"],
+            vec!["checkpoints", &run],
+            vec!["export", &conversation],
+            vec!["approvals"],
+            vec!["meta", &conversation, "--title", "t"],
+        ];
+        for mut args in commands {
+            args.extend(["--db", db]);
+            turnstile(&args).assert_error(2, NOT_A_DATABASE);
+        }
+    }
+    let after: Vec<_> = [&text, &random]
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert_eq!(before, after, "the files are unchanged");
+    let mut beside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    beside.sort();
+    assert_eq!(
+        beside,
+        [
+            "a-directory",
+            "a-fifo",
+            "add.json",
+            "notes.txt",
+            "random.bin"
+        ],
+        "no journal or log beside them"
+    );
+    assert_eq!(std::fs::read_dir(&directory).unwrap().count(), 0);
 }
 
 #[test]
@@ -465,6 +542,32 @@ fn a_write_past_max_db_bytes_fails_like_a_full_disk_and_writes_nothing() {
     assert!(active.is_none(), "the refused claim wrote nothing");
     assert_eq!(version, 1);
     run("second", None).assert_success();
+}
+
+#[test]
+fn a_quota_below_what_the_schema_needs_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("tiny.db");
+    let model = scripted(&add_script(dir.path()));
+    let conversation = uuid();
+    let refused = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+        "--max-db-bytes",
+        "8192",
+        "hi",
+    ]);
+    refused.assert_error(1, "raise --max-db-bytes");
+    let beside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(beside, ["add.json"], "no database, journal or log left");
 }
 
 #[test]
@@ -526,7 +629,7 @@ fn a_step_that_fails_after_the_claim_records_the_stop_and_names_the_command_that
         "--json",
     ]);
     stuck.assert_success();
-    let rows = stuck.json();
+    let rows = stuck.json()["requests"].clone();
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows:#}");
     let held = tokio::runtime::Runtime::new()
         .unwrap()

@@ -63,7 +63,7 @@ async fn stuck_listings_and_doctor_go_by_the_lease() {
     // Patient (the default 5m) or impatient, only the lapsed lease is stuck.
     for stale in [&[][..], &["--stale-after", "0s"][..]] {
         let args = [&["ls", "requests", "--stuck"][..], stale].concat();
-        let listed = ops(&args, &db);
+        let listed = ops(&args, &db)["requests"].clone();
         assert_eq!(request_ids(&listed), [lapsed_id.as_str()], "{stale:?}");
         assert_eq!(listed[0]["held"]["stuck"], true);
         assert!(listed[0]["held"]["lease_expires_at"].is_i64());
@@ -73,7 +73,7 @@ async fn stuck_listings_and_doctor_go_by_the_lease() {
             (&Value::from(2), &Value::from(1))
         );
     }
-    let all = ops(&["ls", "requests"], &db);
+    let all = ops(&["ls", "requests"], &db)["requests"].clone();
     let live_row = all
         .as_array()
         .unwrap()

@@ -37,7 +37,7 @@ fn ids(page: &Value) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .map(|c| c["conversation_id"].as_str().unwrap().to_owned())
         .collect()
 }
 
@@ -124,11 +124,27 @@ fn meta_refuses_bad_input_with_2_and_unknown_conversations_with_4() {
     let c = uuid();
     let before = meta(&db, &c, &["--create", "--title", "kept", "--set", "k=v"]);
     let long_title = "t".repeat(257);
-    let refusals: [(&[&str], &str); 7] = [
-        (&["--title", ""], "MAX_TITLE_BYTES"),
-        (&["--title", &long_title], "MAX_TITLE_BYTES"),
+    let huge_value = format!("k={{{}", "x".repeat(100_000));
+    let huge_key = format!("{}=1", "k".repeat(100_000));
+    let refusals: [(&[&str], &str); 10] = [
+        // Limits in words and bytes, never a constant's name.
+        (&["--title", ""], "title must have 1 to 256 bytes, not 0"),
+        (
+            &["--title", &long_title],
+            "title must have 1 to 256 bytes, not 257",
+        ),
         (&["--set", "bad key=1"], "ASCII letters"),
-        (&["--set-json", "k={bad"], "not JSON"),
+        // What the user typed, named as typed.
+        (
+            &["--set-json", "k={bad"],
+            "--set-json \"k={bad\": the value after = is not JSON",
+        ),
+        (&["--set-json", "novalue"], "--set-json expects K=JSON"),
+        (
+            &["--set-json", &huge_value],
+            "the value after = is not JSON",
+        ),
+        (&["--set-json", &huge_key], "must have 1 to 128 bytes"),
         (&["--set", "novalue"], "K=V"),
         (&["--set", "k=1", "--unset", "k"], "both set and unset"),
         (&["--title", "a", "--no-title"], "cannot be used with"),
@@ -136,7 +152,12 @@ fn meta_refuses_bad_input_with_2_and_unknown_conversations_with_4() {
     for (args, why) in refusals {
         let mut all = vec!["meta", c.as_str(), "--db", db_str(&db)];
         all.extend(args);
-        turnstile(&all).assert_error(2, why);
+        let refused = turnstile(&all);
+        refused.assert_error(2, why);
+        assert!(!refused.stderr.contains("MAX_"), "{refused:#?}");
+        // A huge value is echoed once, cut.
+        assert!(refused.stderr.len() < 400, "{}", refused.stderr.len());
+        assert!(refused.stderr.matches('x').count() <= 64, "{refused:#?}");
     }
     assert_eq!(meta(&db, &c, &[]), before);
 
@@ -249,7 +270,10 @@ fn ls_conversations_filters_by_owner_metadata_and_time_and_pages_with_a_cursor()
             &["conversations", "--created-after", "yesterday"],
             "RFC 3339",
         ),
-        (&["conversations", "--owner", ""], "MAX_OWNER_BYTES"),
+        (
+            &["conversations", "--owner", ""],
+            "owner must have 1 to 256 bytes",
+        ),
         (&["runs", "--owner", "ana"], "conversations only"),
     ];
     for (args, why) in refusals {

@@ -204,7 +204,10 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     let page = ops(&["ls", "conversations"], &db);
     assert_eq!(page["next"], Value::Null);
     let conversations = page["conversations"].clone();
-    assert_eq!(ids(&conversations, "id"), [second.clone(), first.clone()]);
+    assert_eq!(
+        ids(&conversations, "conversation_id"),
+        [second.clone(), first.clone()]
+    );
     let [newer, older] = conversations.as_array().unwrap().as_slice() else {
         panic!("two conversations: {conversations:#}");
     };
@@ -224,9 +227,9 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
 
     // Filters: namespace, conversation, both, limit.
     let team = ops(&["ls", "conversations", "--namespace", "team-b"], &db)["conversations"].clone();
-    assert_eq!(ids(&team, "id"), [second.as_str()]);
+    assert_eq!(ids(&team, "conversation_id"), [second.as_str()]);
     let one = ops(&["ls", "conversations", "--conversation", &first], &db)["conversations"].clone();
-    assert_eq!(ids(&one, "id"), [first.as_str()]);
+    assert_eq!(ids(&one, "conversation_id"), [first.as_str()]);
     let none = ops(
         &[
             "ls",
@@ -240,17 +243,23 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     );
     assert_eq!(none["conversations"], json!([]));
     let limited = ops(&["ls", "conversations", "--limit", "1"], &db);
-    assert_eq!(ids(&limited["conversations"], "id"), [second.as_str()]);
+    assert_eq!(
+        ids(&limited["conversations"], "conversation_id"),
+        [second.as_str()]
+    );
     let after = limited["next"].as_str().expect("a next page").to_owned();
     let rest = ops(
         &["ls", "conversations", "--limit", "1", "--after", &after],
         &db,
     );
-    assert_eq!(ids(&rest["conversations"], "id"), [first.as_str()]);
+    assert_eq!(
+        ids(&rest["conversations"], "conversation_id"),
+        [first.as_str()]
+    );
     assert_eq!(rest["next"], Value::Null);
 
     // Requests of the second conversation, newest first.
-    let requests = ops(&["ls", "requests", "--conversation", &second], &db);
+    let requests = ops(&["ls", "requests", "--conversation", &second], &db)["requests"].clone();
     assert_eq!(
         ids(&requests, "request_id"),
         [
@@ -273,13 +282,13 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     assert_eq!(finished["last_checkpoint"]["phase"], "completed");
     assert!(finished["completed_at"].as_i64().unwrap() >= finished["created_at"].as_i64().unwrap());
     assert_eq!(finished["held"], Value::Null);
-    let all = ops(&["ls", "requests"], &db);
+    let all = ops(&["ls", "requests"], &db)["requests"].clone();
     assert_eq!(all.as_array().unwrap().len(), 3);
-    let stuck = ops(&["ls", "requests", "--stuck"], &db);
+    let stuck = ops(&["ls", "requests", "--stuck"], &db)["requests"].clone();
     assert_eq!(ids(&stuck, "request_id"), [request.as_str()]);
 
     // Runs, newest first.
-    let runs = ops(&["ls", "runs"], &db);
+    let runs = ops(&["ls", "runs"], &db)["runs"].clone();
     assert_eq!(
         ids(&runs, "run_id"),
         [
@@ -298,7 +307,7 @@ async fn ls_lists_conversations_requests_and_runs_as_json() {
     assert_eq!(runs[2]["status"], "completed");
     assert_eq!(runs[2]["conversation_id"], first.as_str());
     assert_eq!(runs[2]["namespace"], "default");
-    let default_runs = ops(&["ls", "runs", "--namespace", "default"], &db);
+    let default_runs = ops(&["ls", "runs", "--namespace", "default"], &db)["runs"].clone();
     assert_eq!(
         ids(&default_runs, "run_id"),
         [ids(&runs, "run_id")[2].clone()]
@@ -349,9 +358,12 @@ async fn ls_stuck_finds_a_request_whose_worker_was_sigkilled() {
     // The run row still says `running`: the database cannot tell a dead
     // process from one inside a long model call, so it is stuck only once
     // the admission is older than --stale-after (5m by default).
-    assert_eq!(ops(&["ls", "requests", "--stuck"], &db), json!([]));
+    assert_eq!(
+        ops(&["ls", "requests", "--stuck"], &db)["requests"].clone(),
+        json!([])
+    );
     let stale = ["--stuck", "--stale-after", "0s"];
-    let requests = ops(&[&["ls", "requests"][..], &stale].concat(), &db);
+    let requests = ops(&[&["ls", "requests"][..], &stale].concat(), &db)["requests"].clone();
     assert_eq!(ids(&requests, "request_id"), [request.as_str()]);
     assert_eq!(requests[0]["status"], "active");
     assert_eq!(requests[0]["held"]["stuck"], true);
@@ -361,10 +373,10 @@ async fn ls_stuck_finds_a_request_whose_worker_was_sigkilled() {
     assert_eq!(requests[0]["last_checkpoint"]["phase"], "turn_in_flight");
     let conversations = ops(&[&["ls", "conversations"][..], &stale].concat(), &db);
     assert_eq!(
-        ids(&conversations["conversations"], "id"),
+        ids(&conversations["conversations"], "conversation_id"),
         [conversation.as_str()]
     );
-    let runs = ops(&[&["ls", "runs"][..], &stale].concat(), &db);
+    let runs = ops(&[&["ls", "runs"][..], &stale].concat(), &db)["runs"].clone();
     assert_eq!(ids(&runs, "run_id"), [run.as_str()]);
     assert_eq!(runs[0]["status"], "running");
 
@@ -1031,7 +1043,7 @@ async fn ctrl_c_cancels_a_run_cleanly_and_resume_finishes_it() {
     );
     assert!(stderr.contains(&hint), "{stderr}");
     // A failed owner is stuck at once.
-    let stuck = ops(&["ls", "requests", "--stuck"], &db);
+    let stuck = ops(&["ls", "requests", "--stuck"], &db)["requests"].clone();
     assert_eq!(ids(&stuck, "request_id"), [request.as_str()]);
 
     // The printed command (with a model that answers now) finishes it.
@@ -1093,4 +1105,90 @@ fn bad_operations_arguments_are_one_line_usage_errors_and_create_nothing() {
         turnstile(&args).assert_error(2, mentions);
     }
     assert!(!db.exists());
+}
+
+/// The help of `--namespace` in a command's `--help`: its line and those
+/// under it, up to the next option (short or long help alike).
+fn namespace_help(text: &str) -> String {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("--namespace"));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no --namespace: {text}"));
+    let rest = lines.take_while(|l| !l.trim_start().starts_with('-'));
+    std::iter::once(first)
+        .chain(rest)
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn every_command_defaults_to_one_namespace_and_ls_help_groups_the_conversation_filters() {
+    let help = |command: &[&str]| {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let shown = turnstile(&args);
+        shown.assert_success();
+        shown.stdout
+    };
+    // The commands that run or change a conversation: `default`, the
+    // library's default too.
+    let default = turnstile::Namespace::default();
+    assert_eq!(default.as_str(), turnstile::Namespace::DEFAULT);
+    let named = format!("[default: {}]", turnstile::Namespace::DEFAULT);
+    for command in [
+        &["run"][..],
+        &["resume"],
+        &["recover"],
+        &["abandon"],
+        &["approve"],
+        &["reject"],
+        &["delete"],
+        &["fork"],
+        &["meta"],
+    ] {
+        let text = help(command);
+        let line = namespace_help(&text);
+        assert!(line.contains(&named), "{command:?}: {line}");
+    }
+    // The read commands filter: every namespace when absent.
+    for command in [&["ls"][..], &["approvals"], &["show"], &["export"]] {
+        let text = help(command);
+        let line = namespace_help(&text);
+        assert!(!line.contains("[default:"), "{command:?}: {line}");
+        assert!(
+            line.contains("every namespace when absent") || line.contains("any when absent"),
+            "{command:?}: {line}"
+        );
+    }
+    // `ls --help`: the conversation-only filters under their own heading,
+    // after every filter that applies to all three listings.
+    let text = help(&["ls"]);
+    let heading = text
+        .find("Filters of `ls conversations` only (requests and runs refuse them):")
+        .unwrap_or_else(|| panic!("{text}"));
+    for flag in [
+        "--namespace",
+        "--conversation",
+        "--stuck",
+        "--stale-after",
+        "--limit",
+    ] {
+        let at = text.find(&format!("      {flag} ")).unwrap();
+        assert!(at < heading, "{flag} applies to every listing: {text}");
+    }
+    for flag in [
+        "--owner",
+        "--meta",
+        "--created-after",
+        "--created-before",
+        "--updated-after",
+        "--updated-before",
+        "--after",
+    ] {
+        let at = text.find(&format!("      {flag} ")).unwrap();
+        assert!(at > heading, "{flag} filters conversations only: {text}");
+    }
 }

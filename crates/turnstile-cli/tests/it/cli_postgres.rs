@@ -123,16 +123,16 @@ async fn run_then_ls_show_checkpoints_and_export_read_it_back() {
     let alias = url.replacen("postgres://", "postgresql://", 1);
     let conversations = ops(&["ls", "conversations"], &alias)["conversations"].clone();
     assert_eq!(
-        conversations[0]["id"],
+        conversations[0]["conversation_id"],
         conversation.as_str(),
         "{conversations:#}"
     );
     assert_eq!(conversations[0]["version"], 1);
     assert_eq!(conversations[0]["held"], Value::Null);
-    let requests = ops(&["ls", "requests"], &url);
+    let requests = ops(&["ls", "requests"], &url)["requests"].clone();
     assert_eq!(requests[0]["request_id"], outcome["request_id"]);
     assert_eq!(requests[0]["status"], "completed");
-    let runs = ops(&["ls", "runs"], &url);
+    let runs = ops(&["ls", "runs"], &url)["runs"].clone();
     assert_eq!(runs[0]["run_id"], run_id);
 
     let shown = ops(&["show", &conversation], &url);
@@ -261,7 +261,8 @@ async fn a_killed_run_is_recovered_by_a_second_process() {
         .expect("the killed run holds the admission");
     let revision = held.revision.to_string();
 
-    let stuck = ops(&["ls", "requests", "--stuck", "--stale-after", "0s"], &url);
+    let stuck =
+        ops(&["ls", "requests", "--stuck", "--stale-after", "0s"], &url)["requests"].clone();
     assert_eq!(stuck[0]["request_id"], request.as_str(), "{stuck:#}");
 
     let fast = scripted(&add_script(dir.path()));
@@ -595,13 +596,16 @@ async fn a_call_awaiting_approval_is_listed_approved_and_resumed_on_a_server() {
 
     let listed = turnstile(&["approvals", "--db", &secret, "--json"]);
     listed.assert_success();
-    let calls = listed.json();
+    let calls = listed.json()["approvals"].clone();
     assert_eq!(calls.as_array().unwrap().len(), 1, "{calls:#}");
     assert_eq!(calls[0]["call_id"], "c1");
     let held = admission(&url, &conversation).await;
     assert_eq!(calls[0]["revision"], held.revision.0);
     // Waiting for a human is not stuck, on a server too.
-    assert_eq!(ops(&["ls", "requests", "--stuck"], &url), json!([]));
+    assert_eq!(
+        ops(&["ls", "requests", "--stuck"], &url)["requests"].clone(),
+        json!([])
+    );
     let report = ops(&["doctor"], &url);
     assert_eq!(report["held_admissions"], 1, "{report:#}");
     assert_eq!(report["stuck_admissions"], 0, "{report:#}");

@@ -202,3 +202,21 @@ pub async fn admission(db: &Path, conversation: &str) -> Admission {
         .await
         .expect("read the admission")
 }
+
+/// The built binary, where the user `nobody` may run it: in place when
+/// every directory above it lets others through, else a copy in `dir`.
+#[cfg(unix)]
+pub fn binary_for_others(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_turnstile"));
+    let others_may = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0)
+    };
+    if binary.ancestors().all(others_may) {
+        return binary;
+    }
+    let copy = dir.join("turnstile");
+    std::fs::copy(&binary, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}

@@ -180,7 +180,9 @@ pub struct HeldAdmission {
 /// A conversation: its header, admission and transcript length.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConversationSummary {
-    /// The conversation.
+    /// The conversation (serialized as `conversation_id`, the name every
+    /// other summary gives it).
+    #[serde(rename = "conversation_id")]
     pub id: ConversationId,
     /// The namespace it belongs to.
     pub namespace: Namespace,

@@ -173,7 +173,7 @@ pub fn check_meta(
     }
     if metadata.len() > MAX_METADATA_KEYS {
         return Err(invalid(format!(
-            "metadata has {} keys, more than MAX_METADATA_KEYS ({MAX_METADATA_KEYS})",
+            "metadata has {} keys, more than the limit of {MAX_METADATA_KEYS} keys",
             metadata.len()
         )));
     }
@@ -184,7 +184,7 @@ pub fn check_meta(
     let bytes = metadata_json(metadata).len();
     if bytes > MAX_METADATA_BYTES {
         return Err(invalid(format!(
-            "metadata takes {bytes} bytes, more than MAX_METADATA_BYTES ({MAX_METADATA_BYTES})"
+            "metadata takes {bytes} bytes as JSON, more than the limit of {MAX_METADATA_BYTES} bytes"
         )));
     }
     Ok(())
@@ -206,9 +206,15 @@ pub fn check_owner(owner: &str) -> Result<(), Error> {
 /// # Errors
 /// [`Error::InvalidInput`] naming the rule broken.
 pub fn check_key(key: &str) -> Result<(), Error> {
+    // A long key is echoed cut, so the error stays one readable line.
+    let shown = match key.char_indices().nth(60) {
+        Some((at, _)) => format!("{:?}…", &key[..at]),
+        None => format!("{key:?}"),
+    };
     if key.is_empty() || key.len() > MAX_METADATA_KEY_BYTES {
         return Err(invalid(format!(
-            "metadata key {key:?} must have 1 to MAX_METADATA_KEY_BYTES ({MAX_METADATA_KEY_BYTES}) bytes"
+            "metadata key {shown} must have 1 to {MAX_METADATA_KEY_BYTES} bytes, not {}",
+            key.len()
         )));
     }
     if !key
@@ -216,7 +222,7 @@ pub fn check_key(key: &str) -> Result<(), Error> {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b':'))
     {
         return Err(invalid(format!(
-            "metadata key {key:?} may hold only ASCII letters, digits and _ . - :"
+            "metadata key {shown} may hold only ASCII letters, digits and _ . - :"
         )));
     }
     Ok(())
@@ -295,14 +301,9 @@ impl Serialize for ConversationCursor {
 }
 
 fn check_text(what: &str, text: &str, max: usize) -> Result<(), Error> {
-    let bound = if what == "title" {
-        "MAX_TITLE_BYTES"
-    } else {
-        "MAX_OWNER_BYTES"
-    };
     if text.is_empty() || text.len() > max {
         return Err(invalid(format!(
-            "{what} must have 1 to {bound} ({max}) bytes, not {}",
+            "the {what} must have 1 to {max} bytes, not {}",
             text.len()
         )));
     }
@@ -401,7 +402,8 @@ mod tests {
         let Err(Error::InvalidInput(why)) = too_long.apply(&empty()) else {
             panic!("a long title passed");
         };
-        assert!(why.contains("MAX_TITLE_BYTES"), "{why}");
+        assert!(why.contains("title must have 1 to 256 bytes"), "{why}");
+        assert!(!why.contains("MAX_"), "{why}");
 
         let mut many = MetaUpdate::default();
         for i in 0..=MAX_METADATA_KEYS {
@@ -410,7 +412,8 @@ mod tests {
         let Err(Error::InvalidInput(why)) = many.apply(&empty()) else {
             panic!("too many keys passed");
         };
-        assert!(why.contains("MAX_METADATA_KEYS"), "{why}");
+        assert!(why.contains("more than the limit of 64 keys"), "{why}");
+        assert!(!why.contains("MAX_"), "{why}");
 
         let mut big = MetaUpdate::default();
         big.set
@@ -418,7 +421,8 @@ mod tests {
         let Err(Error::InvalidInput(why)) = big.apply(&empty()) else {
             panic!("a big object passed");
         };
-        assert!(why.contains("MAX_METADATA_BYTES"), "{why}");
+        assert!(why.contains("more than the limit of 8192 bytes"), "{why}");
+        assert!(!why.contains("MAX_"), "{why}");
 
         for key in ["", "a b", "a\"b", &"k".repeat(MAX_METADATA_KEY_BYTES + 1)] {
             let mut bad = MetaUpdate::default();

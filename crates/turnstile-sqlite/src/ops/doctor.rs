@@ -53,10 +53,12 @@ impl SqliteStore {
             Ok(_) => {}
         }
         // Read-only: no migration, no journal-mode change, and no checkpoint
-        // of the log when the connection closes.
+        // of the log when the connection closes; immutable when this
+        // process cannot write the file (no `-wal` or `-shm` beside it).
         let connected = SqliteConnectOptions::new()
             .filename(path)
             .read_only(true)
+            .immutable(crate::open::only_readable(path))
             .busy_timeout(Duration::from_secs(5))
             .connect()
             .await;

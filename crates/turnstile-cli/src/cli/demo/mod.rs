@@ -319,7 +319,7 @@ impl<'a> Demo<'a> {
             format!("--db {}", quote(&self.db.to_string())),
             format!("--conversation {}", self.conversation),
         ];
-        if self.namespace.as_str() != "default" {
+        if self.namespace.as_str() != Namespace::DEFAULT {
             command.push(format!("--namespace {}", quote(self.namespace.as_str())));
         }
         command.push("--model scripted:FILE".into());

@@ -23,7 +23,7 @@ pub struct LsArgs {
     /// The database: a SQLite file, or a PostgreSQL URL.
     #[arg(long, value_name = "PATH|URL")]
     pub db: DbLocation,
-    /// Only this namespace.
+    /// Only this namespace (every namespace when absent).
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
     /// Only this conversation.

@@ -1,10 +1,14 @@
 //! `ls conversations|requests|runs`: one row per item, newest first (stuck
-//! ones stalest first), or with `--json` one array (conversations: one
-//! page object, `{"conversations": [...], "next": CURSOR|null}`). An
+//! ones stalest first), or with `--json` one object with the items and
+//! `next`: `{"conversations": [...], "next": CURSOR|null}`, and so
+//! `requests` and `runs` (whose `next` is always `null`: they are not
+//! paged, `--limit` caps them). An
 //! admission held by a request awaiting approval is shown as such, not as
 //! stuck, and `--stuck` leaves it out (see [`super::awaiting`]).
 
 use std::io::Write;
+
+use serde::Serialize;
 
 use super::args::{ListKind, LsArgs};
 use super::awaiting::Awaiting;
@@ -16,6 +20,20 @@ use crate::cli::store::open_store;
 use turnstile::admin::{
     CheckpointMark, ConversationSummary, HeldAdmission, ListFilter, RequestSummary, RunSummary,
 };
+
+/// `ls requests --json`: the shape of a conversation page.
+#[derive(Serialize)]
+struct RequestPage<'a> {
+    requests: &'a [RequestSummary],
+    next: Option<String>,
+}
+
+/// `ls runs --json`: the shape of a conversation page.
+#[derive(Serialize)]
+struct RunPage<'a> {
+    runs: &'a [RunSummary],
+    next: Option<String>,
+}
 
 pub(in crate::cli) async fn ls(
     args: LsArgs,
@@ -59,7 +77,11 @@ pub(in crate::cli) async fn ls(
                 let mut rows = store.list_requests(&filter).await?;
                 rows.retain(|r| keep(r.held.as_ref()));
                 if json {
-                    return output::json(out, &awaiting.annotated(&rows)?);
+                    let page = RequestPage {
+                        requests: &rows,
+                        next: None,
+                    };
+                    return output::json(out, &awaiting.annotated(&page)?);
                 }
                 requests(out, style, &awaiting, &rows)
             }
@@ -67,7 +89,11 @@ pub(in crate::cli) async fn ls(
                 let mut rows = store.list_runs(&filter).await?;
                 rows.retain(|r| keep(r.held.as_ref()));
                 if json {
-                    return output::json(out, &awaiting.annotated(&rows)?);
+                    let page = RunPage {
+                        runs: &rows,
+                        next: None,
+                    };
+                    return output::json(out, &awaiting.annotated(&page)?);
                 }
                 runs(out, style, &awaiting, &rows)
             }
