@@ -25,7 +25,7 @@ use super::workload::Workload;
 use crate::cli::db::PgUrl;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::postgres::{connect_in_schema, connect_options, location};
+use crate::cli::postgres::{connect_in_schema, location};
 use turnstile::store::Store;
 use turnstile::{PostgresOptions, PostgresStore, StoreAdmin};
 
@@ -205,7 +205,7 @@ pub(super) async fn run(
     }
     let mut levels: Vec<u32> = LEVELS.map(|c| c.min(params.conversations)).to_vec();
     levels.dedup();
-    let database = location(&connect_options(url)?);
+    let database = location(url)?;
     let made = Made::default();
     let measured = tokio::select! {
         figures = measure(url, &params, &levels, &made, &database, out, style, json) => Some(figures),
