@@ -152,27 +152,6 @@ fn report_without_store(
     }
 }
 
-/// Bench and tests: a plain connection to `url` with `search_path` set to
-/// `schema`.
-pub(super) async fn connect_in_schema(
-    url: &PgUrl,
-    schema: Option<&str>,
-) -> Result<sqlx::PgConnection, CliError> {
-    use sqlx::ConnectOptions;
-    use std::str::FromStr;
-    let mut options = sqlx::postgres::PgConnectOptions::from_str(url.secret())
-        .map_err(|e| CliError::Usage(format!("invalid PostgreSQL URL: {e}")))?
-        .application_name("turnstile-bench");
-    if let Some(schema) = schema {
-        options = options.options([("search_path", schema)]);
-    }
-    let path = location(url)?;
-    options
-        .connect()
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot connect to {path}: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
