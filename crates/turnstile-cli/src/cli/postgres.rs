@@ -131,13 +131,13 @@ pub(super) async fn doctor(url: &PgUrl, stale_after: Duration) -> Result<DoctorR
 
 /// A report of what could not be checked.
 fn report_without_store(
-    path: String,
+    location: String,
     cannot_open: Option<String>,
     schema_version: Option<i64>,
-    errors: Vec<String>,
+    not_checked: Vec<String>,
 ) -> DoctorReport {
     DoctorReport {
-        path,
+        location,
         integrity_ok: None,
         cannot_open,
         integrity: Vec::new(),
@@ -148,7 +148,7 @@ fn report_without_store(
         wal_bytes: 0,
         held_admissions: None,
         stuck_admissions: None,
-        errors,
+        not_checked,
     }
 }
 

@@ -498,8 +498,8 @@ pub struct PruneReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DoctorReport {
     /// Where the database is: a file path, or a server address without its
-    /// password.
-    pub path: String,
+    /// password (as `PostgresStore::location` writes it).
+    pub location: String,
     /// Whether the backend's integrity check passed; `None` when it could
     /// not run because the database could not be opened (see
     /// [`DoctorReport::cannot_open`]): that says nothing about its health.
@@ -527,8 +527,9 @@ pub struct DoctorReport {
     pub held_admissions: Option<u64>,
     /// Held admissions whose run is not live (see the module docs).
     pub stuck_admissions: Option<u64>,
-    /// Checks that could not run, and why.
-    pub errors: Vec<String>,
+    /// The checks that could not run, each with why (`admissions: …`).
+    /// A check listed here says nothing either way.
+    pub not_checked: Vec<String>,
 }
 
 /// What the store occupies.

@@ -75,7 +75,7 @@ pub(super) async fn doctor(
     stale_after: Duration,
 ) -> Result<DoctorReport, Error> {
     let mut report = DoctorReport {
-        path: store.location.clone(),
+        location: store.location.clone(),
         integrity_ok: None,
         cannot_open: None,
         integrity: Vec::new(),
@@ -86,7 +86,7 @@ pub(super) async fn doctor(
         wal_bytes: 0,
         held_admissions: None,
         stuck_admissions: None,
-        errors: Vec::new(),
+        not_checked: Vec::new(),
     };
     let server = sqlx::query_scalar!(r#"SELECT current_setting('server_version') AS "v!""#)
         .fetch_one(&store.pool)
@@ -110,18 +110,18 @@ pub(super) async fn doctor(
         Ok(schema) => {
             report.details.insert("schema".into(), Value::from(schema));
         }
-        Err(e) => report.errors.push(format!("schema: {e}")),
+        Err(e) => report.not_checked.push(format!("schema: {e}")),
     }
     match schema_version(&store.pool).await {
         Ok(Some(version)) => report.schema_version = Some(version),
         Ok(None) => {
             report
-                .errors
+                .not_checked
                 .push("no turnstile schema: the database was never opened by turnstile".into());
             return Ok(report);
         }
         Err(e) => {
-            report.errors.push(format!("schema version: {e}"));
+            report.not_checked.push(format!("schema version: {e}"));
             return Ok(report);
         }
     }
@@ -133,7 +133,7 @@ pub(super) async fn doctor(
                 Value::Object(sizes.into_iter().map(|(k, v)| (k, v.into())).collect()),
             );
         }
-        Err(e) => report.errors.push(e.to_string()),
+        Err(e) => report.not_checked.push(e.to_string()),
     }
     let mut broken = Vec::new();
     for (what, sql) in INVARIANTS {
@@ -145,10 +145,10 @@ pub(super) async fn doctor(
         {
             Ok(0) => {}
             Ok(n) => broken.push(format!("{n} {what}")),
-            Err(e) => report.errors.push(format!("{what}: {e}")),
+            Err(e) => report.not_checked.push(format!("{what}: {e}")),
         }
     }
-    if report.errors.is_empty() {
+    if report.not_checked.is_empty() {
         report.integrity_ok = Some(broken.is_empty());
         report.integrity = if broken.is_empty() {
             vec!["ok".into()]
@@ -175,7 +175,7 @@ pub(super) async fn doctor(
             report.held_admissions = u64::try_from(row.held).ok();
             report.stuck_admissions = u64::try_from(row.stuck).ok();
         }
-        Err(e) => report.errors.push(format!("admissions: {e}")),
+        Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
     Ok(report)
 }

@@ -89,7 +89,7 @@ pub(super) async fn of_store(
 
 fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> DoctorReport {
     DoctorReport {
-        path: location,
+        location,
         integrity_ok: None,
         cannot_open: None,
         integrity: Vec::new(),
@@ -100,7 +100,7 @@ fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> Do
         wal_bytes,
         held_admissions: None,
         stuck_admissions: None,
-        errors: Vec::new(),
+        not_checked: Vec::new(),
     }
 }
 
@@ -128,10 +128,10 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         }
     }
     for (name, pragma) in PAGE_PRAGMAS {
-        let value = pragma_number(conn, pragma, &mut report.errors).await;
+        let value = pragma_number(conn, pragma, &mut report.not_checked).await;
         report.details.insert(name.to_owned(), value.into());
     }
-    let auto_vacuum = pragma_number(conn, "PRAGMA auto_vacuum", &mut report.errors)
+    let auto_vacuum = pragma_number(conn, "PRAGMA auto_vacuum", &mut report.not_checked)
         .await
         .map(|mode| match mode {
             0 => "none".to_owned(),
@@ -148,7 +148,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
     {
         Ok(mode) => Some(mode),
         Err(e) => {
-            report.errors.push(format!("journal mode: {e}"));
+            report.not_checked.push(format!("journal mode: {e}"));
             None
         }
     };
@@ -160,12 +160,12 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         Ok(Some(version)) => report.schema_version = Some(version),
         Ok(None) => {
             report
-                .errors
+                .not_checked
                 .push("no turnstile schema: the file was never opened by turnstile".into());
             return;
         }
         Err(e) => {
-            report.errors.push(format!("schema version: {e}"));
+            report.not_checked.push(format!("schema version: {e}"));
             return;
         }
     }
@@ -189,7 +189,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
             report.held_admissions = u64::try_from(row.held).ok();
             report.stuck_admissions = u64::try_from(row.stuck).ok();
         }
-        Err(e) => report.errors.push(format!("admissions: {e}")),
+        Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
 }
 

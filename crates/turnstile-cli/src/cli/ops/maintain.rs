@@ -153,32 +153,32 @@ pub(in crate::cli) async fn doctor(
         } else {
             print_sqlite(out, style, &report, awaiting)?;
         }
-        for error in &report.errors {
+        for why in &report.not_checked {
             writeln!(
                 out,
                 "{} {}",
-                style.yellow("could not check:"),
-                output::plain(error)
+                style.yellow("not checked:"),
+                output::plain(why)
             )?;
         }
     }
     if let Some(why) = report.cannot_open {
         Err(CliError::CannotOpen(format!(
             "cannot open {} to check it: {why}",
-            report.path
+            report.location
         )))
     } else if report.integrity_ok == Some(true) {
         Ok(())
     } else if report.integrity_ok.is_none() && postgres {
         Err(CliError::Failed(format!(
             "could not check {}: {}",
-            report.path,
-            report.errors.first().map_or("", String::as_str)
+            report.location,
+            report.not_checked.first().map_or("", String::as_str)
         )))
     } else {
         Err(CliError::Failed(format!(
             "integrity check failed for {}: {}",
-            report.path,
+            report.location,
             report.integrity.first().map_or("", String::as_str)
         )))
     }
@@ -219,14 +219,14 @@ fn print_sqlite(
         out,
         "",
         &[
-            ("database", output::clip(&report.path, 200)),
+            ("location", output::clip(&report.location, 200)),
             ("integrity", integrity(style, report)),
             (
                 "schema version",
                 schema(style, report, "the next open migrates it"),
             ),
             ("pages", pages),
-            ("file", bytes(report.database_bytes)),
+            ("database", bytes(report.database_bytes)),
             ("write-ahead log", bytes(report.wal_bytes)),
             ("admissions", admissions(style, report, awaiting)),
         ],
@@ -259,7 +259,7 @@ fn print_postgres(
         out,
         "",
         &[
-            ("database", output::clip(&report.path, 200)),
+            ("location", output::clip(&report.location, 200)),
             (
                 "server",
                 format!(
@@ -275,7 +275,7 @@ fn print_postgres(
             ),
             ("admissions", admissions(style, report, awaiting)),
             (
-                "tables",
+                "database",
                 format!(
                     "{} in {} tables (indexes and TOAST included)",
                     bytes(report.database_bytes),
