@@ -27,7 +27,7 @@ fn other_ns() -> Namespace {
 }
 
 /// The usual `stale_after`: nothing in these tests waits that long.
-const PATIENT: Duration = Duration::from_secs(300);
+pub(crate) const PATIENT: Duration = Duration::from_secs(300);
 
 /// Three conversations, created in this order with time between every
 /// step:
@@ -91,12 +91,18 @@ pub(crate) async fn conversation_ids(
     Ok(listed.into_iter().map(|c| c.id).collect())
 }
 
-async fn request_ids(store: &dyn StoreAdmin, filter: ListFilter) -> Result<Vec<RequestId>, Error> {
+pub(crate) async fn request_ids(
+    store: &dyn StoreAdmin,
+    filter: ListFilter,
+) -> Result<Vec<RequestId>, Error> {
     let listed = store.list_requests(&filter).await?;
     Ok(listed.into_iter().map(|r| r.request_id).collect())
 }
 
-async fn run_ids(store: &dyn StoreAdmin, filter: ListFilter) -> Result<Vec<RunId>, Error> {
+pub(crate) async fn run_ids(
+    store: &dyn StoreAdmin,
+    filter: ListFilter,
+) -> Result<Vec<RunId>, Error> {
     let listed = store.list_runs(&filter).await?;
     Ok(listed.into_iter().map(|r| r.run_id).collect())
 }

@@ -148,6 +148,7 @@ fn report_without_store(
         wal_bytes: 0,
         held_admissions: None,
         stuck_admissions: None,
+        awaiting_approval_admissions: None,
         not_checked,
     }
 }

@@ -86,6 +86,7 @@ pub(super) async fn doctor(
         wal_bytes: 0,
         held_admissions: None,
         stuck_admissions: None,
+        awaiting_approval_admissions: None,
         not_checked: Vec::new(),
     };
     let server = sqlx::query_scalar!(r#"SELECT current_setting('server_version') AS "v!""#)
@@ -159,12 +160,20 @@ pub(super) async fn doctor(
     // The rule of `backend::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!",
-                  COUNT(*) FILTER (WHERE ru.status IS NULL OR ru.status <> 'running'
-                                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1
-                                           ELSE a.lease_expires_at < $2 END) AS "stuck!"
-           FROM admissions a
-           LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
-           WHERE a.active_request_id IS NOT NULL"#,
+                  COUNT(*) FILTER (WHERE NOT a.awaiting
+                                   AND (ru.status IS NULL OR ru.status <> 'running'
+                                        OR CASE WHEN a.lease_expires_at IS NULL
+                                                THEN a.updated_at < $1
+                                                ELSE a.lease_expires_at < $2 END)) AS "stuck!",
+                  COUNT(*) FILTER (WHERE a.awaiting) AS "awaiting!"
+           FROM (SELECT a.*, EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.conversation_id = ap.conversation_id
+                              AND t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.position = ap.position AND t.status = 'requested'
+                          WHERE ap.conversation_id = a.conversation_id
+                              AND ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
+                 FROM admissions a WHERE a.active_request_id IS NOT NULL) a
+           LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id"#,
         cutoff(stale_after),
         now_ms()
     )
@@ -174,6 +183,7 @@ pub(super) async fn doctor(
         Ok(row) => {
             report.held_admissions = u64::try_from(row.held).ok();
             report.stuck_admissions = u64::try_from(row.stuck).ok();
+            report.awaiting_approval_admissions = u64::try_from(row.awaiting).ok();
         }
         Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }

@@ -100,6 +100,7 @@ fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> Do
         wal_bytes,
         held_admissions: None,
         stuck_admissions: None,
+        awaiting_approval_admissions: None,
         not_checked: Vec::new(),
     }
 }
@@ -173,12 +174,18 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
     // The rule of `backend::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!: i64",
-                  COALESCE(SUM(ru.status IS NULL OR ru.status <> 'running'
-                               OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
-                                       ELSE a.lease_expires_at < ?2 END), 0)
-                      AS "stuck!: i64"
-           FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
-           WHERE a.active_request_id IS NOT NULL"#,
+                  COALESCE(SUM(NOT awaiting
+                               AND (ru.status IS NULL OR ru.status <> 'running'
+                                    OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
+                                            ELSE a.lease_expires_at < ?2 END)), 0)
+                      AS "stuck!: i64",
+                  COALESCE(SUM(awaiting), 0) AS "awaiting!: i64"
+           FROM (SELECT a.*, EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.call_id = ap.call_id AND t.status = 'requested'
+                          WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
+                 FROM admissions a WHERE a.active_request_id IS NOT NULL) a
+           LEFT JOIN runs ru ON ru.run_id = a.run_id"#,
         cutoff,
         now
     )
@@ -188,6 +195,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         Ok(row) => {
             report.held_admissions = u64::try_from(row.held).ok();
             report.stuck_admissions = u64::try_from(row.stuck).ok();
+            report.awaiting_approval_admissions = u64::try_from(row.awaiting).ok();
         }
         Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
