@@ -1,7 +1,10 @@
 //! Helpers shared by the benches (`durability`, `anatomy`): stores on
 //! temp-file WAL databases, the bare-insert floor, one agent turn written
 //! through the `Store` trait, a scripted agent with one tool, and seeding of
-//! long conversations.
+//! long conversations; and the floors `turnstile bench` measures against
+//! ([`baseline`]).
+
+pub mod baseline;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tokio::sync::Barrier;
-use turnstile_core::admin::PruneOptions;
+use turnstile_core::admin::{ListFilter, PruneOptions};
 use turnstile_core::store::{
     AgentChange, ApprovalDecision, ApprovalStatus, Fence, PendingApproval, RecoveryClaim,
     RunStatus, ToolResult, Verdict,
@@ -15,7 +15,7 @@ use turnstile_core::{
 };
 
 use crate::activity::SharedAdmin;
-use crate::admin::tick;
+use crate::admin::{conversation_ids, filter, request_ids, run_ids, tick, PATIENT};
 use crate::support::{
     admit, checkpoint, commit_answer, new_conversation, new_request, recover, tool_call,
     SharedStore, Snapshot, TestResult,
@@ -581,5 +581,88 @@ pub async fn a_decision_waits_while_a_run_of_the_request_goes_on(store: SharedSt
     store
         .decide_approval(&decision(&fence, owner.revision, Verdict::Approve))
         .await?;
+    Ok(())
+}
+
+pub async fn a_request_awaiting_approval_is_held_but_not_stuck_and_counted_apart(
+    store: SharedAdmin,
+) -> TestResult {
+    let (waiting, _) = stopped(&*store).await?;
+    // Beside it, a failed owner: stuck, as before.
+    let failed = admit(&*store, new_conversation(&*store).await?, "failed").await?;
+    store.fail_run(&failed, "tool crashed", None).await?;
+
+    let report = store.doctor(PATIENT).await?;
+    assert_eq!(
+        (
+            report.held_admissions,
+            report.stuck_admissions,
+            report.awaiting_approval_admissions
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+    let stuck = ListFilter {
+        stuck_only: true,
+        ..filter()
+    };
+    assert_eq!(
+        conversation_ids(&*store, stuck.clone()).await?,
+        [failed.conversation_id]
+    );
+    assert_eq!(
+        request_ids(&*store, stuck.clone()).await?,
+        [failed.request_id]
+    );
+    assert_eq!(run_ids(&*store, stuck.clone()).await?, [failed.run_id]);
+    let held = |summary: Option<turnstile_core::admin::ConversationSummary>| {
+        let held = summary.expect("conversation").held.expect("held");
+        (held.stuck, held.awaiting_approval)
+    };
+    assert_eq!(
+        held(
+            store
+                .conversation_summary(waiting.conversation_id, PATIENT)
+                .await?
+        ),
+        (false, true)
+    );
+    assert_eq!(
+        held(
+            store
+                .conversation_summary(failed.conversation_id, PATIENT)
+                .await?
+        ),
+        (true, false)
+    );
+    let run = store
+        .run_summary(waiting.run_id, PATIENT)
+        .await?
+        .expect("run");
+    let run_held = run.held.expect("held");
+    assert_eq!((run_held.stuck, run_held.awaiting_approval), (false, true));
+
+    // Decided, it awaits nothing more: its stopped run holds the admission
+    // until a run continues it, and that is stuck.
+    store
+        .decide_approval(&decision(&waiting, waiting.revision, Verdict::Approve))
+        .await?;
+    assert_eq!(
+        held(
+            store
+                .conversation_summary(waiting.conversation_id, PATIENT)
+                .await?
+        ),
+        (true, false)
+    );
+    let report = store.doctor(PATIENT).await?;
+    assert_eq!(
+        (
+            report.held_admissions,
+            report.stuck_admissions,
+            report.awaiting_approval_admissions
+        ),
+        (Some(2), Some(2), Some(0))
+    );
+    assert_eq!(conversation_ids(&*store, stuck).await?.len(), 2);
     Ok(())
 }

@@ -125,7 +125,7 @@ pub async fn expired_leases_lists_only_expired_leases_of_running_owners_soonest_
         )
         .await?;
 
-    let listed = store.expired_leases(now_ms(), 10).await?;
+    let listed = store.expired_leases(10).await?;
     let want: Vec<ExpiredLease> = expired
         .iter()
         .rev()
@@ -139,9 +139,26 @@ pub async fn expired_leases_lists_only_expired_leases_of_running_owners_soonest_
         })
         .collect();
     assert_eq!(listed, want);
-    assert_eq!(store.expired_leases(now_ms(), 1).await?, want[..1]);
-    // Nothing had expired before all of them.
-    assert_eq!(store.expired_leases(now - 1_000, 10).await?, []);
+    assert_eq!(store.expired_leases(1).await?, want[..1]);
+
+    // The store reads its own clock: a lease that expires shortly is not
+    // listed before its time, and is (last) once that has passed.
+    let soon = admit(&*store, new_conversation(&*store).await?, "soon").await?;
+    let soon_expires_at = now_ms() + 400;
+    store.renew_lease(&soon, soon_expires_at).await?;
+    assert_eq!(store.expired_leases(10).await?, want);
+    while now_ms() <= soon_expires_at {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let later = store.expired_leases(10).await?;
+    assert_eq!(later[..2], want[..]);
+    assert_eq!(
+        later[2..]
+            .iter()
+            .map(|l| (l.request_id, l.lease_expires_at))
+            .collect::<Vec<_>>(),
+        [(soon.request_id, soon_expires_at)]
+    );
     Ok(())
 }
 

@@ -85,6 +85,7 @@ macro_rules! suite {
     retention::prune_spares_requests_finished_within_older_than_and_filters_by_status,
     retention::prune_with_transcripts_deletes_idle_conversations_whole_and_spares_held_ones,
     approvals::await_approval_settles_the_turn_and_lists_the_awaiting_call,
+    approvals::a_request_awaiting_approval_is_held_but_not_stuck_and_counted_apart,
     approvals::await_approval_of_a_replaced_owner_or_an_unknown_call_writes_nothing,
     approvals::a_decision_moves_the_revision_on_and_is_journaled_with_its_time,
     approvals::a_refused_decision_writes_nothing,

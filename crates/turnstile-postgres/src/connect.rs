@@ -1,22 +1,40 @@
 //! Connecting: the pool, the schema check and the embedded migrations.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use tracing::instrument;
 
-use super::codec::db;
+use super::codec::{db, sqlstate, unreachable};
 use super::retry::retrying;
 use super::{PostgresOptions, PostgresStore};
-use turnstile_core::Error;
+use turnstile_core::{Error, StoreError};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// How long a pooled connection may sit idle and still be used without a
 /// ping first.
-const IDLE_BEFORE_PING: std::time::Duration = std::time::Duration::from_secs(1);
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
+/// The SQLSTATE of a server that has no database of the name asked for
+/// (`invalid_catalog_name`).
+const NO_SUCH_DATABASE: &str = "3D000";
+
+impl PostgresOptions {
+    /// Where [`url`](Self::url) points, as the store reports it:
+    /// `postgres://user@host:port/database`, never the password. Checks the
+    /// URL as [`PostgresStore::connect_with`] does, without connecting.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a malformed URL; its message names the
+    /// part that is wrong, never its value.
+    pub fn location(&self) -> Result<String, Error> {
+        Ok(location(&parse_url(&self.url)?))
+    }
+}
 
 impl PostgresStore {
     /// Connects with the default options (see [`PostgresOptions`]) and
@@ -26,9 +44,23 @@ impl PostgresStore {
     /// the other `PG*` variables.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a malformed URL or schema name;
-    /// [`Error::SchemaTooNew`] for a database written by a newer turnstile
-    /// (left untouched); [`Error::Store`] when the server cannot be reached.
+    /// Each way connecting can fail is told apart without a driver type:
+    /// - [`Error::InvalidInput`] for a malformed URL or schema name;
+    /// - [`Error::Store`] marked
+    ///   [unreachable](turnstile_core::StoreError::is_unreachable) when no
+    ///   connection could be opened: nothing listens at the address, the
+    ///   host is unknown, the server refused the login, or no connection
+    ///   came within
+    ///   [`acquire_timeout`](PostgresOptions::acquire_timeout). Its
+    ///   [message](turnstile_core::StoreError::message) is `connect: ` and
+    ///   the cause; a server still starting is retried first;
+    /// - [`Error::NotFound`] with `what: "database"` (and the
+    ///   [location](PostgresStore::location) as `id`) when the server
+    ///   answered that it has no such database (SQLite answers a missing
+    ///   file the same way); nothing is created;
+    /// - [`Error::SchemaTooNew`] for a database written by a newer
+    ///   turnstile (left untouched);
+    /// - [`Error::Store`] for any other failure of the database.
     pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(PostgresOptions::new(url)).await
     }
@@ -38,21 +70,13 @@ impl PostgresStore {
     /// # Errors
     /// As [`PostgresStore::connect`]; with
     /// [`existing_only`](PostgresOptions::existing_only),
-    /// [`Error::NotFound`] for a database without the schema and
-    /// [`Error::SchemaTooOld`] for an older one.
+    /// [`Error::NotFound`] with `what: "turnstile schema"` for a database
+    /// without the schema (told apart from `what: "database"`, a database
+    /// the server does not have) and [`Error::SchemaTooOld`] for an older
+    /// one.
     #[instrument(skip_all, err)]
     pub async fn connect_with(options: PostgresOptions) -> Result<Self, Error> {
-        if !["postgres://", "postgresql://"]
-            .iter()
-            .any(|scheme| options.url.starts_with(scheme))
-        {
-            return Err(Error::InvalidInput(
-                "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
-            ));
-        }
-        let mut connect = PgConnectOptions::from_str(&options.url)
-            .map_err(|e| Error::InvalidInput(format!("PostgreSQL URL: {e}")))?
-            .application_name("turnstile");
+        let mut connect = parse_url(&options.url)?.application_name("turnstile");
         let location = location(&connect);
         if let Some(schema) = &options.schema {
             check_schema_name(schema)?;
@@ -67,16 +91,7 @@ impl PostgresStore {
             let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
             connect = connect.options([("statement_timeout", millis.as_str())]);
         }
-        // One plain connection first, so that a server that cannot be
-        // reached (or refuses the login) is that error, not a pool timing
-        // out as if the store were busy. Transient failures (a server still
-        // starting) are retried like any step.
-        retrying!(|_retry| async {
-            let conn = PgConnection::connect_with(&connect)
-                .await
-                .map_err(db("connect"))?;
-            conn.close().await.map_err(db("connect"))
-        })?;
+        first_connection(&connect, &location, options.acquire_timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.pool_size.max(1))
             .acquire_timeout(options.acquire_timeout)
@@ -124,6 +139,59 @@ impl PostgresStore {
             (_, false) => MIGRATOR.run(&self.pool).await.map_err(migrate_error),
         }
     }
+}
+
+/// One plain connection, closed at once, so that a server that cannot be
+/// reached (or refuses the login) is that error, not a pool timing out as
+/// if the store were busy, and a database the server does not have is not
+/// found. Transient failures (a server still starting) are retried like
+/// any step; each attempt waits at most `wait`.
+async fn first_connection(
+    connect: &PgConnectOptions,
+    location: &str,
+    wait: Duration,
+) -> Result<(), Error> {
+    let failed = |e: sqlx::Error| match sqlstate(&e).as_deref() {
+        Some(NO_SUCH_DATABASE) => Error::NotFound {
+            what: "database",
+            id: location.to_owned(),
+        },
+        // Whatever else kept the connection from opening (refused, no such
+        // host, a failed login) is one kind: the server was not reached.
+        _ => unreachable(db("connect")(e)),
+    };
+    retrying!(|_retry| async {
+        match tokio::time::timeout(wait, PgConnection::connect_with(connect)).await {
+            Ok(Ok(conn)) => conn.close().await.map_err(failed),
+            Ok(Err(e)) => Err(failed(e)),
+            Err(_) => Err(Error::Store(
+                StoreError::new(format!("connect: no connection within {wait:?}"), None)
+                    .unreachable(),
+            )),
+        }
+    })
+}
+
+/// The connect options of a libpq-style URL.
+fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
+    // The scheme in any case, as a URL's scheme is.
+    let has_scheme = |scheme: &str| {
+        url.get(..scheme.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(scheme))
+    };
+    if !has_scheme("postgres://") && !has_scheme("postgresql://") {
+        return Err(Error::InvalidInput(
+            "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
+        ));
+    }
+    // The driver's messages name the part that is wrong, never its value.
+    PgConnectOptions::from_str(url).map_err(|e| {
+        let why = e.to_string();
+        let why = why
+            .strip_prefix("error with configuration: ")
+            .unwrap_or(&why);
+        Error::InvalidInput(format!("PostgreSQL URL: {why}"))
+    })
 }
 
 /// Where the store is, for reports: never the password.

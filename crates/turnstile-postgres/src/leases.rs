@@ -37,17 +37,18 @@ pub(crate) async fn renew_lease_in(
     }
 }
 
-/// Held admissions of `running` owners whose lease expired before `now`,
-/// soonest expired first. `FOR UPDATE SKIP LOCKED`: an admission whose row
+/// Held admissions of `running` owners whose lease expired before now (the
+/// clock lease times are written with, not the server's), soonest expired
+/// first. `FOR UPDATE SKIP LOCKED`: an admission whose row
 /// a takeover (or its owner's write) holds locked right now is left out
 /// rather than waited for, so recoverers that list at once spread over the
 /// others. The locks last for this statement only; the takeover's own
 /// compare-and-swap decides who wins.
 pub(crate) async fn load_expired_leases(
     conn: &mut PgConnection,
-    now: i64,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
+    let now = super::codec::now_ms();
     let rows = sqlx::query!(
         r#"SELECT a.conversation_id, c.namespace, a.active_request_id AS "request_id!",
                   a.run_id AS "run_id!", a.revision, a.lease_expires_at AS "lease_expires_at!"

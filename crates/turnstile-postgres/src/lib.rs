@@ -445,9 +445,9 @@ impl Store for PostgresStore {
         ))
     }
 
-    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
         autocommit!(self, |conn, _retry| leases::load_expired_leases(
-            conn, now, limit
+            conn, limit
         ))
     }
 

@@ -39,13 +39,14 @@ pub(super) async fn renew_lease_in(
     }
 }
 
-/// Held admissions of `running` owners whose lease expired before `now`,
-/// soonest expired first. Served by the leased-admissions index.
+/// Held admissions of `running` owners whose lease expired before now (the
+/// clock lease times are written with), soonest expired first. Served by
+/// the leased-admissions index.
 pub(super) async fn load_expired_leases(
     reader: &ReadConnections,
-    now: i64,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
+    let now = turnstile_core::backend::now_ms();
     let mut conn = reader.acquire().await?;
     let limit = i64::from(limit);
     let rows = sqlx::query!(

@@ -510,8 +510,8 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
-        leases::load_expired_leases(&self.reader, now, limit).await
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        leases::load_expired_leases(&self.reader, limit).await
     }
 
     async fn conversation_meta(

@@ -210,5 +210,10 @@ pub async fn frozen_worker_is_taken_over_and_fenced<F, Fut>(
         transcript.last().map(|e| &e.message),
         Some(&Message::assistant("done"))
     );
-    assert!(store.expired_leases(i64::MAX, 10).await.unwrap().is_empty());
+    // Released, so no lease is left to expire.
+    assert_eq!(
+        store.admission(scenario.conversation).await.unwrap().active,
+        None
+    );
+    assert!(store.expired_leases(10).await.unwrap().is_empty());
 }

@@ -9,11 +9,10 @@
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use clap::builder::{PathBufValueParser, TypedValueParser, ValueParserFactory};
 use clap::error::ErrorKind;
-use sqlx::postgres::PgConnectOptions;
+use turnstile::{Error, PostgresOptions};
 
 use super::output;
 
@@ -112,10 +111,14 @@ impl TypedValueParser for DbLocationParser {
             let key = output::plain(&key).into_owned();
             return Err(refuse(format!("unknown parameter {key:?}")));
         }
-        // The driver's messages name the part that is wrong, never its value.
-        PgConnectOptions::from_str(url).map_err(|e| {
-            let why = e.to_string();
-            refuse(why.replace("error with configuration: ", ""))
+        // The store's messages name the part that is wrong, never its value.
+        PostgresOptions::new(url).location().map_err(|e| match e {
+            Error::InvalidInput(why) => refuse(
+                why.strip_prefix("PostgreSQL URL: ")
+                    .unwrap_or(&why)
+                    .to_owned(),
+            ),
+            other => refuse(other.to_string()),
         })?;
         Ok(DbLocation::Postgres(PgUrl(url.to_owned())))
     }

@@ -4,9 +4,9 @@
 //! - A read command (`Access::Read`) connects with `existing_only`: a
 //!   database turnstile never wrote to is "not found" (4), like a missing
 //!   file, and nothing is created or migrated. Writing commands migrate.
-//! - Before the pool, one plain connection is tried once: a server that is
-//!   not there is then one clear error at once (exit 1; `doctor` reports it
-//!   as "cannot open", exit 7), where the pool would wait out its acquire
+//! - The store tries one plain connection before its pool: a server that
+//!   is not there is then one clear error (exit 1; `doctor` reports it as
+//!   "cannot open", exit 7), where the pool would wait out its acquire
 //!   timeout and look busy. A database the server does not have is "not
 //!   found" (4).
 //! - `--busy-timeout` bounds both the wait for a pooled connection and each
@@ -20,17 +20,13 @@
 //! [`location`] are ever shown.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::time::Duration;
-
-use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection};
 
 use super::access::{Access, Limits};
 use super::db::PgUrl;
 use super::exit::CliError;
 use turnstile::admin::DoctorReport;
-use turnstile::{Error, PostgresOptions, PostgresStore, StoreAdmin};
+use turnstile::{Error, PostgresOptions, PostgresStore, StoreAdmin, StoreError};
 
 /// Connections per command: a command runs one session's steps in turn.
 const POOL_SIZE: u32 = 4;
@@ -39,31 +35,20 @@ const POOL_SIZE: u32 = 4;
 const MIN_WAIT: Duration = Duration::from_secs(1);
 const MAX_WAIT: Duration = Duration::from_millis(i32::MAX as u64);
 
-/// Why the probe connection failed.
-enum Unreachable {
-    /// The server answered: it has no such database.
-    NoDatabase,
-    /// Anything else, in one line.
-    Other(String),
-}
-
-/// The connect options of `url`, refused as a usage error (the parser of
-/// `--db` already checked it, so this does not happen in practice).
-pub(super) fn connect_options(url: &PgUrl) -> Result<PgConnectOptions, CliError> {
-    PgConnectOptions::from_str(url.secret())
-        .map_err(|e| CliError::Usage(format!("invalid PostgreSQL URL: {e}")))
-}
-
 /// `postgres://user@host:port/database`, as [`PostgresStore::location`]
-/// writes it: never a password.
-pub(super) fn location(options: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().unwrap_or(options.get_username())
-    )
+/// writes it: never a password. Refused as a usage error (the parser of
+/// `--db` already checked the URL, so this does not happen in practice).
+pub(super) fn location(url: &PgUrl) -> Result<String, CliError> {
+    PostgresOptions::new(url.secret())
+        .location()
+        .map_err(|e| CliError::Usage(e.to_string()))
+}
+
+/// Why no connection could be opened: the store's cause without its
+/// `connect: ` context (the message names it already).
+fn why_unreachable(error: &StoreError) -> &str {
+    let message = error.message();
+    message.strip_prefix("connect: ").unwrap_or(message)
 }
 
 /// The store's options for a command with `limits`.
@@ -96,68 +81,39 @@ pub(super) async fn open(url: &PgUrl, access: Access) -> Result<PostgresStore, C
     let limits = access.limits();
     check_limits(limits)?;
     let options = store_options(url, limits, access == Access::Read);
-    let connect = connect_options(url)?;
-    match probe(&connect, options.acquire_timeout).await {
-        Ok(()) => {}
-        Err(Unreachable::NoDatabase) => return Err(CliError::MissingDatabase(location(&connect))),
-        Err(Unreachable::Other(why)) => {
-            return Err(CliError::Failed(format!(
-                "cannot connect to {}: {why}",
-                location(&connect)
-            )))
-        }
-    }
+    let path = location(url)?;
     PostgresStore::connect_with(options)
         .await
         .map_err(|e| match e {
+            Error::NotFound {
+                what: "database", ..
+            } => CliError::MissingDatabase(path),
             // Only the schema check of `existing_only` says this.
-            Error::NotFound { .. } if access == Access::Read => {
-                CliError::MissingSchema(location(&connect))
+            Error::NotFound { .. } if access == Access::Read => CliError::MissingSchema(path),
+            Error::Store(e) if e.is_unreachable() => {
+                CliError::Failed(format!("cannot connect to {path}: {}", why_unreachable(&e)))
             }
             e => e.into(),
         })
-}
-
-/// One connection attempt, closed at once.
-async fn probe(options: &PgConnectOptions, wait: Duration) -> Result<(), Unreachable> {
-    match tokio::time::timeout(wait, PgConnection::connect_with(options)).await {
-        Ok(Ok(connection)) => {
-            let _ = connection.close().await;
-            Ok(())
-        }
-        Ok(Err(e)) if sqlstate(&e).as_deref() == Some("3D000") => Err(Unreachable::NoDatabase),
-        // The driver's message names the cause (refused, no such host, a
-        // failed authentication), never the password.
-        Ok(Err(e)) => Err(Unreachable::Other(e.to_string())),
-        Err(_) => Err(Unreachable::Other(format!(
-            "no connection within {}",
-            humantime::format_duration(wait)
-        ))),
-    }
-}
-
-fn sqlstate(error: &sqlx::Error) -> Option<String> {
-    Some(error.as_database_error()?.code()?.into_owned())
 }
 
 /// `doctor`: the store's report, or one of its own when there is nothing to
 /// connect to. A database without the schema is not found (4), as a missing
 /// file is; one whose schema this build does not read is reported with why.
 pub(super) async fn doctor(url: &PgUrl, stale_after: Duration) -> Result<DoctorReport, CliError> {
-    let connect = connect_options(url)?;
     let mut options = store_options(url, Limits::default(), true);
     options.pool_size = 1;
-    let path = location(&connect);
-    match probe(&connect, options.acquire_timeout).await {
-        Ok(()) => {}
-        Err(Unreachable::NoDatabase) => return Err(CliError::MissingDatabase(path)),
-        Err(Unreachable::Other(why)) => {
-            return Ok(report_without_store(path, Some(why), None, Vec::new()))
-        }
-    }
+    let path = location(url)?;
     let store = match PostgresStore::connect_with(options).await {
         Ok(store) => store,
+        Err(Error::NotFound {
+            what: "database", ..
+        }) => return Err(CliError::MissingDatabase(path)),
         Err(Error::NotFound { .. }) => return Err(CliError::MissingSchema(path)),
+        Err(Error::Store(e)) if e.is_unreachable() => {
+            let why = why_unreachable(&e).to_owned();
+            return Ok(report_without_store(path, Some(why), None, Vec::new()));
+        }
         Err(e @ (Error::SchemaTooOld { found, .. } | Error::SchemaTooNew { found, .. })) => {
             return Ok(report_without_store(
                 path,
@@ -175,13 +131,13 @@ pub(super) async fn doctor(url: &PgUrl, stale_after: Duration) -> Result<DoctorR
 
 /// A report of what could not be checked.
 fn report_without_store(
-    path: String,
+    location: String,
     cannot_open: Option<String>,
     schema_version: Option<i64>,
-    errors: Vec<String>,
+    not_checked: Vec<String>,
 ) -> DoctorReport {
     DoctorReport {
-        path,
+        location,
         integrity_ok: None,
         cannot_open,
         integrity: Vec::new(),
@@ -192,24 +148,9 @@ fn report_without_store(
         wal_bytes: 0,
         held_admissions: None,
         stuck_admissions: None,
-        errors,
+        awaiting_approval_admissions: None,
+        not_checked,
     }
-}
-
-/// Bench and tests: a plain connection to `url` with `search_path` set to
-/// `schema`.
-pub(super) async fn connect_in_schema(
-    url: &PgUrl,
-    schema: Option<&str>,
-) -> Result<PgConnection, CliError> {
-    let mut options = connect_options(url)?.application_name("turnstile-bench");
-    if let Some(schema) = schema {
-        options = options.options([("search_path", schema)]);
-    }
-    options
-        .connect()
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot connect to {}: {e}", location(&options))))
 }
 
 #[cfg(test)]
@@ -250,8 +191,8 @@ mod tests {
 
     #[test]
     fn the_location_has_no_password() {
-        let options = connect_options(&url("postgres://me:pw@db.example:6543/app")).unwrap();
-        assert_eq!(location(&options), "postgres://me@db.example:6543/app");
+        let location = location(&url("postgres://me:pw@db.example:6543/app")).unwrap();
+        assert_eq!(location, "postgres://me@db.example:6543/app");
     }
 
     #[test]

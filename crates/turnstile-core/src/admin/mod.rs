@@ -18,6 +18,15 @@
 //! A `running` owner that holds a lease (`AgentSession::with_lease`) is
 //! judged by the lease instead: stuck once the lease expired, whatever its
 //! activity time; `stale_after` does not apply to it.
+//!
+//! A request whose tool calls await a decision ([`Store::await_approval`])
+//! is not stuck, though its stopped run holds the admission: it waits for
+//! a person to approve or reject. It is marked
+//! [`awaiting_approval`](HeldAdmission::awaiting_approval), left out of
+//! [`ListFilter::stuck_only`] listings and counted apart
+//! ([`DoctorReport::awaiting_approval_admissions`]). Once every call is
+//! decided it awaits nothing, and its stopped run is stuck until a run
+//! continues it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -170,8 +179,12 @@ pub struct HeldAdmission {
     pub updated_at: i64,
     /// The owning run's latest checkpoint.
     pub last_checkpoint: Option<CheckpointMark>,
-    /// Held by a run that is not live (see the module docs).
+    /// Held by a run that is not live (see the module docs); never while
+    /// the request awaits approval.
     pub stuck: bool,
+    /// The request has tool calls awaiting a decision (approve or reject):
+    /// held on purpose, not stuck.
+    pub awaiting_approval: bool,
     /// Unix milliseconds at which the owner's lease expires, when it holds
     /// one: then `stuck` follows the lease, not `updated_at`.
     pub lease_expires_at: Option<i64>,
@@ -500,8 +513,8 @@ pub struct PruneReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DoctorReport {
     /// Where the database is: a file path, or a server address without its
-    /// password.
-    pub path: String,
+    /// password (as `PostgresStore::location` writes it).
+    pub location: String,
     /// Whether the backend's integrity check passed; `None` when it could
     /// not run because the database could not be opened (see
     /// [`DoctorReport::cannot_open`]): that says nothing about its health.
@@ -527,10 +540,14 @@ pub struct DoctorReport {
     pub wal_bytes: u64,
     /// Admissions held by an active request.
     pub held_admissions: Option<u64>,
-    /// Held admissions whose run is not live (see the module docs).
+    /// Held admissions whose run is not live (see the module docs); those
+    /// awaiting approval are not among them.
     pub stuck_admissions: Option<u64>,
-    /// Checks that could not run, and why.
-    pub errors: Vec<String>,
+    /// Held admissions whose request has tool calls awaiting a decision.
+    pub awaiting_approval_admissions: Option<u64>,
+    /// The checks that could not run, each with why (`admissions: …`).
+    /// A check listed here says nothing either way.
+    pub not_checked: Vec<String>,
 }
 
 /// What the store occupies.

@@ -160,7 +160,7 @@ pub async fn recover_expired(
     limit: u32,
 ) -> Result<Vec<Recovery>, Error> {
     let mut recoveries = Vec::new();
-    for lease in store.expired_leases(now_ms(), limit).await? {
+    for lease in store.expired_leases(limit).await? {
         let Some(session) = agent_for(&lease) else {
             continue;
         };

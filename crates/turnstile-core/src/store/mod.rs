@@ -376,14 +376,17 @@ pub trait Store: Send + Sync + 'static {
     /// run, or released). Nothing is written.
     async fn renew_lease(&self, fence: &Fence, expires_at: i64) -> Result<(), Error>;
 
-    /// Held admissions whose lease expired before `now` (Unix
-    /// milliseconds) and whose owning run is still `running` (a run that
-    /// stopped, failed or awaits approval is not taken over by a lease),
-    /// soonest expired first, at most `limit`. An admission without a lease
-    /// is never listed. PostgreSQL skips rows locked by a takeover in
-    /// progress (`FOR UPDATE SKIP LOCKED`), so concurrent recoverers spread
-    /// over different rows.
-    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error>;
+    /// Held admissions whose lease has expired and whose owning run is
+    /// still `running` (a run that stopped, failed or awaits approval is
+    /// not taken over by a lease), soonest expired first, at most `limit`.
+    /// An admission without a lease is never listed. "Expired" is read on
+    /// the store's own clock: the Unix milliseconds of
+    /// [`backend::now_ms`](crate::backend::now_ms), the clock lease times
+    /// are written with ([`AgentSession::with_lease`](crate::AgentSession::with_lease)),
+    /// so the caller passes no time. PostgreSQL skips rows locked by a
+    /// takeover in progress (`FOR UPDATE SKIP LOCKED`), so concurrent
+    /// recoverers spread over different rows.
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<ExpiredLease>, Error>;
 
     /// The metadata of a conversation of `namespace`: [`Error::NotFound`]
     /// if it does not exist, [`Error::NamespaceMismatch`] if it belongs to

@@ -75,7 +75,7 @@ pub(super) async fn doctor(
     stale_after: Duration,
 ) -> Result<DoctorReport, Error> {
     let mut report = DoctorReport {
-        path: store.location.clone(),
+        location: store.location.clone(),
         integrity_ok: None,
         cannot_open: None,
         integrity: Vec::new(),
@@ -86,7 +86,8 @@ pub(super) async fn doctor(
         wal_bytes: 0,
         held_admissions: None,
         stuck_admissions: None,
-        errors: Vec::new(),
+        awaiting_approval_admissions: None,
+        not_checked: Vec::new(),
     };
     let server = sqlx::query_scalar!(r#"SELECT current_setting('server_version') AS "v!""#)
         .fetch_one(&store.pool)
@@ -110,18 +111,18 @@ pub(super) async fn doctor(
         Ok(schema) => {
             report.details.insert("schema".into(), Value::from(schema));
         }
-        Err(e) => report.errors.push(format!("schema: {e}")),
+        Err(e) => report.not_checked.push(format!("schema: {e}")),
     }
     match schema_version(&store.pool).await {
         Ok(Some(version)) => report.schema_version = Some(version),
         Ok(None) => {
             report
-                .errors
+                .not_checked
                 .push("no turnstile schema: the database was never opened by turnstile".into());
             return Ok(report);
         }
         Err(e) => {
-            report.errors.push(format!("schema version: {e}"));
+            report.not_checked.push(format!("schema version: {e}"));
             return Ok(report);
         }
     }
@@ -133,7 +134,7 @@ pub(super) async fn doctor(
                 Value::Object(sizes.into_iter().map(|(k, v)| (k, v.into())).collect()),
             );
         }
-        Err(e) => report.errors.push(e.to_string()),
+        Err(e) => report.not_checked.push(e.to_string()),
     }
     let mut broken = Vec::new();
     for (what, sql) in INVARIANTS {
@@ -145,10 +146,10 @@ pub(super) async fn doctor(
         {
             Ok(0) => {}
             Ok(n) => broken.push(format!("{n} {what}")),
-            Err(e) => report.errors.push(format!("{what}: {e}")),
+            Err(e) => report.not_checked.push(format!("{what}: {e}")),
         }
     }
-    if report.errors.is_empty() {
+    if report.not_checked.is_empty() {
         report.integrity_ok = Some(broken.is_empty());
         report.integrity = if broken.is_empty() {
             vec!["ok".into()]
@@ -159,12 +160,20 @@ pub(super) async fn doctor(
     // The rule of `backend::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!",
-                  COUNT(*) FILTER (WHERE ru.status IS NULL OR ru.status <> 'running'
-                                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1
-                                           ELSE a.lease_expires_at < $2 END) AS "stuck!"
-           FROM admissions a
-           LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
-           WHERE a.active_request_id IS NOT NULL"#,
+                  COUNT(*) FILTER (WHERE NOT a.awaiting
+                                   AND (ru.status IS NULL OR ru.status <> 'running'
+                                        OR CASE WHEN a.lease_expires_at IS NULL
+                                                THEN a.updated_at < $1
+                                                ELSE a.lease_expires_at < $2 END)) AS "stuck!",
+                  COUNT(*) FILTER (WHERE a.awaiting) AS "awaiting!"
+           FROM (SELECT a.*, EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.conversation_id = ap.conversation_id
+                              AND t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.position = ap.position AND t.status = 'requested'
+                          WHERE ap.conversation_id = a.conversation_id
+                              AND ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
+                 FROM admissions a WHERE a.active_request_id IS NOT NULL) a
+           LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id"#,
         cutoff(stale_after),
         now_ms()
     )
@@ -174,8 +183,9 @@ pub(super) async fn doctor(
         Ok(row) => {
             report.held_admissions = u64::try_from(row.held).ok();
             report.stuck_admissions = u64::try_from(row.stuck).ok();
+            report.awaiting_approval_admissions = u64::try_from(row.awaiting).ok();
         }
-        Err(e) => report.errors.push(format!("admissions: {e}")),
+        Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
     Ok(report)
 }

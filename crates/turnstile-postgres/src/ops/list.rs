@@ -57,7 +57,8 @@ fn keys(filter: &ListFilter) -> Keys<'_> {
 /// The keys `(conversation, request, run)` of stuck admissions, stalest
 /// first, ties by conversation id: held by a run that is not `running`,
 /// has no row, or left the admission unchanged since the cutoff or,
-/// holding a lease, let it expire (the rule of [`is_stuck`]).
+/// holding a lease, let it expire, for a request that awaits no approval
+/// (the rule of [`is_stuck`]).
 async fn stuck_keys(
     conn: &mut PgConnection,
     k: &Keys<'_>,
@@ -71,6 +72,12 @@ async fn stuck_keys(
              AND (ru.status IS NULL OR ru.status <> 'running'
                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1
                           ELSE a.lease_expires_at < $5 END)
+             AND NOT EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.conversation_id = ap.conversation_id
+                              AND t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.position = ap.position AND t.status = 'requested'
+                          WHERE ap.conversation_id = a.conversation_id
+                              AND ap.request_id = a.active_request_id AND ap.status = 'awaiting')
              AND ($2::text IS NULL OR c.namespace = $2)
              AND ($3::uuid IS NULL OR a.conversation_id = $3)
            ORDER BY a.updated_at, a.conversation_id LIMIT $4"#,
@@ -361,7 +368,12 @@ async fn held_admission(
 ) -> Result<Option<HeldAdmission>, Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT a.revision, a.active_request_id AS "request_id!", a.run_id, a.updated_at,
-                  a.lease_expires_at
+                  a.lease_expires_at, EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.conversation_id = ap.conversation_id
+                              AND t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.position = ap.position AND t.status = 'requested'
+                          WHERE ap.conversation_id = a.conversation_id
+                              AND ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS "awaiting_approval!"
            FROM admissions a
            WHERE a.conversation_id = $1 AND a.active_request_id IS NOT NULL"#,
         conversation
@@ -392,12 +404,14 @@ async fn held_admission(
         last_checkpoint,
         stuck: is_stuck(
             run_status,
+            row.awaiting_approval,
             row.updated_at,
             row.lease_expires_at,
             cutoff,
             now_ms(),
         ),
         lease_expires_at: row.lease_expires_at,
+        awaiting_approval: row.awaiting_approval,
     }))
 }
 

@@ -193,3 +193,86 @@ async fn no_password_is_printed_by_the_options_or_the_store() {
         assert!(!shown.contains("hunter2"), "{shown}");
     }
 }
+
+/// `connect_with` on `url` with a short wait and `existing_only` as given.
+async fn connect_to(url: &str, existing_only: bool) -> Result<PostgresStore, Error> {
+    PostgresStore::connect_with(PostgresOptions {
+        acquire_timeout: Duration::from_secs(5),
+        existing_only,
+        ..PostgresOptions::new(url)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_missing_server_database_and_schema_are_three_typed_errors() {
+    let server = turnstile_test_postgres::Server::start_own();
+    let (name, url) = server.fresh_database_named();
+
+    // The database is there without turnstile's tables: a look-only
+    // connection finds no schema.
+    let no_schema = connect_to(&url, true).await;
+    assert!(
+        matches!(
+            &no_schema,
+            Err(Error::NotFound {
+                what: "turnstile schema",
+                ..
+            })
+        ),
+        "{no_schema:?}"
+    );
+
+    // A database the server does not have: not found as a database, for a
+    // look-only and a writing connection alike, and nothing is created.
+    let missing_url = url.replacen(&format!("/{name}"), "/no_such_database", 1);
+    for existing_only in [true, false] {
+        let missing = connect_to(&missing_url, existing_only).await;
+        assert!(
+            matches!(&missing, Err(Error::NotFound { what: "database", id })
+                if id.ends_with("/no_such_database") && id.starts_with("postgres://turnstile@")),
+            "{missing:?}"
+        );
+    }
+    assert_eq!(
+        server.psql(
+            "postgres",
+            "SELECT COUNT(*) FROM pg_database WHERE datname = 'no_such_database'"
+        ),
+        "0"
+    );
+
+    // With the schema written, the same look-only connection succeeds.
+    connect_to(&url, false).await.expect("create").close().await;
+    connect_to(&url, true).await.expect("look").close().await;
+
+    // The server stopped: unreachable, neither busy nor not found.
+    server.stop_immediate();
+    let gone = connect_to(&url, true).await;
+    assert!(
+        matches!(&gone, Err(Error::Store(e))
+            if e.is_unreachable() && !e.is_busy() && e.message().starts_with("connect: ")),
+        "{gone:?}"
+    );
+}
+
+#[test]
+fn the_location_is_read_from_the_options_without_connecting() {
+    let options = PostgresOptions::new("postgres://me:pw@db.example:6543/app");
+    assert_eq!(
+        options.location().expect("a valid URL"),
+        "postgres://me@db.example:6543/app"
+    );
+    let upper = PostgresOptions::new("POSTGRESQL://me@db.example/app");
+    assert_eq!(
+        upper.location().expect("the scheme in any case"),
+        "postgres://me@db.example:5432/app"
+    );
+    for url in ["mysql://x", "postgres://host:notaport/db"] {
+        let refused = PostgresOptions::new(url).location();
+        assert!(
+            matches!(&refused, Err(Error::InvalidInput(_))),
+            "{url}: {refused:?}"
+        );
+    }
+}

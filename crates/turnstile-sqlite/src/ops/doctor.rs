@@ -91,7 +91,7 @@ pub(super) async fn of_store(
 
 fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> DoctorReport {
     DoctorReport {
-        path: location,
+        location,
         integrity_ok: None,
         cannot_open: None,
         integrity: Vec::new(),
@@ -102,7 +102,8 @@ fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> Do
         wal_bytes,
         held_admissions: None,
         stuck_admissions: None,
-        errors: Vec::new(),
+        awaiting_approval_admissions: None,
+        not_checked: Vec::new(),
     }
 }
 
@@ -130,10 +131,10 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         }
     }
     for (name, pragma) in PAGE_PRAGMAS {
-        let value = pragma_number(conn, pragma, &mut report.errors).await;
+        let value = pragma_number(conn, pragma, &mut report.not_checked).await;
         report.details.insert(name.to_owned(), value.into());
     }
-    let auto_vacuum = pragma_number(conn, "PRAGMA auto_vacuum", &mut report.errors)
+    let auto_vacuum = pragma_number(conn, "PRAGMA auto_vacuum", &mut report.not_checked)
         .await
         .map(|mode| match mode {
             0 => "none".to_owned(),
@@ -150,7 +151,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
     {
         Ok(mode) => Some(mode),
         Err(e) => {
-            report.errors.push(format!("journal mode: {e}"));
+            report.not_checked.push(format!("journal mode: {e}"));
             None
         }
     };
@@ -162,12 +163,12 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         Ok(Some(version)) => report.schema_version = Some(version),
         Ok(None) => {
             report
-                .errors
+                .not_checked
                 .push("no turnstile schema: the file was never opened by turnstile".into());
             return;
         }
         Err(e) => {
-            report.errors.push(format!("schema version: {e}"));
+            report.not_checked.push(format!("schema version: {e}"));
             return;
         }
     }
@@ -175,12 +176,18 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
     // The rule of `backend::is_stuck`, counted.
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!: i64",
-                  COALESCE(SUM(ru.status IS NULL OR ru.status <> 'running'
-                               OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
-                                       ELSE a.lease_expires_at < ?2 END), 0)
-                      AS "stuck!: i64"
-           FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
-           WHERE a.active_request_id IS NOT NULL"#,
+                  COALESCE(SUM(NOT awaiting
+                               AND (ru.status IS NULL OR ru.status <> 'running'
+                                    OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
+                                            ELSE a.lease_expires_at < ?2 END)), 0)
+                      AS "stuck!: i64",
+                  COALESCE(SUM(awaiting), 0) AS "awaiting!: i64"
+           FROM (SELECT a.*, EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.call_id = ap.call_id AND t.status = 'requested'
+                          WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
+                 FROM admissions a WHERE a.active_request_id IS NOT NULL) a
+           LEFT JOIN runs ru ON ru.run_id = a.run_id"#,
         cutoff,
         now
     )
@@ -190,8 +197,9 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         Ok(row) => {
             report.held_admissions = u64::try_from(row.held).ok();
             report.stuck_admissions = u64::try_from(row.stuck).ok();
+            report.awaiting_approval_admissions = u64::try_from(row.awaiting).ok();
         }
-        Err(e) => report.errors.push(format!("admissions: {e}")),
+        Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
 }
 

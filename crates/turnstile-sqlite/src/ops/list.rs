@@ -236,7 +236,8 @@ fn in_namespace(filter: &ListFilter, namespace: &Namespace) -> bool {
 /// The keys of stuck admissions, stalest first, ties by conversation id:
 /// held, and owned by a run that is not `running`, has no row, or left the
 /// admission unchanged since `cutoff` or, when it holds a lease, let it
-/// expire (the rule of [`is_stuck`]). Served by the held-admissions index.
+/// expire, and whose request awaits no approval (the rule of [`is_stuck`]).
+/// Served by the held-admissions index.
 async fn stuck_keys(
     conn: &mut SqliteConnection,
     filter: &ListFilter,
@@ -255,6 +256,10 @@ async fn stuck_keys(
              AND (ru.status IS NULL OR ru.status <> 'running'
                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
                           ELSE a.lease_expires_at < ?5 END)
+             AND NOT EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.call_id = ap.call_id AND t.status = 'requested'
+                          WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting')
              AND (?2 IS NULL OR c.namespace = ?2)
              AND (?3 IS NULL OR a.conversation_id = ?3)
            ORDER BY a.updated_at, a.conversation_id LIMIT ?4"#,
@@ -434,7 +439,11 @@ async fn held_admission(
 ) -> Result<Option<HeldAdmission>, Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT a.revision, a.active_request_id AS "request_id!", a.run_id, a.updated_at,
-                  a.lease_expires_at, ru.status AS "run_status?"
+                  a.lease_expires_at, ru.status AS "run_status?",
+                  EXISTS (SELECT 1 FROM approvals ap
+                          JOIN tool_calls t ON t.request_id = ap.request_id AND t.turn = ap.turn
+                              AND t.call_id = ap.call_id AND t.status = 'requested'
+                          WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS "awaiting_approval!: bool"
            FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
            WHERE a.conversation_id = ?1 AND a.active_request_id IS NOT NULL"#,
         conversation
@@ -475,12 +484,14 @@ async fn held_admission(
         last_checkpoint: run_position(conn, run_id).await?.1,
         stuck: is_stuck(
             run_status,
+            row.awaiting_approval,
             row.updated_at,
             row.lease_expires_at,
             cutoff,
             now_ms(),
         ),
         lease_expires_at: row.lease_expires_at,
+        awaiting_approval: row.awaiting_approval,
     }))
 }
 

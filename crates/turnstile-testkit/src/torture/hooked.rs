@@ -449,10 +449,10 @@ impl Store for Hooked {
             .await
     }
 
-    async fn expired_leases(&self, now: i64, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
         self.wrap(
             Call::read("expired_leases"),
-            self.inner.expired_leases(now, limit),
+            self.inner.expired_leases(limit),
         )
         .await
     }

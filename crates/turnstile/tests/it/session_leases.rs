@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use turnstile::admin::ListFilter;
 use turnstile::{
     recover_expired, AgentSession, ConversationId, Error, LeasePolicy, RequestId, ResumePolicy,
-    RunContext, Store,
+    RunContext, SqliteStore, Store, StoreAdmin,
 };
 use turnstile_core::backend::now_ms;
 use turnstile_testkit::session::*;
@@ -26,12 +27,15 @@ fn leased(session: Arc<AgentSession>, policy: LeasePolicy) -> Arc<AgentSession> 
     Arc::new(Arc::try_unwrap(session).ok().unwrap().with_lease(policy))
 }
 
-/// The lease every held admission of the store holds, as the expired
-/// listing shows them at the end of time.
-async fn leases(store: &Arc<dyn Store>) -> Vec<(ConversationId, i64)> {
-    let all = store.expired_leases(i64::MAX, 100).await.unwrap();
-    all.into_iter()
-        .map(|l| (l.conversation_id, l.lease_expires_at))
+/// The lease every held admission of the store holds, expired or not.
+async fn leases(store: &SqliteStore) -> Vec<(ConversationId, i64)> {
+    let page = store
+        .list_conversations(&ListFilter::default())
+        .await
+        .unwrap();
+    page.conversations
+        .into_iter()
+        .filter_map(|c| Some((c.id, c.held?.lease_expires_at?)))
         .collect()
 }
 
@@ -53,7 +57,8 @@ fn a_lease_must_outlive_its_renewal_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_run_renews_while_it_works_and_its_commit_drops_the_lease() {
-    let store = memory_store().await;
+    let admin = SqliteStore::in_memory().await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(admin.clone());
     let block = BlockingTool::new("block", 1);
     let model = scripted(vec![
         tools_reply(vec![call("b1", "block")], usage(1, 1)),
@@ -73,19 +78,19 @@ async fn a_leased_run_renews_while_it_works_and_its_commit_drops_the_lease() {
         })
     };
     block.entered().await;
-    let first = leases(&store).await;
+    let first = leases(&admin).await;
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].0, conversation);
     assert!(first[0].1 > now_ms(), "the lease holds: {first:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let later = leases(&store).await;
+    let later = leases(&admin).await;
     assert!(later[0].1 > first[0].1, "renewed: {first:?} then {later:?}");
-    assert!(store.expired_leases(now_ms(), 10).await.unwrap().is_empty());
+    assert!(store.expired_leases(10).await.unwrap().is_empty());
 
     block.release();
     let outcome = run.await.unwrap().unwrap();
     assert_eq!(outcome.final_text, "answer");
-    assert!(leases(&store).await.is_empty());
+    assert!(leases(&admin).await.is_empty());
 
     // A session without a lease takes none.
     let plain_block = BlockingTool::new("block", 1);
@@ -104,7 +109,7 @@ async fn a_leased_run_renews_while_it_works_and_its_commit_drops_the_lease() {
             .await
     });
     plain_block.entered().await;
-    assert!(leases(&store).await.is_empty());
+    assert!(leases(&admin).await.is_empty());
     plain_block.release();
     run.await.unwrap().unwrap();
 }
@@ -241,7 +246,7 @@ async fn recover_expired_takes_each_lapsed_request_over_once_and_leaves_the_rest
             .is_none());
     }
     // The ignored one is still held, its lease lapsed.
-    let left = store.expired_leases(now_ms(), 10).await.unwrap();
+    let left = store.expired_leases(10).await.unwrap();
     assert_eq!(
         left.iter().map(|l| l.conversation_id).collect::<Vec<_>>(),
         [ignored]

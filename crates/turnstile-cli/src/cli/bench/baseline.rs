@@ -3,22 +3,16 @@
 //! memory): a bare transaction writing the rows of a one-turn request
 //! (`BEGIN IMMEDIATE`, two message inserts, one update, `COMMIT`) and bare
 //! single-row commits, both on one plain sqlx connection with no store
-//! around it. Plain runtime SQL: this is the yardstick, not the store.
+//! around it (measured by `turnstile_bench::baseline::sqlite`).
 
-use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use turnstile_bench::baseline::sqlite;
 
 use super::args::BenchDurability;
 use super::stats::Latency;
 use crate::cli::exit::CliError;
-
-/// Bare turns written before the sampled ones: at two or three WAL pages
-/// each, past the first checkpoint of the WAL.
-const WARM_UP_TURNS: i64 = 500;
 
 #[derive(Debug, Serialize)]
 pub(super) struct Baseline {
@@ -58,108 +52,17 @@ pub(super) async fn measure(
     message_bytes: usize,
     samples: usize,
 ) -> Result<Baseline, CliError> {
-    let options = match dir {
-        Some(dir) => SqliteConnectOptions::new()
-            .filename(dir.join("baseline.db"))
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(match durability {
-                BenchDurability::Full => SqliteSynchronous::Full,
-                BenchDurability::Normal => SqliteSynchronous::Normal,
-            }),
-        None => SqliteConnectOptions::from_str("sqlite::memory:").map_err(failed("open"))?,
-    };
-    let mut conn = options.connect().await.map_err(failed("open"))?;
-    for ddl in [
-        "CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation BLOB NOT NULL,
-             seq INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL)",
-        "CREATE TABLE heads (id INTEGER PRIMARY KEY, revision INTEGER NOT NULL)",
-        "INSERT INTO heads (id, revision) VALUES (1, 0)",
-        "CREATE TABLE commits (id INTEGER PRIMARY KEY, body TEXT NOT NULL)",
-    ] {
-        sqlx::query(ddl)
-            .execute(&mut conn)
-            .await
-            .map_err(failed("create tables"))?;
-    }
-    let body = "x".repeat(message_bytes);
-    let conversation = uuid::Uuid::new_v4().as_bytes().to_vec();
-    // Unsampled first, so the floor is taken where the workload spends its
-    // time: a WAL file grows until its first checkpoint (1,000 pages), and
-    // a commit that grows the file cost 1.4 to 3 times one that reuses it
-    // in probes here (its fsync must also write the file's new size). The
-    // default workload spends about 1 % of its commits growing the WAL;
-    // 2,000 bare turns spent their first 367 (a fifth) growing it.
-    for seq in 0..WARM_UP_TURNS {
-        bare_turn(&mut conn, &conversation, -2 * (seq + 1), &body).await?;
-    }
-    let mut turns = Vec::with_capacity(samples);
-    for seq in 0..samples as i64 {
-        let started = Instant::now();
-        bare_turn(&mut conn, &conversation, 2 * seq, &body).await?;
-        turns.push(started.elapsed());
-    }
-    let mut commits = Vec::with_capacity(samples);
-    let wall = Instant::now();
-    for _ in 0..samples {
-        let started = Instant::now();
-        bare_commit(&mut conn, &body).await?;
-        commits.push(started.elapsed());
-    }
-    let wall = wall.elapsed();
-    conn.close().await.map_err(failed("close"))?;
-    let bare_turn = Latency::of(turns);
+    let floors = sqlite::measure(dir, durability.store(), message_bytes, samples)
+        .await
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let commits = floors.bare_commits;
+    let bare_turn = Latency::of(floors.bare_turns);
     Ok(Baseline {
-        what: "BEGIN IMMEDIATE, 2 message inserts, 1 update, COMMIT; and single-row commits; one plain sqlx connection",
+        what: sqlite::WHAT,
         bare_turn_p50_ms: bare_turn.p50_ms,
-        bare_commit_per_second: samples as f64 / wall.max(Duration::from_nanos(1)).as_secs_f64(),
+        bare_commit_per_second: samples as f64
+            / commits.wall.max(Duration::from_nanos(1)).as_secs_f64(),
         bare_turn,
-        bare_commit: Latency::of(commits),
+        bare_commit: Latency::of(commits.latencies),
     })
-}
-
-async fn bare_turn(
-    conn: &mut SqliteConnection,
-    conversation: &[u8],
-    seq: i64,
-    body: &str,
-) -> Result<(), CliError> {
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(failed("begin"))?;
-    for (offset, role) in [(0, "user"), (1, "assistant")] {
-        sqlx::query(
-            "INSERT INTO messages (conversation, seq, role, content) VALUES (?1, ?2, ?3, ?4)",
-        )
-        .bind(conversation)
-        .bind(seq + offset)
-        .bind(role)
-        .bind(body)
-        .execute(&mut *tx)
-        .await
-        .map_err(failed("insert"))?;
-    }
-    sqlx::query("UPDATE heads SET revision = revision + 1 WHERE id = 1")
-        .execute(&mut *tx)
-        .await
-        .map_err(failed("update"))?;
-    tx.commit().await.map_err(failed("commit"))
-}
-
-async fn bare_commit(conn: &mut SqliteConnection, body: &str) -> Result<(), CliError> {
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(failed("begin"))?;
-    sqlx::query("INSERT INTO commits (body) VALUES (?1)")
-        .bind(body)
-        .execute(&mut *tx)
-        .await
-        .map_err(failed("insert"))?;
-    tx.commit().await.map_err(failed("commit"))
-}
-
-fn failed(what: &'static str) -> impl FnOnce(sqlx::Error) -> CliError {
-    move |e| CliError::Failed(format!("bench baseline: {what}: {e}"))
 }

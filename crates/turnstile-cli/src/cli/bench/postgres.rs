@@ -3,18 +3,16 @@
 //! schema of the database (`turnstile_bench_<uuid>`), and the floor it is
 //! measured against, on the same server in the same run: a bare single-row
 //! `INSERT` committing on its own (autocommit) through sqlx, on one
-//! connection and on 64 at once. Every schema the bench creates is dropped
+//! connection and on 64 at once (`turnstile_bench::baseline::postgres`).
+//! Every schema the bench creates is dropped
 //! (`DROP SCHEMA … CASCADE`) when it ends, on an error or a stop too.
 
 use std::future::Future;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use sqlx::postgres::PgConnection;
-use sqlx::Connection;
-use tokio::task::JoinSet;
+use turnstile_bench::baseline::{self, postgres as floor};
 
 use super::args::BenchArgs;
 use super::reads;
@@ -25,7 +23,7 @@ use super::workload::Workload;
 use crate::cli::db::PgUrl;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::postgres::{connect_in_schema, connect_options, location};
+use crate::cli::postgres::location;
 use turnstile::store::Store;
 use turnstile::{PostgresOptions, PostgresStore, StoreAdmin};
 
@@ -36,8 +34,6 @@ const BASELINE_CONNECTIONS: u32 = 64;
 /// Commits of the single-connection baseline: as many as the workload has
 /// turns, within these bounds.
 const BASELINE_COMMITS: (u64, u64) = (100, 2_000);
-/// How long dropping a bench schema may wait for a lock.
-const DROP_LOCK_TIMEOUT: &str = "10s";
 
 #[derive(Debug, Serialize)]
 struct Report {
@@ -155,29 +151,7 @@ impl Made {
             store.close().await;
         }
         let schemas = std::mem::take(&mut *self.schemas.lock().unwrap_or_else(|e| e.into_inner()));
-        if schemas.is_empty() {
-            return true;
-        }
-        let mut conn = match connect_in_schema(url, None).await {
-            Ok(conn) => conn,
-            Err(error) => {
-                tracing::warn!(%error, ?schemas, "could not drop the bench schemas");
-                return false;
-            }
-        };
-        let mut dropped = true;
-        let set = format!("SET lock_timeout = '{DROP_LOCK_TIMEOUT}'");
-        let _ = sqlx::query(&set).execute(&mut conn).await;
-        for schema in schemas {
-            // A name the bench made: `turnstile_bench_` and hex digits.
-            let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-            if let Err(error) = sqlx::query(&sql).execute(&mut conn).await {
-                tracing::warn!(%error, schema, "could not drop a bench schema");
-                dropped = false;
-            }
-        }
-        let _ = conn.close().await;
-        dropped
+        floor::drop_schemas(url.secret(), &schemas).await
     }
 }
 
@@ -205,7 +179,7 @@ pub(super) async fn run(
     }
     let mut levels: Vec<u32> = LEVELS.map(|c| c.min(params.conversations)).to_vec();
     levels.dedup();
-    let database = location(&connect_options(url)?);
+    let database = location(url)?;
     let made = Made::default();
     let measured = tokio::select! {
         figures = measure(url, &params, &levels, &made, &database, out, style, json) => Some(figures),
@@ -286,19 +260,11 @@ async fn measure(
 }
 
 async fn server(url: &PgUrl) -> Result<Server, CliError> {
-    let mut conn = connect_in_schema(url, None).await?;
-    let (version, synchronous_commit, fsync) = sqlx::query_as::<_, (String, String, String)>(
-        "SELECT current_setting('server_version'), current_setting('synchronous_commit'), \
-                current_setting('fsync')",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .map_err(failed("read the server's settings"))?;
-    let _ = conn.close().await;
+    let settings = floor::settings(url.secret()).await.map_err(failed)?;
     Ok(Server {
-        version,
-        synchronous_commit,
-        fsync,
+        version: settings.version,
+        synchronous_commit: settings.synchronous_commit,
+        fsync: settings.fsync,
     })
 }
 
@@ -345,14 +311,8 @@ async fn workload(
     })
 }
 
-const BARE_TABLE: &str = "CREATE TABLE bare_commit (id bigserial PRIMARY KEY, \
-                          created_at bigint NOT NULL, body text NOT NULL)";
-const BARE_INSERT: &str = "INSERT INTO bare_commit (created_at, body) VALUES ($1, $2)";
-
 /// The floor: `commits` single-row INSERTs, each its own transaction, on
 /// one connection; then as many again spread over 64 connections at once.
-/// Each connection is opened (and its statement prepared) before the clock
-/// starts.
 async fn baseline(
     url: &PgUrl,
     schema: &str,
@@ -360,99 +320,31 @@ async fn baseline(
     body: String,
     row_text_bytes: u32,
 ) -> Result<Baseline, CliError> {
-    let body = Arc::new(body);
-    let mut setup = connect_in_schema(url, None).await?;
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&mut setup)
+    let measured = floor::measure(url.secret(), schema, commits, body, BASELINE_CONNECTIONS)
         .await
-        .map_err(failed("create the baseline schema"))?;
-    let _ = setup.close().await;
-    let mut conn = connect_in_schema(url, Some(schema)).await?;
-    sqlx::query(BARE_TABLE)
-        .execute(&mut conn)
-        .await
-        .map_err(failed("create the baseline table"))?;
-    insert(&mut conn, &body).await?;
-    let started = Instant::now();
-    let single = inserts(&mut conn, commits, &body).await?;
-    let single = commits_of(1, single, started.elapsed());
-    let _ = conn.close().await;
-
-    let each = commits.div_ceil(u64::from(BASELINE_CONNECTIONS));
-    let mut conns = Vec::with_capacity(BASELINE_CONNECTIONS as usize);
-    for _ in 0..BASELINE_CONNECTIONS {
-        let mut conn = connect_in_schema(url, Some(schema)).await?;
-        insert(&mut conn, &body).await?;
-        conns.push(conn);
-    }
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for mut conn in conns {
-        let body = body.clone();
-        tasks.spawn(async move {
-            let latencies = inserts(&mut conn, each, &body).await;
-            let _ = conn.close().await;
-            latencies
-        });
-    }
-    let mut latencies = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        let part = joined.map_err(|e| CliError::Failed(format!("a baseline task failed: {e}")))?;
-        latencies.extend(part?);
-    }
-    let concurrent = commits_of(BASELINE_CONNECTIONS, latencies, started.elapsed());
+        .map_err(failed)?;
     Ok(Baseline {
-        what: "a single-row INSERT committing on its own (autocommit) through sqlx",
+        what: floor::WHAT,
         row_text_bytes,
-        single_connection: single,
-        concurrent,
+        single_connection: commits_of(1, measured.single_connection),
+        concurrent: commits_of(BASELINE_CONNECTIONS, measured.concurrent),
     })
 }
 
-async fn insert(conn: &mut PgConnection, body: &str) -> Result<(), CliError> {
-    sqlx::query(BARE_INSERT)
-        .bind(now_ms())
-        .bind(body)
-        .execute(conn)
-        .await
-        .map_err(failed("insert a baseline row"))?;
-    Ok(())
-}
-
-async fn inserts(
-    conn: &mut PgConnection,
-    commits: u64,
-    body: &str,
-) -> Result<Vec<Duration>, CliError> {
-    let mut latencies = Vec::with_capacity(commits as usize);
-    for _ in 0..commits {
-        let started = Instant::now();
-        insert(conn, body).await?;
-        latencies.push(started.elapsed());
-    }
-    Ok(latencies)
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn commits_of(connections: u32, latencies: Vec<Duration>, wall: Duration) -> Commits {
-    let commits = latencies.len() as u64;
-    let wall_seconds = wall.as_secs_f64();
+fn commits_of(connections: u32, measured: baseline::Commits) -> Commits {
+    let commits = measured.latencies.len() as u64;
+    let wall_seconds = measured.wall.as_secs_f64();
     Commits {
         connections,
         commits,
         wall_seconds,
         commits_per_second: commits as f64 / wall_seconds.max(f64::MIN_POSITIVE),
-        latency: Latency::of(latencies),
+        latency: Latency::of(measured.latencies),
     }
 }
 
-fn failed(what: &'static str) -> impl FnOnce(sqlx::Error) -> CliError {
-    move |e| CliError::Failed(format!("{what}: {e}"))
+fn failed(error: baseline::BaselineError) -> CliError {
+    CliError::Failed(error.to_string())
 }
 
 /// `1, 8, 64`.

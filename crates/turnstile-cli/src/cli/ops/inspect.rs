@@ -6,7 +6,6 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::args::{CheckpointsArgs, ExportArgs, ShowArgs};
-use super::awaiting::Awaiting;
 use super::columns::{columns, utc};
 use super::list::mark;
 use crate::cli::access::Access;
@@ -83,14 +82,13 @@ pub(in crate::cli) async fn show(
             Ok(())
         })
         .await?;
-        let awaiting = Awaiting::read(store.as_ref(), Some(conversation.id)).await?;
         if json {
             let shown = Shown {
                 conversation: &conversation,
                 summary,
                 transcript: transcript.iter().map(Entry::from).collect(),
             };
-            return output::json(out, &awaiting.annotated(&shown)?);
+            return output::json(out, &shown);
         }
         let admission = match &conversation.held {
             None => format!("{} · idle", conversation.revision),
@@ -104,7 +102,7 @@ pub(in crate::cli) async fn show(
                         .map_or("no run row".into(), |s| s.as_str().to_owned()),
                     mark(held.last_checkpoint.as_ref())
                 );
-                if awaiting.holds(Some(held)) {
+                if held.awaiting_approval {
                     text.push_str(
                         &style.yellow(" · awaiting approval (see `turnstile approvals`)"),
                     );
@@ -277,7 +275,6 @@ pub(in crate::cli) async fn checkpoints(
                 id: args.run.to_string(),
             })?;
         let rows = store.checkpoints(args.run).await?;
-        let awaiting = Awaiting::read(store.as_ref(), Some(run.conversation_id)).await?;
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         let budget_change = record.as_ref().and_then(|r| r.budget_change.as_ref());
         if json {
@@ -290,7 +287,7 @@ pub(in crate::cli) async fn checkpoints(
                 }),
                 checkpoints: &rows,
             };
-            return output::json(out, &awaiting.annotated(&shown)?);
+            return output::json(out, &shown);
         }
         // Fingerprints are SHA-256 hex: their first 12 digits tell them apart.
         let short = |f: &str| output::plain(&f.chars().take(12).collect::<String>()).into_owned();
@@ -298,7 +295,7 @@ pub(in crate::cli) async fn checkpoints(
             format!("upgraded from {} to {}", short(&c.from), short(&c.to))
         });
         let admission = match run.held.as_ref() {
-            Some(held) if awaiting.holds(Some(held)) => style.yellow(&format!(
+            Some(held) if held.awaiting_approval => style.yellow(&format!(
                 "holds revision {}, awaiting approval",
                 held.revision
             )),

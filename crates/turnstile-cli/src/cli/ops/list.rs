@@ -4,14 +4,14 @@
 //! `requests` and `runs` (whose `next` is always `null`: they are not
 //! paged, `--limit` caps them). An
 //! admission held by a request awaiting approval is shown as such, not as
-//! stuck, and `--stuck` leaves it out (see [`super::awaiting`]).
+//! stuck, and `--stuck` leaves it out (the store says which:
+//! `HeldAdmission::awaiting_approval`).
 
 use std::io::Write;
 
 use serde::Serialize;
 
 use super::args::{ListKind, LsArgs};
-use super::awaiting::Awaiting;
 use super::columns::{columns, utc};
 use crate::cli::access::Access;
 use crate::cli::exit::CliError;
@@ -57,45 +57,39 @@ pub(in crate::cli) async fn ls(
             limit: args.limit,
             ..ListFilter::default()
         });
-        let awaiting = Awaiting::read(store.as_ref(), args.conversation).await?;
-        // What waits for a human is not stuck.
-        let keep = |held: Option<&HeldAdmission>| !(args.stuck && awaiting.holds(held));
         match args.kind {
             ListKind::Conversations => {
-                let mut page = store.list_conversations(&filter).await?;
-                page.conversations.retain(|c| keep(c.held.as_ref()));
+                let page = store.list_conversations(&filter).await?;
                 if json {
-                    return output::json(out, &awaiting.annotated(&page)?);
+                    return output::json(out, &page);
                 }
-                conversations(out, style, &awaiting, &page.conversations)?;
+                conversations(out, style, &page.conversations)?;
                 if let Some(next) = page.next {
                     writeln!(out, "more: --after {next}")?;
                 }
                 Ok(())
             }
             ListKind::Requests => {
-                let mut rows = store.list_requests(&filter).await?;
-                rows.retain(|r| keep(r.held.as_ref()));
+                let rows = store.list_requests(&filter).await?;
                 if json {
                     let page = RequestPage {
                         requests: &rows,
                         next: None,
                     };
-                    return output::json(out, &awaiting.annotated(&page)?);
+                    return output::json(out, &page);
                 }
-                requests(out, style, &awaiting, &rows)
+                requests(out, style, &rows)
             }
             ListKind::Runs => {
-                let mut rows = store.list_runs(&filter).await?;
-                rows.retain(|r| keep(r.held.as_ref()));
+                let rows = store.list_runs(&filter).await?;
                 if json {
                     let page = RunPage {
                         runs: &rows,
                         next: None,
                     };
-                    return output::json(out, &awaiting.annotated(&page)?);
+                    return output::json(out, &page);
                 }
-                runs(out, style, &awaiting, &rows)
+                runs(out, style, &rows)
             }
         }
     }
@@ -106,7 +100,6 @@ pub(in crate::cli) async fn ls(
 fn conversations(
     out: &mut dyn Write,
     style: Style,
-    awaiting: &Awaiting,
     rows: &[ConversationSummary],
 ) -> Result<(), CliError> {
     if rows.is_empty() {
@@ -121,7 +114,7 @@ fn conversations(
                 c.version.to_string(),
                 c.revision.to_string(),
                 c.transcript_entries.to_string(),
-                state(style, awaiting, c.held.as_ref()),
+                state(style, c.held.as_ref()),
                 c.held
                     .as_ref()
                     .map_or("-".into(), |h| h.request_id.to_string()),
@@ -159,12 +152,7 @@ fn conversations(
     )
 }
 
-fn requests(
-    out: &mut dyn Write,
-    style: Style,
-    awaiting: &Awaiting,
-    rows: &[RequestSummary],
-) -> Result<(), CliError> {
+fn requests(out: &mut dyn Write, style: Style, rows: &[RequestSummary]) -> Result<(), CliError> {
     if rows.is_empty() {
         return none(out, "requests");
     }
@@ -172,7 +160,7 @@ fn requests(
         .iter()
         .map(|r| {
             let status = match r.held.as_ref() {
-                held if awaiting.holds(held) => style.yellow("active, awaiting approval"),
+                Some(held) if held.awaiting_approval => style.yellow("active, awaiting approval"),
                 Some(held) if held.stuck => style.red("active, stuck"),
                 _ => r.status.as_str().to_owned(),
             };
@@ -211,12 +199,7 @@ fn requests(
     )
 }
 
-fn runs(
-    out: &mut dyn Write,
-    style: Style,
-    awaiting: &Awaiting,
-    rows: &[RunSummary],
-) -> Result<(), CliError> {
+fn runs(out: &mut dyn Write, style: Style, rows: &[RunSummary]) -> Result<(), CliError> {
     if rows.is_empty() {
         return none(out, "runs");
     }
@@ -224,7 +207,7 @@ fn runs(
         .iter()
         .map(|r| {
             let admission = match r.held.as_ref() {
-                Some(held) if awaiting.holds(Some(held)) => {
+                Some(held) if held.awaiting_approval => {
                     style.yellow(&format!("held at {}, awaiting approval", held.revision))
                 }
                 Some(held) if held.stuck => style.red(&format!("held at {}, stuck", held.revision)),
@@ -269,10 +252,10 @@ fn none(out: &mut dyn Write, what: &str) -> Result<(), CliError> {
 }
 
 /// `idle`, `active`, `awaiting approval` or `stuck`.
-fn state(style: Style, awaiting: &Awaiting, held: Option<&HeldAdmission>) -> String {
+fn state(style: Style, held: Option<&HeldAdmission>) -> String {
     match held {
         None => "idle".into(),
-        held if awaiting.holds(held) => style.yellow("awaiting approval"),
+        Some(held) if held.awaiting_approval => style.yellow("awaiting approval"),
         Some(held) if held.stuck => style.red("stuck"),
         Some(_) => style.yellow("active"),
     }

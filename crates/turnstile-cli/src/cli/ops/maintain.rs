@@ -4,13 +4,12 @@
 use std::io::Write;
 
 use super::args::{DoctorArgs, PruneArgs, PruneStatus};
-use super::awaiting::Awaiting;
 use super::columns::utc;
 use crate::cli::access::Access;
 use crate::cli::db::DbLocation;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
-use crate::cli::store::{closed, open_store};
+use crate::cli::store::open_store;
 use turnstile::admin::{DoctorReport, PruneOptions};
 use turnstile::store::RequestStatus;
 use turnstile::SqliteStore;
@@ -126,7 +125,7 @@ pub(in crate::cli) async fn doctor(
     json: bool,
 ) -> Result<(), CliError> {
     let postgres = matches!(args.db, DbLocation::Postgres(_));
-    let mut report = match &args.db {
+    let report = match &args.db {
         DbLocation::File(path) => {
             // Only a path that is not there is "not found"; one that cannot
             // be looked at (no permission) is the doctor's own "cannot open".
@@ -137,71 +136,46 @@ pub(in crate::cli) async fn doctor(
         }
         DbLocation::Postgres(url) => crate::cli::postgres::doctor(url, args.stale_after).await?,
     };
-    let awaiting = awaiting_approval(&args.db, &report).await;
-    if let (Some(stuck), Some(awaiting)) = (report.stuck_admissions, awaiting) {
-        // A stopped run waiting for a human is stuck to the store.
-        report.stuck_admissions = Some(stuck.saturating_sub(awaiting));
-    }
     if json {
-        let mut value = serde_json::to_value(&report)
-            .map_err(|e| CliError::Failed(format!("cannot encode the output as json: {e}")))?;
-        value["awaiting_approval_admissions"] = awaiting.into();
-        output::json(out, &value)?;
+        output::json(out, &report)?;
     } else if report.cannot_open.is_none() {
         if postgres {
-            print_postgres(out, style, &report, awaiting)?;
+            print_postgres(out, style, &report)?;
         } else {
-            print_sqlite(out, style, &report, awaiting)?;
+            print_sqlite(out, style, &report)?;
         }
-        for error in &report.errors {
+        for why in &report.not_checked {
             writeln!(
                 out,
                 "{} {}",
-                style.yellow("could not check:"),
-                output::plain(error)
+                style.yellow("not checked:"),
+                output::plain(why)
             )?;
         }
     }
     if let Some(why) = report.cannot_open {
         Err(CliError::CannotOpen(format!(
             "cannot open {} to check it: {why}",
-            report.path
+            report.location
         )))
     } else if report.integrity_ok == Some(true) {
         Ok(())
     } else if report.integrity_ok.is_none() && postgres {
         Err(CliError::Failed(format!(
             "could not check {}: {}",
-            report.path,
-            report.errors.first().map_or("", String::as_str)
+            report.location,
+            report.not_checked.first().map_or("", String::as_str)
         )))
     } else {
         Err(CliError::Failed(format!(
             "integrity check failed for {}: {}",
-            report.path,
+            report.location,
             report.integrity.first().map_or("", String::as_str)
         )))
     }
 }
 
-/// How many held admissions wait for a human's approval, when the database
-/// can be read as a store (`None` when it cannot, or holds none).
-async fn awaiting_approval(db: &DbLocation, report: &DoctorReport) -> Option<u64> {
-    if report.cannot_open.is_some() || report.held_admissions.unwrap_or(0) == 0 {
-        return report.held_admissions.map(|_| 0);
-    }
-    let store = open_store(db, Access::Read).await.ok()?;
-    let awaiting = Awaiting::read(store.as_ref(), None).await;
-    let awaiting = closed(store.as_ref(), awaiting).await.ok()?;
-    u64::try_from(awaiting.len()).ok()
-}
-
-fn print_sqlite(
-    out: &mut dyn Write,
-    style: Style,
-    report: &DoctorReport,
-    awaiting: Option<u64>,
-) -> Result<(), CliError> {
+fn print_sqlite(out: &mut dyn Write, style: Style, report: &DoctorReport) -> Result<(), CliError> {
     let detail = |name: &str| match report.details.get(name) {
         Some(serde_json::Value::String(text)) => text.clone(),
         Some(value) if !value.is_null() => value.to_string(),
@@ -219,16 +193,16 @@ fn print_sqlite(
         out,
         "",
         &[
-            ("database", output::clip(&report.path, 200)),
+            ("location", output::clip(&report.location, 200)),
             ("integrity", integrity(style, report)),
             (
                 "schema version",
                 schema(style, report, "the next open migrates it"),
             ),
             ("pages", pages),
-            ("file", bytes(report.database_bytes)),
+            ("database", bytes(report.database_bytes)),
             ("write-ahead log", bytes(report.wal_bytes)),
-            ("admissions", admissions(style, report, awaiting)),
+            ("admissions", admissions(style, report)),
         ],
     )
 }
@@ -238,7 +212,6 @@ fn print_postgres(
     out: &mut dyn Write,
     style: Style,
     report: &DoctorReport,
-    awaiting: Option<u64>,
 ) -> Result<(), CliError> {
     let text = |name: &str| match report.details.get(name) {
         Some(serde_json::Value::String(text)) => output::plain(text).into_owned(),
@@ -259,7 +232,7 @@ fn print_postgres(
         out,
         "",
         &[
-            ("database", output::clip(&report.path, 200)),
+            ("location", output::clip(&report.location, 200)),
             (
                 "server",
                 format!(
@@ -273,9 +246,9 @@ fn print_postgres(
                 "schema version",
                 schema(style, report, "a writing command migrates it"),
             ),
-            ("admissions", admissions(style, report, awaiting)),
+            ("admissions", admissions(style, report)),
             (
-                "tables",
+                "database",
                 format!(
                     "{} in {} tables (indexes and TOAST included)",
                     bytes(report.database_bytes),
@@ -326,13 +299,13 @@ fn schema(style: Style, report: &DoctorReport, older: &str) -> String {
 }
 
 /// `N held · M stuck · K awaiting approval`.
-fn admissions(style: Style, report: &DoctorReport, awaiting: Option<u64>) -> String {
+fn admissions(style: Style, report: &DoctorReport) -> String {
     let number = |n: Option<u64>| n.map_or("unknown".into(), |n| n.to_string());
     let stuck = match report.stuck_admissions {
         Some(n) if n > 0 => style.red(&format!("{n} stuck (see `turnstile ls requests --stuck`)")),
         other => format!("{} stuck", number(other)),
     };
-    let awaiting = match awaiting {
+    let awaiting = match report.awaiting_approval_admissions {
         Some(n) if n > 0 => style.yellow(&format!(
             "{n} awaiting approval (see `turnstile approvals`)"
         )),

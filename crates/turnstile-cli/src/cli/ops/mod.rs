@@ -4,7 +4,6 @@
 //! turnstile schema, is "not found" (exit 4).
 
 mod args;
-mod awaiting;
 mod columns;
 mod inspect;
 mod list;
