@@ -308,14 +308,15 @@ impl TurnWriter {
     pub async fn model_response(&mut self, store: &dyn Store) -> (String, Message) {
         let cp = &mut self.checkpoint;
         let call_id = format!("call-{}", cp.turn);
-        let assistant = Message::Assistant {
-            content: self.assistant_text.clone(),
-            tool_calls: vec![ToolCall {
+        let assistant = Message::assistant_with_calls(
+            self.assistant_text.clone(),
+            vec![ToolCall {
                 id: call_id.clone(),
                 name: "lookup".into(),
                 arguments: format!(r#"{{"query":"item {}"}}"#, cp.turn),
+                provider_metadata: None,
             }],
-        };
+        );
         cp.usage += Usage {
             input_tokens: 500,
             output_tokens: 120,
@@ -349,11 +350,7 @@ impl TurnWriter {
         cp.phase = CheckpointPhase::Ready;
         cp.tool_calls_count += 1;
         cp.message_count += 2;
-        let tool_message = Message::Tool {
-            call_id,
-            content: result.content,
-            is_error: false,
-        };
+        let tool_message = Message::tool(call_id, result.content, false);
         let next = LoopCheckpoint {
             turn: cp.turn + 1,
             phase: CheckpointPhase::TurnInFlight,

@@ -37,10 +37,7 @@ pub async fn each_owner_step_refreshes_the_held_admissions_activity_time(
 
     tick().await;
     let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
-    let assistant = Message::Assistant {
-        content: String::new(),
-        tool_calls: vec![tool_call("call-1", "{}")],
-    };
+    let assistant = Message::assistant_with_calls("", vec![tool_call("call-1", "{}")]);
     store
         .record_model_response(&fence, &answered, &assistant)
         .await?;

@@ -86,13 +86,19 @@ pub async fn claim_context_reads_what_the_single_reads_read_and_only_what_a_clai
     assert_eq!(context.admission, Some(store.admission(id).await?));
     assert_eq!(context.window, store.transcript_window(id, 4).await?);
     assert_eq!(context.window.len(), 4);
-    let texts: Vec<&str> = context
+    let texts: Vec<_> = context
         .window
         .iter()
-        .map(|entry| entry.message.content())
+        .map(|entry| entry.message.text())
         .collect();
-    assert_eq!(texts.first(), Some(&format!("{awkward} q").as_str()));
-    assert_eq!(texts.last(), Some(&format!("{awkward} a").as_str()));
+    assert_eq!(
+        texts.first().map(|t| t.as_ref()),
+        Some(format!("{awkward} q").as_str())
+    );
+    assert_eq!(
+        texts.last().map(|t| t.as_ref()),
+        Some(format!("{awkward} a").as_str())
+    );
     assert_eq!(
         context
             .window

@@ -31,10 +31,8 @@ async fn asking(store: &dyn Store) -> Result<(Fence, LoopCheckpoint), Error> {
     let mut start = checkpoint(fence.run_id, 0, CheckpointPhase::TurnInFlight, 1);
     start.turn = 1;
     store.begin_turn(&fence, &start).await?;
-    let assistant = Message::Assistant {
-        content: "calling".into(),
-        tool_calls: vec![gated(), tool_call("free", "{}")],
-    };
+    let assistant =
+        Message::assistant_with_calls("calling", vec![gated(), tool_call("free", "{}")]);
     let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
     store
         .record_model_response(&fence, &answered, &assistant)
@@ -56,6 +54,7 @@ fn gated() -> ToolCall {
         id: "gated".into(),
         name: "delete_files".into(),
         arguments: r#"{"path":"/tmp/x"}"#.into(),
+        provider_metadata: None,
     }
 }
 

@@ -303,10 +303,7 @@ pub async fn owner_writes_after_a_delete_are_fenced_and_resurrect_nothing(
         &zombie,
         "begin_turn",
     );
-    let assistant = Message::Assistant {
-        content: "calling".into(),
-        tool_calls: vec![tool_call("call-2", "{}")],
-    };
+    let assistant = Message::assistant_with_calls("calling", vec![tool_call("call-2", "{}")]);
     let answered = checkpoint(run, 2, CheckpointPhase::ToolsInFlight, count);
     assert_fenced(
         store

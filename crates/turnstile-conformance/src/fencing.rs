@@ -26,10 +26,8 @@ async fn zombie_mid_turn(store: &SharedStore) -> Result<(Fence, Fence), Error> {
     let mut start = checkpoint(run, 0, CheckpointPhase::TurnInFlight, 1);
     start.turn = 1;
     store.begin_turn(&zombie, &start).await?;
-    let assistant = Message::Assistant {
-        content: "calling".into(),
-        tool_calls: vec![tool_call("call-1", r#"{"q":1}"#)],
-    };
+    let assistant =
+        Message::assistant_with_calls("calling", vec![tool_call("call-1", r#"{"q":1}"#)]);
     let answered = checkpoint(run, 1, CheckpointPhase::ToolsInFlight, 1);
     store
         .record_model_response(&zombie, &answered, &assistant)
@@ -61,11 +59,7 @@ pub async fn turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing(
     );
     assert_eq!(snapshot().await?, before);
 
-    let tool_message = Message::Tool {
-        call_id: "call-1".into(),
-        content: "zombie result".into(),
-        is_error: false,
-    };
+    let tool_message = Message::tool("call-1", "zombie result", false);
     let ready = checkpoint(run, 1, CheckpointPhase::Ready, 3);
     assert_fenced(
         store
@@ -86,10 +80,7 @@ pub async fn turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing(
     assert_eq!(snapshot().await?, before);
 
     let answered = checkpoint(run, 2, CheckpointPhase::ToolsInFlight, 3);
-    let assistant = Message::Assistant {
-        content: "again".into(),
-        tool_calls: vec![tool_call("call-2", "{}")],
-    };
+    let assistant = Message::assistant_with_calls("again", vec![tool_call("call-2", "{}")]);
     assert_fenced(
         store
             .record_model_response(&zombie, &answered, &assistant)
@@ -166,7 +157,7 @@ pub async fn commit_of_a_replaced_owner_is_fenced_and_writes_nothing(
     );
     assert!(transcript
         .iter()
-        .all(|e| e.message.content() != "zombie answer"));
+        .all(|e| e.message.text() != "zombie answer"));
     Ok(())
 }
 

@@ -26,6 +26,7 @@ pub mod leases;
 pub mod lifecycle;
 pub mod logs;
 pub mod meta;
+pub mod parts;
 pub mod retention;
 pub mod retention_policy;
 pub mod stuck_order;
@@ -65,6 +66,7 @@ macro_rules! suite {
     lifecycle::request_with_tool_turns_commits_to_transcript_and_releases,
     lifecycle::successive_commits_append_to_the_transcript_in_order,
     lifecycle::hostile_strings_round_trip_verbatim_through_commit,
+    parts::parts_reasoning_and_provider_metadata_round_trip_byte_exact,
     concurrency::concurrent_claims_at_one_revision_admit_exactly_one,
     concurrency::concurrent_recovery_claims_at_one_revision_admit_exactly_one,
     summaries::summary_pass_that_does_not_fit_the_transcript_conflicts_and_changes_nothing,

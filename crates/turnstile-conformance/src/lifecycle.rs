@@ -167,6 +167,7 @@ pub async fn hostile_strings_round_trip_verbatim_through_commit(store: SharedSto
             id: format!("id-{s}"),
             name: format!("name-{s}"),
             arguments: s.clone(),
+            provider_metadata: None,
         };
         let count = tool_turn(&*store, &fence, 1, 1, call.clone(), &s).await?;
         let journal = store.journal(fence.request_id, 1).await?;
@@ -180,32 +181,23 @@ pub async fn hostile_strings_round_trip_verbatim_through_commit(store: SharedSto
             "call of {:?}",
             short(&s)
         );
-        assert_eq!(pending[2].content(), s, "result of {:?}", short(&s));
+        assert_eq!(pending[2].text(), s, "result of {:?}", short(&s));
 
         let outcome = commit_answer(&*store, &fence, 2, count, &s).await?;
         let last = store
             .transcript_range(fence.conversation_id, outcome.end_seq - 1, outcome.end_seq)
             .await?;
-        assert_eq!(
-            last[0].message.content(),
-            s,
-            "final answer of {:?}",
-            short(&s)
-        );
+        assert_eq!(last[0].message.text(), s, "final answer of {:?}", short(&s));
         let request = store.request(fence.request_id).await?.expect("request");
         assert_eq!(request.input_sha256, InputHash::of(&s));
         assert_eq!(request.outcome, Some(outcome));
 
         expected.push(Message::user(s.clone()));
-        expected.push(Message::Assistant {
-            content: format!("calling {}", call.name),
-            tool_calls: vec![call.clone()],
-        });
-        expected.push(Message::Tool {
-            call_id: call.id,
-            content: s.clone(),
-            is_error: false,
-        });
+        expected.push(Message::assistant_with_calls(
+            format!("calling {}", call.name),
+            vec![call.clone()],
+        ));
+        expected.push(Message::tool(call.id, s.clone(), false));
         expected.push(Message::assistant(s));
     }
     let transcript = store.transcript_window(conversation, u32::MAX).await?;
@@ -215,8 +207,8 @@ pub async fn hostile_strings_round_trip_verbatim_through_commit(store: SharedSto
         assert!(
             got == want,
             "message {i}: {:?} != {:?}",
-            short(got.content()),
-            short(want.content())
+            short(&got.text()),
+            short(&want.text())
         );
     }
     let range = store.transcript_range(conversation, 0, u64::MAX).await?;

@@ -105,6 +105,7 @@ pub fn tool_call(call_id: &str, arguments: &str) -> ToolCall {
         id: call_id.into(),
         name: "lookup".into(),
         arguments: arguments.into(),
+        provider_metadata: None,
     }
 }
 
@@ -123,10 +124,8 @@ pub async fn tool_turn(
     let mut start = checkpoint(run, turn - 1, CheckpointPhase::TurnInFlight, count);
     start.turn = turn;
     store.begin_turn(fence, &start).await?;
-    let assistant = Message::Assistant {
-        content: format!("calling {}", call.name),
-        tool_calls: vec![call.clone()],
-    };
+    let assistant =
+        Message::assistant_with_calls(format!("calling {}", call.name), vec![call.clone()]);
     let answered = checkpoint(run, turn, CheckpointPhase::ToolsInFlight, count);
     store
         .record_model_response(fence, &answered, &assistant)
@@ -138,11 +137,7 @@ pub async fn tool_turn(
     store
         .record_tool_result(fence, turn, &call.id, &tool_result)
         .await?;
-    let tool_message = Message::Tool {
-        call_id: call.id,
-        content: result.into(),
-        is_error: false,
-    };
+    let tool_message = Message::tool(call.id, result, false);
     let done = checkpoint(run, turn, CheckpointPhase::Ready, count + 2);
     store
         .finish_turn(fence, &done, &[tool_message], None)

@@ -44,6 +44,7 @@ pub mod admin;
 pub mod agent;
 pub mod backend;
 pub mod checkpoint;
+mod content;
 mod error;
 pub mod events;
 pub mod ids;
@@ -62,7 +63,10 @@ pub use checkpoint::{CheckpointPhase, LoopCheckpoint};
 pub use error::{BudgetKind, Error, ModelError, StoreError};
 pub use events::Event;
 pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-pub use message::{Message, ToolCall, ToolResult, ToolSpec, Usage, VerificationReport};
+pub use message::{
+    Content, Message, Part, ProviderMetadata, Reasoning, ToolCall, ToolResult, ToolSpec, Usage,
+    VerificationReport,
+};
 pub use outcome::Outcome;
 pub use session::MaxPasses;
 pub use session::{recover_expired, LeasePolicy, Recovery};

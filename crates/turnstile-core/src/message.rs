@@ -1,6 +1,10 @@
 //! What a conversation is made of: messages, tool calls and token usage.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
+
+pub use crate::content::{Content, Part, ProviderMetadata, Reasoning};
 
 /// One message of a transcript. Serialized with a stable `role` tag.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -9,27 +13,30 @@ pub enum Message {
     /// Instructions for the model.
     System {
         /// The instructions.
-        content: String,
+        content: Content,
     },
     /// What the user said.
     User {
         /// The user's text.
-        content: String,
+        content: Content,
     },
-    /// The model's answer: text and/or tool calls.
+    /// The model's answer: text, reasoning and/or tool calls.
     Assistant {
-        /// The answer's text; may be empty when it only calls tools.
-        content: String,
+        /// The answer's parts; may be empty when it only calls tools.
+        content: Content,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         /// The tool calls it asks for.
         tool_calls: Vec<ToolCall>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// What the provider attached to the answer and needs back.
+        provider_metadata: Option<ProviderMetadata>,
     },
     /// The result of one tool call, answering the call with `call_id`.
     Tool {
         /// The id of the call answered.
         call_id: String,
         /// The tool's output, or what went wrong.
-        content: String,
+        content: Content,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         /// Whether the call failed (the content says why).
         is_error: bool,
@@ -40,22 +47,41 @@ impl Message {
     /// A user message.
     pub fn user(content: impl Into<String>) -> Self {
         Message::User {
-            content: content.into(),
+            content: Content::from(content.into()),
         }
     }
 
     /// A system message.
     pub fn system(content: impl Into<String>) -> Self {
         Message::System {
-            content: content.into(),
+            content: Content::from(content.into()),
         }
     }
 
     /// An assistant message with text only.
     pub fn assistant(content: impl Into<String>) -> Self {
         Message::Assistant {
-            content: content.into(),
+            content: Content::from(content.into()),
             tool_calls: Vec::new(),
+            provider_metadata: None,
+        }
+    }
+
+    /// An assistant message that calls tools, with text (may be empty).
+    pub fn assistant_with_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        Message::Assistant {
+            content: Content::from(content.into()),
+            tool_calls,
+            provider_metadata: None,
+        }
+    }
+
+    /// The result of the call `call_id`: its output, or what went wrong.
+    pub fn tool(call_id: impl Into<String>, content: impl Into<String>, is_error: bool) -> Self {
+        Message::Tool {
+            call_id: call_id.into(),
+            content: Content::from(content.into()),
+            is_error,
         }
     }
 
@@ -69,14 +95,19 @@ impl Message {
         }
     }
 
-    /// The message's text.
-    pub fn content(&self) -> &str {
+    /// The message's content: its parts.
+    pub fn content(&self) -> &Content {
         match self {
             Message::System { content }
             | Message::User { content }
             | Message::Assistant { content, .. }
             | Message::Tool { content, .. } => content,
         }
+    }
+
+    /// The message's text parts, joined (reasoning is not text).
+    pub fn text(&self) -> Cow<'_, str> {
+        self.content().text()
     }
 
     /// The tool calls of an assistant message (empty for every other role).
@@ -101,6 +132,9 @@ pub struct ToolCall {
     pub name: String,
     /// The arguments, as JSON text.
     pub arguments: String,
+    /// What the provider attached to the call and needs back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_metadata: Option<ProviderMetadata>,
 }
 
 impl ToolCall {
@@ -114,6 +148,7 @@ impl ToolCall {
             id: id.into(),
             name: name.into(),
             arguments: arguments.to_string(),
+            provider_metadata: None,
         }
     }
 }

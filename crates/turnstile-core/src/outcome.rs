@@ -42,7 +42,7 @@ impl Outcome {
     ) -> Self {
         let final_text = messages
             .last()
-            .map(|m| m.content().to_owned())
+            .map(|m| m.text().into_owned())
             .unwrap_or_default();
         Self {
             request_id,

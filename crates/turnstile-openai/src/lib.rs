@@ -192,8 +192,9 @@ impl OpenAiModel {
             // text becomes a single delta.
             Some(deltas) if is_json(&response) => {
                 let answer = self.read_completion(response).await?;
-                if !answer.content.is_empty() {
-                    deltas(&answer.content);
+                let text = answer.content.text();
+                if !text.is_empty() {
+                    deltas(&text);
                 }
                 Ok(answer)
             }

@@ -247,8 +247,9 @@ impl StreamAssembly {
             .map(|(position, call)| finish_call(position, call.id, call.name, call.arguments))
             .collect::<Result<_, _>>()?;
         Ok(ModelResponse {
-            content: self.content,
+            content: self.content.into(),
             tool_calls,
+            provider_metadata: None,
             usage: self.usage.unwrap_or_default(),
         })
     }

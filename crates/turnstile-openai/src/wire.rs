@@ -59,18 +59,22 @@ pub(crate) fn request_body(
 
 fn wire_message(message: &Message) -> Value {
     match message {
-        Message::System { content } => json!({ "role": "system", "content": content }),
-        Message::User { content } => json!({ "role": "user", "content": content }),
+        // Text only: this client sends no reasoning, images or provider
+        // metadata yet.
+        Message::System { content } => json!({ "role": "system", "content": content.text() }),
+        Message::User { content } => json!({ "role": "user", "content": content.text() }),
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => {
             let mut wire = Map::new();
             wire.insert("role".into(), "assistant".into());
-            let content = if content.is_empty() && !tool_calls.is_empty() {
+            let text = content.text();
+            let content = if text.is_empty() && !tool_calls.is_empty() {
                 Value::Null
             } else {
-                Value::String(content.clone())
+                Value::String(text.into_owned())
             };
             wire.insert("content".into(), content);
             if !tool_calls.is_empty() {
@@ -91,7 +95,7 @@ fn wire_message(message: &Message) -> Value {
         // The protocol has no error flag: the tool's text says what failed.
         Message::Tool {
             call_id, content, ..
-        } => json!({ "role": "tool", "tool_call_id": call_id, "content": content }),
+        } => json!({ "role": "tool", "tool_call_id": call_id, "content": content.text() }),
     }
 }
 
@@ -211,8 +215,9 @@ impl Completion {
             )?);
         }
         Ok(ModelResponse {
-            content,
+            content: content.into(),
             tool_calls,
+            provider_metadata: None,
             usage: self.usage.map(WireUsage::into_usage).unwrap_or_default(),
         })
     }
@@ -296,6 +301,7 @@ pub(crate) fn finish_call(
         id,
         name,
         arguments,
+        provider_metadata: None,
     })
 }
 

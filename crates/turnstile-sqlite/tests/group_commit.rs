@@ -429,11 +429,7 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
         }
         // And an input with more than a role and a text (its `meta`).
         if i % 3 == 2 {
-            claim.input = Message::Tool {
-                call_id: format!("call-{i}"),
-                content: input,
-                is_error: true,
-            };
+            claim.input = Message::tool(format!("call-{i}"), input, true);
         }
         claims.push(claim);
     }
@@ -543,13 +539,13 @@ fn crowd_answer(i: usize) -> Message {
     let content = format!("answer {i}: \u{0} \u{202e} é 😀");
     match i % 2 {
         0 => Message::assistant(content),
-        _ => Message::Assistant {
+        _ => Message::assistant_with_calls(
             content,
-            tool_calls: vec![tool_call(
+            vec![tool_call(
                 &format!("late-{i}"),
                 r#"{"b": 2, "a": "\u0000"}"#,
             )],
-        },
+        ),
     }
 }
 
@@ -662,10 +658,8 @@ async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -
             let mut start = checkpoint(fence.run_id, 0, CheckpointPhase::TurnInFlight, 1);
             start.turn = 1;
             store.begin_turn(&fence, &start).await?;
-            let assistant = Message::Assistant {
-                content: "calling".into(),
-                tool_calls: vec![tool_call("call-1", "{}")],
-            };
+            let assistant =
+                Message::assistant_with_calls("calling", vec![tool_call("call-1", "{}")]);
             let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
             store
                 .record_model_response(&fence, &answered, &assistant)
@@ -756,10 +750,8 @@ async fn a_crowd_of_model_answers_shares_one_statement_and_each_arrives_whole() 
         let calls: Vec<_> = (0..=i % 3)
             .map(|c| tool_call(&format!("call-{i}-{c}"), &arguments))
             .collect();
-        let assistant = Message::Assistant {
-            content: format!("answer {i}: \u{0} \u{202e} é 😀"),
-            tool_calls: calls,
-        };
+        let assistant =
+            Message::assistant_with_calls(format!("answer {i}: \u{0} \u{202e} é 😀"), calls);
         let mut answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
         answered.usage.output_tokens += i as u64;
         steps.push((fence, answered, assistant));

@@ -156,7 +156,7 @@ pub fn tool_results(messages: &[Message]) -> Vec<(String, String, bool)> {
                 call_id,
                 content,
                 is_error,
-            } => Some((call_id.clone(), content.clone(), *is_error)),
+            } => Some((call_id.clone(), content.text().into_owned(), *is_error)),
             _ => None,
         })
         .collect()

@@ -178,7 +178,7 @@ async fn the_largest_accepted_input_commits_verbatim() {
         .run(RequestId::new(), &input, RunContext::default())
         .await
         .unwrap();
-    assert_eq!(outcome.messages[0].content(), input);
+    assert_eq!(outcome.messages[0].text(), input);
 }
 
 #[tokio::test]
@@ -829,7 +829,7 @@ impl Damaged {
             .unwrap_or_else(|e| panic!("{case}: resume after repair: {e:?}"));
         assert_eq!(outcome.request_id, self.held, "{case}");
         assert_eq!(outcome.final_text, "second answer", "{case}");
-        let results: Vec<&str> = outcome.messages[2..4].iter().map(|m| m.content()).collect();
+        let results: Vec<_> = outcome.messages[2..4].iter().map(|m| m.text()).collect();
         assert_eq!(results, ["two", "three"], "{case}");
         // Echo ran once per request: the held request's call was reused.
         assert_eq!(self.echo.calls(), 2, "{case}");

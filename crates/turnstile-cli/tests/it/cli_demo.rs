@@ -123,10 +123,10 @@ async fn demo_kills_a_worker_recovers_its_request_and_replays_on_a_file_database
     assert_eq!(transcript.len(), (1 + 3 + 2 + 1) + (1 + 2 + 2 + 3 + 1));
     assert_well_formed(&transcript);
     assert_eq!(report["totals"]["transcript_messages"], transcript.len());
-    let tool_results: Vec<&str> = transcript
+    let tool_results: Vec<_> = transcript
         .iter()
         .filter(|m| m.role() == "tool")
-        .map(Message::content)
+        .map(Message::text)
         .collect();
     // The real tools answered: sums, word counts and a timestamp.
     assert_eq!(tool_results[0], "42");

@@ -14,6 +14,7 @@ mod cli_json;
 mod cli_leases;
 mod cli_meta;
 mod cli_ops;
+mod cli_parts;
 mod cli_postgres;
 mod cli_read_only;
 mod cli_retention;

@@ -119,6 +119,7 @@ fn hostile_calls(text: &str) -> Vec<ToolCall> {
             id: format!("raw {text}"),
             name: "echo".into(),
             arguments: text.to_owned(),
+            provider_metadata: None,
         },
         // A tool that does not exist, named by the text.
         ToolCall::new(format!("unknown {text}"), text, json!({})),
@@ -167,7 +168,7 @@ fn hostile_expected(text: &str, got: &[Message]) -> Vec<Message> {
             content,
             is_error: true,
             ..
-        }) if content.starts_with(prefix) => content.clone(),
+        }) if content.text().starts_with(prefix) => content.text().into_owned(),
         other => panic!("result {i}: expected an error starting {prefix:?}, got {other:?}"),
     };
     let raw_result = if serde_json::from_str::<Value>(text).is_ok() {
@@ -183,17 +184,10 @@ fn hostile_expected(text: &str, got: &[Message]) -> Vec<Message> {
     ];
     let mut expected = vec![
         Message::user(text),
-        Message::Assistant {
-            content: text.to_owned(),
-            tool_calls: calls.clone(),
-        },
+        Message::assistant_with_calls(text.to_owned(), calls.clone()),
     ];
     for (call, (content, is_error)) in calls.into_iter().zip(results) {
-        expected.push(Message::Tool {
-            call_id: call.id,
-            content,
-            is_error,
-        });
+        expected.push(Message::tool(call.id, content, is_error));
     }
     expected.push(Message::assistant(text));
     expected
@@ -365,25 +359,10 @@ async fn hostile_text_survives_a_crash_and_resume_a_failure_and_a_summary() {
         assert_eq!(stall.calls(), 2, "{name}: stall re-run");
         let expected = vec![
             Message::user(&text),
-            Message::Assistant {
-                content: text.clone(),
-                tool_calls: calls.clone(),
-            },
-            Message::Tool {
-                call_id: calls[0].id.clone(),
-                content: text.clone(),
-                is_error: false,
-            },
-            Message::Tool {
-                call_id: calls[1].id.clone(),
-                content: text.clone(),
-                is_error: true,
-            },
-            Message::Tool {
-                call_id: calls[2].id.clone(),
-                content: text.clone(),
-                is_error: false,
-            },
+            Message::assistant_with_calls(text.clone(), calls.clone()),
+            Message::tool(calls[0].id.clone(), text.clone(), false),
+            Message::tool(calls[1].id.clone(), text.clone(), true),
+            Message::tool(calls[2].id.clone(), text.clone(), false),
             Message::assistant(&text),
         ];
         assert_eq!(outcome.messages, expected, "{name}: resumed outcome");
@@ -1062,6 +1041,7 @@ fn marked_script() -> Vec<ScriptedReply> {
                     id: "c3".into(),
                     name: "echo".into(),
                     arguments: format!("not json {ARGS_MARK}"),
+                    provider_metadata: None,
                 },
                 ToolCall::new("c4", format!("no-such-tool-{ARGS_MARK}"), json!({})),
             ])

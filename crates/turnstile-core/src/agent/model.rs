@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use crate::error::ModelError;
-use crate::message::{Message, ToolCall, ToolSpec, Usage};
+use crate::message::{Content, Message, ProviderMetadata, ToolCall, ToolSpec, Usage};
 
 /// Receives text deltas while a model streams its answer.
 pub type TextDeltas<'a> = &'a (dyn Fn(&str) + Send + Sync);
@@ -24,10 +24,13 @@ pub struct ModelRequest<'a> {
 /// What the model answered.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModelResponse {
-    /// The answer's text (may be empty when it calls tools).
-    pub content: String,
+    /// The answer's parts: text, and reasoning to be sent back (may be
+    /// empty when it calls tools). A `String` converts: `"text".into()`.
+    pub content: Content,
     /// The tool calls it asks for.
     pub tool_calls: Vec<ToolCall>,
+    /// What the provider attached to the answer and needs back.
+    pub provider_metadata: Option<ProviderMetadata>,
     /// What the call cost.
     pub usage: Usage,
 }

@@ -9,19 +9,25 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{Model, ModelRequest, ModelResponse};
 use crate::error::ModelError;
-use crate::message::{Message, ToolCall, Usage};
+use crate::message::{Content, Message, Part, ProviderMetadata, Reasoning, ToolCall, Usage};
 
 /// One scripted answer. Unknown fields are refused when it is read from
 /// JSON: a misspelt `delay_ms` must not be ignored silently.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptedReply {
+    /// Reasoning the answer carries before its text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
     #[serde(default)]
     /// The answer's text.
     pub text: String,
     #[serde(default)]
     /// The tool calls the answer asks for.
     pub tool_calls: Vec<ToolCall>,
+    /// What the answer carries for its provider, to be sent back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_metadata: Option<ProviderMetadata>,
     #[serde(default)]
     /// The usage it reports.
     pub usage: Usage,
@@ -59,6 +65,42 @@ impl ScriptedReply {
         }
     }
 
+    /// Carries `reasoning` before its text.
+    pub fn with_reasoning(mut self, reasoning: Reasoning) -> Self {
+        self.reasoning = Some(reasoning);
+        self
+    }
+
+    /// Carries provider metadata to be sent back.
+    pub fn with_provider_metadata(mut self, metadata: ProviderMetadata) -> Self {
+        self.provider_metadata = Some(metadata);
+        self
+    }
+
+    /// The answer's content: its reasoning, then its text (none when it
+    /// is empty and there is reasoning).
+    pub fn content(&self) -> Content {
+        match &self.reasoning {
+            None => Content::from(self.text.clone()),
+            Some(reasoning) => {
+                let mut parts = vec![Part::Reasoning(reasoning.clone())];
+                if !self.text.is_empty() {
+                    parts.push(Part::text(self.text.clone()));
+                }
+                Content::new(parts)
+            }
+        }
+    }
+
+    /// The assistant message this answer becomes in the transcript.
+    fn message(&self) -> Message {
+        Message::Assistant {
+            content: self.content(),
+            tool_calls: self.tool_calls.clone(),
+            provider_metadata: self.provider_metadata.clone(),
+        }
+    }
+
     /// Reports `usage` for this answer.
     pub fn with_usage(mut self, usage: Usage) -> Self {
         self.usage = usage;
@@ -90,6 +132,7 @@ pub struct ScriptedModel {
     replies: Vec<ScriptedReply>,
     calls: AtomicU64,
     failures_left: Mutex<Vec<u32>>,
+    strict: bool,
 }
 
 impl ScriptedModel {
@@ -106,7 +149,17 @@ impl ScriptedModel {
             replies,
             calls: AtomicU64::new(0),
             failures_left,
+            strict: false,
         }
+    }
+
+    /// Fails a call (not retryable) whose earlier assistant turns of the
+    /// request are not its own answers exactly, reasoning, signatures and
+    /// provider metadata included, as a provider refuses a tool loop whose
+    /// reasoning did not come back.
+    pub fn requiring_answers_back(mut self) -> Self {
+        self.strict = true;
+        self
     }
 
     /// How many times the model was called (failed calls included).
@@ -126,6 +179,23 @@ impl ScriptedModel {
             .take_while(|m| !matches!(m, Message::User { .. }))
             .filter(|m| matches!(m, Message::Assistant { .. }))
             .count()
+    }
+
+    /// The first of this request's assistant turns that is not the
+    /// script's answer for its step, exactly.
+    fn altered_answer(&self, messages: &[Message]) -> Option<usize> {
+        let start = messages
+            .iter()
+            .rposition(|m| matches!(m, Message::User { .. }))
+            .map_or(0, |i| i + 1);
+        messages[start..]
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant { .. }))
+            .enumerate()
+            .find(|(step, sent)| {
+                self.replies.get(*step).map(ScriptedReply::message).as_ref() != Some(*sent)
+            })
+            .map(|(step, _)| step)
     }
 
     fn take_failure(&self, step: usize) -> bool {
@@ -157,6 +227,14 @@ impl Model for ScriptedModel {
                 self.replies.len()
             ))
         })?;
+        if self.strict {
+            if let Some(altered) = self.altered_answer(request.messages) {
+                return Err(ModelError::fatal(format!(
+                    "the answer of step {altered} was not sent back exactly (reasoning, \
+                     signature or provider metadata lost or changed)"
+                )));
+            }
+        }
         if let Some(delay) = reply.delay {
             tokio::time::sleep(delay).await;
         }
@@ -171,8 +249,9 @@ impl Model for ScriptedModel {
             }
         }
         Ok(ModelResponse {
-            content: reply.text.clone(),
+            content: reply.content(),
             tool_calls: reply.tool_calls.clone(),
+            provider_metadata: reply.provider_metadata.clone(),
             usage: reply.usage,
         })
     }
@@ -192,5 +271,78 @@ mod millis {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signed() -> ScriptedReply {
+        ScriptedReply::tool_calls(vec![ToolCall::new("c1", "t", serde_json::json!({}))])
+            .with_reasoning(Reasoning {
+                provider: "anthropic".into(),
+                text: Some("think".into()),
+                signature: Some("sig".into()),
+                redacted: None,
+            })
+            .with_provider_metadata(ProviderMetadata::new(r#"{"k": 1}"#).expect("object"))
+    }
+
+    async fn second_call(
+        model: &ScriptedModel,
+        answer: Message,
+    ) -> Result<ModelResponse, ModelError> {
+        let messages = [
+            Message::user("go"),
+            answer,
+            Message::tool("c1", "done", false),
+        ];
+        model
+            .respond(ModelRequest {
+                messages: &messages,
+                tools: &[],
+                deltas: None,
+            })
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_model_requiring_its_answers_back_fails_a_call_that_lost_or_changed_one() {
+        let model =
+            ScriptedModel::new(vec![signed(), ScriptedReply::text("ok")]).requiring_answers_back();
+        let exact = signed().message();
+        let answered = second_call(&model, exact.clone())
+            .await
+            .expect("exact answers");
+        assert_eq!(answered.content, Content::from("ok"));
+
+        let Message::Assistant {
+            content,
+            tool_calls,
+            provider_metadata,
+        } = exact
+        else {
+            unreachable!()
+        };
+        let text_only = Message::Assistant {
+            content: Content::from(content.text().into_owned()),
+            tool_calls: tool_calls.clone(),
+            provider_metadata: provider_metadata.clone(),
+        };
+        let no_metadata = Message::Assistant {
+            content,
+            tool_calls,
+            provider_metadata: None,
+        };
+        for altered in [text_only, no_metadata] {
+            let err = second_call(&model, altered).await.expect_err("refused");
+            assert!(!err.retryable, "{err:?}");
+            assert!(err.to_string().contains("not sent back exactly"), "{err}");
+        }
+
+        let lenient = ScriptedModel::new(vec![signed(), ScriptedReply::text("ok")]);
+        let lost = Message::assistant_with_calls("", signed().tool_calls);
+        assert!(second_call(&lenient, lost).await.is_ok());
     }
 }

@@ -107,16 +107,11 @@ pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, Error>
 }
 
 /// A message as its stored columns: role, text, and its other fields as a
-/// `meta` JSON object (`None` when it has none). The text is never
-/// JSON-escaped, so it is stored as it is.
+/// `meta` JSON object (`None` when it has none). Plain text is stored as it
+/// is, never JSON-escaped; content with other parts is stored whole in
+/// `meta` as `parts`, with an empty text column.
 pub fn message_columns(message: &Message) -> Result<(String, String, Option<String>), Error> {
-    let serde_json::Value::Object(mut fields) = serde_json::to_value(message)
-        .map_err(|e| Error::InvalidInput(format!("message cannot be serialized: {e}")))?
-    else {
-        return Err(Error::InvalidInput(
-            "a message serializes to an object".into(),
-        ));
-    };
+    let mut fields = stored_fields(message)?;
     let role = match fields.remove("role") {
         Some(serde_json::Value::String(role)) => role,
         _ => return Err(Error::InvalidInput("a message has a role".into())),
@@ -131,6 +126,35 @@ pub fn message_columns(message: &Message) -> Result<(String, String, Option<Stri
         Some(to_json(&fields)?)
     };
     Ok((role, content, meta))
+}
+
+/// Messages as one JSON array of stored rows, for a statement that splits
+/// each into its columns: `role` and `content` (text) become columns and
+/// the other fields `meta`, as [`message_columns`] splits them.
+pub fn stored_messages_json(messages: &[Message]) -> Result<String, Error> {
+    let rows = messages
+        .iter()
+        .map(stored_fields)
+        .collect::<Result<Vec<_>, Error>>()?;
+    to_json(&rows)
+}
+
+/// A message's fields as stored: its serde fields, with content that is not
+/// plain text moved from `content` (then empty) to `parts`.
+fn stored_fields(message: &Message) -> Result<serde_json::Map<String, serde_json::Value>, Error> {
+    let serde_json::Value::Object(mut fields) = serde_json::to_value(message)
+        .map_err(|e| Error::InvalidInput(format!("message cannot be serialized: {e}")))?
+    else {
+        return Err(Error::InvalidInput(
+            "a message serializes to an object".into(),
+        ));
+    };
+    if message.content().as_plain_text().is_none() {
+        if let Some(parts) = fields.insert("content".into(), "".into()) {
+            fields.insert("parts".into(), parts);
+        }
+    }
+    Ok(fields)
 }
 
 /// Rebuilds a message from its stored role, text and `meta` JSON object
@@ -149,8 +173,16 @@ pub fn decode_message(
             Err(e) => return Err(row.corrupt(format!("meta: {e}"))),
         },
     };
+    let content = match fields.remove("parts") {
+        None => content.into(),
+        Some(_) if !content.is_empty() => {
+            return Err(row.corrupt("a message with parts has a text column"))
+        }
+        Some(parts @ serde_json::Value::Array(_)) => parts,
+        Some(_) => return Err(row.corrupt("parts is not a JSON array")),
+    };
     fields.insert("role".into(), role.into());
-    fields.insert("content".into(), content.into());
+    fields.insert("content".into(), content);
     serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| row.corrupt(format!("message: {e}")))
 }
@@ -378,7 +410,7 @@ impl CheckpointRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::ToolCall;
+    use crate::message::{Content, Part, ProviderMetadata, Reasoning, ToolCall};
 
     #[test]
     fn every_kind_of_message_round_trips_through_its_columns() {
@@ -386,19 +418,31 @@ mod tests {
             Message::system("be brief"),
             Message::user("nul\0inside \"quoted\""),
             Message::assistant("plain"),
+            Message::assistant_with_calls(
+                "",
+                vec![ToolCall::new("c1", "search", serde_json::json!({"q": "x"}))],
+            ),
+            Message::tool("c1", "failed", true),
             Message::Assistant {
-                content: String::new(),
+                content: Content::new(vec![
+                    Part::Reasoning(Reasoning {
+                        provider: "anthropic".into(),
+                        text: Some("why\0".into()),
+                        signature: Some("c2ln".repeat(100)),
+                        redacted: None,
+                    }),
+                    Part::text("answer"),
+                ]),
                 tool_calls: vec![ToolCall {
-                    id: "c1".into(),
-                    name: "search".into(),
-                    arguments: r#"{"q":"x"}"#.into(),
+                    provider_metadata: Some(
+                        ProviderMetadata::new(r#"{"google": {"thought_signature": "x"}}"#)
+                            .expect("object"),
+                    ),
+                    ..ToolCall::new("c2", "search", serde_json::json!({}))
                 }],
+                provider_metadata: Some(ProviderMetadata::new("{ \"n\": 1e400 }").expect("object")),
             },
-            Message::Tool {
-                call_id: "c1".into(),
-                content: "failed".into(),
-                is_error: true,
-            },
+            Message::user(String::new()),
         ];
         let key = Row {
             table: "test",
@@ -406,7 +450,10 @@ mod tests {
         };
         for message in messages {
             let (role, content, meta) = message_columns(&message).expect("columns");
-            assert_eq!(content, message.content());
+            assert_eq!(
+                Some(content.as_str()),
+                message.content().as_plain_text().or(Some(""))
+            );
             let back = decode_message(&key, &role, content, meta.as_deref()).expect("decode");
             assert_eq!(back, message);
         }

@@ -227,13 +227,13 @@ async fn openai_model_against_llama_server() {
     let (answer, _) = call(&text, &hello, &[], false).await;
     let answer = answer.unwrap();
     assert!(answer.tool_calls.is_empty(), "{answer:?}");
-    assert!(!answer.content.is_empty(), "{answer:?}");
+    assert!(!answer.content.text().is_empty(), "{answer:?}");
     assert!(answer.usage.input_tokens > 0 && answer.usage.output_tokens > 0);
     let (streamed, deltas) = call(&text, &hello, &[], true).await;
     let streamed = streamed.unwrap();
     assert_eq!(
-        (&streamed.content, &deltas),
-        (&answer.content, &answer.content)
+        (streamed.content.text(), deltas.as_str()),
+        (answer.content.text(), answer.content.text().as_ref())
     );
     assert_eq!(streamed.usage, answer.usage);
 

@@ -46,6 +46,7 @@ async fn tool_call_round_trip_through_respond() {
             id: "call_1".into(),
             name: "add".into(),
             arguments: "{\"a\":2,\"b\":3}".into(),
+            provider_metadata: None
         }]
     );
     assert_eq!(
@@ -58,15 +59,8 @@ async fn tool_call_round_trip_through_respond() {
         }
     );
 
-    messages.push(Message::Assistant {
-        content: String::new(),
-        tool_calls: first.tool_calls.clone(),
-    });
-    messages.push(Message::Tool {
-        call_id: "call_1".into(),
-        content: "5".into(),
-        is_error: false,
-    });
+    messages.push(Message::assistant_with_calls("", first.tool_calls.clone()));
+    messages.push(Message::tool("call_1", "5", false));
     let second = model
         .respond(ModelRequest {
             messages: &messages,
@@ -156,11 +150,9 @@ async fn tool_call_round_trip_through_an_agent_session() {
     assert_eq!((outcome.turns, outcome.tool_calls), (2, 1));
     assert_eq!(outcome.usage.total(), 50 + 12 + 80 + 7);
     assert_eq!(outcome.usage.cache_read_tokens, 32);
-    assert!(outcome.messages.contains(&Message::Tool {
-        call_id: "call_1".into(),
-        content: "5".into(),
-        is_error: false,
-    }));
+    assert!(outcome
+        .messages
+        .contains(&Message::tool("call_1", "5", false)));
 
     let bodies = server.bodies();
     assert_eq!(bodies.len(), 2);
@@ -316,11 +308,13 @@ async fn streamed_tool_call_fragments_are_assembled() {
                 id: "call_a".into(),
                 name: "add".into(),
                 arguments: "{\"a\": 2, \"b\": 3}".into(),
+                provider_metadata: None
             },
             ToolCall {
                 id: "call_b".into(),
                 name: "add".into(),
                 arguments: "{\"a\":10,\"b\":20}".into(),
+                provider_metadata: None
             },
         ]
     );

@@ -140,10 +140,10 @@ async fn a_replaced_owner_is_fenced_and_its_late_writes_change_nothing() {
         .transcript_window(conversation, 100)
         .await
         .expect("transcript");
-    let answers: Vec<&str> = transcript
+    let answers: Vec<_> = transcript
         .iter()
         .filter(|e| e.message.role() == "assistant" && e.message.tool_calls().is_empty())
-        .map(|e| e.message.content())
+        .map(|e| e.message.text())
         .collect();
     assert_eq!(answers, ["second owner"], "only the new owner's answer");
     assert_one_result_per_call(

@@ -1140,10 +1140,10 @@ async fn approval_steps_whose_acknowledgement_is_lost_answer_as_applied() {
     let mut start = checkpoint(fence.run_id, 0, CheckpointPhase::TurnInFlight, 1);
     start.turn = 1;
     direct.begin_turn(&fence, &start).await.expect("begin turn");
-    let assistant = Message::Assistant {
-        content: "calling".into(),
-        tool_calls: vec![tool_call("gated", "{}"), tool_call("free", "{}")],
-    };
+    let assistant = Message::assistant_with_calls(
+        "calling",
+        vec![tool_call("gated", "{}"), tool_call("free", "{}")],
+    );
     let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
     direct
         .record_model_response(&fence, &answered, &assistant)

@@ -15,6 +15,7 @@ use sqlx::SqliteConnection;
 use super::{fenced, new_reports, raised, raw_list, CheckpointColumns, FenceKeys, Raised};
 use crate::batch::Applied;
 use crate::codec::{db, now_ms, to_i64, to_json, FenceColumns};
+use turnstile_core::backend::stored_messages_json;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::{Message, ToolCall};
 use turnstile_core::store::Fence;
@@ -82,7 +83,7 @@ impl TurnStep {
             reports: new_reports(write.checkpoints)?,
             turn: i64::from(write.turn),
             first_seq: to_i64(write.first_seq),
-            messages: raw_list(write.messages)?,
+            messages: stored_messages(write.messages)?,
             calls: raw_list(write.calls)?,
             compact: write.compact,
             failure: write.failure.map(str::to_owned),
@@ -265,4 +266,14 @@ pub(crate) async fn batch(
         .into_iter()
         .map(|step| (step, Applied::TurnWrite))
         .collect())
+}
+
+/// Messages as the rows the trigger splits into columns (`None`: none).
+fn stored_messages(messages: &[Message]) -> Result<Option<Box<RawValue>>, Error> {
+    if messages.is_empty() {
+        return Ok(None);
+    }
+    RawValue::from_string(stored_messages_json(messages)?)
+        .map(Some)
+        .map_err(|e| Error::InvalidInput(format!("messages cannot be serialized: {e}")))
 }

@@ -31,7 +31,7 @@ async fn the_claim_window_carries_every_text_the_transcript_holds() -> TestResul
     let rows = store.transcript_range(id, 0, 6).await?;
     assert_eq!(context.window, rows);
     assert_eq!(store.transcript_window(id, 50).await?, rows);
-    let texts: Vec<&str> = context.window.iter().map(|e| e.message.content()).collect();
+    let texts: Vec<_> = context.window.iter().map(|e| e.message.text()).collect();
     assert_eq!(texts.len(), 6);
     assert_eq!(texts[0], format!("{awkward} q"));
     assert_eq!(texts[3], format!("{awkward} a"));
@@ -81,7 +81,7 @@ async fn a_text_another_client_stored_as_a_blob_reads_as_the_row_reads_read_it()
             .claim_context(&ns(), id, RequestId::new(), Some(10))
             .await?;
         assert_eq!(context.window, store.transcript_window(id, 10).await?);
-        assert_eq!(context.window[1].message.content(), text);
+        assert_eq!(context.window[1].message.text(), text);
     }
     Ok(())
 }

@@ -116,24 +116,10 @@ impl Payloads {
             .repeat(self.output.div_ceil(self.arguments));
         vec![
             Message::user(self.input()),
-            Message::Assistant {
-                content: String::new(),
-                tool_calls: vec![a],
-            },
-            Message::Tool {
-                call_id: "a".into(),
-                content: "first".into(),
-                is_error: false,
-            },
-            Message::Assistant {
-                content: String::new(),
-                tool_calls: vec![b],
-            },
-            Message::Tool {
-                call_id: "b".into(),
-                content: output,
-                is_error: false,
-            },
+            Message::assistant_with_calls("", vec![a]),
+            Message::tool("a", "first", false),
+            Message::assistant_with_calls("", vec![b]),
+            Message::tool("b", output, false),
             Message::assistant(self.answer()),
         ]
     }
@@ -813,7 +799,7 @@ impl turnstile::Model for BigSummary {
         _: turnstile::agent::ModelRequest<'_>,
     ) -> Result<turnstile::agent::ModelResponse, turnstile::ModelError> {
         Ok(turnstile::agent::ModelResponse {
-            content: "s".repeat(BIG),
+            content: "s".repeat(BIG).into(),
             ..Default::default()
         })
     }

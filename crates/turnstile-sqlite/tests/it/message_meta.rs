@@ -15,11 +15,7 @@ async fn an_input_and_an_answer_with_meta_arrive_whole() -> TestResult {
     let store = SqliteStore::open(dir.path().join("meta.db")).await?;
     let conversation = new_conversation(&store).await?;
     let revision = store.admission(conversation).await?.revision;
-    let input = Message::Tool {
-        call_id: "call-0".into(),
-        content: "a result: \u{0} \\ \" é 😀".into(),
-        is_error: true,
-    };
+    let input = Message::tool("call-0", "a result: \u{0} \\ \" é 😀", true);
     let claim = NewRequest {
         input: input.clone(),
         ..new_request(conversation, revision, "a result")
@@ -31,10 +27,10 @@ async fn an_input_and_an_answer_with_meta_arrive_whole() -> TestResult {
         store.request_messages(claim.request_id, u64::MAX).await?,
         vec![input.clone()]
     );
-    let answer = Message::Assistant {
-        content: "calling: \u{202e} é".into(),
-        tool_calls: vec![tool_call("call-1", r#"{"b": 2, "a": "\u0000"}"#)],
-    };
+    let answer = Message::assistant_with_calls(
+        "calling: \u{202e} é",
+        vec![tool_call("call-1", r#"{"b": 2, "a": "\u0000"}"#)],
+    );
     let last = checkpoint(fence.run_id, 1, CheckpointPhase::Ready, 2);
     let outcome = store.commit(&fence, &last, &answer).await?;
     assert_eq!((outcome.first_seq, outcome.end_seq), (0, 2));

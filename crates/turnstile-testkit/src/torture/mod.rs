@@ -309,7 +309,7 @@ impl Model for PlanModel {
             .iter()
             .rev()
             .find_map(|m| match m {
-                Message::User { content } => Some(content.as_str()),
+                Message::User { content } => content.as_plain_text(),
                 _ => None,
             })
             .ok_or_else(|| ModelError::fatal("no user message in the context"))?;

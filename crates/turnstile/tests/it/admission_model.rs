@@ -1027,12 +1027,14 @@ impl Model for SwitchedModel {
             ModelResponse {
                 content: "done".into(),
                 tool_calls: Vec::new(),
+                provider_metadata: None,
                 usage,
             }
         } else {
             ModelResponse {
                 content: "working".into(),
                 tool_calls: vec![ToolCall::new("w1", "work", json!({}))],
+                provider_metadata: None,
                 usage,
             }
         })

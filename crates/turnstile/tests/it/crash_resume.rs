@@ -15,8 +15,9 @@ use futures_util::StreamExt;
 use turnstile::store::RunStatus;
 use turnstile::{
     Agent, AgentSession, CheckpointPhase, ContextPolicy, ConversationId, Error, Event, Message,
-    Namespace, RequestId, ResumePolicy, Revision, RunContext, ScriptedModel, ScriptedReply,
-    SqliteStore, Store, Tool, ToolCall, ToolContext, ToolError, ToolSpec, Usage,
+    Namespace, ProviderMetadata, Reasoning, RequestId, ResumePolicy, Revision, RunContext,
+    ScriptedModel, ScriptedReply, SqliteStore, Store, Tool, ToolCall, ToolContext, ToolError,
+    ToolSpec, Usage,
 };
 use turnstile_testkit::{process, worker_test};
 
@@ -74,13 +75,39 @@ fn count(id: &str, text: &str) -> ToolCall {
     ToolCall::new(id, "word_count", serde_json::json!({ "text": text }))
 }
 
-/// Turns 1–3 ask for 1, 2 and 1 tool calls; turn 4 answers.
+/// Signed reasoning of turn `turn`, and metadata its provider needs back.
+fn thinking(turn: u32) -> (Reasoning, ProviderMetadata) {
+    let reasoning = Reasoning {
+        provider: "anthropic".into(),
+        text: Some(format!("turn {turn}: count, then answer \0")),
+        signature: Some(format!("sig-{turn}-").repeat(1000)),
+        redacted: None,
+    };
+    let metadata = ProviderMetadata::new(format!(r#"{{"turn": {turn}, "n": 1e999}}"#)).unwrap();
+    (reasoning, metadata)
+}
+
+/// Turns 1–3 ask for 1, 2 and 1 tool calls, each with signed reasoning the
+/// model requires back (it fails a call whose earlier answers come back
+/// changed); turn 4 answers.
 fn script() -> Vec<ScriptedReply> {
+    let thought = |reply: ScriptedReply, turn| {
+        let (reasoning, metadata) = thinking(turn);
+        reply
+            .with_reasoning(reasoning)
+            .with_provider_metadata(metadata)
+            .with_usage(usage(u64::from(turn)))
+    };
     vec![
-        ScriptedReply::tool_calls(vec![count("a", "one two")]).with_usage(usage(1)),
-        ScriptedReply::tool_calls(vec![count("b", "three four five"), count("c", "six")])
-            .with_usage(usage(2)),
-        ScriptedReply::tool_calls(vec![count("d", "seven eight")]).with_usage(usage(3)),
+        thought(ScriptedReply::tool_calls(vec![count("a", "one two")]), 1),
+        thought(
+            ScriptedReply::tool_calls(vec![count("b", "three four five"), count("c", "six")]),
+            2,
+        ),
+        thought(
+            ScriptedReply::tool_calls(vec![count("d", "seven eight")]),
+            3,
+        ),
         ScriptedReply::text("2, 3, 1 and 2 words").with_usage(usage(4)),
     ]
 }
@@ -107,7 +134,8 @@ impl Scenario {
             log: self.log.clone(),
             block_on,
         };
-        let agent = Agent::new(Arc::new(ScriptedModel::new(script())))
+        let model = ScriptedModel::new(script()).requiring_answers_back();
+        let agent = Agent::new(Arc::new(model))
             .with_system_prompt("count words")
             .with_tool(Arc::new(tool));
         AgentSession::new(
@@ -299,6 +327,27 @@ async fn sigkilled_run_resumes_after_its_turn_two_checkpoint() {
     assert_eq!(transcript, outcome.messages);
     assert_eq!(transcript.len(), 1 + 3 + 4 + 1);
     assert_well_formed(&transcript);
+    // The model required every answer back exactly; the transcript holds
+    // each turn's reasoning and metadata as the model gave them.
+    let answers: Vec<_> = transcript
+        .iter()
+        .filter_map(|m| match m {
+            Message::Assistant {
+                content,
+                provider_metadata: Some(metadata),
+                ..
+            } => Some((content.reasoning().next().cloned(), metadata.as_str())),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<_> = (1..=3).map(thinking).collect();
+    assert_eq!(
+        answers,
+        expected
+            .iter()
+            .map(|(r, m)| (Some(r.clone()), m.as_str()))
+            .collect::<Vec<_>>()
+    );
 
     // Every tool ran exactly once, across both processes.
     let effects = scenario.effects();

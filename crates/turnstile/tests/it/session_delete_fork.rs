@@ -262,11 +262,8 @@ async fn a_fork_and_its_source_each_take_requests_through_a_session() {
         .run(RequestId::new(), "other third", RunContext::default())
         .await
         .unwrap();
-    assert_eq!(
-        on_source.messages.last().unwrap().content(),
-        "on the source"
-    );
-    assert_eq!(on_fork.messages.last().unwrap().content(), "on the fork");
+    assert_eq!(on_source.messages.last().unwrap().text(), "on the source");
+    assert_eq!(on_fork.messages.last().unwrap().text(), "on the fork");
     let source_after = store.transcript_window(source_id, 100).await.unwrap();
     let fork_after = store.transcript_window(fork_id, 100).await.unwrap();
     assert_eq!(source_after[..6], history[..]);

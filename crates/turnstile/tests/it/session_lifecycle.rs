@@ -165,7 +165,7 @@ async fn abandon_releases_the_conversation_and_burns_the_request_id() {
     assert_eq!(s.model.calls(), calls + 3);
     assert_eq!(outcome.conversation_version, 1);
     assert!(
-        outcome.messages.iter().all(|m| m.content() != "work"),
+        outcome.messages.iter().all(|m| m.text() != "work"),
         "the abandoned input never reaches the transcript"
     );
 }

@@ -56,9 +56,9 @@ impl Model for EchoModel {
             .iter()
             .rev()
             .find(|m| matches!(m, Message::User { .. }))
-            .map_or("", |m| m.content());
+            .map_or(String::new(), |m| m.text().into_owned());
         Ok(ModelResponse {
-            content: format!("answer to {question}"),
+            content: format!("answer to {question}").into(),
             ..ModelResponse::default()
         })
     }
@@ -108,11 +108,12 @@ impl SummaryModel {
     fn summarize(messages: &[Message]) -> String {
         let previous = messages.iter().find_map(|m| match m {
             Message::System { content } => content
+                .text()
                 .strip_prefix(SUMMARY_HEADING)
                 .map(|s| s.trim().to_owned()),
             _ => None,
         });
-        let batch = messages.last().map_or("", |m| m.content());
+        let batch = messages.last().map(|m| m.text()).unwrap_or_default();
         let seqs: Vec<u64> = batch
             .lines()
             .filter_map(|line| line.strip_prefix('#'))
@@ -149,8 +150,9 @@ impl Model for SummaryModel {
             .clone()
             .unwrap_or_else(|| Self::summarize(request.messages));
         Ok(ModelResponse {
-            content,
+            content: content.into(),
             tool_calls: Vec::new(),
+            provider_metadata: None,
             usage: summary_cost(),
         })
     }
@@ -346,18 +348,18 @@ async fn seeded_conversation_compacts_in_two_passes_and_the_model_sees_the_secon
     assert_eq!(prompts.len(), 2);
     assert_eq!(prompts[0][0], Message::system("summarize"));
     assert_eq!(prompts[0].len(), 2, "no previous summary in the first pass");
-    assert!(prompts[0][1].content().contains("#0 user: question 0"));
+    assert!(prompts[0][1].text().contains("#0 user: question 0"));
     assert!(prompts[0][1]
-        .content()
+        .text()
         .contains("#3 assistant: answer to question 1"));
-    assert!(!prompts[0][1].content().contains("question 2"));
+    assert!(!prompts[0][1].text().contains("question 2"));
     assert_eq!(
         prompts[1][1],
         Message::system(format!("{SUMMARY_HEADING}\nS[0-3]"))
     );
-    assert!(prompts[1][2].content().contains("#4 user: question 2"));
+    assert!(prompts[1][2].text().contains("#4 user: question 2"));
     assert!(prompts[1][2]
-        .content()
+        .text()
         .contains("#7 assistant: answer to question 3"));
 
     // The main model: system prompt, the second summary, the window, the input.
@@ -539,9 +541,9 @@ async fn dropped_stream_between_two_passes_keeps_the_first_summary_and_recovery_
     // Only the second pass ran, on top of the kept first summary.
     assert_eq!(summarizer.calls(), 2);
     let second = &summarizer.prompts()[1];
-    assert_eq!(second[1].content(), format!("{SUMMARY_HEADING}\nS[0-3]"));
-    assert!(!second[2].content().contains("#0 "));
-    assert!(second[2].content().contains("#4 user: question 2"));
+    assert_eq!(second[1].text(), format!("{SUMMARY_HEADING}\nS[0-3]"));
+    assert!(!second[2].text().contains("#0 "));
+    assert!(second[2].text().contains("#4 user: question 2"));
     assert_eq!(main.calls(), 1);
     assert_eq!(
         outcome.usage,

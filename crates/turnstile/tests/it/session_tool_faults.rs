@@ -98,6 +98,7 @@ async fn invalid_json_arguments_become_an_error_result_without_running_the_tool(
         id: "c1".into(),
         name: "count".into(),
         arguments: "{not json".into(),
+        provider_metadata: None,
     };
     let (outcome, model, journal) =
         run_turn(vec![bad], vec![count.clone()], AgentLimits::default()).await;
@@ -157,6 +158,7 @@ async fn every_kind_of_tool_fault_in_one_turn_is_answered_and_healthy_calls_stil
             id: "c2".into(),
             name: "count".into(),
             arguments: "{not json".into(),
+            provider_metadata: None,
         },
         call("c3", "failing"),
         call("c4", "panicking"),

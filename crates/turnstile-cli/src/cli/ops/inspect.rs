@@ -16,7 +16,7 @@ use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::agent::Budget;
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
-use turnstile::message::Message;
+use turnstile::message::{Message, Reasoning};
 use turnstile::store::{BudgetChange, TranscriptEntry};
 use turnstile::Error;
 use turnstile::StoreAdmin;
@@ -168,8 +168,17 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
         entry.message.role()
     );
     let pad = " ".repeat(head.chars().count());
-    let content = output::plain(entry.message.content());
-    let mut lines: Vec<String> = content.lines().map(str::to_owned).collect();
+    let text = entry.message.text();
+    let content = output::plain(&text);
+    // Reasoning is marked, not shown: it is the provider's, kept to be sent
+    // back.
+    let mut lines: Vec<String> = entry
+        .message
+        .content()
+        .reasoning()
+        .map(|reasoning| style.dim(&reasoning_mark(reasoning)))
+        .collect();
+    lines.extend(content.lines().map(str::to_owned));
     match &entry.message {
         Message::Assistant { tool_calls, .. } => {
             lines.extend(tool_calls.iter().map(|call| {
@@ -418,4 +427,25 @@ async fn for_each_page(
         from = to;
     }
     Ok(())
+}
+
+/// `[reasoning anthropic 1234 bytes, signed]`: what a reasoning part holds.
+fn reasoning_mark(reasoning: &Reasoning) -> String {
+    let bytes = [&reasoning.text, &reasoning.redacted]
+        .into_iter()
+        .flatten()
+        .map(String::len)
+        .sum::<usize>();
+    let redacted = if reasoning.redacted.is_some() {
+        ", redacted"
+    } else {
+        ""
+    };
+    let signed = if reasoning.signature.is_some() {
+        ", signed"
+    } else {
+        ""
+    };
+    let provider = output::plain(&reasoning.provider);
+    format!("[reasoning {provider} {bytes} bytes{redacted}{signed}]")
 }

@@ -199,7 +199,9 @@ impl AgentSession {
             through_seq = pass.through_seq,
             "summary model responded"
         );
-        prompt::check_output(&response.content).map_err(|reason| Error::InvalidSummary {
+        // The summary is the answer's text; its reasoning is not kept.
+        let summary = response.content.text().into_owned();
+        prompt::check_output(&summary).map_err(|reason| Error::InvalidSummary {
             run_id: fence.run_id,
             revision: fence.revision,
             reason,
@@ -209,7 +211,7 @@ impl AgentSession {
                 fence,
                 &SummaryCommit {
                     pass,
-                    content: response.content,
+                    content: summary,
                     usage: response.usage,
                 },
             )

@@ -115,9 +115,18 @@ pub(super) fn prompt_sha256(messages: &[Message]) -> [u8; 32] {
     for message in messages {
         // Role and length prefix the text, so no two prompts hash alike by
         // moving text between messages.
+        // Plain text hashes as its bytes (as before parts existed, so a pass
+        // in flight keeps its hash across an upgrade), other content as its
+        // JSON.
+        let content = match message.content().as_plain_text() {
+            Some(text) => std::borrow::Cow::Borrowed(text),
+            None => std::borrow::Cow::Owned(
+                serde_json::to_string(message.content()).unwrap_or_default(),
+            ),
+        };
         hasher.update(message.role().as_bytes());
-        hasher.update((message.content().len() as u64).to_le_bytes());
-        hasher.update(message.content().as_bytes());
+        hasher.update((content.len() as u64).to_le_bytes());
+        hasher.update(content.as_bytes());
     }
     hasher.finalize().into()
 }
@@ -125,14 +134,19 @@ pub(super) fn prompt_sha256(messages: &[Message]) -> [u8; 32] {
 fn render(out: &mut String, entry: &TranscriptEntry) {
     let seq = entry.seq;
     match &entry.message {
-        Message::System { content } => out.push_str(&format!("#{seq} system: {content}\n")),
-        Message::User { content } => out.push_str(&format!("#{seq} user: {content}\n")),
+        Message::System { content } => {
+            out.push_str(&format!("#{seq} system: {}\n", content.text()))
+        }
+        Message::User { content } => out.push_str(&format!("#{seq} user: {}\n", content.text())),
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => {
-            if !content.is_empty() || tool_calls.is_empty() {
-                out.push_str(&format!("#{seq} assistant: {content}\n"));
+            // Reasoning is never summarized into a later prompt.
+            let text = content.text();
+            if !text.is_empty() || tool_calls.is_empty() {
+                out.push_str(&format!("#{seq} assistant: {text}\n"));
             }
             for call in tool_calls {
                 out.push_str(&format!(
@@ -147,7 +161,8 @@ fn render(out: &mut String, entry: &TranscriptEntry) {
             is_error,
         } => {
             let what = if *is_error { "error" } else { "result" };
-            out.push_str(&format!("#{seq} tool {what} for {call_id}: {content}\n"));
+            let text = content.text();
+            out.push_str(&format!("#{seq} tool {what} for {call_id}: {text}\n"));
         }
     }
 }
@@ -203,21 +218,16 @@ mod tests {
     }
 
     fn tool(id: &str) -> Message {
-        Message::Tool {
-            call_id: id.into(),
-            content: "ok".into(),
-            is_error: false,
-        }
+        Message::tool(id, "ok", false)
     }
 
     fn calls(ids: &[&str]) -> Message {
-        Message::Assistant {
-            content: String::new(),
-            tool_calls: ids
-                .iter()
+        Message::assistant_with_calls(
+            "",
+            ids.iter()
                 .map(|id| ToolCall::new(*id, "t", serde_json::json!({})))
                 .collect(),
-        }
+        )
     }
 
     #[test]
@@ -258,9 +268,9 @@ mod tests {
         let e = entries(vec![Message::user("hello"), calls(&["a"]), tool("a")]);
         let prompt = prompt("", Some("before"), &e);
         assert_eq!(prompt.len(), 3);
-        assert_eq!(prompt[0].content(), DEFAULT_SUMMARY_PROMPT);
-        assert!(prompt[1].content().ends_with("before"));
-        let text = prompt[2].content();
+        assert_eq!(prompt[0].text(), DEFAULT_SUMMARY_PROMPT);
+        assert!(prompt[1].text().ends_with("before"));
+        let text = prompt[2].text();
         assert!(text.contains("#0 user: hello"));
         assert!(text.contains("#1 assistant calls tool t (a)"));
         assert!(text.contains("#2 tool result for a: ok"));

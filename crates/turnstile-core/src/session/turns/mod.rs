@@ -175,7 +175,11 @@ impl RunLoop<'_> {
         self.checkpoint.usage += response.usage;
 
         if response.tool_calls.is_empty() {
-            let answer = Message::assistant(response.content);
+            let answer = Message::Assistant {
+                content: response.content,
+                tool_calls: Vec::new(),
+                provider_metadata: response.provider_metadata,
+            };
             self.checkpoint.phase = CheckpointPhase::Completed;
             self.checkpoint.message_count += 1;
             let outcome = self
@@ -189,6 +193,7 @@ impl RunLoop<'_> {
         let assistant = Message::Assistant {
             content: response.content,
             tool_calls: response.tool_calls,
+            provider_metadata: response.provider_metadata,
         };
         self.checkpoint.phase = CheckpointPhase::ToolsInFlight;
         self.store
@@ -261,11 +266,7 @@ impl RunLoop<'_> {
         }
         let results: Vec<Message> = answered
             .into_iter()
-            .map(|(call, result)| Message::Tool {
-                call_id: call.id,
-                content: result.content,
-                is_error: result.is_error,
-            })
+            .map(|(call, result)| Message::tool(call.id, result.content, result.is_error))
             .collect();
         self.checkpoint.phase = CheckpointPhase::Ready;
         self.checkpoint.tool_calls_count = self.checkpoint.tool_calls_count.saturating_add(count);

@@ -166,19 +166,15 @@ fn report(detail: &str) -> VerificationReport {
 
 fn tool_round(call: &str, text: &str) -> [Message; 2] {
     [
-        Message::Assistant {
-            content: String::new(),
-            tool_calls: vec![ToolCall::new(
+        Message::assistant_with_calls(
+            "",
+            vec![ToolCall::new(
                 call,
                 "echo",
                 serde_json::json!({ "text": text }),
             )],
-        },
-        Message::Tool {
-            call_id: call.into(),
-            content: text.into(),
-            is_error: false,
-        },
+        ),
+        Message::tool(call, text, false),
     ]
 }
 

@@ -119,7 +119,7 @@ fn text_bytes(message: &Message) -> u64 {
         Message::Tool { call_id, .. } => call_id.len(),
         Message::System { .. } | Message::User { .. } => 0,
     };
-    (message.content().len() + extra) as u64
+    (message.text().len() + extra) as u64
 }
 
 /// Text of exactly `bytes` bytes.
@@ -194,7 +194,7 @@ async fn long_request(shape: Turns) -> Result<Growth, Box<dyn std::error::Error 
     let (store, path, empty) = open(&dir).await?;
     let conversation = new_conversation(&store).await?;
     let input = Message::user("go");
-    let fence = admit(&store, conversation, input.content()).await?;
+    let fence = admit(&store, conversation, &input.text()).await?;
     let mut message_bytes = text_bytes(&input);
     let mut half = empty;
     let at = |turn: u32, phase: CheckpointPhase, count: u64| {
@@ -214,17 +214,18 @@ async fn long_request(shape: Turns) -> Result<Growth, Box<dyn std::error::Error 
             id: format!("call-{turn}"),
             name: "lookup".into(),
             arguments: format!(r#"{{"page":{turn}}}"#),
+            provider_metadata: None,
         };
         let call_bytes = call.id.len() + call.name.len() + call.arguments.len();
-        let assistant = Message::Assistant {
-            content: padded(turn, "assistant", MESSAGE_BYTES - call_bytes),
-            tool_calls: vec![call.clone()],
-        };
-        let tool = Message::Tool {
-            content: padded(turn, "tool", MESSAGE_BYTES - call.id.len()),
-            call_id: call.id.clone(),
-            is_error: false,
-        };
+        let assistant = Message::assistant_with_calls(
+            padded(turn, "assistant", MESSAGE_BYTES - call_bytes),
+            vec![call.clone()],
+        );
+        let tool = Message::tool(
+            call.id.clone(),
+            padded(turn, "tool", MESSAGE_BYTES - call.id.len()),
+            false,
+        );
         assert_eq!((text_bytes(&assistant), text_bytes(&tool)), (500, 500));
         message_bytes += text_bytes(&assistant) + text_bytes(&tool);
 
@@ -235,7 +236,7 @@ async fn long_request(shape: Turns) -> Result<Growth, Box<dyn std::error::Error 
                 .record_model_response(&fence, &answered, &assistant)
                 .await?;
             let result = ToolResult {
-                content: tool.content().to_owned(),
+                content: tool.text().into_owned(),
                 is_error: false,
             };
             store

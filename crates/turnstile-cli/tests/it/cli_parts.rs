@@ -1,0 +1,57 @@
+//! Reasoning and provider metadata a model answered with, as `show` prints
+//! them: marked in the table, whole in `--json`.
+
+use crate::cli_support::{script, scripted, turnstile, uuid};
+use serde_json::json;
+
+#[test]
+fn show_marks_reasoning_and_its_json_holds_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("parts.db");
+    let db = db.to_str().unwrap();
+    let conversation = uuid();
+    let signature = "c2lnbmVk".repeat(100);
+    let metadata = r#"{"google": {"thought_signature": "x"}, "n": 1e999}"#;
+    let model = scripted(&script(
+        dir.path(),
+        "thinking.json",
+        json!([
+            {"reasoning": {"provider": "anthropic", "text": "secret plan", "signature": signature},
+             "provider_metadata": metadata,
+             "tool_calls": [{"id": "c1", "name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}]},
+            {"text": "5"}
+        ]),
+    ));
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+        "add 2 and 3",
+    ]);
+    run.assert_success();
+
+    let shown = turnstile(&["show", &conversation, "--db", db]);
+    shown.assert_success();
+    assert!(
+        shown
+            .stdout
+            .contains("[reasoning anthropic 11 bytes, signed]"),
+        "{shown:#?}"
+    );
+    assert!(!shown.stdout.contains("secret plan"), "{shown:#?}");
+
+    let shown = turnstile(&["show", &conversation, "--db", db, "--json"]);
+    shown.assert_success();
+    let answer = &shown.json()["transcript"][1]["message"];
+    assert_eq!(
+        answer["content"],
+        json!([{"type": "reasoning", "provider": "anthropic", "text": "secret plan",
+                "signature": signature}]),
+        "{shown:#?}"
+    );
+    assert_eq!(answer["provider_metadata"], metadata);
+}

@@ -1,0 +1,286 @@
+//! What a message is made of: a list of parts (text, reasoning), and the
+//! opaque provider metadata a model needs back exactly.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::Error;
+
+/// A message's content: its parts, in order.
+///
+/// Plain text is one text part: `Content::from("hi")`. It serializes as a
+/// JSON string when it is plain text (no part, or one text part) and as an
+/// array of parts otherwise, and reads either form.
+#[derive(Clone, Debug, Default)]
+pub struct Content {
+    parts: Vec<Part>,
+}
+
+/// Plain text equals plain text of the same bytes, however it is split
+/// (no part is the empty text); other content equals part by part.
+impl PartialEq for Content {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.as_plain_text(), other.as_plain_text()) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.parts == other.parts,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Content {}
+
+impl Content {
+    /// Content of these parts, in order.
+    pub fn new(parts: Vec<Part>) -> Self {
+        Self { parts }
+    }
+
+    /// The parts, in order.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// The parts, to change or take.
+    pub fn into_parts(self) -> Vec<Part> {
+        self.parts
+    }
+
+    /// The text when the content is plain text (no part, or one text
+    /// part); `None` when it holds anything else.
+    pub fn as_plain_text(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [] => Some(""),
+            [Part::Text { text }] => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The text parts, joined in order; reasoning is not text.
+    pub fn text(&self) -> Cow<'_, str> {
+        if let Some(text) = self.as_plain_text() {
+            return Cow::Borrowed(text);
+        }
+        Cow::Owned(
+            self.parts
+                .iter()
+                .filter_map(|part| match part {
+                    Part::Text { text } => Some(text.as_str()),
+                    Part::Reasoning(_) => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// The reasoning parts, in order.
+    pub fn reasoning(&self) -> impl Iterator<Item = &Reasoning> {
+        self.parts.iter().filter_map(|part| match part {
+            Part::Reasoning(reasoning) => Some(reasoning),
+            Part::Text { .. } => None,
+        })
+    }
+}
+
+impl From<String> for Content {
+    fn from(text: String) -> Self {
+        Self {
+            parts: vec![Part::Text { text }],
+        }
+    }
+}
+
+impl From<&str> for Content {
+    fn from(text: &str) -> Self {
+        Self::from(text.to_owned())
+    }
+}
+
+impl From<Vec<Part>> for Content {
+    fn from(parts: Vec<Part>) -> Self {
+        Self::new(parts)
+    }
+}
+
+impl PartialEq<str> for Content {
+    fn eq(&self, other: &str) -> bool {
+        self.as_plain_text() == Some(other)
+    }
+}
+
+impl PartialEq<&str> for Content {
+    fn eq(&self, other: &&str) -> bool {
+        self == *other
+    }
+}
+
+impl Serialize for Content {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.as_plain_text() {
+            Some(text) => serializer.serialize_str(text),
+            None => self.parts.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Text(String),
+            Parts(Vec<Part>),
+        }
+        Ok(match Form::deserialize(deserializer)? {
+            Form::Text(text) => Content::from(text),
+            Form::Parts(parts) => Content::new(parts),
+        })
+    }
+}
+
+/// One part of a message's content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    /// Text.
+    Text {
+        /// The text, as it is.
+        text: String,
+    },
+    /// The model's reasoning, kept to be sent back exactly (a provider
+    /// may refuse a tool loop whose reasoning does not come back).
+    Reasoning(Reasoning),
+}
+
+impl Part {
+    /// A text part.
+    pub fn text(text: impl Into<String>) -> Self {
+        Part::Text { text: text.into() }
+    }
+}
+
+/// Reasoning a model produced: its text and/or an opaque signature, or
+/// data the provider redacted or encrypted, and which provider family
+/// produced it (reasoning goes back only to the family that made it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reasoning {
+    /// The provider family, such as `anthropic`, `openai` or `google`.
+    pub provider: String,
+    /// The reasoning's text, when the provider shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The provider's signature over the reasoning, sent back as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// Redacted or encrypted reasoning, sent back as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<String>,
+}
+
+/// An opaque JSON object a provider attached to an answer or a tool call
+/// (a thought signature, say) that it needs back exactly: kept as its text,
+/// byte for byte.
+///
+/// It serializes as a JSON string holding that text, so that no JSON layer
+/// between the model and the database (a store's JSON functions, a
+/// `serde_json::Value`) can reorder its keys or rewrite its numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ProviderMetadata(String);
+
+impl ProviderMetadata {
+    /// Metadata from its JSON text, which must be one JSON object; the
+    /// text is kept as it is (whitespace included).
+    pub fn new(json: impl Into<String>) -> Result<Self, Error> {
+        let json = json.into();
+        // Checked without converting its numbers, which may be past what
+        // an f64 holds and are kept as written.
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&json) {
+            return Err(Error::InvalidInput(format!(
+                "provider metadata is not JSON: {e}"
+            )));
+        }
+        if !json.trim_start().starts_with('{') {
+            return Err(Error::InvalidInput(
+                "provider metadata must be a JSON object".into(),
+            ));
+        }
+        Ok(Self(json))
+    }
+
+    /// The metadata's JSON text, exactly as it was given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The metadata as a JSON value (for reading; send back
+    /// [`as_str`](Self::as_str) to keep it exact).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or_default()
+    }
+}
+
+impl<'de> Deserialize<'de> for ProviderMetadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        ProviderMetadata::new(text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_serializes_as_a_string_and_parts_as_an_array() {
+        assert_eq!(
+            serde_json::to_string(&Content::from("hi")).unwrap(),
+            r#""hi""#
+        );
+        assert_eq!(serde_json::to_string(&Content::default()).unwrap(), r#""""#);
+        let parts = Content::new(vec![
+            Part::Reasoning(Reasoning {
+                provider: "anthropic".into(),
+                text: Some("think".into()),
+                signature: Some("sig".into()),
+                redacted: None,
+            }),
+            Part::text("answer"),
+        ]);
+        let json = serde_json::to_string(&parts).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"type":"reasoning","provider":"anthropic","text":"think","signature":"sig"},{"type":"text","text":"answer"}]"#
+        );
+        assert_eq!(serde_json::from_str::<Content>(&json).unwrap(), parts);
+        assert_eq!(
+            serde_json::from_str::<Content>(r#""hi""#).unwrap(),
+            Content::from("hi")
+        );
+        assert_eq!(parts.text(), "answer");
+        assert_eq!(parts.as_plain_text(), None);
+        assert_eq!(Content::new(Vec::new()), Content::from(""));
+        assert_ne!(
+            Content::new(vec![Part::text(""), Part::text("")]),
+            Content::from("")
+        );
+    }
+
+    #[test]
+    fn provider_metadata_keeps_its_text_and_must_be_an_object() {
+        let text = r#"{ "z": 1, "a": 12345678901234567890123, "f": 1e400, "s": "\u00e9" }"#;
+        let metadata = ProviderMetadata::new(text).unwrap();
+        let json = serde_json::to_string(&metadata).unwrap();
+        let back: ProviderMetadata = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.as_str(), text);
+        let through_value: ProviderMetadata =
+            serde_json::from_value(serde_json::to_value(&metadata).unwrap()).unwrap();
+        assert_eq!(through_value.as_str(), text);
+        for bad in ["[]", "1", "\"x\"", "{", ""] {
+            assert!(
+                matches!(ProviderMetadata::new(bad), Err(Error::InvalidInput(_))),
+                "{bad}"
+            );
+        }
+    }
+}
