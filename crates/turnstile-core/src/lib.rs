@@ -71,7 +71,8 @@ pub use outcome::Outcome;
 pub use session::MaxPasses;
 pub use session::{recover_expired, LeasePolicy, Recovery};
 pub use session::{
-    ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream, ResumePolicy,
+    ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream, PastReasoning,
+    ResumePolicy,
 };
 pub use store::Store;
 

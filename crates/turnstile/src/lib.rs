@@ -122,7 +122,7 @@ pub use turnstile_core::{admin, agent, checkpoint, events, ids, message, outcome
 // Sessions: running, resuming and recovering requests.
 pub use turnstile_core::{
     recover_expired, ActiveRequest, AdmissionState, AgentSession, ContextPolicy, EventStream,
-    LeasePolicy, MaxPasses, Recovery, ResumePolicy,
+    LeasePolicy, MaxPasses, PastReasoning, Recovery, ResumePolicy,
 };
 // Agents: the model, its tools and what bounds a run.
 pub use turnstile_core::{

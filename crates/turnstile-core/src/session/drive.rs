@@ -222,7 +222,7 @@ impl AgentSession {
             .store
             .transcript_range(self.conversation_id, from, u64::MAX)
             .await?;
-        prefix.extend(tail.into_iter().map(|e| e.message));
+        prefix.extend(tail.into_iter().map(|e| self.policy.shown(e.message)));
         Ok(prefix)
     }
 
@@ -238,7 +238,12 @@ impl AgentSession {
             .iter()
             .position(|e| matches!(e.message, Message::User { .. }))
             .unwrap_or(window.len());
-        prefix.extend(window.into_iter().skip(start).map(|e| e.message));
+        prefix.extend(
+            window
+                .into_iter()
+                .skip(start)
+                .map(|e| self.policy.shown(e.message)),
+        );
         prefix
     }
 }

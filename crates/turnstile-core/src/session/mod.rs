@@ -29,7 +29,7 @@ use crate::agent::{Agent, RunContext};
 use crate::error::Error;
 use crate::events::Event;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use crate::message::Usage;
+use crate::message::{Content, Message, Part, Usage};
 use crate::store::Store;
 pub use compact::{MaxPasses, DEFAULT_SUMMARY_PROMPT, MAX_SUMMARY_BYTES, SUMMARY_HEADING};
 pub(crate) use stream::Emitter;
@@ -56,6 +56,22 @@ pub use turns::MAX_TOOL_OUTPUT_BYTES;
 pub struct ContextPolicy {
     window: u32,
     summary_batch: u32,
+    past_reasoning: PastReasoning,
+}
+
+/// Whether the model is sent the reasoning of requests committed before the
+/// current one. The current request's reasoning is always sent (a provider
+/// may refuse a tool loop without it), and storage always keeps all of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PastReasoning {
+    /// Left out: committed answers keep their text, tool calls and provider
+    /// metadata. Providers ignore or strip earlier turns' reasoning, and it
+    /// can be large.
+    #[default]
+    Omitted,
+    /// Sent as stored, for a provider that keeps earlier reasoning in its
+    /// context.
+    Sent,
 }
 
 impl ContextPolicy {
@@ -72,6 +88,7 @@ impl ContextPolicy {
         Ok(Self {
             window,
             summary_batch: window,
+            past_reasoning: PastReasoning::default(),
         })
     }
 
@@ -84,6 +101,44 @@ impl ContextPolicy {
             summary_batch: Self::check("summary batch", summary_batch)?,
             ..self
         })
+    }
+
+    /// Sets whether committed requests' reasoning is sent to the model.
+    pub fn with_past_reasoning(self, past_reasoning: PastReasoning) -> Self {
+        Self {
+            past_reasoning,
+            ..self
+        }
+    }
+
+    /// Whether committed requests' reasoning is sent to the model.
+    pub fn past_reasoning(&self) -> PastReasoning {
+        self.past_reasoning
+    }
+
+    /// A committed message as the model is shown it.
+    pub(crate) fn shown(&self, message: Message) -> Message {
+        match (self.past_reasoning, message) {
+            (
+                PastReasoning::Omitted,
+                Message::Assistant {
+                    content,
+                    tool_calls,
+                    provider_metadata,
+                },
+            ) if content.reasoning().next().is_some() => Message::Assistant {
+                content: Content::new(
+                    content
+                        .into_parts()
+                        .into_iter()
+                        .filter(|part| !matches!(part, Part::Reasoning(_)))
+                        .collect(),
+                ),
+                tool_calls,
+                provider_metadata,
+            },
+            (_, message) => message,
+        }
     }
 
     /// The most recent committed entries always given to the model verbatim.
@@ -114,6 +169,7 @@ impl Default for ContextPolicy {
         Self {
             window: 50,
             summary_batch: 50,
+            past_reasoning: PastReasoning::default(),
         }
     }
 }

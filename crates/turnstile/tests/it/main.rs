@@ -20,6 +20,7 @@ mod session_fencing;
 mod session_leases;
 mod session_lifecycle;
 mod session_meta;
+mod session_reasoning;
 mod session_stream;
 mod session_summary;
 mod session_tool_faults;

@@ -279,4 +279,34 @@ mod tests {
             prompt_sha256(&super::prompt("", None, &e))
         );
     }
+
+    #[test]
+    fn reasoning_is_not_summarized_and_plain_text_hashes_as_its_bytes() {
+        let thought = Message::Assistant {
+            content: crate::message::Content::new(vec![
+                crate::message::Part::Reasoning(crate::message::Reasoning {
+                    provider: "anthropic".into(),
+                    text: Some("private chain of thought".into()),
+                    signature: Some("sig".into()),
+                    redacted: None,
+                }),
+                crate::message::Part::text("the answer"),
+            ]),
+            tool_calls: Vec::new(),
+            provider_metadata: None,
+        };
+        let e = entries(vec![Message::user("q"), thought]);
+        let text = prompt("", None, &e)[1].text().into_owned();
+        assert!(text.contains("#1 assistant: the answer"), "{text}");
+        assert!(!text.contains("private") && !text.contains("sig"), "{text}");
+
+        // The hash of a plain text prompt is the one passes in flight
+        // recorded before content had parts: role, length, bytes.
+        let plain = [Message::user("hi")];
+        let mut hasher = Sha256::new();
+        hasher.update(b"user");
+        hasher.update(2u64.to_le_bytes());
+        hasher.update(b"hi");
+        assert_eq!(prompt_sha256(&plain), <[u8; 32]>::from(hasher.finalize()));
+    }
 }
