@@ -358,6 +358,21 @@ impl<'a> Demo<'a> {
             second.usage.total(),
             checkpoint.usage.total()
         )?;
+        // The model refuses a call whose earlier answers did not come back
+        // exactly, so the recovery sent the stored reasoning as it was.
+        let signed_reasoning_sent_back = second
+            .messages
+            .iter()
+            .flat_map(|m| m.content().reasoning())
+            .filter(|r| **r == script::second_reasoning())
+            .count();
+        if signed_reasoning_sent_back > 0 {
+            writeln!(
+                out,
+                "     turn {}'s signed reasoning, stored with its answer, went back to the model exactly",
+                script::KILL_AFTER_TURN
+            )?;
+        }
         writeln!(out, "   {} {}", s.dim("answer:"), second.final_text)?;
 
         // 3. The completed request again: a replay.
@@ -440,6 +455,7 @@ impl<'a> Demo<'a> {
                 tool_calls: second.tool_calls,
                 usage: second.usage,
                 model_calls_in_recovery: second_model.calls(),
+                signed_reasoning_sent_back,
             },
             replay: Replay {
                 request_id: first_request,

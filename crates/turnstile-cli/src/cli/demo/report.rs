@@ -63,6 +63,9 @@ pub struct RecoveredRequest {
     pub tool_calls: u64,
     pub usage: Usage,
     pub model_calls_in_recovery: u64,
+    /// Answers whose signed reasoning the recovery sent back to the model
+    /// (which refuses a call without it).
+    pub signed_reasoning_sent_back: usize,
 }
 
 #[derive(Debug, Serialize)]

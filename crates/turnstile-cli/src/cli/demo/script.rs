@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use turnstile::agent::{ScriptedModel, ScriptedReply};
-use turnstile::message::{ToolCall, Usage};
+use turnstile::message::{Reasoning, ToolCall, Usage};
 
 /// The namespace of the demo's conversations.
 pub const NAMESPACE: &str = "demo";
@@ -73,12 +73,26 @@ pub fn first_model(pace: Duration) -> Arc<ScriptedModel> {
     Arc::new(ScriptedModel::named(MODEL_NAME, paced(replies, pace)))
 }
 
-/// The model of the second request; each answer takes `pace`.
+/// The signed reasoning of the second request's turn 2, the last turn
+/// before the kill: the recovery must send it back exactly.
+pub fn second_reasoning() -> Reasoning {
+    Reasoning {
+        provider: "demo".into(),
+        text: Some("1234 is the first sum; add 66 to it before counting words.".into()),
+        signature: Some("ZGVtby1zaWduYXR1cmUtb2YtdHVybi0y".into()),
+        redacted: None,
+    }
+}
+
+/// The model of the second request; each answer takes `pace`. It requires
+/// its earlier answers back exactly, as a provider requires its signed
+/// reasoning in a tool loop.
 pub fn second_model(pace: Duration) -> Arc<ScriptedModel> {
     let replies = vec![
         ScriptedReply::tool_calls(vec![call("add-1", "add", json!({"a": 1200, "b": 34}))])
             .with_usage(usage(398, 24)),
         ScriptedReply::tool_calls(vec![call("add-2", "add", json!({"a": 1234, "b": 66}))])
+            .with_reasoning(second_reasoning())
             .with_usage(usage(520, 24)),
         ScriptedReply::tool_calls(vec![
             call(
@@ -95,5 +109,5 @@ pub fn second_model(pace: Duration) -> Arc<ScriptedModel> {
         )
         .with_usage(usage(802, 47)),
     ];
-    Arc::new(ScriptedModel::named(MODEL_NAME, paced(replies, pace)))
+    Arc::new(ScriptedModel::named(MODEL_NAME, paced(replies, pace)).requiring_answers_back())
 }
