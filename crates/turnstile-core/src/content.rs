@@ -17,8 +17,9 @@ pub struct Content {
     parts: Vec<Part>,
 }
 
-/// Plain text equals plain text of the same bytes, however it is split
-/// (no part is the empty text); other content equals part by part.
+/// Plain text (no part, or one text part) equals plain text of the same
+/// bytes, so no part equals one empty text part; other content equals part
+/// by part.
 impl PartialEq for Content {
     fn eq(&self, other: &Self) -> bool {
         match (self.as_plain_text(), other.as_plain_text()) {
@@ -125,16 +126,38 @@ impl Serialize for Content {
 
 impl<'de> Deserialize<'de> for Content {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            Text(String),
-            Parts(Vec<Part>),
+        // A visitor rather than an untagged enum, so that a bad part is
+        // reported as what is wrong with it (an unknown part type, say).
+        struct Form;
+
+        impl<'de> serde::de::Visitor<'de> for Form {
+            type Value = Content;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("text or a list of content parts")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Content, E> {
+                Ok(Content::from(text))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Content, E> {
+                Ok(Content::from(text))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Content, A::Error> {
+                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(part) = seq.next_element::<Part>()? {
+                    parts.push(part);
+                }
+                Ok(Content::new(parts))
+            }
         }
-        Ok(match Form::deserialize(deserializer)? {
-            Form::Text(text) => Content::from(text),
-            Form::Parts(parts) => Content::new(parts),
-        })
+
+        deserializer.deserialize_any(Form)
     }
 }
 
@@ -161,8 +184,11 @@ impl Part {
 
 /// Reasoning a model produced: its text and/or an opaque signature, or
 /// data the provider redacted or encrypted, and which provider family
-/// produced it (reasoning goes back only to the family that made it).
+/// produced it (a model client sends back only its own family's
+/// reasoning). Unknown fields are refused when it is read: reasoning sent
+/// back without a field its provider needs would be refused or degrade.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Reasoning {
     /// The provider family, such as `anthropic`, `openai` or `google`.
     pub provider: String,
@@ -213,10 +239,11 @@ impl ProviderMetadata {
         &self.0
     }
 
-    /// The metadata as a JSON value (for reading; send back
-    /// [`as_str`](Self::as_str) to keep it exact).
-    pub fn to_value(&self) -> serde_json::Value {
-        serde_json::from_str(&self.0).unwrap_or_default()
+    /// The metadata as a JSON value, for reading (send back
+    /// [`as_str`](Self::as_str) to keep it exact); `None` when it holds a
+    /// number a `serde_json::Value` cannot (such as `1e400`).
+    pub fn to_value(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(&self.0).ok()
     }
 }
 
@@ -260,6 +287,10 @@ mod tests {
         assert_eq!(parts.text(), "answer");
         assert_eq!(parts.as_plain_text(), None);
         assert_eq!(Content::new(Vec::new()), Content::from(""));
+        let unknown = serde_json::from_str::<Content>(r#"[{"type": "hologram"}]"#)
+            .expect_err("an unknown part type");
+        assert!(unknown.to_string().contains("hologram"), "{unknown}");
+        assert!(serde_json::from_str::<Content>("7").is_err());
         assert_ne!(
             Content::new(vec![Part::text(""), Part::text("")]),
             Content::from("")
@@ -276,6 +307,9 @@ mod tests {
         let through_value: ProviderMetadata =
             serde_json::from_value(serde_json::to_value(&metadata).unwrap()).unwrap();
         assert_eq!(through_value.as_str(), text);
+        assert_eq!(metadata.to_value(), None, "1e400 is past an f64");
+        let plain = ProviderMetadata::new(r#"{"a": [1]}"#).unwrap();
+        assert_eq!(plain.to_value(), Some(serde_json::json!({"a": [1]})));
         for bad in ["[]", "1", "\"x\"", "{", ""] {
             assert!(
                 matches!(ProviderMetadata::new(bad), Err(Error::InvalidInput(_))),

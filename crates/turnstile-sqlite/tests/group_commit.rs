@@ -27,7 +27,10 @@ use turnstile::store::{
     ClaimOutcome, Fence, JournalStatus, NewRequest, StoredOutcome, SummaryCommit, SummaryPass,
     ToolResult,
 };
-use turnstile::{CheckpointPhase, Error, LoopCheckpoint, Message, SqliteStore, Store, Usage};
+use turnstile::{
+    CheckpointPhase, Content, Error, LoopCheckpoint, Message, Part, ProviderMetadata, Reasoning,
+    SqliteStore, Store, Usage,
+};
 use turnstile_conformance::logs::LogBuffer;
 use turnstile_conformance::support::{
     admit, checkpoint, complete_request, new_conversation, new_request, ns, recover, tool_call,
@@ -533,10 +536,48 @@ async fn a_crowd_of_claims_shares_one_statement_and_each_refusal_is_named() -> T
     Ok(())
 }
 
+/// Every other answer with signed reasoning before its text and provider
+/// metadata (its `meta` holds them), the others as they are.
+fn thoughtful(i: usize, answer: Message) -> Message {
+    let Message::Assistant {
+        content,
+        tool_calls,
+        ..
+    } = answer
+    else {
+        return answer;
+    };
+    if i % 2 == 0 {
+        return Message::Assistant {
+            content,
+            tool_calls,
+            provider_metadata: None,
+        };
+    }
+    let reasoning = Part::Reasoning(Reasoning {
+        provider: "anthropic".into(),
+        text: Some(format!("step {i} \u{0} é")),
+        signature: Some(format!("sig-{i}-").repeat(200)),
+        redacted: None,
+    });
+    let mut parts = vec![reasoning];
+    parts.extend(content.into_parts());
+    let metadata = format!(r#"{{"z": {i}, "a": 1e400, "s": "\u00e9"}}"#);
+    Message::Assistant {
+        content: Content::new(parts),
+        tool_calls,
+        provider_metadata: Some(ProviderMetadata::new(metadata).unwrap()),
+    }
+}
+
 /// The final answer of the `i`th commit of a crowd: text that JSON must
-/// carry, and for every other commit tool calls too (the message's `meta`).
+/// carry, and for every other commit tool calls too (the message's `meta`),
+/// every third signed reasoning and provider metadata.
 fn crowd_answer(i: usize) -> Message {
     let content = format!("answer {i}: \u{0} \u{202e} é 😀");
+    if i % 3 == 2 {
+        return thoughtful(1, Message::assistant(content));
+    }
     match i % 2 {
         0 => Message::assistant(content),
         _ => Message::assistant_with_calls(
@@ -750,8 +791,10 @@ async fn a_crowd_of_model_answers_shares_one_statement_and_each_arrives_whole() 
         let calls: Vec<_> = (0..=i % 3)
             .map(|c| tool_call(&format!("call-{i}-{c}"), &arguments))
             .collect();
-        let assistant =
-            Message::assistant_with_calls(format!("answer {i}: \u{0} \u{202e} é 😀"), calls);
+        let assistant = thoughtful(
+            i,
+            Message::assistant_with_calls(format!("answer {i}: \u{0} \u{202e} é 😀"), calls),
+        );
         let mut answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
         answered.usage.output_tokens += i as u64;
         steps.push((fence, answered, assistant));

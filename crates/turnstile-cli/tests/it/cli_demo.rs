@@ -109,9 +109,9 @@ async fn demo_kills_a_worker_recovers_its_request_and_replays_on_a_file_database
     assert!(last.usage.input_tokens > at_kill.usage.input_tokens);
     assert_eq!(report["recovered"]["tool_calls"], 4);
     assert_eq!(report["recovered"]["turns"], 4);
-    // Turn 2's signed reasoning was stored before the kill and sent back by
-    // the recovery (its model refuses a call without it).
-    assert_eq!(report["recovered"]["signed_reasoning_sent_back"], 1);
+    // Turn 2's signed reasoning was stored before the kill and kept; the
+    // recovery finished, so it went back (its model refuses a call without it).
+    assert_eq!(report["recovered"]["signed_reasoning_answers"], 1);
 
     // The transcript holds both requests, every call answered once.
     let transcript: Vec<Message> = store

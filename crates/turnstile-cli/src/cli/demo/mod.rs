@@ -358,15 +358,16 @@ impl<'a> Demo<'a> {
             second.usage.total(),
             checkpoint.usage.total()
         )?;
-        // The model refuses a call whose earlier answers did not come back
-        // exactly, so the recovery sent the stored reasoning as it was.
-        let signed_reasoning_sent_back = second
+        // Stored with its answer; that it went back to the model exactly is
+        // proved by the model itself, which refuses a call whose earlier
+        // answers did not come back exactly: the recovery finished.
+        let signed_reasoning_answers = second
             .messages
             .iter()
             .flat_map(|m| m.content().reasoning())
             .filter(|r| **r == script::second_reasoning())
             .count();
-        if signed_reasoning_sent_back > 0 {
+        if signed_reasoning_answers > 0 {
             writeln!(
                 out,
                 "     turn {}'s signed reasoning, stored with its answer, went back to the model exactly",
@@ -455,7 +456,7 @@ impl<'a> Demo<'a> {
                 tool_calls: second.tool_calls,
                 usage: second.usage,
                 model_calls_in_recovery: second_model.calls(),
-                signed_reasoning_sent_back,
+                signed_reasoning_answers,
             },
             replay: Replay {
                 request_id: first_request,

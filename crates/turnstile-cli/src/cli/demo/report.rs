@@ -63,9 +63,10 @@ pub struct RecoveredRequest {
     pub tool_calls: u64,
     pub usage: Usage,
     pub model_calls_in_recovery: u64,
-    /// Answers whose signed reasoning the recovery sent back to the model
-    /// (which refuses a call without it).
-    pub signed_reasoning_sent_back: usize,
+    /// Answers of the recovered request holding the killed run's signed
+    /// reasoning (its model refuses a call whose earlier answers did not
+    /// come back exactly, so the recovery sent it back).
+    pub signed_reasoning_answers: usize,
 }
 
 #[derive(Debug, Serialize)]
