@@ -35,6 +35,28 @@ $$;
 
 
 --
+-- Name: turnstile_drop_blobs(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.turnstile_drop_blobs() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE blobs SET refs = blobs.refs - named.n
+    FROM (SELECT hit[1] AS sha256, count(*) AS n
+          FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0
+      AND sha256 IN (SELECT hit[1]
+                     FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit);
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: turnstile_refuse_deleted_conversation(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -44,6 +66,35 @@ CREATE FUNCTION public.turnstile_refuse_deleted_conversation() RETURNS trigger
 BEGIN
     IF EXISTS (SELECT 1 FROM deleted_conversations WHERE conversation_id = NEW.conversation_id) THEN
         RAISE EXCEPTION 'turnstile: deleted' USING ERRCODE = 'P0001';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: turnstile_take_blobs(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.turnstile_take_blobs() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    missing text;
+BEGIN
+    WITH named AS (
+        SELECT hit[1] AS sha256, count(*) AS n
+        FROM regexp_matches(NEW.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+        GROUP BY 1
+    ), taken AS (
+        UPDATE blobs SET refs = blobs.refs + named.n FROM named
+        WHERE blobs.sha256 = named.sha256
+        RETURNING blobs.sha256
+    )
+    SELECT named.sha256 INTO missing FROM named
+    WHERE named.sha256 NOT IN (SELECT sha256 FROM taken) LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'turnstile: blob missing' USING ERRCODE = 'P0001';
     END IF;
     RETURN NULL;
 END
@@ -97,6 +148,19 @@ CREATE TABLE public.approvals (
     decided_revision bigint,
     CONSTRAINT approvals_status_check CHECK ((status = ANY (ARRAY['awaiting'::text, 'approved'::text, 'rejected'::text])))
 );
+
+
+--
+-- Name: blobs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.blobs (
+    sha256 text NOT NULL,
+    size bigint NOT NULL,
+    bytes bytea NOT NULL,
+    refs bigint DEFAULT 0 NOT NULL
+);
+ALTER TABLE ONLY public.blobs ALTER COLUMN bytes SET STORAGE EXTERNAL;
 
 
 --
@@ -328,6 +392,14 @@ ALTER TABLE ONLY public.approvals
 
 
 --
+-- Name: blobs blobs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.blobs
+    ADD CONSTRAINT blobs_pkey PRIMARY KEY (sha256);
+
+
+--
 -- Name: conversations conversations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -519,6 +591,34 @@ CREATE TRIGGER conversation_not_deleted AFTER INSERT ON public.conversations FOR
 --
 
 CREATE TRIGGER lease_follows_owner BEFORE UPDATE OF revision ON public.admissions FOR EACH ROW EXECUTE FUNCTION public.lease_follows_owner();
+
+
+--
+-- Name: run_messages run_message_drops_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER run_message_drops_blobs AFTER DELETE ON public.run_messages DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs();
+
+
+--
+-- Name: run_messages run_message_takes_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON public.run_messages FOR EACH ROW WHEN ((strpos(new.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs();
+
+
+--
+-- Name: transcript transcript_drops_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER transcript_drops_blobs AFTER DELETE ON public.transcript DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs();
+
+
+--
+-- Name: transcript transcript_takes_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON public.transcript FOR EACH ROW WHEN ((strpos(new.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs();
 
 
 --

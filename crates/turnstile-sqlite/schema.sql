@@ -219,3 +219,62 @@ CREATE TABLE step_set (
     id       INTEGER PRIMARY KEY CHECK (id = 1),
     version  INTEGER NOT NULL
 );
+
+CREATE TABLE blobs (
+    sha256  TEXT PRIMARY KEY NOT NULL,
+    size    INTEGER NOT NULL,
+    bytes   BLOB NOT NULL,
+    refs    INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages
+WHEN instr(NEW.meta, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+END;
+
+CREATE TRIGGER run_message_drops_blobs AFTER DELETE ON run_messages
+WHEN instr(OLD.meta, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;
+
+CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON transcript
+WHEN instr(NEW.meta, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+END;
+
+CREATE TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
+WHEN instr(OLD.meta, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;

@@ -17,6 +17,7 @@ pub mod activity;
 pub mod admin;
 pub mod admission;
 pub mod approvals;
+pub mod blobs;
 pub mod budgets;
 pub mod concurrency;
 pub mod deletion;
@@ -67,6 +68,10 @@ macro_rules! suite {
     lifecycle::successive_commits_append_to_the_transcript_in_order,
     lifecycle::hostile_strings_round_trip_verbatim_through_commit,
     parts::parts_reasoning_and_provider_metadata_round_trip_byte_exact,
+    blobs::images_and_files_round_trip_exactly_and_reads_leave_their_bytes_unread,
+    blobs::one_image_in_a_hundred_requests_and_a_fork_is_stored_once_until_its_last_reference_goes,
+    blobs::prune_removes_a_blob_with_its_last_reference_and_keeps_a_named_one,
+    blobs::a_part_over_the_limit_or_naming_unstored_bytes_is_refused_and_writes_nothing,
     concurrency::concurrent_claims_at_one_revision_admit_exactly_one,
     concurrency::concurrent_recovery_claims_at_one_revision_admit_exactly_one,
     summaries::summary_pass_that_does_not_fit_the_transcript_conflicts_and_changes_nothing,

@@ -4,10 +4,9 @@
 //! commit, in the request's pending messages, the transcript and a later
 //! claim's window.
 
-use turnstile_core::store::{ClaimOutcome, Fence, NewRequest, ToolResult};
+use turnstile_core::store::ToolResult;
 use turnstile_core::{
-    CheckpointPhase, Content, Error, Message, Part, ProviderMetadata, Reasoning, Revision, Store,
-    ToolCall,
+    CheckpointPhase, Content, Message, Part, ProviderMetadata, Reasoning, Revision, ToolCall,
 };
 
 use crate::support::*;
@@ -121,12 +120,4 @@ pub async fn parts_reasoning_and_provider_metadata_round_trip_byte_exact(
         .map(|e| &e.message)
         .eq(expected.iter()));
     Ok(())
-}
-
-/// The fence of a claim that must be admitted.
-async fn admitted(store: &dyn Store, claim: &NewRequest) -> Result<Fence, Error> {
-    match store.claim(claim).await? {
-        ClaimOutcome::Admitted(fence) => Ok(fence),
-        other => panic!("expected an admission, got {other:?}"),
-    }
 }

@@ -48,6 +48,14 @@ pub fn new_request(
     }
 }
 
+/// The fence of a claim that must be admitted; panics otherwise.
+pub async fn admitted(store: &dyn Store, claim: &NewRequest) -> Result<Fence, Error> {
+    match store.claim(claim).await? {
+        ClaimOutcome::Admitted(fence) => Ok(fence),
+        other => panic!("expected an admission, got {other:?}"),
+    }
+}
+
 /// Claims the conversation at its current revision; panics unless admitted.
 pub async fn admit(
     store: &dyn Store,

@@ -1,10 +1,11 @@
-//! What a message is made of: a list of parts (text, reasoning), and the
-//! opaque provider metadata a model needs back exactly.
+//! What a message is made of: a list of parts (text, reasoning, images,
+//! files), and the opaque provider metadata a model needs back exactly.
 
 use std::borrow::Cow;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::attachment::Attachment;
 use crate::error::Error;
 
 /// A message's content: its parts, in order.
@@ -43,6 +44,11 @@ impl Content {
         &self.parts
     }
 
+    /// The parts, to change one in place.
+    pub fn parts_mut(&mut self) -> &mut [Part] {
+        &mut self.parts
+    }
+
     /// The parts, to change or take.
     pub fn into_parts(self) -> Vec<Part> {
         self.parts
@@ -58,7 +64,8 @@ impl Content {
         }
     }
 
-    /// The text parts, joined in order; reasoning is not text.
+    /// The text parts, joined in order; reasoning, images and files are
+    /// not text.
     pub fn text(&self) -> Cow<'_, str> {
         if let Some(text) = self.as_plain_text() {
             return Cow::Borrowed(text);
@@ -68,7 +75,7 @@ impl Content {
                 .iter()
                 .filter_map(|part| match part {
                     Part::Text { text } => Some(text.as_str()),
-                    Part::Reasoning(_) => None,
+                    _ => None,
                 })
                 .collect(),
         )
@@ -78,7 +85,20 @@ impl Content {
     pub fn reasoning(&self) -> impl Iterator<Item = &Reasoning> {
         self.parts.iter().filter_map(|part| match part {
             Part::Reasoning(reasoning) => Some(reasoning),
-            Part::Text { .. } => None,
+            _ => None,
+        })
+    }
+
+    /// The images' and files' attachments, in order.
+    pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
+        self.parts.iter().filter_map(Part::attachment)
+    }
+
+    /// The images' and files' attachments, to load their bytes.
+    pub fn attachments_mut(&mut self) -> impl Iterator<Item = &mut Attachment> {
+        self.parts.iter_mut().filter_map(|part| match part {
+            Part::Image(attachment) | Part::File(attachment) => Some(attachment),
+            _ => None,
         })
     }
 }
@@ -94,6 +114,12 @@ impl From<String> for Content {
 impl From<&str> for Content {
     fn from(text: &str) -> Self {
         Self::from(text.to_owned())
+    }
+}
+
+impl From<&String> for Content {
+    fn from(text: &String) -> Self {
+        Self::from(text.clone())
     }
 }
 
@@ -173,12 +199,41 @@ pub enum Part {
     /// The model's reasoning, kept to be sent back exactly (a provider
     /// may refuse a tool loop whose reasoning does not come back).
     Reasoning(Reasoning),
+    /// An image, its bytes stored once per store.
+    Image(Attachment),
+    /// An image a model fetches itself, by URL.
+    ImageUrl {
+        /// Where the image is.
+        url: String,
+    },
+    /// A document or other file, its bytes stored once per store.
+    File(Attachment),
 }
 
 impl Part {
     /// A text part.
     pub fn text(text: impl Into<String>) -> Self {
         Part::Text { text: text.into() }
+    }
+
+    /// The attachment of an image or file part.
+    pub fn attachment(&self) -> Option<&Attachment> {
+        match self {
+            Part::Image(attachment) | Part::File(attachment) => Some(attachment),
+            _ => None,
+        }
+    }
+
+    /// How the part is described where it is left out or summarized
+    /// (`[image: image/png, 34 KiB]`); `None` for text.
+    pub fn placeholder(&self) -> Option<String> {
+        match self {
+            Part::Text { .. } => None,
+            Part::Reasoning(reasoning) => Some(format!("[reasoning: {}]", reasoning.provider)),
+            Part::Image(attachment) => Some(format!("[image: {}]", attachment.describe())),
+            Part::ImageUrl { url } => Some(format!("[image: {url}]")),
+            Part::File(attachment) => Some(format!("[file: {}]", attachment.describe())),
+        }
     }
 }
 

@@ -42,6 +42,7 @@
 
 pub mod admin;
 pub mod agent;
+mod attachment;
 pub mod backend;
 pub mod checkpoint;
 mod content;
@@ -64,8 +65,8 @@ pub use error::{BudgetKind, Error, ModelError, StoreError};
 pub use events::Event;
 pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{
-    Content, Message, Part, ProviderMetadata, Reasoning, ToolCall, ToolResult, ToolSpec, Usage,
-    VerificationReport,
+    Attachment, BlobHash, Content, Message, Part, ProviderMetadata, Reasoning, ToolCall,
+    ToolResult, ToolSpec, Usage, VerificationReport,
 };
 pub use outcome::Outcome;
 pub use session::MaxPasses;

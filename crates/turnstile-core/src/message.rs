@@ -4,6 +4,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::attachment::{Attachment, BlobHash};
 pub use crate::content::{Content, Part, ProviderMetadata, Reasoning};
 
 /// One message of a transcript. Serialized with a stable `role` tag.
@@ -102,6 +103,24 @@ impl Message {
             | Message::User { content }
             | Message::Assistant { content, .. }
             | Message::Tool { content, .. } => content,
+        }
+    }
+
+    /// The message's content, to change (to load its attachments' bytes,
+    /// say).
+    pub fn content_mut(&mut self) -> &mut Content {
+        match self {
+            Message::System { content }
+            | Message::User { content }
+            | Message::Assistant { content, .. }
+            | Message::Tool { content, .. } => content,
+        }
+    }
+
+    /// A user message of these parts (text, images, files).
+    pub fn user_parts(parts: Vec<Part>) -> Self {
+        Message::User {
+            content: Content::new(parts),
         }
     }
 

@@ -1,7 +1,93 @@
--- Messages may hold content parts (reasoning with its signature, provider
--- metadata): stored in a message's `meta` as `parts` (its text column then
--- empty) and `provider_metadata`, so no table changes. This migration
--- marks a database that may hold them: a turnstile from before it refuses
--- the database (schema too new) instead of reading such a message as empty
--- text and sending the model an answer without its reasoning.
-SELECT 1;
+-- Messages may hold content parts (reasoning with its signature, images,
+-- files) and provider metadata: stored in a message's `meta` as `parts`
+-- (its text column then empty) and `provider_metadata`. A turnstile from
+-- before this migration refuses the database (schema too new) instead of
+-- reading such a message as empty text.
+--
+-- The triggers find the parts' hashes in `meta` as the store writes it
+-- (compact JSON: `"sha256":"<64 hex digits>"`) with a regular expression
+-- rather than PostgreSQL's JSON functions, which refuse text holding
+-- U+0000; any other text holding those characters is inside a JSON string,
+-- where its quotes are escaped.
+--
+-- Images' and files' bytes are stored once per database, keyed by their
+-- SHA-256 (hex); a part in `meta` names them by `sha256`. `refs` counts the
+-- parts of `run_messages` and `transcript` rows that name a blob, kept by
+-- the triggers below on every insert and delete (a fork's copies, a
+-- cascade from a deleted conversation, prune, retention), so a blob goes
+-- in the same transaction as its last reference, never before, and a row
+-- cannot name a blob that is not here. The store writes (or locks) a blob
+-- ahead of the first row that names it, in the row's transaction: a
+-- concurrent removal of its last other reference waits for it, or went
+-- first and the store's upsert writes the blob again.
+CREATE TABLE blobs (
+    sha256  text PRIMARY KEY,
+    size    bigint NOT NULL,
+    bytes   bytea NOT NULL,
+    refs    bigint NOT NULL DEFAULT 0
+);
+
+-- Images and documents come compressed: no point trying again.
+ALTER TABLE blobs ALTER COLUMN bytes SET STORAGE EXTERNAL;
+
+CREATE FUNCTION turnstile_take_blobs() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing text;
+BEGIN
+    WITH named AS (
+        SELECT hit[1] AS sha256, count(*) AS n
+        FROM regexp_matches(NEW.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+        GROUP BY 1
+    ), taken AS (
+        UPDATE blobs SET refs = blobs.refs + named.n FROM named
+        WHERE blobs.sha256 = named.sha256
+        RETURNING blobs.sha256
+    )
+    SELECT named.sha256 INTO missing FROM named
+    WHERE named.sha256 NOT IN (SELECT sha256 FROM taken) LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'turnstile: blob missing' USING ERRCODE = 'P0001';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION turnstile_drop_blobs() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE blobs SET refs = blobs.refs - named.n
+    FROM (SELECT hit[1] AS sha256, count(*) AS n
+          FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0
+      AND sha256 IN (SELECT hit[1]
+                     FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages
+FOR EACH ROW WHEN (strpos(NEW.meta, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_take_blobs();
+
+-- A reference is dropped when the transaction commits: one statement may
+-- move a message (a commit copies a request's pending messages into the
+-- transcript and deletes them), and PostgreSQL fires its row triggers in no
+-- order a migration can rely on, so a drop firing first would remove a blob
+-- the copy names.
+CREATE CONSTRAINT TRIGGER run_message_drops_blobs AFTER DELETE ON run_messages
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (strpos(OLD.meta, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_drop_blobs();
+
+CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON transcript
+FOR EACH ROW WHEN (strpos(NEW.meta, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_take_blobs();
+
+CREATE CONSTRAINT TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (strpos(OLD.meta, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_drop_blobs();

@@ -111,6 +111,7 @@ impl PostgresStore {
             pool,
             location,
             schema: options.schema.clone(),
+            part_limits: options.part_limits,
         };
         retrying!(|_retry| store.prepare_schema(options.existing_only))?;
         Ok(store)

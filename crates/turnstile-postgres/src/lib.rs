@@ -15,6 +15,7 @@
 
 mod admission;
 mod approvals;
+mod blobs;
 mod codec;
 mod connect;
 mod deletion;
@@ -36,16 +37,17 @@ use sqlx::PgPool;
 
 use retry::{autocommit, transaction};
 use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
+use turnstile_core::backend::StepBlobs;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use turnstile_core::message::{Message, Usage};
-use turnstile_core::store::ExpiredLease;
+use turnstile_core::message::{BlobHash, Message, Usage};
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
     DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
     RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
     ToolResult, TranscriptEntry,
 };
+use turnstile_core::store::{ExpiredLease, PartLimits};
 use turnstile_core::Error;
 
 /// Options for [`PostgresStore::connect_with`].
@@ -70,6 +72,10 @@ pub struct PostgresOptions {
     /// nothing: [`Error::NotFound`] without the schema,
     /// [`Error::SchemaTooOld`] for an older one. For tools that only look.
     pub existing_only: bool,
+    /// How much one message may hold, per part and in all; a message over
+    /// a limit is refused with [`Error::InvalidInput`] and nothing is
+    /// written.
+    pub part_limits: PartLimits,
 }
 
 impl PostgresOptions {
@@ -83,6 +89,7 @@ impl PostgresOptions {
             statement_timeout: None,
             schema: None,
             existing_only: false,
+            part_limits: PartLimits::default(),
         }
     }
 }
@@ -96,6 +103,7 @@ impl std::fmt::Debug for PostgresOptions {
             .field("statement_timeout", &self.statement_timeout)
             .field("schema", &self.schema)
             .field("existing_only", &self.existing_only)
+            .field("part_limits", &self.part_limits)
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +116,22 @@ pub struct PostgresStore {
     /// `postgres://user@host:port/database`, without the password.
     location: String,
     schema: Option<String>,
+    part_limits: PartLimits,
+}
+
+/// A step whose messages name blobs (`$blobs`): one transaction that
+/// stores them, runs the step and removes those it came not to name (a
+/// replayed claim writes no message).
+macro_rules! with_blobs {
+    ($store:expr, $blobs:expr, |$conn:ident, $retry:ident| $step:expr) => {{
+        let step_blobs: &StepBlobs = $blobs;
+        transaction!($store, |$conn, $retry| async move {
+            blobs::store($conn, step_blobs).await?;
+            let value = $step.await?;
+            blobs::drop_unnamed($conn, step_blobs).await?;
+            Ok::<_, Error>(value)
+        })
+    }};
 }
 
 impl PostgresStore {
@@ -168,7 +192,14 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
-        autocommit!(self, |conn, retry| claim::claim(conn, claim, retry))
+        let input = std::slice::from_ref(&claim.input);
+        self.part_limits.check(input)?;
+        match StepBlobs::of(input) {
+            None => autocommit!(self, |conn, retry| claim::claim(conn, claim, retry)),
+            Some(blobs) => {
+                with_blobs!(self, &blobs, |conn, retry| claim::claim(conn, claim, retry))
+            }
+        }
     }
 
     async fn claim_recovery(&self, claim: &RecoveryClaim) -> Result<Fence, Error> {
@@ -197,9 +228,16 @@ impl Store for PostgresStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        autocommit!(self, |conn, retry| turn_write::record_model_response(
-            conn, fence, checkpoint, assistant, retry
-        ))
+        let answer = std::slice::from_ref(assistant);
+        self.part_limits.check(answer)?;
+        match StepBlobs::of(answer) {
+            None => autocommit!(self, |conn, retry| turn_write::record_model_response(
+                conn, fence, checkpoint, assistant, retry
+            )),
+            Some(blobs) => with_blobs!(self, &blobs, |conn, retry| {
+                turn_write::record_model_response(conn, fence, checkpoint, assistant, retry)
+            }),
+        }
     }
 
     async fn record_tool_result(
@@ -227,9 +265,15 @@ impl Store for PostgresStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        autocommit!(self, |conn, retry| turn_write::finish_turn(
-            conn, fence, checkpoint, first_seq, messages, next, retry
-        ))
+        self.part_limits.check(messages)?;
+        match StepBlobs::of(messages) {
+            None => autocommit!(self, |conn, retry| turn_write::finish_turn(
+                conn, fence, checkpoint, first_seq, messages, next, retry
+            )),
+            Some(blobs) => with_blobs!(self, &blobs, |conn, retry| {
+                turn_write::finish_turn(conn, fence, checkpoint, first_seq, messages, next, retry)
+            }),
+        }
     }
 
     async fn commit(
@@ -238,13 +282,20 @@ impl Store for PostgresStore {
         checkpoint: &LoopCheckpoint,
         final_message: &Message,
     ) -> Result<StoredOutcome, Error> {
-        autocommit!(self, |conn, retry| commit::commit(
-            conn,
-            fence,
-            checkpoint,
-            final_message,
-            retry
-        ))
+        let answer = std::slice::from_ref(final_message);
+        self.part_limits.check(answer)?;
+        match StepBlobs::of(answer) {
+            None => autocommit!(self, |conn, retry| commit::commit(
+                conn,
+                fence,
+                checkpoint,
+                final_message,
+                retry
+            )),
+            Some(blobs) => with_blobs!(self, &blobs, |conn, retry| {
+                commit::commit(conn, fence, checkpoint, final_message, retry)
+            }),
+        }
     }
 
     async fn fail_run(
@@ -313,6 +364,10 @@ impl Store for PostgresStore {
         autocommit!(self, |conn, _retry| reads::load_checkpoints(
             conn, run_id, false
         ))
+    }
+
+    async fn blob(&self, sha256: BlobHash) -> Result<Option<std::sync::Arc<[u8]>>, Error> {
+        autocommit!(self, |conn, _retry| blobs::load(conn, sha256))
     }
 
     async fn request_messages(

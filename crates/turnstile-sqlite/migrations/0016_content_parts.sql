@@ -1,7 +1,72 @@
--- Messages may hold content parts (reasoning with its signature, provider
--- metadata): stored in a message's `meta` as `parts` (its text column then
--- empty) and `provider_metadata`, so no table changes. This migration
--- marks a database that may hold them: a turnstile from before it refuses
--- the database (schema too new) instead of reading such a message as empty
--- text and sending the model an answer without its reasoning.
-SELECT 1;
+-- Messages may hold content parts (reasoning with its signature, images,
+-- files) and provider metadata: stored in a message's `meta` as `parts`
+-- (its text column then empty) and `provider_metadata`. A turnstile from
+-- before this migration refuses the database (schema too new) instead of
+-- reading such a message as empty text.
+--
+-- Images' and files' bytes are stored once per database, keyed by their
+-- SHA-256 (hex); a part in `meta` names them by `sha256`. `refs` counts the
+-- parts of `run_messages` and `transcript` rows that name a blob, kept by
+-- the triggers below on every insert and delete (a fork's copies, a
+-- cascade from a deleted conversation, prune, retention), so a blob goes
+-- in the same transaction as its last reference, never before, and a row
+-- cannot name a blob that is not here. The store writes a blob ahead of the
+-- first row that names it, in the row's transaction.
+CREATE TABLE blobs (
+    sha256  TEXT PRIMARY KEY NOT NULL,
+    size    INTEGER NOT NULL,
+    bytes   BLOB NOT NULL,
+    refs    INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages
+WHEN instr(NEW.meta, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+END;
+
+CREATE TRIGGER run_message_drops_blobs AFTER DELETE ON run_messages
+WHEN instr(OLD.meta, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;
+
+CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON transcript
+WHEN instr(NEW.meta, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+END;
+
+CREATE TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
+WHEN instr(OLD.meta, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;

@@ -15,6 +15,7 @@
 mod admission;
 mod approvals;
 mod batch;
+mod blobs;
 mod close;
 mod codec;
 mod deletion;
@@ -40,17 +41,19 @@ use async_trait::async_trait;
 
 use batch::{Applied, BatchKind};
 use codec::db;
+use futures_core::future::BoxFuture;
 use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
+use turnstile_core::backend::StepBlobs;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use turnstile_core::message::{Message, Usage};
-use turnstile_core::store::ExpiredLease;
+use turnstile_core::message::{BlobHash, Message, Usage};
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
     DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
     RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
     ToolResult, TranscriptEntry,
 };
+use turnstile_core::store::{ExpiredLease, PartLimits};
 use turnstile_core::{Error, StoreError};
 use writer::{Batchable, Isolation};
 
@@ -106,6 +109,10 @@ pub struct SqliteOptions {
     /// not remove, or not create at all in a read-only directory. Such a
     /// store sees the file as it was when opened.
     pub existing_only: bool,
+    /// How much one message may hold, per part and in all; a message over
+    /// a limit is refused with [`Error::InvalidInput`] and nothing is
+    /// written.
+    pub part_limits: PartLimits,
 }
 
 impl Default for SqliteOptions {
@@ -116,6 +123,7 @@ impl Default for SqliteOptions {
             readers: 4,
             max_database_bytes: None,
             existing_only: false,
+            part_limits: PartLimits::default(),
         }
     }
 }
@@ -132,6 +140,7 @@ pub struct SqliteStore {
     /// Opened to look only, read-only and immutable (a file this process
     /// cannot write): there is no log to fold at close.
     look_only: bool,
+    part_limits: PartLimits,
     /// Keeps a named in-memory database alive while any clone of the store
     /// lives, whatever the pools do with their connections.
     _memory_keeper: Option<std::sync::Arc<open::MemoryKeeper>>,
@@ -143,10 +152,54 @@ impl SqliteStore {
         self.path.as_deref()
     }
 
+    /// Sets how much one message may hold (in memory, where there are no
+    /// [`SqliteOptions`]).
+    pub fn with_part_limits(self, part_limits: PartLimits) -> Self {
+        Self {
+            part_limits,
+            ..self
+        }
+    }
+
+    /// Writes a step whose messages name blobs: the blobs first, then the
+    /// step, in a savepoint of their own, so a refused step leaves no blob;
+    /// a blob the step came not to name (a replayed claim) is removed.
+    async fn write_with_blobs<T, F>(&self, blobs: StepBlobs, step: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut sqlx::SqliteConnection) -> BoxFuture<'c, Result<T, Error>>
+            + Send
+            + 'static,
+    {
+        self.group
+            .write(Isolation::Savepoint, move |conn| {
+                Box::pin(async move {
+                    blobs::store(conn, &blobs).await?;
+                    let value = step(conn).await?;
+                    blobs::drop_unnamed(conn, &blobs).await?;
+                    Ok(value)
+                })
+            })
+            .await
+    }
+
     /// Writes a step of a run's owner: alone, or in one statement with the
-    /// other turn steps of its group transaction.
-    async fn write_turn(&self, step: turn_write::TurnStep) -> Result<(), Error> {
+    /// other turn steps of its group transaction (alone when its messages
+    /// name blobs).
+    async fn write_turn(
+        &self,
+        step: turn_write::TurnStep,
+        messages: &[Message],
+    ) -> Result<(), Error> {
+        self.part_limits.check(messages)?;
         let step = Arc::new(step);
+        if let Some(blobs) = StepBlobs::of(messages) {
+            return self
+                .write_with_blobs(blobs, move |conn| {
+                    Box::pin(async move { step.write(conn).await })
+                })
+                .await;
+        }
         let row = step.clone();
         self.group
             .write_batchable(
@@ -218,7 +271,16 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {
+        let input = std::slice::from_ref(&claim.input);
+        self.part_limits.check(input)?;
         let step = Arc::new(claim::ClaimStep::new(claim.clone())?);
+        if let Some(blobs) = StepBlobs::of(input) {
+            return self
+                .write_with_blobs(blobs, move |conn| {
+                    Box::pin(async move { step.write(conn).await })
+                })
+                .await;
+        }
         let (row, applied) = (step.clone(), step.clone());
         self.group
             .write_batchable(
@@ -254,7 +316,7 @@ impl Store for SqliteStore {
     }
 
     async fn begin_turn(&self, fence: &Fence, checkpoint: &LoopCheckpoint) -> Result<(), Error> {
-        self.write_turn(turn_write::begin_turn(fence, checkpoint)?)
+        self.write_turn(turn_write::begin_turn(fence, checkpoint)?, &[])
             .await
     }
 
@@ -264,8 +326,11 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         assistant: &Message,
     ) -> Result<(), Error> {
-        self.write_turn(turn_write::model_response(fence, checkpoint, assistant)?)
-            .await
+        self.write_turn(
+            turn_write::model_response(fence, checkpoint, assistant)?,
+            std::slice::from_ref(assistant),
+        )
+        .await
     }
 
     async fn record_tool_result(
@@ -307,9 +372,10 @@ impl Store for SqliteStore {
             .ok_or_else(|| {
                 Error::InvalidInput("checkpoint message_count is below the turn's messages".into())
             })?;
-        self.write_turn(turn_write::finish_turn(
-            fence, checkpoint, first_seq, messages, next,
-        )?)
+        self.write_turn(
+            turn_write::finish_turn(fence, checkpoint, first_seq, messages, next)?,
+            messages,
+        )
         .await
     }
 
@@ -319,7 +385,16 @@ impl Store for SqliteStore {
         checkpoint: &LoopCheckpoint,
         final_message: &Message,
     ) -> Result<StoredOutcome, Error> {
+        let answer = std::slice::from_ref(final_message);
+        self.part_limits.check(answer)?;
         let step = Arc::new(commit::CommitStep::new(fence, checkpoint, final_message)?);
+        if let Some(blobs) = StepBlobs::of(answer) {
+            return self
+                .write_with_blobs(blobs, move |conn| {
+                    Box::pin(async move { step.write(conn).await })
+                })
+                .await;
+        }
         let (row, applied) = (step.clone(), step.clone());
         self.group
             .write_batchable(
@@ -346,7 +421,7 @@ impl Store for SqliteStore {
         error: &str,
         settled: Option<&LoopCheckpoint>,
     ) -> Result<(), Error> {
-        self.write_turn(turn_write::fail_run(fence, error, settled)?)
+        self.write_turn(turn_write::fail_run(fence, error, settled)?, &[])
             .await
     }
 
@@ -390,6 +465,11 @@ impl Store for SqliteStore {
 
     async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error> {
         reads::load_checkpoints(&self.reader, run_id, false).await
+    }
+
+    async fn blob(&self, sha256: BlobHash) -> Result<Option<Arc<[u8]>>, Error> {
+        let mut conn = self.reader.acquire().await?;
+        blobs::load(&mut conn, sha256).await
     }
 
     async fn request_messages(

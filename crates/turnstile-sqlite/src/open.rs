@@ -17,6 +17,7 @@ use super::steps;
 use super::write_connection::WriteConnection;
 use super::writer::GroupWriter;
 use super::{Durability, SqliteOptions, SqliteStore};
+use turnstile_core::store::PartLimits;
 use turnstile_core::Error;
 use turnstile_core::StoreError;
 
@@ -169,6 +170,7 @@ impl SqliteStore {
             reader,
             path: Some(path.to_owned()),
             look_only,
+            part_limits: options.part_limits,
             _memory_keeper: None,
         })
     }
@@ -205,6 +207,7 @@ impl SqliteStore {
             writer,
             path: None,
             look_only: false,
+            part_limits: PartLimits::default(),
             _memory_keeper: Some(Arc::new(MemoryKeeper {
                 _connection: tokio::sync::Mutex::new(keeper),
             })),

@@ -1,10 +1,13 @@
-//! A request's input: the argument, or stdin, checked before the database
-//! is opened.
+//! A request's input: the argument, or stdin, and the files attached to
+//! it, checked before the database is opened.
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use super::exit::CliError;
 use turnstile::session::MAX_INPUT_BYTES;
+use turnstile::store::PartLimits;
+use turnstile::{Attachment, Content, Part};
 
 /// The input from the argument or stdin; empty input is refused.
 pub(super) fn read_input(arg: Option<String>) -> Result<String, CliError> {
@@ -40,4 +43,71 @@ pub(super) fn read_input(arg: Option<String>) -> Result<String, CliError> {
         )));
     }
     Ok(input)
+}
+
+/// Files sent with the input: images as images, anything else as a file.
+#[derive(clap::Args, Debug, Default)]
+pub struct AttachArgs {
+    /// A file to send with the input (repeatable): PNG, JPEG, GIF and WebP
+    /// go as images, anything else as a file with its name. Stored once
+    /// however many requests send it.
+    #[arg(long = "attach", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+}
+
+impl AttachArgs {
+    /// The input with the files after its text; each file is read now,
+    /// before the database is opened, and refused past the default part
+    /// limit.
+    pub(super) fn content(&self, text: String) -> Result<Content, CliError> {
+        if self.files.is_empty() {
+            return Ok(Content::from(text));
+        }
+        let mut parts = vec![Part::text(text)];
+        for path in &self.files {
+            parts.push(attachment(path)?);
+        }
+        Ok(Content::new(parts))
+    }
+}
+
+fn attachment(path: &Path) -> Result<Part, CliError> {
+    let shown = path.display();
+    let size = std::fs::metadata(path)
+        .map_err(|e| CliError::Usage(format!("cannot read --attach {shown}: {e}")))?
+        .len();
+    let limit = PartLimits::DEFAULT_MAX_PART_BYTES;
+    if size > limit {
+        return Err(CliError::Usage(format!(
+            "--attach {shown} holds {size} bytes, over the {limit}-byte limit of one part"
+        )));
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|e| CliError::Usage(format!("cannot read --attach {shown}: {e}")))?;
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let (media_type, image) = match extension.as_deref() {
+        Some("png") => ("image/png", true),
+        Some("jpg" | "jpeg") => ("image/jpeg", true),
+        Some("gif") => ("image/gif", true),
+        Some("webp") => ("image/webp", true),
+        Some("pdf") => ("application/pdf", false),
+        Some("txt" | "md") => ("text/plain", false),
+        Some("json") => ("application/json", false),
+        _ => ("application/octet-stream", false),
+    };
+    let attachment = Attachment::new(media_type, bytes)
+        .map_err(|e| CliError::Usage(format!("--attach {shown}: {e}")))?;
+    Ok(match image {
+        true => Part::Image(attachment),
+        false => {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Part::File(attachment.with_name(name))
+        }
+    })
 }

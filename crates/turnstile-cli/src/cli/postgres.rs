@@ -149,6 +149,8 @@ fn report_without_store(
         held_admissions: None,
         stuck_admissions: None,
         awaiting_approval_admissions: None,
+        blobs: None,
+        blob_bytes: None,
         not_checked,
     }
 }

@@ -18,7 +18,7 @@ use super::committed::show_outcome;
 use super::exit::CliError;
 use super::follow::follow;
 use super::hint::{with_hint, AgentFlags};
-use super::input::read_input;
+use super::input::{read_input, AttachArgs};
 use super::interrupt::Interrupt;
 use super::lease::{leased, LeaseArgs};
 use super::model;
@@ -42,6 +42,8 @@ pub struct RunArgs {
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub attach: AttachArgs,
     /// The user input. Read from stdin when absent (trailing newlines
     /// dropped).
     #[arg(value_name = "INPUT")]
@@ -57,7 +59,7 @@ pub(super) async fn run(
     let approval = args.agent.approval.tools()?;
     let lease = args.lease.policy()?;
     let model = model::load(&args.agent.model)?;
-    let input = read_input(args.input)?;
+    let input = args.attach.content(read_input(args.input)?)?;
     let generated = args.request.is_none();
     let request_id = args.request.unwrap_or_else(RequestId::new);
     let new_conversation = args.session.conversation.is_none();

@@ -15,7 +15,7 @@ use super::committed::show_outcome;
 use super::exit::CliError;
 use super::follow::follow;
 use super::hint::{with_hint, AgentFlags};
-use super::input::read_input;
+use super::input::{read_input, AttachArgs};
 use super::interrupt::Interrupt;
 use super::lease::{leased, LeaseArgs};
 use super::model::{self, ModelArgs};
@@ -25,7 +25,7 @@ use super::store::{closed, open_store};
 use turnstile::agent::{AgentUpgrade, RunContext};
 use turnstile::ids::{RequestId, Revision, RunId};
 use turnstile::session::ResumePolicy;
-use turnstile::LeasePolicy;
+use turnstile::{Content, LeasePolicy};
 
 #[derive(Args, Debug)]
 pub struct ResumeArgs {
@@ -61,6 +61,9 @@ pub struct RecoverArgs {
     pub agent: AgentArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
+    /// The files the request was first given, in the same order.
+    #[command(flatten)]
+    pub attach: AttachArgs,
     /// The request's input, exactly as first given. Read from stdin when
     /// absent (trailing newlines dropped).
     #[arg(value_name = "INPUT")]
@@ -101,7 +104,7 @@ pub(super) async fn recover(
     json: bool,
 ) -> Result<(), CliError> {
     let approval = args.agent.approval.tools()?;
-    let input = read_input(args.input)?;
+    let input = args.attach.content(read_input(args.input)?)?;
     let what = TakeOver::Recover(args.request, input);
     let target = Target {
         session: &args.session,
@@ -118,7 +121,7 @@ pub(super) async fn recover(
 /// an owner that is gone (with its bound input).
 enum TakeOver {
     Resume(RunId),
-    Recover(RequestId, String),
+    Recover(RequestId, Content),
 }
 
 /// The options `resume` and `recover` share.

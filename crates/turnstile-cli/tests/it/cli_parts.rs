@@ -55,3 +55,70 @@ fn show_marks_reasoning_and_its_json_holds_it_whole() {
     );
     assert_eq!(answer["provider_metadata"], metadata);
 }
+
+#[test]
+fn attached_files_are_stored_once_and_shown_by_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("attach.db");
+    let db = db.to_str().unwrap();
+    let photo = dir.path().join("photo.PNG");
+    std::fs::write(&photo, vec![7u8; 40 * 1024]).unwrap();
+    let notes = dir.path().join("notes.pdf");
+    std::fs::write(&notes, b"%PDF-1.7 \0\x01\x02").unwrap();
+    let conversation = uuid();
+    let model = scripted(&script(
+        dir.path(),
+        "answers.json",
+        json!([{"text": "a grey square"}, {"text": "the same square"}]),
+    ));
+    for question in ["what is this?", "and now?"] {
+        turnstile(&[
+            "run",
+            "--db",
+            db,
+            "--conversation",
+            &conversation,
+            "--model",
+            &model,
+            "--attach",
+            photo.to_str().unwrap(),
+            "--attach",
+            notes.to_str().unwrap(),
+            question,
+        ])
+        .assert_success();
+    }
+
+    let shown = turnstile(&["show", &conversation, "--db", db]);
+    shown.assert_success();
+    assert_eq!(
+        shown.stdout.matches("[image: image/png, 40 KiB]").count(),
+        2,
+        "{shown:#?}"
+    );
+    assert!(
+        shown
+            .stdout
+            .contains("[file: notes.pdf, application/pdf, 12 bytes]"),
+        "{shown:#?}"
+    );
+
+    let doctor = turnstile(&["doctor", "--db", db, "--json"]);
+    doctor.assert_success();
+    assert_eq!(doctor.json()["blobs"], 2, "{doctor:#?}");
+    assert_eq!(doctor.json()["blob_bytes"], 40 * 1024 + 12, "{doctor:#?}");
+
+    let missing = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+        "--attach",
+        dir.path().join("gone.png").to_str().unwrap(),
+        "hello",
+    ]);
+    missing.assert_error(2, "cannot read --attach");
+}

@@ -545,6 +545,11 @@ pub struct DoctorReport {
     pub stuck_admissions: Option<u64>,
     /// Held admissions whose request has tool calls awaiting a decision.
     pub awaiting_approval_admissions: Option<u64>,
+    /// Images' and files' bytes stored (each once, however many messages
+    /// name them).
+    pub blobs: Option<u64>,
+    /// Their size in all.
+    pub blob_bytes: Option<u64>,
     /// The checks that could not run, each with why (`admissions: …`).
     /// A check listed here says nothing either way.
     pub not_checked: Vec<String>,

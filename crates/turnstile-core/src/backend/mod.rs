@@ -17,6 +17,10 @@
 //!   [`budget_change_json`] and [`to_json`] serialize,
 //!   [`to_i64`] clamps a counter into a signed SQL integer, [`now_ms`] is
 //!   the clock every stored time is read from (Unix milliseconds).
+//! - **Storing blobs.** [`StepBlobs`] are the images' and files' bytes the
+//!   messages of a step name, to store (once, by SHA-256) in the step's
+//!   transaction before its messages; [`missing_blob`] refuses a reference
+//!   to bytes the store does not hold; [`checked_blob`] reads them back.
 //! - **Naming a refusal.** When a step's compare-and-swap or guard matches
 //!   nothing, the backend reads the rows as they are now and asks:
 //!   [`cas_refusal`] (a claim, recovery claim or abandon: `Busy`,
@@ -36,10 +40,12 @@
 //! [`Error`]: crate::Error
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 
+mod blobs;
 mod refusals;
 mod rows;
 mod stuck;
 
+pub use blobs::{checked_blob, missing_blob, StepBlobs};
 pub use refusals::{
     cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,
 };

@@ -8,7 +8,7 @@ use super::AgentSession;
 use crate::agent::{Budget, RunContext};
 use crate::error::Error;
 use crate::ids::{RequestId, RunId};
-use crate::message::Message;
+use crate::message::{Content, Message};
 use crate::outcome::Outcome;
 use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
 
@@ -29,7 +29,7 @@ impl AgentSession {
     pub(super) async fn execute(
         &self,
         request_id: RequestId,
-        input: &str,
+        input: &Content,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
@@ -46,8 +46,10 @@ impl AgentSession {
         {
             Admitted::Replay(outcome) => Ok(outcome),
             Admitted::Claimed(fence, prefix) => {
-                self.drive_fresh(fence, Message::user(input), prefix, ctx, events)
-                    .await
+                let input = Message::User {
+                    content: input.clone(),
+                };
+                self.drive_fresh(fence, input, prefix, ctx, events).await
             }
         }
     }
@@ -55,7 +57,7 @@ impl AgentSession {
     async fn admit(
         &self,
         request_id: RequestId,
-        input: &str,
+        input: &Content,
         first_turn_ahead: bool,
         deadline_at: Option<i64>,
         budget: Budget,
@@ -73,7 +75,7 @@ impl AgentSession {
                 .claim_context(&self.namespace, self.conversation_id, request_id, window)
         };
         let mut context = read().await?;
-        let hash = InputHash::of(input);
+        let hash = InputHash::of_content(input)?;
         if let Some(record) = context.request.take() {
             return self.existing(record, hash).await.map(Admitted::Replay);
         }
@@ -124,7 +126,9 @@ impl AgentSession {
                 conversation_id: self.conversation_id,
                 request_id,
                 input_sha256: hash,
-                input: Message::user(input),
+                input: Message::User {
+                    content: input.clone(),
+                },
                 expected_revision: admission.revision,
                 run_id,
                 agent_fingerprint: self.fingerprint(),
@@ -208,19 +212,25 @@ impl AgentSession {
         ))
     }
 
-    pub(super) fn validate(&self, request_id: RequestId, input: &str) -> Result<(), Error> {
+    pub(super) fn validate(&self, request_id: RequestId, input: &Content) -> Result<(), Error> {
         if request_id.as_uuid() == self.conversation_id.as_uuid() {
             return Err(Error::InvalidInput(format!(
                 "request id {request_id} equals the conversation id"
             )));
         }
-        if input.trim().is_empty() {
+        let text = input.text();
+        if text.trim().is_empty()
+            && input
+                .parts()
+                .iter()
+                .all(|part| part.placeholder().is_none())
+        {
             return Err(Error::InvalidInput("input is empty".into()));
         }
-        if input.len() > MAX_INPUT_BYTES {
+        if text.len() > MAX_INPUT_BYTES {
             return Err(Error::InvalidInput(format!(
-                "input of {} bytes exceeds the {MAX_INPUT_BYTES}-byte limit",
-                input.len()
+                "input of {} bytes of text exceeds the {MAX_INPUT_BYTES}-byte limit",
+                text.len()
             )));
         }
         Ok(())

@@ -185,6 +185,7 @@ impl AgentSession {
             checkpoint: seed,
             reuse_journal,
             tool_running,
+            images: self.policy.images() as usize,
         };
         let (stored, messages) = run.run().await?;
         Ok(Outcome::from_stored(

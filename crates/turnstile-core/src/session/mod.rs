@@ -57,6 +57,7 @@ pub struct ContextPolicy {
     window: u32,
     summary_batch: u32,
     past_reasoning: PastReasoning,
+    images: u32,
 }
 
 /// Whether the model is sent the reasoning of requests committed before the
@@ -78,6 +79,10 @@ impl ContextPolicy {
     /// The largest window and batch accepted.
     pub const MAX: u32 = 4096;
 
+    /// How many of the context's newest images the model is sent by
+    /// default.
+    pub const DEFAULT_IMAGES: u32 = 20;
+
     /// A window of `window` recent committed entries (1–4096), summarized in
     /// batches of the same size.
     ///
@@ -89,6 +94,7 @@ impl ContextPolicy {
             window,
             summary_batch: window,
             past_reasoning: PastReasoning::default(),
+            images: Self::DEFAULT_IMAGES,
         })
     }
 
@@ -114,6 +120,20 @@ impl ContextPolicy {
     /// Whether committed requests' reasoning is sent to the model.
     pub fn past_reasoning(&self) -> PastReasoning {
         self.past_reasoning
+    }
+
+    /// Sets how many of the context's newest images (of every request,
+    /// the current one included) the model is sent; each older one is sent
+    /// as a text placeholder saying what it was (`[image: image/png, 34
+    /// KiB]`), and its bytes are not read. Storage keeps every image.
+    /// Default [`ContextPolicy::DEFAULT_IMAGES`]; 0 sends none.
+    pub fn with_images(self, images: u32) -> Self {
+        Self { images, ..self }
+    }
+
+    /// How many of the context's newest images the model is sent.
+    pub fn images(&self) -> u32 {
+        self.images
     }
 
     /// A committed message as the model is shown it.
@@ -170,6 +190,7 @@ impl Default for ContextPolicy {
             window: 50,
             summary_batch: 50,
             past_reasoning: PastReasoning::default(),
+            images: Self::DEFAULT_IMAGES,
         }
     }
 }
@@ -303,10 +324,10 @@ impl AgentSession {
     pub async fn run(
         &self,
         request_id: RequestId,
-        input: &str,
+        input: impl Into<Content>,
         ctx: RunContext,
     ) -> Result<Outcome, Error> {
-        self.execute(request_id, input, &ctx, &Emitter::default())
+        self.execute(request_id, &input.into(), &ctx, &Emitter::default())
             .await
     }
 
@@ -327,7 +348,7 @@ impl AgentSession {
     pub fn stream(
         &self,
         request_id: RequestId,
-        input: impl Into<String>,
+        input: impl Into<Content>,
         ctx: RunContext,
     ) -> EventStream<'_> {
         let input = input.into();
@@ -427,14 +448,14 @@ impl AgentSession {
     pub async fn recover_after_owner_exit(
         &self,
         request_id: RequestId,
-        input: &str,
+        input: impl Into<Content>,
         ctx: RunContext,
         expected_revision: Revision,
         policy: ResumePolicy,
     ) -> Result<Outcome, Error> {
         self.recover(
             request_id,
-            input,
+            &input.into(),
             &ctx,
             expected_revision,
             policy,
@@ -458,7 +479,7 @@ impl AgentSession {
     pub fn recover_stream(
         &self,
         request_id: RequestId,
-        input: impl Into<String>,
+        input: impl Into<Content>,
         ctx: RunContext,
         expected_revision: Revision,
         policy: ResumePolicy,

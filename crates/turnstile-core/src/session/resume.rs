@@ -7,6 +7,7 @@ use super::{AgentSession, ResumePolicy};
 use crate::agent::{AgentUpgrade, RunContext};
 use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
+use crate::message::Content;
 use crate::outcome::Outcome;
 use crate::store::{AgentChange, InputHash, RecoveryClaim, RequestRecord, RequestStatus};
 
@@ -50,7 +51,7 @@ impl AgentSession {
     pub(super) async fn recover(
         &self,
         request_id: RequestId,
-        input: &str,
+        input: &Content,
         ctx: &RunContext,
         expected_revision: Revision,
         policy: ResumePolicy,
@@ -58,7 +59,7 @@ impl AgentSession {
     ) -> Result<Outcome, Error> {
         self.validate(request_id, input)?;
         let record = self.own_request(request_id).await?;
-        self.check_binding(&record, InputHash::of(input))?;
+        self.check_binding(&record, InputHash::of_content(input)?)?;
         match record.status {
             RequestStatus::Completed => self.replay(record).await,
             RequestStatus::Abandoned => Err(Error::RequestAbandoned { request_id }),

@@ -9,6 +9,7 @@
 mod approvals;
 mod deletion;
 mod leases;
+mod limits;
 pub mod meta;
 mod records;
 
@@ -22,6 +23,7 @@ pub use approvals::{
 };
 pub use deletion::{DeleteReport, ForkOutcome};
 pub use leases::ExpiredLease;
+pub use limits::PartLimits;
 pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{
     ActiveAdmission, Admission, AgentChange, BudgetChange, ClaimContext, ClaimOutcome,
@@ -33,7 +35,7 @@ pub use records::{
 use crate::checkpoint::LoopCheckpoint;
 use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use crate::message::{Message, Usage};
+use crate::message::{BlobHash, Message, Usage};
 
 /// The durable operations of turnstile. Object-safe: use it as
 /// `Arc<dyn Store>`.
@@ -230,6 +232,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every loop checkpoint of a run, by turn.
     async fn checkpoints(&self, run_id: RunId) -> Result<Vec<LoopCheckpoint>, Error>;
+
+    /// The bytes of an image or file part, by their SHA-256; `None` if no
+    /// message of this store holds them. A message read back holds its
+    /// attachments' references only: this is what loads their bytes.
+    async fn blob(&self, sha256: BlobHash) -> Result<Option<std::sync::Arc<[u8]>>, Error>;
 
     /// The first `count` pending messages of an uncommitted request.
     async fn request_messages(

@@ -5,8 +5,9 @@ use sha2::{Digest, Sha256};
 
 use crate::agent::Budget;
 use crate::checkpoint::LoopCheckpoint;
+use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use crate::message::{Message, ToolResult, Usage, VerificationReport};
+use crate::message::{Content, Message, ToolResult, Usage, VerificationReport};
 use crate::stored_name::stored_names;
 
 /// SHA-256 of a request's input: what a request id is bound to.
@@ -17,6 +18,22 @@ impl InputHash {
     /// The hash of an input text.
     pub fn of(input: &str) -> Self {
         Self(Sha256::digest(input.as_bytes()).into())
+    }
+
+    /// The hash of an input's content: of its text when it is plain text
+    /// (as [`InputHash::of`]), otherwise of its parts as JSON (an image or
+    /// file by its SHA-256) after a byte no text holds, so that no text
+    /// hashes as content with other parts.
+    pub fn of_content(input: &Content) -> Result<Self, Error> {
+        if let Some(text) = input.as_plain_text() {
+            return Ok(Self::of(text));
+        }
+        let json = serde_json::to_vec(input)
+            .map_err(|e| Error::InvalidInput(format!("input cannot be serialized: {e}")))?;
+        let mut hasher = Sha256::new();
+        hasher.update([0xff]);
+        hasher.update(json);
+        Ok(Self(hasher.finalize().into()))
     }
 }
 

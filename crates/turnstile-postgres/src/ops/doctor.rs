@@ -87,6 +87,8 @@ pub(super) async fn doctor(
         held_admissions: None,
         stuck_admissions: None,
         awaiting_approval_admissions: None,
+        blobs: None,
+        blob_bytes: None,
         not_checked: Vec::new(),
     };
     let server = sqlx::query_scalar!(r#"SELECT current_setting('server_version') AS "v!""#)
@@ -186,6 +188,18 @@ pub(super) async fn doctor(
             report.awaiting_approval_admissions = u64::try_from(row.awaiting).ok();
         }
         Err(e) => report.not_checked.push(format!("admissions: {e}")),
+    }
+    let blobs = sqlx::query!(
+        r#"SELECT COUNT(*) AS "count!", COALESCE(SUM(size), 0)::bigint AS "bytes!" FROM blobs"#
+    )
+    .fetch_one(&store.pool)
+    .await;
+    match blobs {
+        Ok(row) => {
+            report.blobs = u64::try_from(row.count).ok();
+            report.blob_bytes = u64::try_from(row.bytes).ok();
+        }
+        Err(e) => report.not_checked.push(format!("blobs: {e}")),
     }
     Ok(report)
 }

@@ -103,6 +103,8 @@ fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> Do
         held_admissions: None,
         stuck_admissions: None,
         awaiting_approval_admissions: None,
+        blobs: None,
+        blob_bytes: None,
         not_checked: Vec::new(),
     }
 }
@@ -200,6 +202,18 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
             report.awaiting_approval_admissions = u64::try_from(row.awaiting).ok();
         }
         Err(e) => report.not_checked.push(format!("admissions: {e}")),
+    }
+    let blobs = sqlx::query!(
+        r#"SELECT COUNT(*) AS "count!: i64", COALESCE(SUM(size), 0) AS "bytes!: i64" FROM blobs"#
+    )
+    .fetch_one(&mut *conn)
+    .await;
+    match blobs {
+        Ok(row) => {
+            report.blobs = u64::try_from(row.count).ok();
+            report.blob_bytes = u64::try_from(row.bytes).ok();
+        }
+        Err(e) => report.not_checked.push(format!("blobs: {e}")),
     }
 }
 

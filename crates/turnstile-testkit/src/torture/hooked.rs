@@ -306,6 +306,13 @@ impl Store for Hooked {
             .await
     }
 
+    async fn blob(
+        &self,
+        sha256: turnstile::BlobHash,
+    ) -> Result<Option<std::sync::Arc<[u8]>>, Error> {
+        self.wrap(Call::read("blob"), self.inner.blob(sha256)).await
+    }
+
     async fn request_messages(
         &self,
         request_id: RequestId,

@@ -16,7 +16,7 @@ use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::agent::Budget;
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
-use turnstile::message::{Message, Reasoning};
+use turnstile::message::{Message, Part, Reasoning};
 use turnstile::store::{BudgetChange, TranscriptEntry};
 use turnstile::Error;
 use turnstile::StoreAdmin;
@@ -179,6 +179,17 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
         .map(|reasoning| style.dim(&reasoning_mark(reasoning)))
         .collect();
     lines.extend(content.lines().map(str::to_owned));
+    // Images and files by what they are; their bytes are not read.
+    lines.extend(
+        entry
+            .message
+            .content()
+            .parts()
+            .iter()
+            .filter(|part| !matches!(part, Part::Text { .. } | Part::Reasoning(_)))
+            .filter_map(Part::placeholder)
+            .map(|mark| style.dim(&output::plain(&mark))),
+    );
     match &entry.message {
         Message::Assistant { tool_calls, .. } => {
             lines.extend(tool_calls.iter().map(|call| {

@@ -203,6 +203,7 @@ fn print_sqlite(out: &mut dyn Write, style: Style, report: &DoctorReport) -> Res
             ("database", bytes(report.database_bytes)),
             ("write-ahead log", bytes(report.wal_bytes)),
             ("admissions", admissions(style, report)),
+            ("blobs", blobs(report)),
         ],
     )
 }
@@ -247,6 +248,7 @@ fn print_postgres(
                 schema(style, report, "a writing command migrates it"),
             ),
             ("admissions", admissions(style, report)),
+            ("blobs", blobs(report)),
             (
                 "database",
                 format!(
@@ -315,6 +317,16 @@ fn admissions(style: Style, report: &DoctorReport) -> String {
         "{} held · {stuck} · {awaiting}",
         number(report.held_admissions)
     )
+}
+
+/// `N images and files stored once, 12345 bytes (12.1 KiB)`.
+fn blobs(report: &DoctorReport) -> String {
+    match (report.blobs, report.blob_bytes) {
+        (Some(count), Some(size)) => {
+            format!("{count} images and files stored once, {}", bytes(size))
+        }
+        _ => "unknown".into(),
+    }
 }
 
 /// `12345 bytes (12.1 KiB)`.

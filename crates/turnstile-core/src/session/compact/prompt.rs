@@ -5,12 +5,13 @@
 //! How it runs is in the parent module; what is stored is in
 //! [`Store::commit_summary`](crate::Store::commit_summary).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
-use crate::message::Message;
+use crate::message::{Content, Message, Part};
 use crate::store::TranscriptEntry;
 
 /// The largest summary accepted, in bytes (256 KiB). A larger or empty
@@ -135,16 +136,17 @@ fn render(out: &mut String, entry: &TranscriptEntry) {
     let seq = entry.seq;
     match &entry.message {
         Message::System { content } => {
-            out.push_str(&format!("#{seq} system: {}\n", content.text()))
+            out.push_str(&format!("#{seq} system: {}\n", summarized(content)))
         }
-        Message::User { content } => out.push_str(&format!("#{seq} user: {}\n", content.text())),
+        Message::User { content } => {
+            out.push_str(&format!("#{seq} user: {}\n", summarized(content)))
+        }
         Message::Assistant {
             content,
             tool_calls,
             ..
         } => {
-            // Reasoning is never summarized into a later prompt.
-            let text = content.text();
+            let text = summarized(content);
             if !text.is_empty() || tool_calls.is_empty() {
                 out.push_str(&format!("#{seq} assistant: {text}\n"));
             }
@@ -161,10 +163,30 @@ fn render(out: &mut String, entry: &TranscriptEntry) {
             is_error,
         } => {
             let what = if *is_error { "error" } else { "result" };
-            let text = content.text();
+            let text = summarized(content);
             out.push_str(&format!("#{seq} tool {what} for {call_id}: {text}\n"));
         }
     }
+}
+
+/// Content as a summary pass reads it: its text, with each image or file
+/// described by its placeholder (`[image: image/png, 34 KiB]`). Reasoning
+/// is never summarized into a later prompt.
+fn summarized(content: &Content) -> Cow<'_, str> {
+    if let Some(text) = content.as_plain_text() {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        content
+            .parts()
+            .iter()
+            .filter_map(|part| match part {
+                Part::Text { text } => Some(Cow::Borrowed(text.as_str())),
+                Part::Reasoning(_) => None,
+                other => other.placeholder().map(Cow::Owned),
+            })
+            .collect(),
+    )
 }
 
 /// Checks a summary model's answer.
@@ -277,6 +299,24 @@ mod tests {
         assert_ne!(
             prompt_sha256(&prompt),
             prompt_sha256(&super::prompt("", None, &e))
+        );
+    }
+
+    #[test]
+    fn images_and_files_are_described_not_sent_to_a_summary() {
+        let image = crate::message::Attachment::new("image/png", vec![9u8; 34 * 1024]).unwrap();
+        let file = crate::message::Attachment::new("application/pdf", vec![1u8; 10])
+            .unwrap()
+            .with_name("q3.pdf");
+        let e = entries(vec![Message::user_parts(vec![
+            Part::text("look at "),
+            Part::Image(image),
+            Part::File(file),
+        ])]);
+        let text = prompt("", None, &e)[1].text().into_owned();
+        assert!(
+            text.contains("#0 user: look at [image: image/png, 34 KiB][file: q3.pdf, application/pdf, 10 bytes]"),
+            "{text}"
         );
     }
 

@@ -15,6 +15,7 @@ use std::future::Future;
 
 use tokio_util::task::AbortOnDropHandle;
 
+mod model_context;
 mod stop;
 
 use stop::until_deadline;
@@ -52,6 +53,8 @@ pub(super) struct RunLoop<'a> {
     /// A tool call is executing, or has run and its result is not journaled
     /// yet: a stop now leaves the turn ambiguous.
     pub tool_running: bool,
+    /// How many of the context's newest images the model is sent.
+    pub images: usize,
 }
 
 impl RunLoop<'_> {
@@ -143,7 +146,14 @@ impl RunLoop<'_> {
         self.check_stop()?;
         self.back_in_flight().await?;
         let turn = self.checkpoint.turn;
-        let context: Vec<Message> = self.prefix.iter().chain(&self.messages).cloned().collect();
+        model_context::load_shown(
+            self.store,
+            &mut self.prefix,
+            &mut self.messages,
+            self.images,
+        )
+        .await?;
+        let context = model_context::shown(&self.prefix, &self.messages, self.images);
         let events = self.events.clone();
         let on_delta = move |text: &str| {
             events.emit_now(Event::TextDelta {

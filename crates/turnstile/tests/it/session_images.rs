@@ -1,0 +1,188 @@
+//! What the model is sent of images and files: their bytes, read from the
+//! store when a run continues from it (a resumed run in a store opened
+//! afresh); the newest images only, as the context policy says, each older
+//! one as a placeholder. A request's input with an image is bound to it.
+
+use std::sync::Arc;
+
+use turnstile::{
+    AgentSession, Attachment, Content, ContextPolicy, ConversationId, Error, Message, Part,
+    RequestId, ResumePolicy, RunContext,
+};
+use turnstile_testkit::session::*;
+use turnstile_testkit::tools::*;
+
+fn png(seed: u8, len: usize) -> Attachment {
+    let bytes: Vec<u8> = (0..len).map(|i| (i as u8) ^ seed).collect();
+    Attachment::new("image/png", bytes).unwrap()
+}
+
+fn asking(text: &str, image: &Attachment) -> Content {
+    Content::new(vec![Part::text(text), Part::Image(image.clone())])
+}
+
+/// The image parts of what one model call was sent, in order: each as its
+/// loaded bytes, or as the placeholder text sent instead.
+fn images_sent(messages: &[Message]) -> Vec<Result<Vec<u8>, String>> {
+    messages
+        .iter()
+        .flat_map(|m| m.content().parts().iter())
+        .filter_map(|part| match part {
+            Part::Image(image) => Some(Ok(image
+                .bytes()
+                .expect("an image sent with its bytes")
+                .to_vec())),
+            Part::Text { text } if text.starts_with("[image: ") => Some(Err(text.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_newest_images_go_with_their_bytes_and_older_ones_as_placeholders() {
+    let store = memory_store().await;
+    let model = ProbeModel::new(
+        vec![
+            text_reply("a cat", usage(1, 1)),
+            text_reply("a dog", usage(1, 1)),
+        ],
+        0,
+    );
+    let conversation_id = ConversationId::new();
+    let session = AgentSession::new(
+        agent(model.clone(), Vec::new()),
+        store.clone(),
+        conversation_id,
+        ns(),
+        ContextPolicy::default().with_images(1),
+    );
+    let (cat, dog) = (png(1, 3000), png(2, 5000));
+    session
+        .run(
+            RequestId::new(),
+            asking("what is this?", &cat),
+            RunContext::default(),
+        )
+        .await
+        .unwrap();
+    let second = RequestId::new();
+    let outcome = session
+        .run(second, asking("and this?", &dog), RunContext::default())
+        .await
+        .unwrap();
+
+    let seen = model.seen();
+    assert_eq!(images_sent(&seen[0]), [Ok(cat.bytes().unwrap().to_vec())]);
+    assert_eq!(
+        images_sent(&seen[1]),
+        [
+            Err("[image: image/png, 3 KiB]".to_owned()),
+            Ok(dog.bytes().unwrap().to_vec())
+        ]
+    );
+    // Storage keeps both, whatever the model was sent.
+    let stored = store.transcript_window(conversation_id, 10).await.unwrap();
+    let stored_images: Vec<_> = stored
+        .iter()
+        .flat_map(|e| e.message.content().attachments().cloned())
+        .collect();
+    assert_eq!(stored_images, [cat.clone(), dog.clone()]);
+
+    // The request is bound to its image: the same input replays, another
+    // image under the same id is refused.
+    let replay = session
+        .run(second, asking("and this?", &dog), RunContext::default())
+        .await
+        .unwrap();
+    assert!(replay.replayed);
+    assert_eq!(replay.final_text, outcome.final_text);
+    let other = session
+        .run(
+            second,
+            asking("and this?", &png(3, 5000)),
+            RunContext::default(),
+        )
+        .await;
+    assert!(
+        matches!(other, Err(Error::RequestMismatch { .. })),
+        "{other:?}"
+    );
+    assert_eq!(model.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_run_resumed_in_a_store_opened_afresh_sends_the_model_the_stored_bytes() {
+    let (_dir, path) = temp_db();
+    let conversation_id = ConversationId::new();
+    let scan = Attachment::new("application/pdf", vec![0u8, 255, 10, 13, 0])
+        .unwrap()
+        .with_name("scan.pdf");
+    let photo = png(9, 70_000);
+    let input = Content::new(vec![
+        Part::text("read these"),
+        Part::File(scan.clone()),
+        Part::Image(photo.clone()),
+    ]);
+
+    let stopped = {
+        let store = file_store(&path).await;
+        let model = ProbeModel::new(
+            vec![
+                tools_reply(vec![call("c1", "count")], usage(1, 1)),
+                text_reply("never", usage(1, 1)).failing_first(1, "the provider is down"),
+            ],
+            0,
+        );
+        let tool = CountingTool::new("count");
+        let session = session(agent(model.clone(), vec![tool]), &store, conversation_id);
+        let error = session
+            .run(RequestId::new(), input.clone(), more_turns())
+            .await
+            .expect_err("the second model call fails");
+        error.stopped_run().expect("a stopped run")
+    };
+
+    // Another store on the same file: nothing of the first is in memory.
+    let store = file_store(&path).await;
+    // The script goes by the answers in its context: the tool turn is
+    // answered already, the call after it is this one's.
+    let model = ProbeModel::new(
+        vec![
+            tools_reply(vec![call("c1", "count")], usage(1, 1)),
+            text_reply("read", usage(1, 1)),
+        ],
+        0,
+    );
+    let session = Arc::new(AgentSession::new(
+        agent(model.clone(), vec![CountingTool::new("count")]),
+        store.clone(),
+        conversation_id,
+        ns(),
+        ContextPolicy::default(),
+    ));
+    let outcome = session
+        .resume_run(
+            stopped.0,
+            more_turns(),
+            stopped.1,
+            ResumePolicy::RetryInterruptedTurn,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "read");
+    let sent = &model.seen()[0];
+    let user = sent
+        .iter()
+        .find(|m| m.role() == "user")
+        .expect("the request's input");
+    let attachments: Vec<_> = user.content().attachments().collect();
+    assert_eq!(attachments, [&scan, &photo]);
+    assert_eq!(
+        attachments[0].bytes().map(|b| b.to_vec()),
+        Some(vec![0u8, 255, 10, 13, 0])
+    );
+    assert_eq!(
+        attachments[1].bytes().map(|b| b.to_vec()),
+        photo.bytes().map(|b| b.to_vec())
+    );
+}
