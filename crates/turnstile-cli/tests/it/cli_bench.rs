@@ -154,6 +154,43 @@ fn in_memory_runs_the_workload_and_its_baseline_without_a_file() {
 }
 
 #[test]
+fn an_image_with_each_input_is_counted_in_the_storage_figure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = turnstile_in(
+        tmp.path(),
+        &[
+            "bench",
+            "--conversations",
+            "2",
+            "--turns",
+            "3",
+            "--message-bytes",
+            "100",
+            "--image-bytes",
+            "50000",
+            "--json",
+        ],
+    );
+    run.assert_success();
+    let report = run.json();
+    let storage = &report["storage"];
+    assert_eq!(number(storage, "/image_bytes"), 300_000.0, "{report}");
+    // Six distinct images, each stored once: the database holds at least
+    // their bytes, and the figure divides by text and images together.
+    let in_use = number(storage, "/bytes_in_use");
+    assert!(in_use >= 300_000.0, "{report}");
+    let raw = number(storage, "/message_text_bytes") + 300_000.0;
+    let ratio = number(storage, "/bytes_per_message_byte");
+    assert!((ratio - in_use / raw).abs() < 1e-9, "{report}");
+    assert_eq!(
+        report["replay"]["samples"], 6,
+        "the replays sent the same images: {report}"
+    );
+
+    turnstile_in(tmp.path(), &["bench", "--image-bytes", "20971521"]).assert_error(2, "20971521");
+}
+
+#[test]
 fn the_human_report_says_what_it_counts() {
     let tmp = tempfile::tempdir().unwrap();
     let run = turnstile_in(

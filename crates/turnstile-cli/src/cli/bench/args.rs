@@ -4,6 +4,7 @@ use clap::{Args, ValueEnum};
 
 use crate::cli::db::DbLocation;
 use turnstile::session::MAX_INPUT_BYTES;
+use turnstile::store::PartLimits;
 use turnstile::Durability;
 
 /// The largest `--message-bytes`: the largest input a request accepts.
@@ -12,6 +13,8 @@ pub(super) const MAX_MESSAGE_BYTES: i64 = MAX_INPUT_BYTES as i64;
 /// (one latency is kept per turn).
 pub(super) const MAX_TURNS: u64 = 1_000_000;
 pub(super) const MAX_MESSAGE_TEXT_BYTES: u64 = 4 << 30;
+/// The largest `--image-bytes`: the default limit of one part.
+pub(super) const MAX_IMAGE_BYTES: i64 = PartLimits::DEFAULT_MAX_PART_BYTES as i64;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -28,6 +31,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=MAX_MESSAGE_BYTES))]
     pub message_bytes: u32,
+    /// Bytes of an image sent with each request's input (0, the default:
+    /// none). Each image's bytes differ (no two requests share one), so
+    /// the storage figure counts every image stored.
+    #[arg(long, value_name = "B", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=MAX_IMAGE_BYTES))]
+    pub image_bytes: u32,
     /// `full` (synchronous=FULL, survives power loss; the default) or
     /// `normal` (synchronous=NORMAL, survives a process crash). SQLite only:
     /// on PostgreSQL the server's settings decide, and are reported.

@@ -102,6 +102,7 @@ fn validate(args: &BenchArgs) -> Result<WorkloadParams, CliError> {
         conversations: args.conversations,
         turns_per_conversation: args.turns,
         message_bytes: args.message_bytes,
+        image_bytes: args.image_bytes,
         durability: args.durability.unwrap_or(BenchDurability::Full).name(),
         concurrency,
     })
@@ -160,11 +161,11 @@ async fn measure(
     let shared: Arc<dyn Store> = Arc::new(store.clone());
     let written = Workload::from(params).run(shared.clone()).await?;
     let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
-    let replay = reads::replays(&shared, &written.samples, params.message_bytes).await?;
+    let replay = reads::replays(&shared, &written.samples, params).await?;
     drop(shared);
     let storage = match location.in_memory() {
-        true => storage::in_memory(&store, written.message_text_bytes).await?,
-        false => storage::measure(&store, location.db(), written.message_text_bytes).await?,
+        true => storage::in_memory(&store, written.raw_bytes()).await?,
+        false => storage::measure(&store, location.db(), written.raw_bytes()).await?,
     };
     Ok(Figures {
         written,

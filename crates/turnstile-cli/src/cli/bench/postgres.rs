@@ -87,6 +87,8 @@ struct Run {
 struct Storage {
     /// The text of every input and answer.
     message_text_bytes: u64,
+    /// The bytes of every image sent with an input.
+    image_bytes: u64,
     /// The schema's tables, their indexes and TOAST included.
     bytes_in_use: u64,
     bytes_per_message_byte: f64,
@@ -288,7 +290,7 @@ async fn workload(
     let shared: Arc<dyn Store> = Arc::new(store.clone());
     let written = Workload::from(&level).run(shared.clone()).await?;
     let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
-    let replay = reads::replays(&shared, &written.samples, params.message_bytes).await?;
+    let replay = reads::replays(&shared, &written.samples, params).await?;
     let storage = store.storage().await?;
     store.close().await;
     let turns = written.latencies.len() as u64;
@@ -304,9 +306,10 @@ async fn workload(
         replay,
         storage: Storage {
             message_text_bytes: written.message_text_bytes,
+            image_bytes: written.image_bytes,
             bytes_in_use: storage.bytes_in_use,
             bytes_per_message_byte: storage.bytes_in_use as f64
-                / written.message_text_bytes.max(1) as f64,
+                / (written.message_text_bytes + written.image_bytes).max(1) as f64,
         },
     })
 }

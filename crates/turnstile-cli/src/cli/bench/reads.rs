@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::report::WorkloadParams;
 use super::stats::Latency;
 use super::text::{self, Role};
 use super::workload::{self, Committed};
@@ -40,18 +41,23 @@ pub(super) async fn latest_checkpoints(
 pub(super) async fn replays(
     store: &Arc<dyn Store>,
     samples: &[Committed],
-    message_bytes: u32,
+    params: &WorkloadParams,
 ) -> Result<Latency, CliError> {
     let namespace = workload::namespace()?;
-    let bytes = message_bytes as usize;
+    let bytes = params.message_bytes as usize;
     let mut latencies = Vec::with_capacity(samples.len());
     for sample in samples {
-        let input = text::message(sample.conversation, sample.turn, Role::User, bytes);
+        let input = workload::input(
+            sample.conversation,
+            sample.turn,
+            bytes,
+            params.image_bytes as usize,
+        )?;
         let answer = text::message(sample.conversation, sample.turn, Role::Assistant, bytes);
         let session = workload::session(store, sample.conversation_id, &namespace, answer.clone());
         let started = Instant::now();
         let outcome = session
-            .run(sample.request_id, &input, RunContext::default())
+            .run(sample.request_id, input, RunContext::default())
             .await?;
         latencies.push(started.elapsed());
         if !outcome.replayed || outcome.final_text != answer {

@@ -18,6 +18,8 @@ pub(super) struct WorkloadParams {
     pub turns_per_conversation: u32,
     /// Bytes of text of each message; a turn is two messages.
     pub message_bytes: u32,
+    /// Bytes of the image sent with each input; 0: none.
+    pub image_bytes: u32,
     pub durability: &'static str,
     pub concurrency: u32,
 }
@@ -27,13 +29,15 @@ pub(super) struct WorkloadParams {
 pub(super) struct Storage {
     /// The text of every input and answer (no ids, roles or JSON).
     pub message_text_bytes: u64,
+    /// The bytes of every image sent with an input.
+    pub image_bytes: u64,
     /// The backend's own figures (SQLite: `page_size`, `page_count`,
     /// `freelist_count`).
     #[serde(flatten)]
     pub details: std::collections::BTreeMap<String, serde_json::Value>,
     /// SQLite: `(page_count - freelist_count) * page_size`.
     pub bytes_in_use: u64,
-    /// `bytes_in_use / message_text_bytes`.
+    /// `bytes_in_use / (message_text_bytes + image_bytes)`.
     pub bytes_per_message_byte: f64,
     pub file_bytes: u64,
     pub wal_bytes: u64,
@@ -144,7 +148,7 @@ impl BenchReport {
                 (
                     "storage",
                     format!(
-                        "{:.2} database bytes per message byte",
+                        "{:.2} database bytes per message byte (text and images)",
                         s.bytes_per_message_byte
                     ),
                 ),
@@ -168,6 +172,13 @@ impl BenchReport {
                     format!(
                         "{} bytes in {} messages (inputs and answers; ids, roles and JSON not counted)",
                         s.message_text_bytes, self.messages
+                    ),
+                ),
+                (
+                    "  images",
+                    format!(
+                        "{} bytes, one image with each input (stored once each)",
+                        s.image_bytes
                     ),
                 ),
                 ("  file", file),

@@ -9,14 +9,16 @@ use turnstile::{SqliteStore, StoreAdmin};
 /// What an in-memory store holds after the workload: its pages in use.
 pub(super) async fn in_memory(
     store: &SqliteStore,
-    message_text_bytes: u64,
+    (message_text_bytes, image_bytes): (u64, u64),
 ) -> Result<Storage, CliError> {
     let report = store.storage().await?;
     Ok(Storage {
         message_text_bytes,
+        image_bytes,
         details: report.details,
         bytes_in_use: report.bytes_in_use,
-        bytes_per_message_byte: report.bytes_in_use as f64 / message_text_bytes.max(1) as f64,
+        bytes_per_message_byte: report.bytes_in_use as f64
+            / (message_text_bytes + image_bytes).max(1) as f64,
         file_bytes: 0,
         wal_bytes: 0,
         wal_checkpoint_complete: true,
@@ -29,7 +31,7 @@ use crate::cli::exit::CliError;
 pub(super) async fn measure(
     store: &SqliteStore,
     db: &Path,
-    message_text_bytes: u64,
+    (message_text_bytes, image_bytes): (u64, u64),
 ) -> Result<Storage, CliError> {
     let wal_checkpoint_complete = match store.close().await {
         Ok(()) => true,
@@ -41,9 +43,11 @@ pub(super) async fn measure(
     reopened.close().await?;
     Ok(Storage {
         message_text_bytes,
+        image_bytes,
         details: report.details,
         bytes_in_use: report.bytes_in_use,
-        bytes_per_message_byte: report.bytes_in_use as f64 / message_text_bytes.max(1) as f64,
+        bytes_per_message_byte: report.bytes_in_use as f64
+            / (message_text_bytes + image_bytes).max(1) as f64,
         file_bytes: report.database_bytes,
         wal_bytes: report.wal_bytes,
         wal_checkpoint_complete,

@@ -15,6 +15,7 @@ use turnstile::agent::{Agent, RunContext, ScriptedModel, ScriptedReply};
 use turnstile::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile::session::{AgentSession, ContextPolicy};
 use turnstile::store::Store;
+use turnstile::{Attachment, Content, Part};
 
 /// The namespace of every bench conversation.
 const NAMESPACE: &str = "bench";
@@ -26,6 +27,7 @@ pub(super) struct Workload {
     conversations: u32,
     turns: u32,
     message_bytes: usize,
+    image_bytes: usize,
     concurrency: u32,
 }
 
@@ -35,6 +37,7 @@ impl From<&WorkloadParams> for Workload {
             conversations: params.conversations,
             turns: params.turns_per_conversation,
             message_bytes: params.message_bytes as usize,
+            image_bytes: params.image_bytes as usize,
             concurrency: params.concurrency,
         }
     }
@@ -51,6 +54,15 @@ pub(super) struct Written {
     pub samples: Vec<Committed>,
     /// The bytes of message text written: every input and every answer.
     pub message_text_bytes: u64,
+    /// The bytes of the images sent with the inputs.
+    pub image_bytes: u64,
+}
+
+impl Written {
+    /// The text and image bytes written, as the storage figure counts them.
+    pub fn raw_bytes(&self) -> (u64, u64) {
+        (self.message_text_bytes, self.image_bytes)
+    }
 }
 
 /// A committed request: enough to read it back and replay it.
@@ -81,6 +93,7 @@ impl Workload {
             written.latencies.extend(part.latencies);
             written.samples.extend(part.samples);
             written.message_text_bytes += part.message_text_bytes;
+            written.image_bytes += part.image_bytes;
         }
         written.wall = started.elapsed();
         Ok(written)
@@ -102,14 +115,15 @@ impl Workload {
             }
             let conversation_id = ConversationId::new();
             for turn in 0..self.turns {
-                let input = text::message(conversation, turn, Role::User, self.message_bytes);
+                let input = input(conversation, turn, self.message_bytes, self.image_bytes)?;
                 let answer = text::message(conversation, turn, Role::Assistant, self.message_bytes);
-                part.message_text_bytes += (input.len() + answer.len()) as u64;
+                part.message_text_bytes += (input.text().len() + answer.len()) as u64;
+                part.image_bytes += self.image_bytes as u64;
                 let session = session(&store, conversation_id, &namespace, answer.clone());
                 let request_id = RequestId::new();
                 let started = Instant::now();
                 let outcome = session
-                    .run(request_id, &input, RunContext::default())
+                    .run(request_id, input, RunContext::default())
                     .await?;
                 part.latencies.push(started.elapsed());
                 if outcome.replayed || outcome.final_text != answer {
@@ -156,6 +170,34 @@ pub(super) fn session(
         namespace.clone(),
         ContextPolicy::default(),
     )
+}
+
+/// The input of one turn: its text, and an image of `image_bytes` (none
+/// when 0) whose bytes no other turn's image has, and that do not compress
+/// (like an encoded image's).
+pub(super) fn input(
+    conversation: u32,
+    turn: u32,
+    message_bytes: usize,
+    image_bytes: usize,
+) -> Result<Content, CliError> {
+    let text = text::message(conversation, turn, Role::User, message_bytes);
+    if image_bytes == 0 {
+        return Ok(Content::from(text));
+    }
+    // xorshift64*, seeded by the turn: cheap, incompressible, reproducible
+    // (a replay sends the same image).
+    let mut state = (u64::from(conversation) << 32 | u64::from(turn)) ^ 0x9e37_79b9_7f4a_7c15;
+    let bytes: Vec<u8> = (0..image_bytes)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+        })
+        .collect();
+    let image = Attachment::new("image/png", bytes)?;
+    Ok(Content::new(vec![Part::text(text), Part::Image(image)]))
 }
 
 /// The namespace of the bench conversations.
