@@ -177,8 +177,18 @@ pub struct ProbeModel {
 
 impl ProbeModel {
     pub fn new(replies: Vec<ScriptedReply>, blocking_calls: usize) -> Arc<Self> {
+        Self::of(ScriptedModel::new(replies), blocking_calls)
+    }
+
+    /// A probe of a model that requires its answers back exactly
+    /// ([`ScriptedModel::requiring_answers_back`]).
+    pub fn strict(replies: Vec<ScriptedReply>) -> Arc<Self> {
+        Self::of(ScriptedModel::new(replies).requiring_answers_back(), 0)
+    }
+
+    fn of(scripted: ScriptedModel, blocking_calls: usize) -> Arc<Self> {
         Arc::new(Self {
-            scripted: ScriptedModel::new(replies),
+            scripted,
             blocking_calls,
             calls: AtomicUsize::new(0),
             seen: Mutex::new(Vec::new()),

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{Model, ModelRequest, ModelResponse};
 use crate::error::ModelError;
-use crate::message::{Content, Message, Part, ProviderMetadata, Reasoning, ToolCall, Usage};
+use crate::message::{
+    Attachment, Content, Message, Part, ProviderMetadata, Reasoning, ToolCall, Usage,
+};
 
 /// One scripted answer. Unknown fields are refused when it is read from
 /// JSON: a misspelt `delay_ms` must not be ignored silently.
@@ -28,6 +30,10 @@ pub struct ScriptedReply {
     /// What the answer carries for its provider, to be sent back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_metadata: Option<ProviderMetadata>,
+    /// Images the answer carries, after its reasoning (not in a script
+    /// file: their bytes are not JSON).
+    #[serde(skip)]
+    pub images: Vec<Attachment>,
     #[serde(default)]
     /// The usage it reports.
     pub usage: Usage,
@@ -77,19 +83,29 @@ impl ScriptedReply {
         self
     }
 
-    /// The answer's content: its reasoning, then its text (none when it
-    /// is empty and there is reasoning).
+    /// Carries an image (a chart it drew, say) before its text.
+    pub fn with_image(mut self, image: Attachment) -> Self {
+        self.images.push(image);
+        self
+    }
+
+    /// The answer's content: its reasoning, its images, then its text
+    /// (none when it is empty and there is reasoning or an image).
     pub fn content(&self) -> Content {
-        match &self.reasoning {
-            None => Content::from(self.text.clone()),
-            Some(reasoning) => {
-                let mut parts = vec![Part::Reasoning(reasoning.clone())];
-                if !self.text.is_empty() {
-                    parts.push(Part::text(self.text.clone()));
-                }
-                Content::new(parts)
-            }
+        if self.reasoning.is_none() && self.images.is_empty() {
+            return Content::from(self.text.clone());
         }
+        let mut parts: Vec<Part> = self
+            .reasoning
+            .iter()
+            .cloned()
+            .map(Part::Reasoning)
+            .collect();
+        parts.extend(self.images.iter().cloned().map(Part::Image));
+        if !self.text.is_empty() {
+            parts.push(Part::text(self.text.clone()));
+        }
+        Content::new(parts)
     }
 
     /// The assistant message this answer becomes in the transcript.
@@ -154,9 +170,9 @@ impl ScriptedModel {
     }
 
     /// Fails a call (not retryable) whose earlier assistant turns of the
-    /// request are not its own answers exactly, reasoning, signatures and
-    /// provider metadata included, as a provider refuses a tool loop whose
-    /// reasoning did not come back.
+    /// request are not its own answers exactly, reasoning, signatures,
+    /// provider metadata and images' bytes included, as a provider refuses
+    /// a tool loop whose reasoning did not come back.
     pub fn requiring_answers_back(mut self) -> Self {
         self.strict = true;
         self
@@ -193,7 +209,18 @@ impl ScriptedModel {
             .filter(|m| matches!(m, Message::Assistant { .. }))
             .enumerate()
             .find(|(step, sent)| {
-                self.replies.get(*step).map(ScriptedReply::message).as_ref() != Some(*sent)
+                let Some(own) = self.replies.get(*step).map(ScriptedReply::message) else {
+                    return true;
+                };
+                // Attachments are equal by their hash; their bytes must
+                // have come back too.
+                let bytes = |m: &Message| -> Vec<Option<Vec<u8>>> {
+                    m.content()
+                        .attachments()
+                        .map(|a| a.bytes().map(|b| b.to_vec()))
+                        .collect()
+                };
+                own != **sent || bytes(&own) != bytes(sent)
             })
             .map(|(step, _)| step)
     }
@@ -231,7 +258,7 @@ impl Model for ScriptedModel {
             if let Some(altered) = self.altered_answer(request.messages) {
                 return Err(ModelError::fatal(format!(
                     "the answer of step {altered} was not sent back exactly (reasoning, \
-                     signature or provider metadata lost or changed)"
+                     signature, provider metadata or an image lost or changed)"
                 )));
             }
         }

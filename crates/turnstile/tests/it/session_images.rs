@@ -1,13 +1,15 @@
 //! What the model is sent of images and files: their bytes, read from the
 //! store when a run continues from it (a resumed run in a store opened
-//! afresh); the newest images only, as the context policy says, each older
-//! one as a placeholder. A request's input with an image is bound to it.
+//! afresh), the model's own images included, exactly, as a model that
+//! requires its answers back checks; the newest images only, as the context
+//! policy says, each older one as a placeholder. A request's input with an
+//! image is bound to it.
 
 use std::sync::Arc;
 
 use turnstile::{
     AgentSession, Attachment, Content, ContextPolicy, ConversationId, Error, Message, Part,
-    RequestId, ResumePolicy, RunContext,
+    RequestId, ResumePolicy, RunContext, ScriptedReply,
 };
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::*;
@@ -124,15 +126,20 @@ async fn a_run_resumed_in_a_store_opened_afresh_sends_the_model_the_stored_bytes
         Part::Image(photo.clone()),
     ]);
 
+    // The model draws a chart with its tool call, and wants it back.
+    let chart = png(4, 9000);
+    let script = |last: ScriptedReply| {
+        vec![
+            tools_reply(vec![call("c1", "count")], usage(1, 1)).with_image(chart.clone()),
+            last,
+        ]
+    };
+
     let stopped = {
         let store = file_store(&path).await;
-        let model = ProbeModel::new(
-            vec![
-                tools_reply(vec![call("c1", "count")], usage(1, 1)),
-                text_reply("never", usage(1, 1)).failing_first(1, "the provider is down"),
-            ],
-            0,
-        );
+        let model = ProbeModel::strict(script(
+            text_reply("never", usage(1, 1)).failing_first(1, "the provider is down"),
+        ));
         let tool = CountingTool::new("count");
         let session = session(agent(model.clone(), vec![tool]), &store, conversation_id);
         let error = session
@@ -145,21 +152,37 @@ async fn a_run_resumed_in_a_store_opened_afresh_sends_the_model_the_stored_bytes
     // Another store on the same file: nothing of the first is in memory.
     let store = file_store(&path).await;
     // The script goes by the answers in its context: the tool turn is
-    // answered already, the call after it is this one's.
-    let model = ProbeModel::new(
-        vec![
-            tools_reply(vec![call("c1", "count")], usage(1, 1)),
-            text_reply("read", usage(1, 1)),
-        ],
-        0,
+    // answered already, the call after it is this one's. With no image
+    // sent, the chart does not come back and the model refuses the call.
+    let resumed = |policy: ContextPolicy, model: Arc<ProbeModel>| {
+        Arc::new(AgentSession::new(
+            agent(model, vec![CountingTool::new("count")]),
+            store.clone(),
+            conversation_id,
+            ns(),
+            policy,
+        ))
+    };
+    let refused = resumed(
+        ContextPolicy::default().with_images(0),
+        ProbeModel::strict(script(text_reply("read", usage(1, 1)))),
+    )
+    .resume_run(
+        stopped.0,
+        more_turns(),
+        stopped.1,
+        ResumePolicy::RetryInterruptedTurn,
+    )
+    .await
+    .expect_err("the chart was left out");
+    assert!(
+        refused.to_string().contains("not sent back exactly"),
+        "{refused}"
     );
-    let session = Arc::new(AgentSession::new(
-        agent(model.clone(), vec![CountingTool::new("count")]),
-        store.clone(),
-        conversation_id,
-        ns(),
-        ContextPolicy::default(),
-    ));
+    let stopped = refused.stopped_run().expect("a stopped run");
+
+    let model = ProbeModel::strict(script(text_reply("read", usage(1, 1))));
+    let session = resumed(ContextPolicy::default(), model.clone());
     let outcome = session
         .resume_run(
             stopped.0,
