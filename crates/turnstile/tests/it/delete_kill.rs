@@ -2,7 +2,10 @@
 //! database: the delete is one transaction, so afterwards the conversation
 //! is either wholly there (every request replays) or wholly gone with its
 //! tombstones (its id, request ids and run ids answer `Deleted`), and the
-//! file passes the integrity check `doctor` runs. The space given back after
+//! file passes the integrity check `doctor` runs. Its inputs carry an image
+//! of their own and one the neighbouring conversation also sends: the
+//! stored images are all there, or only the shared one, never a reference
+//! without its bytes or bytes without a reference. The space given back after
 //! the commit (incremental vacuum, WAL checkpoint) may be cut short too.
 //!
 //! The child is this test binary itself, re-run with `--ignored --exact
@@ -15,9 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Durability, Error, Namespace, RequestId,
-    RunContext, RunId, ScriptedModel, ScriptedReply, SqliteOptions, SqliteStore, Store, StoreAdmin,
-    Tool, ToolCall, ToolContext, ToolError, ToolSpec,
+    Agent, AgentSession, Attachment, Content, ContextPolicy, ConversationId, Durability, Error,
+    Namespace, Part, RequestId, RunContext, RunId, ScriptedModel, ScriptedReply, SqliteOptions,
+    SqliteStore, Store, StoreAdmin, Tool, ToolCall, ToolContext, ToolError, ToolSpec,
 };
 use turnstile_testkit::{process, worker_test};
 
@@ -69,8 +72,23 @@ fn request(c: u128, r: usize) -> RequestId {
     RequestId::from_uuid(uuid::Uuid::from_u128(((c + 1) << 32) | (r as u128 + 1))).unwrap()
 }
 
-fn input(r: usize) -> String {
-    format!("q{r} {}", "x".repeat(1024))
+/// The image both conversations send.
+fn shared_image() -> Attachment {
+    Attachment::new("image/png", vec![42u8; 4096]).unwrap()
+}
+
+/// Request `r` of conversation `c`: text, the shared image and, in the
+/// deleted conversation, an image of its own.
+fn input(c: u128, r: usize) -> Content {
+    let mut parts = vec![
+        Part::text(format!("q{r} {}", "x".repeat(1024))),
+        Part::Image(shared_image()),
+    ];
+    if c == 0 {
+        let own = format!("the image of request {r}").into_bytes();
+        parts.push(Part::Image(Attachment::new("image/png", own).unwrap()));
+    }
+    Content::new(parts)
 }
 
 /// `REQUESTS` completed requests in conversation 0, one in conversation 1;
@@ -85,13 +103,13 @@ async fn fill(path: &Path) -> [RunId; 2] {
     let mut runs = Vec::new();
     for r in 0..REQUESTS {
         let outcome = deleted
-            .run(request(0, r), &input(r), RunContext::default())
+            .run(request(0, r), input(0, r), RunContext::default())
             .await
             .unwrap();
         runs.push(outcome.run_id);
     }
     session(store.clone(), conversation(1))
-        .run(request(1, 0), &input(0), RunContext::default())
+        .run(request(1, 0), input(1, 0), RunContext::default())
         .await
         .unwrap();
     store.close().await.unwrap();
@@ -145,13 +163,19 @@ async fn inspect(path: &Path, runs: [RunId; 2]) -> Left {
         let session = session(store.clone(), conversation(c));
         async move {
             session
-                .run(request(c, r), &input(r), RunContext::default())
+                .run(request(c, r), input(c, r), RunContext::default())
                 .await
         }
     };
     assert!(
         replay(1, 0).await.unwrap().replayed,
         "the neighbour replays"
+    );
+    let shared = store.blob(shared_image().sha256()).await.unwrap();
+    assert_eq!(
+        shared.as_deref(),
+        Some(&[42u8; 4096][..]),
+        "the shared image"
     );
 
     let left = match store.conversation(&namespace(), conversation(0)).await {
@@ -169,6 +193,7 @@ async fn inspect(path: &Path, runs: [RunId; 2]) -> Left {
             for run in runs {
                 assert!(store.run(run).await.unwrap().is_some());
             }
+            assert_eq!(doctor.blobs, Some(REQUESTS as u64 + 1), "every image");
             Left::Whole
         }
         Err(Error::Deleted { conversation_id }) => {
@@ -187,6 +212,7 @@ async fn inspect(path: &Path, runs: [RunId; 2]) -> Left {
                 .await
                 .unwrap();
             assert!(transcript.is_empty());
+            assert_eq!(doctor.blobs, Some(1), "only the neighbour's image");
             Left::Gone
         }
         Err(other) => panic!("neither whole nor gone: {other:?}"),
