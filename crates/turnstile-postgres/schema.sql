@@ -41,16 +41,18 @@ $$;
 CREATE FUNCTION public.turnstile_drop_blobs() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    parts text := to_jsonb(OLD) ->> TG_ARGV[0];
 BEGIN
     UPDATE blobs SET refs = blobs.refs - named.n
     FROM (SELECT hit[1] AS sha256, count(*) AS n
-          FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+          FROM regexp_matches(parts, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
           GROUP BY 1) AS named
     WHERE blobs.sha256 = named.sha256;
     DELETE FROM blobs
     WHERE refs <= 0
       AND sha256 IN (SELECT hit[1]
-                     FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit);
+                     FROM regexp_matches(parts, '"sha256":"([0-9a-f]{64})"', 'g') AS hit);
     RETURN NULL;
 END
 $$;
@@ -81,10 +83,11 @@ CREATE FUNCTION public.turnstile_take_blobs() RETURNS trigger
     AS $$
 DECLARE
     missing text;
+    parts text := to_jsonb(NEW) ->> TG_ARGV[0];
 BEGIN
     WITH named AS (
         SELECT hit[1] AS sha256, count(*) AS n
-        FROM regexp_matches(NEW.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+        FROM regexp_matches(parts, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
         GROUP BY 1
     ), taken AS (
         UPDATE blobs SET refs = blobs.refs + named.n FROM named
@@ -343,6 +346,7 @@ CREATE TABLE public.tool_calls (
     result bytea,
     created_at bigint NOT NULL,
     completed_at bigint,
+    result_parts text,
     CONSTRAINT tool_calls_status_check CHECK ((status = ANY (ARRAY['requested'::text, 'completed'::text, 'failed'::text])))
 );
 
@@ -597,28 +601,49 @@ CREATE TRIGGER lease_follows_owner BEFORE UPDATE OF revision ON public.admission
 -- Name: run_messages run_message_drops_blobs; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE CONSTRAINT TRIGGER run_message_drops_blobs AFTER DELETE ON public.run_messages DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs();
+CREATE CONSTRAINT TRIGGER run_message_drops_blobs AFTER DELETE ON public.run_messages DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs('meta');
 
 
 --
 -- Name: run_messages run_message_takes_blobs; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON public.run_messages FOR EACH ROW WHEN ((strpos(new.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs();
+CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON public.run_messages FOR EACH ROW WHEN ((strpos(new.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs('meta');
+
+
+--
+-- Name: tool_calls tool_call_drops_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER tool_call_drops_blobs AFTER DELETE ON public.tool_calls DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.result_parts, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs('result_parts');
+
+
+--
+-- Name: tool_calls tool_result_drops_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER tool_result_drops_blobs AFTER UPDATE OF result_parts ON public.tool_calls DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.result_parts, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs('result_parts');
+
+
+--
+-- Name: tool_calls tool_result_takes_blobs; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER tool_result_takes_blobs AFTER UPDATE OF result_parts ON public.tool_calls FOR EACH ROW WHEN ((strpos(new.result_parts, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs('result_parts');
 
 
 --
 -- Name: transcript transcript_drops_blobs; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE CONSTRAINT TRIGGER transcript_drops_blobs AFTER DELETE ON public.transcript DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs();
+CREATE CONSTRAINT TRIGGER transcript_drops_blobs AFTER DELETE ON public.transcript DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((strpos(old.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_drop_blobs('meta');
 
 
 --
 -- Name: transcript transcript_takes_blobs; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON public.transcript FOR EACH ROW WHEN ((strpos(new.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs();
+CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON public.transcript FOR EACH ROW WHEN ((strpos(new.meta, '"sha256":"'::text) > 0)) EXECUTE FUNCTION public.turnstile_take_blobs('meta');
 
 
 --

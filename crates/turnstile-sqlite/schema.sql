@@ -96,7 +96,7 @@ CREATE TABLE tool_calls (
     status        TEXT NOT NULL CHECK (status IN ('requested', 'completed', 'failed')),
     result        TEXT,
     created_at    INTEGER NOT NULL,
-    completed_at  INTEGER,
+    completed_at  INTEGER, result_parts TEXT,
     PRIMARY KEY (request_id, turn, call_id)
 ) WITHOUT ROWID;
 
@@ -277,4 +277,39 @@ BEGIN
     WHERE blobs.sha256 = named.sha256;
     DELETE FROM blobs
     WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;
+
+CREATE TRIGGER tool_result_takes_blobs AFTER UPDATE OF result_parts ON tool_calls
+WHEN instr(NEW.result_parts, '"sha256"') > 0 OR instr(OLD.result_parts, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.result_parts)
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.result_parts) WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.result_parts) WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0
+      AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.result_parts));
+END;
+
+CREATE TRIGGER tool_call_drops_blobs AFTER DELETE ON tool_calls
+WHEN instr(OLD.result_parts, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.result_parts) WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0
+      AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.result_parts));
 END;

@@ -333,7 +333,7 @@ impl TurnWriter {
     /// Step 2: the tool's result journaled.
     pub async fn tool_result(&mut self, store: &dyn Store, call_id: &str) -> ToolResult {
         let result = ToolResult {
-            content: self.tool_output.clone(),
+            content: self.tool_output.clone().into(),
             is_error: false,
         };
         store
@@ -414,8 +414,12 @@ impl Tool for Lookup {
         }
     }
 
-    async fn call(&self, _: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
-        Ok(self.output.clone())
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
+        Ok(self.output.clone().into())
     }
 }
 

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use turnstile_core::admin::PruneOptions;
+use turnstile_core::store::ToolResult;
 use turnstile_core::{
     Attachment, BlobHash, CheckpointPhase, ConversationId, Error, Message, Part, Revision,
     StoreAdmin,
@@ -289,5 +290,71 @@ pub async fn a_part_over_the_limit_or_naming_unstored_bytes_is_refused_and_write
     )
     .await?;
     assert_eq!(stored_blobs(&*store).await?, (1, 100));
+    Ok(())
+}
+
+pub async fn a_tool_result_with_an_image_is_journaled_whole_and_its_blob_follows_the_result(
+    store: SharedAdmin,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let fence = admit(&*store, conversation, "take a screenshot").await?;
+    let asks = Message::assistant_with_calls("", vec![tool_call("shot", "{}")]);
+    store
+        .record_model_response(
+            &fence,
+            &checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1),
+            &asks,
+        )
+        .await?;
+
+    // A reference to bytes the store does not hold is refused.
+    let unheld: Attachment =
+        serde_json::from_value(serde_json::to_value(image(arbitrary(32, 1)))?)?;
+    let refused = ToolResult {
+        content: vec![Part::Image(unheld)].into(),
+        is_error: false,
+    };
+    match store.record_tool_result(&fence, 1, "shot", &refused).await {
+        Err(Error::InvalidInput(_)) => {}
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+    let journal = store.journal(fence.request_id, 1).await?;
+    assert_eq!(journal[0].result, None, "nothing journaled");
+
+    let screenshot = image(arbitrary(3000, 2));
+    let result = ToolResult {
+        content: vec![Part::text("taken \0"), Part::Image(screenshot.clone())].into(),
+        is_error: false,
+    };
+    store.record_tool_result(&fence, 1, "shot", &result).await?;
+    let journal = store.journal(fence.request_id, 1).await?;
+    assert_eq!(journal[0].result.as_ref(), Some(&result));
+    assert_eq!(stored_blobs(&*store).await?, (1, 3000));
+
+    // The turn's end moves the result into its tool message and clears the
+    // journal: the blob stays, named by the message.
+    let tool = Message::tool("shot", result.content.clone(), false);
+    store
+        .finish_turn(
+            &fence,
+            &checkpoint(fence.run_id, 1, CheckpointPhase::Ready, 3),
+            std::slice::from_ref(&tool),
+            None,
+        )
+        .await?;
+    let journal = store.journal(fence.request_id, 1).await?;
+    assert_eq!(journal[0].result, None, "the journal is cleared");
+    assert_eq!(stored_blobs(&*store).await?, (1, 3000));
+    assert_eq!(store.request_messages(fence.request_id, 3).await?[2], tool);
+    assert_loads(&*store, &screenshot, &arbitrary(3000, 2)).await?;
+
+    store
+        .abandon(conversation, fence.request_id, fence.revision)
+        .await?;
+    tick().await;
+    store
+        .prune(&PruneOptions::older_than(Duration::ZERO))
+        .await?;
+    assert_eq!(stored_blobs(&*store).await?, (0, 0));
     Ok(())
 }

@@ -72,6 +72,7 @@ macro_rules! suite {
     blobs::one_image_in_a_hundred_requests_and_a_fork_is_stored_once_until_its_last_reference_goes,
     blobs::prune_removes_a_blob_with_its_last_reference_and_keeps_a_named_one,
     blobs::a_part_over_the_limit_or_naming_unstored_bytes_is_refused_and_writes_nothing,
+    blobs::a_tool_result_with_an_image_is_journaled_whole_and_its_blob_follows_the_result,
     concurrency::concurrent_claims_at_one_revision_admit_exactly_one,
     concurrency::concurrent_recovery_claims_at_one_revision_admit_exactly_one,
     summaries::summary_pass_that_does_not_fit_the_transcript_conflicts_and_changes_nothing,

@@ -78,10 +78,10 @@ impl Message {
     }
 
     /// The result of the call `call_id`: its output, or what went wrong.
-    pub fn tool(call_id: impl Into<String>, content: impl Into<String>, is_error: bool) -> Self {
+    pub fn tool(call_id: impl Into<String>, content: impl Into<Content>, is_error: bool) -> Self {
         Message::Tool {
             call_id: call_id.into(),
-            content: Content::from(content.into()),
+            content: content.into(),
             is_error,
         }
     }
@@ -240,8 +240,8 @@ pub struct VerificationReport {
 /// The result of a tool call as journaled and shown to the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolResult {
-    /// The tool's output, or what went wrong.
-    pub content: String,
+    /// The tool's output (text, images, files), or what went wrong.
+    pub content: Content,
     /// Whether the call failed.
     pub is_error: bool,
 }

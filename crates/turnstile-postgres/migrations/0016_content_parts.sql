@@ -30,14 +30,17 @@ CREATE TABLE blobs (
 -- Images and documents come compressed: no point trying again.
 ALTER TABLE blobs ALTER COLUMN bytes SET STORAGE EXTERNAL;
 
+-- Each function reads the column named by its trigger's argument (`meta`
+-- of a message, `result_parts` of a tool call).
 CREATE FUNCTION turnstile_take_blobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     missing text;
+    parts text := to_jsonb(NEW) ->> TG_ARGV[0];
 BEGIN
     WITH named AS (
         SELECT hit[1] AS sha256, count(*) AS n
-        FROM regexp_matches(NEW.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+        FROM regexp_matches(parts, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
         GROUP BY 1
     ), taken AS (
         UPDATE blobs SET refs = blobs.refs + named.n FROM named
@@ -55,23 +58,25 @@ $$;
 
 CREATE FUNCTION turnstile_drop_blobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    parts text := to_jsonb(OLD) ->> TG_ARGV[0];
 BEGIN
     UPDATE blobs SET refs = blobs.refs - named.n
     FROM (SELECT hit[1] AS sha256, count(*) AS n
-          FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
+          FROM regexp_matches(parts, '"sha256":"([0-9a-f]{64})"', 'g') AS hit
           GROUP BY 1) AS named
     WHERE blobs.sha256 = named.sha256;
     DELETE FROM blobs
     WHERE refs <= 0
       AND sha256 IN (SELECT hit[1]
-                     FROM regexp_matches(OLD.meta, '"sha256":"([0-9a-f]{64})"', 'g') AS hit);
+                     FROM regexp_matches(parts, '"sha256":"([0-9a-f]{64})"', 'g') AS hit);
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages
 FOR EACH ROW WHEN (strpos(NEW.meta, '"sha256":"') > 0)
-EXECUTE FUNCTION turnstile_take_blobs();
+EXECUTE FUNCTION turnstile_take_blobs('meta');
 
 -- A reference is dropped when the transaction commits: one statement may
 -- move a message (a commit copies a request's pending messages into the
@@ -81,13 +86,33 @@ EXECUTE FUNCTION turnstile_take_blobs();
 CREATE CONSTRAINT TRIGGER run_message_drops_blobs AFTER DELETE ON run_messages
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW WHEN (strpos(OLD.meta, '"sha256":"') > 0)
-EXECUTE FUNCTION turnstile_drop_blobs();
+EXECUTE FUNCTION turnstile_drop_blobs('meta');
 
 CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON transcript
 FOR EACH ROW WHEN (strpos(NEW.meta, '"sha256":"') > 0)
-EXECUTE FUNCTION turnstile_take_blobs();
+EXECUTE FUNCTION turnstile_take_blobs('meta');
 
 CREATE CONSTRAINT TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW WHEN (strpos(OLD.meta, '"sha256":"') > 0)
-EXECUTE FUNCTION turnstile_drop_blobs();
+EXECUTE FUNCTION turnstile_drop_blobs('meta');
+
+-- A tool result with other parts than text (an image a tool returned) is
+-- journaled as its parts in `result_parts` (a JSON array; `result` then
+-- empty), its blobs counted like a message's until the turn's end clears
+-- the journal (the result is a message then).
+ALTER TABLE tool_calls ADD COLUMN result_parts text;
+
+CREATE TRIGGER tool_result_takes_blobs AFTER UPDATE OF result_parts ON tool_calls
+FOR EACH ROW WHEN (strpos(NEW.result_parts, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_take_blobs('result_parts');
+
+CREATE CONSTRAINT TRIGGER tool_result_drops_blobs AFTER UPDATE OF result_parts ON tool_calls
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (strpos(OLD.result_parts, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_drop_blobs('result_parts');
+
+CREATE CONSTRAINT TRIGGER tool_call_drops_blobs AFTER DELETE ON tool_calls
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (strpos(OLD.result_parts, '"sha256":"') > 0)
+EXECUTE FUNCTION turnstile_drop_blobs('result_parts');

@@ -247,9 +247,16 @@ impl Store for PostgresStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
-        autocommit!(self, |conn, retry| tool_result::record_tool_result(
-            conn, fence, turn, call_id, result, retry
-        ))
+        let output = std::iter::once(&result.content);
+        self.part_limits.check_contents(output.clone())?;
+        match StepBlobs::of_contents(output) {
+            None => autocommit!(self, |conn, retry| tool_result::record_tool_result(
+                conn, fence, turn, call_id, result, retry
+            )),
+            Some(blobs) => with_blobs!(self, &blobs, |conn, retry| {
+                tool_result::record_tool_result(conn, fence, turn, call_id, result, retry)
+            }),
+        }
     }
 
     async fn finish_turn(

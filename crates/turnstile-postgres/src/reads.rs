@@ -7,14 +7,15 @@ use uuid::Uuid;
 
 use super::codec::{db, text, to_i64, Row};
 use turnstile_core::backend::{
-    decode_budget, decode_budget_change, decode_message, AdmissionRow, CheckpointRow,
+    decode_budget, decode_budget_change, decode_message, decode_tool_result, AdmissionRow,
+    CheckpointRow,
 };
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
 use turnstile_core::store::{
     AgentChange, ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus,
-    RunRecord, RunStatus, StoredOutcome, ToolResult, TranscriptEntry,
+    RunRecord, RunStatus, StoredOutcome, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -212,7 +213,8 @@ pub(crate) async fn load_journal(
     turn: u32,
 ) -> Result<Vec<JournalEntry>, Error> {
     let rows = sqlx::query!(
-        "SELECT t.turn, t.call_id, t.run_id, t.name, t.arguments, t.status, t.result
+        "SELECT t.turn, t.call_id, t.run_id, t.name, t.arguments, t.status, t.result,
+             t.result_parts
          FROM request_ids k JOIN tool_calls t
              ON t.conversation_id = k.conversation_id AND t.request_id = k.request_id
          WHERE k.request_id = $1 AND t.turn = $2 ORDER BY t.position",
@@ -233,10 +235,12 @@ pub(crate) async fn load_journal(
                 .ok_or_else(|| row.corrupt(format!("unknown status {:?}", r.status)))?;
             let result = match (status, r.result) {
                 (JournalStatus::Requested, _) | (_, None) => None,
-                (_, Some(content)) => Some(ToolResult {
-                    content: text(&row, "result", content)?,
-                    is_error: status == JournalStatus::Failed,
-                }),
+                (_, Some(content)) => Some(decode_tool_result(
+                    &row,
+                    text(&row, "result", content)?,
+                    r.result_parts.as_deref(),
+                    status == JournalStatus::Failed,
+                )?),
             };
             Ok(JournalEntry {
                 turn: row.u32("turn", r.turn)?,

@@ -70,3 +70,44 @@ BEGIN
     DELETE FROM blobs
     WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
 END;
+
+-- A tool result with other parts than text (an image a tool returned) is
+-- journaled as its parts in `result_parts` (a JSON array; `result` then
+-- empty), its blobs counted like a message's until the turn's end clears
+-- the journal (the result is a message then).
+ALTER TABLE tool_calls ADD COLUMN result_parts TEXT;
+
+CREATE TRIGGER tool_result_takes_blobs AFTER UPDATE OF result_parts ON tool_calls
+WHEN instr(NEW.result_parts, '"sha256"') > 0 OR instr(OLD.result_parts, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.result_parts)
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.result_parts) WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.result_parts) WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0
+      AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.result_parts));
+END;
+
+CREATE TRIGGER tool_call_drops_blobs AFTER DELETE ON tool_calls
+WHEN instr(OLD.result_parts, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.result_parts) WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0
+      AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.result_parts));
+END;

@@ -340,9 +340,18 @@ impl Store for SqliteStore {
         call_id: &str,
         result: &ToolResult,
     ) -> Result<(), Error> {
+        let output = std::iter::once(&result.content);
+        self.part_limits.check_contents(output.clone())?;
         let step = Arc::new(tool_result::ToolResultStep::new(
             fence, turn, call_id, result,
-        ));
+        )?);
+        if let Some(blobs) = StepBlobs::of_contents(output) {
+            return self
+                .write_with_blobs(blobs, move |conn| {
+                    Box::pin(async move { step.write(conn).await })
+                })
+                .await;
+        }
         let row = step.clone();
         self.group
             .write_batchable(

@@ -5,13 +5,15 @@ use sqlx::SqliteConnection;
 
 use super::admission::AdmissionColumns;
 use super::codec::{db, decode_message, to_i64, Row};
-use turnstile_core::backend::{decode_budget, decode_budget_change, CheckpointRow};
+use turnstile_core::backend::{
+    decode_budget, decode_budget_change, decode_tool_result, CheckpointRow,
+};
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
 use turnstile_core::message::{Message, VerificationReport};
 use turnstile_core::store::{
     AgentChange, ClaimContext, JournalEntry, JournalStatus, RequestRecord, RequestStatus,
-    RunRecord, RunStatus, StoredOutcome, ToolResult, TranscriptEntry,
+    RunRecord, RunStatus, StoredOutcome, TranscriptEntry,
 };
 use turnstile_core::Error;
 
@@ -231,7 +233,7 @@ pub(super) async fn load_journal(
     let uuid = request_id.as_uuid();
     let turn = i64::from(turn);
     let rows = sqlx::query!(
-        "SELECT turn, call_id, run_id, name, arguments, status, result FROM tool_calls
+        "SELECT turn, call_id, run_id, name, arguments, status, result, result_parts FROM tool_calls
          WHERE request_id = ?1 AND turn = ?2 ORDER BY position",
         uuid,
         turn
@@ -250,10 +252,12 @@ pub(super) async fn load_journal(
                 .ok_or_else(|| row.corrupt(format!("unknown status {:?}", r.status)))?;
             let result = match (status, r.result) {
                 (JournalStatus::Requested, _) | (_, None) => None,
-                (_, Some(content)) => Some(ToolResult {
-                    content,
-                    is_error: status == JournalStatus::Failed,
-                }),
+                (_, Some(text)) => Some(decode_tool_result(
+                    &row,
+                    text,
+                    r.result_parts.as_deref(),
+                    status == JournalStatus::Failed,
+                )?),
             };
             Ok(JournalEntry {
                 turn: row.u32("turn", r.turn)?,

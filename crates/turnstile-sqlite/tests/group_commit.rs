@@ -721,7 +721,7 @@ async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -
         let store = store.clone();
         Box::pin(async move {
             let result = ToolResult {
-                content,
+                content: content.into(),
                 is_error: false,
             };
             store.record_tool_result(&fence, 1, call_id, &result).await
@@ -755,8 +755,11 @@ async fn a_crowd_of_tool_results_shares_one_statement_and_refusals_are_named() -
         let journal = store.journal(fence.request_id, 1).await?;
         assert_eq!(journal.len(), 1, "{journal:?}");
         assert_eq!(journal[0].status, JournalStatus::Completed);
-        let stored = journal[0].result.as_ref().map(|r| r.content.as_str());
-        assert_eq!(stored, Some(format!("result {i}").as_str()));
+        let stored = journal[0]
+            .result
+            .as_ref()
+            .map(|r| r.content.as_plain_text());
+        assert_eq!(stored.flatten(), Some(format!("result {i}").as_str()));
     }
     let journal = store.journal(zombie.request_id, 1).await?;
     assert_eq!(

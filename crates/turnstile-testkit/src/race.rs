@@ -947,7 +947,11 @@ impl Tool for Noop {
         }
     }
 
-    async fn call(&self, _arguments: Value, _context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        _context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         tokio::task::yield_now().await;
         Ok("done".into())
     }

@@ -80,9 +80,13 @@ impl Tool for CountingTool {
         spec(&self.name)
     }
 
-    async fn call(&self, _arguments: Value, context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         let n = self.tally.record(&context);
-        Ok(format!("{} call {n}", self.name))
+        Ok(format!("{} call {n}", self.name).into())
     }
 }
 
@@ -134,13 +138,17 @@ impl Tool for BlockingTool {
         spec(&self.name)
     }
 
-    async fn call(&self, _arguments: Value, context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         let n = self.tally.record(&context);
         if n <= self.blocking_calls {
             self.entered.notify_one();
             self.release.notified().await;
         }
-        Ok(format!("{} call {n}", self.name))
+        Ok(format!("{} call {n}", self.name).into())
     }
 }
 
@@ -174,12 +182,16 @@ impl Tool for StallingTool {
         spec(&self.name)
     }
 
-    async fn call(&self, _arguments: Value, context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         let n = self.tally.record(&context);
         if n == 1 {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
-        Ok(format!("{} call {n}", self.name))
+        Ok(format!("{} call {n}", self.name).into())
     }
 }
 
@@ -215,12 +227,16 @@ impl Tool for CancellingTool {
         spec(&self.name)
     }
 
-    async fn call(&self, _arguments: Value, context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         let n = self.tally.record(&context);
         if n == 1 {
             self.token.cancel();
         }
-        Ok(format!("{} call {n}", self.name))
+        Ok(format!("{} call {n}", self.name).into())
     }
 }
 
@@ -233,7 +249,11 @@ impl Tool for FailingTool {
         spec("failing")
     }
 
-    async fn call(&self, _arguments: Value, _context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        _context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         Err(ToolError::new("disk on fire"))
     }
 }
@@ -247,7 +267,11 @@ impl Tool for PanickingTool {
         spec("panicking")
     }
 
-    async fn call(&self, _arguments: Value, _context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        _context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         panic!("the panicking tool panicked on purpose");
     }
 }
@@ -261,7 +285,11 @@ impl Tool for SleepingTool {
         spec("sleeping")
     }
 
-    async fn call(&self, _arguments: Value, _context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        _context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         Ok("woke up".into())
     }
@@ -298,9 +326,9 @@ impl Tool for Echo {
         }
     }
 
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        echo(&args)
+        echo(&args).map(turnstile::Content::from)
     }
 }
 
@@ -346,12 +374,12 @@ impl Tool for Stall {
         spec("stall")
     }
 
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
             self.started.notify_one();
             std::future::pending::<()>().await;
         }
-        echo(&args)
+        echo(&args).map(turnstile::Content::from)
     }
 }
 
@@ -429,7 +457,7 @@ impl Tool for Effect {
         }
     }
 
-    async fn call(&self, _args: Value, ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, _args: Value, ctx: ToolContext) -> Result<turnstile::Content, ToolError> {
         append_line(&self.log, &ctx.call_id).map_err(|e| ToolError::new(e.to_string()))?;
         if let Some((call_id, hold)) = &self.held {
             if *call_id == ctx.call_id {
@@ -443,6 +471,6 @@ impl Tool for Effect {
         if !self.sleep.is_zero() {
             tokio::time::sleep(self.sleep).await;
         }
-        Ok(format!("{} done", self.name))
+        Ok(format!("{} done", self.name).into())
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use turnstile::{
-    async_trait, Agent, AgentSession, ContextPolicy, ConversationId, Namespace, RequestId,
+    async_trait, Agent, AgentSession, Content, ContextPolicy, ConversationId, Namespace, RequestId,
     RunContext, ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall, ToolContext, ToolError,
     ToolSpec,
 };
@@ -29,12 +29,12 @@ impl Tool for WordCount {
         }
     }
 
-    async fn call(&self, args: serde_json::Value, ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: serde_json::Value, ctx: ToolContext) -> Result<Content, ToolError> {
         let text = args["text"]
             .as_str()
             .ok_or_else(|| ToolError::new("text must be a string"))?;
         println!("word_count runs once, key {}", ctx.idempotency_key);
-        Ok(text.split_whitespace().count().to_string())
+        Ok(text.split_whitespace().count().to_string().into())
     }
 }
 

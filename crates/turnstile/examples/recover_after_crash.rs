@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 use turnstile::{
-    async_trait, Agent, AgentSession, ContextPolicy, ConversationId, Error, Namespace, RequestId,
-    ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall,
+    async_trait, Agent, AgentSession, Content, ContextPolicy, ConversationId, Error, Namespace,
+    RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall,
     ToolContext, ToolError, ToolSpec, Usage,
 };
 
@@ -30,7 +30,7 @@ impl Tool for Charge {
         }
     }
 
-    async fn call(&self, args: serde_json::Value, ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: serde_json::Value, ctx: ToolContext) -> Result<Content, ToolError> {
         println!(
             "  charge {} cents (key {})",
             args["cents"], ctx.idempotency_key

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use serde_json::json;
 use turnstile::{
-    async_trait, Agent, AgentSession, ContextPolicy, ConversationId, Event, Namespace, RequestId,
-    RunContext, ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall, ToolContext, ToolError,
-    ToolSpec,
+    async_trait, Agent, AgentSession, Content, ContextPolicy, ConversationId, Event, Namespace,
+    RequestId, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall, ToolContext,
+    ToolError, ToolSpec,
 };
 
 struct Clock;
@@ -25,7 +25,7 @@ impl Tool for Clock {
         }
     }
 
-    async fn call(&self, _: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, _: serde_json::Value, _: ToolContext) -> Result<Content, ToolError> {
         Ok("12:00".into())
     }
 }

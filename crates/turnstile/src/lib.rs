@@ -13,7 +13,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use turnstile::{
+//! use turnstile::{Content,
 //!     Agent, AgentSession, ContextPolicy, ConversationId, Namespace, RequestId, RunContext,
 //!     ScriptedModel, ScriptedReply, SqliteStore, Tool, ToolCall, ToolContext, ToolError,
 //!     ToolSpec, Usage,
@@ -35,10 +35,10 @@
 //!         }
 //!     }
 //!
-//!     async fn call(&self, args: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
+//!     async fn call(&self, args: serde_json::Value, _: ToolContext) -> Result<Content, ToolError> {
 //!         let (a, b) = (args["a"].as_i64(), args["b"].as_i64());
 //!         match (a, b) {
-//!             (Some(a), Some(b)) => Ok((a + b).to_string()),
+//!             (Some(a), Some(b)) => Ok((a + b).to_string().into()),
 //!             _ => Err(ToolError::new("a and b must be integers")),
 //!         }
 //!     }

@@ -37,8 +37,8 @@ impl Tool for Add {
         }
     }
 
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
-        add(&args["a"], &args["b"])
+    async fn call(&self, args: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
+        add(&args["a"], &args["b"]).map(turnstile::Content::from)
     }
 }
 
@@ -69,14 +69,16 @@ impl Tool for Clock {
         }
     }
 
-    async fn call(&self, _: Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, _: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
         let now = SystemTime::now();
         // RFC 3339 dates run from 1970 (as Unix time) to 9999.
         let last = UNIX_EPOCH + std::time::Duration::from_secs(253_402_300_799);
         if now < UNIX_EPOCH || now > last {
             return Err(ToolError::new("the system clock is outside 1970-9999"));
         }
-        Ok(humantime::format_rfc3339_seconds(now).to_string())
+        Ok(turnstile::Content::from(
+            humantime::format_rfc3339_seconds(now).to_string(),
+        ))
     }
 }
 
@@ -97,11 +99,13 @@ impl Tool for WordCount {
         }
     }
 
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
         let text = args["text"]
             .as_str()
             .ok_or_else(|| ToolError::new("text must be a string"))?;
-        Ok(text.split_whitespace().count().to_string())
+        Ok(turnstile::Content::from(
+            text.split_whitespace().count().to_string(),
+        ))
     }
 }
 
@@ -129,7 +133,7 @@ mod tests {
         assert!(Add.call(json!({"a": "x", "b": 2}), ctx()).await.is_err());
         let big = Add.call(json!({"a": i64::MAX, "b": 1}), ctx()).await;
         // Past i64, the sum is a float rather than an overflow.
-        let big: f64 = big.unwrap().parse().unwrap();
+        let big: f64 = big.unwrap().text().parse().unwrap();
         assert_eq!(big, 9_223_372_036_854_775_808.0);
     }
 
@@ -144,7 +148,12 @@ mod tests {
 
     #[tokio::test]
     async fn clock_reads_a_current_time() {
-        let now = Clock.call(json!({}), ctx()).await.unwrap();
+        let now = Clock
+            .call(json!({}), ctx())
+            .await
+            .unwrap()
+            .text()
+            .into_owned();
         assert!(now.starts_with("20") && now.ends_with('Z'), "{now}");
     }
 }

@@ -36,7 +36,7 @@ impl Tool for Fail {
         spec("fail")
     }
 
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
         Err(ToolError::new(
             args.get("text")
                 .and_then(Value::as_str)

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::ids::{RequestId, RunId};
-use crate::message::ToolSpec;
+use crate::message::{Content, ToolSpec};
 
 /// What a tool call knows about where it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,11 +40,14 @@ pub trait Tool: Send + Sync {
     /// Name, description and JSON-schema parameters, as the model sees them.
     fn spec(&self) -> ToolSpec;
 
-    /// Runs the tool on parsed JSON arguments. Errors, timeouts and panics
-    /// become error results for the model; they never crash the run.
+    /// Runs the tool on parsed JSON arguments. Its output is text
+    /// (`Ok(text.into())`) or parts: text, images and files
+    /// (`Ok(Content::new(parts))`), stored with the call's journal entry
+    /// and its tool message. Errors, timeouts and panics become error
+    /// results for the model; they never crash the run.
     async fn call(
         &self,
         arguments: serde_json::Value,
         context: ToolContext,
-    ) -> Result<String, ToolError>;
+    ) -> Result<Content, ToolError>;
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::Error;
-use crate::message::{BlobHash, Message};
+use crate::message::{BlobHash, Content, Message};
 
 /// The blobs the messages of one step name: the bytes to store (each
 /// once), and the hashes of attachments given without their bytes, which
@@ -23,11 +23,14 @@ impl StepBlobs {
     /// The blobs `messages` name; `None` when they name none, so that a
     /// text-only step is written as it always was.
     pub fn of(messages: &[Message]) -> Option<Self> {
+        Self::of_contents(messages.iter().map(Message::content))
+    }
+
+    /// The blobs these contents (a tool result's, say) name, as
+    /// [`StepBlobs::of`].
+    pub fn of_contents<'a>(contents: impl IntoIterator<Item = &'a Content>) -> Option<Self> {
         let mut blobs = Self::default();
-        for attachment in messages
-            .iter()
-            .flat_map(|message| message.content().attachments())
-        {
+        for attachment in contents.into_iter().flat_map(Content::attachments) {
             match attachment.bytes() {
                 Some(bytes) => {
                     blobs

@@ -10,7 +10,7 @@ use crate::agent::Budget;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
-use crate::message::{Message, Usage, VerificationReport};
+use crate::message::{Content, Message, ToolResult, Usage, VerificationReport};
 use crate::store::{
     ActiveAdmission, Admission, BudgetChange, InputHash, Metadata, SummaryPass, SummaryProgress,
 };
@@ -185,6 +185,36 @@ pub fn decode_message(
     fields.insert("content".into(), content);
     serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| row.corrupt(format!("message: {e}")))
+}
+
+/// A tool result's content as its journal columns: plain text in
+/// `result` (as it is, never JSON-escaped) with no `result_parts`; other
+/// content as an empty `result` and its parts as a JSON array in
+/// `result_parts`.
+pub fn tool_result_columns(result: &ToolResult) -> Result<(String, Option<String>), Error> {
+    match result.content.as_plain_text() {
+        Some(text) => Ok((text.to_owned(), None)),
+        None => Ok((String::new(), Some(to_json(&result.content)?))),
+    }
+}
+
+/// Rebuilds a journaled tool result from its `result` and `result_parts`
+/// columns: the inverse of [`tool_result_columns`].
+pub fn decode_tool_result(
+    row: &Row<'_>,
+    text: String,
+    parts: Option<&str>,
+    is_error: bool,
+) -> Result<ToolResult, Error> {
+    let content = match parts {
+        None => Content::from(text),
+        Some(_) if !text.is_empty() => {
+            return Err(row.corrupt("a result with parts has a text column"))
+        }
+        Some(parts) => serde_json::from_str::<Content>(parts)
+            .map_err(|e| row.corrupt(format!("result_parts: {e}")))?,
+    };
+    Ok(ToolResult { content, is_error })
 }
 
 /// An admission row as every backend reads it (ids already as uuids),

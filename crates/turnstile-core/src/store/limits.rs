@@ -1,7 +1,7 @@
 //! How much one message may hold.
 
 use crate::error::Error;
-use crate::message::{Message, Part};
+use crate::message::{Content, Message, Part};
 
 /// Limits on a message's content, in bytes, that a store checks before it
 /// writes a message: over a limit is [`Error::InvalidInput`] and nothing is
@@ -24,9 +24,18 @@ impl PartLimits {
     /// Checks every message; the first one over a limit is refused, saying
     /// which part of which message and what the limit is.
     pub fn check(&self, messages: &[Message]) -> Result<(), Error> {
-        for (index, message) in messages.iter().enumerate() {
+        self.check_contents(messages.iter().map(Message::content))
+    }
+
+    /// Checks each content as [`PartLimits::check`] checks a message's (a
+    /// tool result's, say).
+    pub fn check_contents<'a>(
+        &self,
+        contents: impl IntoIterator<Item = &'a Content>,
+    ) -> Result<(), Error> {
+        for (index, content) in contents.into_iter().enumerate() {
             let mut total: u64 = 0;
-            for (position, part) in message.content().parts().iter().enumerate() {
+            for (position, part) in content.parts().iter().enumerate() {
                 let size = part_size(part);
                 if size > self.max_part_bytes {
                     return Err(Error::InvalidInput(format!(

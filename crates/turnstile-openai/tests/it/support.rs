@@ -291,10 +291,10 @@ impl Tool for Add {
         add_spec()
     }
 
-    async fn call(&self, args: Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, _: ToolContext) -> Result<turnstile::Content, ToolError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         match (args["a"].as_i64(), args["b"].as_i64()) {
-            (Some(a), Some(b)) => Ok((a + b).to_string()),
+            (Some(a), Some(b)) => Ok((a + b).to_string().into()),
             _ => Err(ToolError::new("a and b must be integers")),
         }
     }

@@ -11,6 +11,7 @@ use sqlx::PgConnection;
 
 use super::fenced;
 use crate::codec::{db, now_ms, to_i64};
+use turnstile_core::backend::tool_result_columns;
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
 
@@ -28,6 +29,7 @@ pub(crate) async fn record_tool_result(
     } else {
         "completed"
     };
+    let (text, parts) = tool_result_columns(result)?;
     let row = sqlx::query!(
         r#"WITH fence AS (
                SELECT conversation_id FROM admissions
@@ -35,7 +37,8 @@ pub(crate) async fn record_tool_result(
                  AND active_request_id = $4
                FOR UPDATE
            ), journaled AS (
-               UPDATE tool_calls t SET status = $6, result = $7, completed_at = $5
+               UPDATE tool_calls t SET status = $6, result = $7, completed_at = $5,
+                   result_parts = $10
                FROM fence f
                WHERE t.conversation_id = f.conversation_id AND t.request_id = $4 AND t.turn = $8
                  AND t.call_id = $9 AND t.status = 'requested'
@@ -52,9 +55,10 @@ pub(crate) async fn record_tool_result(
         fence.request_id.as_uuid(),
         now_ms(),
         status,
-        result.content.as_bytes(),
+        text.as_bytes(),
         i64::from(turn),
-        call_id.as_bytes()
+        call_id.as_bytes(),
+        parts.as_deref()
     )
     .fetch_one(&mut *conn)
     .await
@@ -65,7 +69,17 @@ pub(crate) async fn record_tool_result(
     if row.journaled == 1 {
         return Ok(());
     }
-    if retry && result_stored(conn, fence, turn, call_id, status, result).await? {
+    if retry
+        && result_stored(
+            conn,
+            fence,
+            turn,
+            call_id,
+            status,
+            (&text, parts.as_deref()),
+        )
+        .await?
+    {
         return Ok(());
     }
     Err(Error::InvalidInput(format!(
@@ -82,18 +96,20 @@ async fn result_stored(
     turn: u32,
     call_id: &str,
     status: &str,
-    result: &ToolResult,
+    (text, parts): (&str, Option<&str>),
 ) -> Result<bool, Error> {
     sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM tool_calls
                WHERE conversation_id = $1 AND request_id = $2 AND turn = $3 AND call_id = $4
-                 AND status = $5 AND result = $6) AS "stored!""#,
+                 AND status = $5 AND result = $6
+                 AND result_parts IS NOT DISTINCT FROM $7) AS "stored!""#,
         fence.conversation_id.as_uuid(),
         fence.request_id.as_uuid(),
         i64::from(turn),
         call_id.as_bytes(),
         status,
-        result.content.as_bytes()
+        text.as_bytes(),
+        parts
     )
     .fetch_one(&mut *conn)
     .await

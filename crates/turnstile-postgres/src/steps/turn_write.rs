@@ -266,7 +266,7 @@ pub(crate) async fn write_step(
                FROM fence f, UNNEST($29::bytea[], $30::bytea[], $31::bytea[])
                    WITH ORDINALITY AS c(id, name, arguments, position)
            ), compacted AS (
-               UPDATE tool_calls t SET arguments = NULL, result = NULL
+               UPDATE tool_calls t SET arguments = NULL, result = NULL, result_parts = NULL
                FROM fence f
                WHERE t.conversation_id = f.conversation_id AND t.request_id = $4
                  AND t.turn = $32

@@ -14,6 +14,7 @@ use sqlx::SqliteConnection;
 use super::{fenced, FenceKeys};
 use crate::batch::Applied;
 use crate::codec::{db, now_ms, to_json, FenceColumns};
+use turnstile_core::backend::tool_result_columns;
 use turnstile_core::store::{Fence, ToolResult};
 use turnstile_core::Error;
 
@@ -24,6 +25,7 @@ pub(crate) struct ToolResultStep {
     call_id: String,
     status: &'static str,
     result: String,
+    result_parts: Option<String>,
 }
 
 /// A [`ToolResultStep`] as its row of a shared statement (`batch.rs`).
@@ -35,12 +37,20 @@ struct ToolResultRow<'a> {
     call_id: &'a str,
     status: &'a str,
     result: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_parts: Option<&'a str>,
     now: i64,
 }
 
 impl ToolResultStep {
-    pub(crate) fn new(fence: &Fence, turn: u32, call_id: &str, result: &ToolResult) -> Self {
-        Self {
+    pub(crate) fn new(
+        fence: &Fence,
+        turn: u32,
+        call_id: &str,
+        result: &ToolResult,
+    ) -> Result<Self, Error> {
+        let (text, parts) = tool_result_columns(result)?;
+        Ok(Self {
             fence: *fence,
             turn: i64::from(turn),
             call_id: call_id.to_owned(),
@@ -49,8 +59,9 @@ impl ToolResultStep {
             } else {
                 "completed"
             },
-            result: result.content.clone(),
-        }
+            result: text,
+            result_parts: parts,
+        })
     }
 
     /// Journals the result as a statement of its own, fenced in the same
@@ -61,7 +72,7 @@ impl ToolResultStep {
         let fence = &self.fence;
         let f = FenceColumns::of(fence);
         let journaled = sqlx::query!(
-            "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3
+            "UPDATE tool_calls SET status = ?1, result = ?2, completed_at = ?3, result_parts = ?10
              WHERE request_id = ?4 AND turn = ?5 AND call_id = ?6
                  AND status = 'requested'
                  AND EXISTS (SELECT 1 FROM admissions
@@ -75,7 +86,8 @@ impl ToolResultStep {
             self.call_id,
             f.conversation,
             f.revision,
-            f.run
+            f.run,
+            self.result_parts
         )
         .execute(&mut *conn)
         .await
@@ -102,6 +114,7 @@ impl ToolResultStep {
             call_id: &self.call_id,
             status: self.status,
             result: &self.result,
+            result_parts: self.result_parts.as_deref(),
             now: now_ms(),
         })
     }

@@ -58,7 +58,7 @@ BEGIN
     SELECT NEW.request_id, NEW.turn, value ->> '$.id', key, NEW.run_id, value ->> '$.name',
         value ->> '$.arguments', 'requested', NEW.now
     FROM json_each(NEW.calls);
-    UPDATE tool_calls SET arguments = NULL, result = NULL
+    UPDATE tool_calls SET arguments = NULL, result = NULL, result_parts = NULL
     WHERE NEW.compact AND request_id = NEW.request_id AND turn = NEW.turn;
     UPDATE runs SET status = 'failed', error = NEW.failure, ended_at = NEW.now
     WHERE NEW.failure IS NOT NULL AND run_id = NEW.run_id;

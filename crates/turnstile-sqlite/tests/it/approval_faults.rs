@@ -28,7 +28,11 @@ impl Tool for Deploy {
         }
     }
 
-    async fn call(&self, _: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         Ok("deployed".into())
     }
 }

@@ -317,7 +317,7 @@ impl Tool for CheckedTool {
         self.effect.spec()
     }
 
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<turnstile::Content, ToolError> {
         let journal = read_journal_patiently(&*self.journal, ctx.request_id, ctx.turn).await;
         if let Some(entry) = journal
             .iter()

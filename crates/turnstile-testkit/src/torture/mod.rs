@@ -366,11 +366,12 @@ impl Tool for EffectTool {
         }
     }
 
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<turnstile::Content, ToolError> {
         let key = ctx.idempotency_key;
         self.tracer
             .span(self.conversation, "tool", &key, self.work(&args, &key))
             .await
+            .map(turnstile::Content::from)
     }
 }
 

@@ -1053,7 +1053,11 @@ impl Tool for WorkTool {
         }
     }
 
-    async fn call(&self, _arguments: Value, _context: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        _arguments: Value,
+        _context: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         self.0.tool_runs.fetch_add(1, Ordering::SeqCst);
         if self.0.block_tool.load(Ordering::SeqCst) {
             self.0.block().await;

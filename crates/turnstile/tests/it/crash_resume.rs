@@ -41,7 +41,11 @@ impl Tool for WordCount {
         }
     }
 
-    async fn call(&self, args: serde_json::Value, ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        ctx: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
         let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -58,7 +62,9 @@ impl Tool for WordCount {
             std::future::pending::<()>().await;
         }
         let text = args["text"].as_str().unwrap_or_default();
-        Ok(text.split_whitespace().count().to_string())
+        Ok(turnstile::Content::from(
+            text.split_whitespace().count().to_string(),
+        ))
     }
 }
 

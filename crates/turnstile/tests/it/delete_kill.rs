@@ -39,8 +39,12 @@ impl Tool for Bulky {
         }
     }
 
-    async fn call(&self, _: serde_json::Value, _: ToolContext) -> Result<String, ToolError> {
-        Ok("b".repeat(1024))
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: ToolContext,
+    ) -> Result<turnstile::Content, ToolError> {
+        Ok("b".repeat(1024).into())
     }
 }
 

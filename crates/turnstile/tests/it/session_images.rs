@@ -209,3 +209,63 @@ async fn a_run_resumed_in_a_store_opened_afresh_sends_the_model_the_stored_bytes
         photo.bytes().map(|b| b.to_vec())
     );
 }
+
+/// A tool that returns a screenshot.
+struct Screenshot(Attachment);
+
+#[turnstile::async_trait]
+impl turnstile::Tool for Screenshot {
+    fn spec(&self) -> turnstile::ToolSpec {
+        turnstile::ToolSpec {
+            name: "snap".into(),
+            description: "takes a screenshot".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: turnstile::ToolContext,
+    ) -> Result<Content, turnstile::ToolError> {
+        Ok(Content::new(vec![
+            Part::text("the screen:"),
+            Part::Image(self.0.clone()),
+        ]))
+    }
+}
+
+#[tokio::test]
+async fn a_tool_that_returns_an_image_gives_the_model_its_bytes_and_the_transcript_keeps_it() {
+    let store = memory_store().await;
+    let shot = png(7, 20_000);
+    let model = ProbeModel::new(
+        vec![
+            tools_reply(vec![call("c1", "snap")], usage(1, 1)),
+            text_reply("a terminal", usage(1, 1)),
+        ],
+        0,
+    );
+    let conversation_id = ConversationId::new();
+    let session = session(
+        agent(model.clone(), vec![Arc::new(Screenshot(shot.clone()))]),
+        &store,
+        conversation_id,
+    );
+    session
+        .run(RequestId::new(), "what is on screen?", more_turns())
+        .await
+        .unwrap();
+    let seen = model.seen();
+    assert_eq!(images_sent(&seen[1]), [Ok(shot.bytes().unwrap().to_vec())]);
+    let transcript = store.transcript_window(conversation_id, 10).await.unwrap();
+    let tool = transcript
+        .iter()
+        .find(|e| e.message.role() == "tool")
+        .expect("the tool's message");
+    assert_eq!(
+        tool.message.content().attachments().collect::<Vec<_>>(),
+        [&shot]
+    );
+    assert_eq!(tool.message.text(), "the screen:");
+}

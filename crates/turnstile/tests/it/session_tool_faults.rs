@@ -238,7 +238,7 @@ impl Tool for Adder {
         &self,
         arguments: serde_json::Value,
         context: turnstile::ToolContext,
-    ) -> Result<String, turnstile::ToolError> {
+    ) -> Result<turnstile::Content, turnstile::ToolError> {
         self.0.call(arguments, context).await
     }
 }

@@ -30,10 +30,12 @@ use crate::error::{Error, ModelError};
 use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::ToolResult;
-use crate::message::{Message, ToolCall, VerificationReport};
-use crate::store::{ApprovalRecord, ApprovalStatus, Fence, JournalStatus, Store, StoredOutcome};
+use crate::message::{Content, Message, ToolCall, VerificationReport};
+use crate::store::{
+    ApprovalRecord, ApprovalStatus, Fence, JournalStatus, PartLimits, Store, StoredOutcome,
+};
 
-/// The largest tool output fed back to the model.
+/// The most text of one tool output fed back to the model.
 pub const MAX_TOOL_OUTPUT_BYTES: usize = 1 << 20;
 
 pub(super) struct RunLoop<'a> {
@@ -255,7 +257,7 @@ impl RunLoop<'_> {
                     turn,
                     call_id: call.id.clone(),
                     name: call.name.clone(),
-                    content: result.content.clone(),
+                    content: result.content.text().into_owned(),
                     is_error: result.is_error,
                     reused,
                 })
@@ -484,13 +486,12 @@ impl RunLoop<'_> {
             Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
             Ok(Err(join)) => error_result(format!("tool task failed: {join}")),
             Ok(Ok(Err(e))) => error_result(e.0),
-            Ok(Ok(Ok(content))) if content.len() > MAX_TOOL_OUTPUT_BYTES => error_result(format!(
-                "tool output of {} bytes exceeds the {MAX_TOOL_OUTPUT_BYTES}-byte limit",
-                content.len()
-            )),
-            Ok(Ok(Ok(content))) => ToolResult {
-                content,
-                is_error: false,
+            Ok(Ok(Ok(content))) => match oversize(&content) {
+                Some(why) => error_result(why),
+                None => ToolResult {
+                    content,
+                    is_error: false,
+                },
             },
         })
     }
@@ -623,9 +624,28 @@ fn rejection(reason: Option<&str>) -> String {
 
 fn error_result(content: String) -> ToolResult {
     ToolResult {
-        content,
+        content: content.into(),
         is_error: true,
     }
+}
+
+/// Why a tool's output is too large for the model, if it is: text past
+/// [`MAX_TOOL_OUTPUT_BYTES`], or an image or file past the default part
+/// limit ([`PartLimits`]).
+fn oversize(content: &Content) -> Option<String> {
+    let text = content.text().len();
+    if text > MAX_TOOL_OUTPUT_BYTES {
+        return Some(format!(
+            "tool output of {text} bytes exceeds the {MAX_TOOL_OUTPUT_BYTES}-byte limit"
+        ));
+    }
+    let limit = PartLimits::DEFAULT_MAX_PART_BYTES;
+    content.attachments().find(|a| a.size() > limit).map(|a| {
+        format!(
+            "tool output {} exceeds the {limit}-byte limit of a part",
+            a.describe()
+        )
+    })
 }
 
 /// Tool call ids key the journal: they must be present and distinct.

@@ -236,7 +236,7 @@ async fn long_request(shape: Turns) -> Result<Growth, Box<dyn std::error::Error 
                 .record_model_response(&fence, &answered, &assistant)
                 .await?;
             let result = ToolResult {
-                content: tool.text().into_owned(),
+                content: tool.text().into_owned().into(),
                 is_error: false,
             };
             store
