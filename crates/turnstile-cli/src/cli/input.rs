@@ -48,9 +48,10 @@ pub(super) fn read_input(arg: Option<String>) -> Result<String, CliError> {
 /// Files sent with the input: images as images, anything else as a file.
 #[derive(clap::Args, Debug, Default)]
 pub struct AttachArgs {
-    /// A file to send with the input (repeatable): PNG, JPEG, GIF and WebP
-    /// go as images, anything else as a file with its name. Stored once
-    /// however many requests send it.
+    /// A file to send with the input (repeatable): .png, .jpg, .jpeg, .gif
+    /// and .webp go as images; .pdf, .txt, .md, .csv and .json as files
+    /// with their names; any other type is refused. Stored once however
+    /// many requests send it.
     #[arg(long = "attach", value_name = "FILE")]
     pub files: Vec<PathBuf>,
 }
@@ -71,6 +72,21 @@ impl AttachArgs {
     }
 }
 
+/// The files `--attach` takes, by extension: their media type, and whether
+/// they go as an image.
+const ACCEPTED: [(&str, &str, bool); 10] = [
+    ("png", "image/png", true),
+    ("jpg", "image/jpeg", true),
+    ("jpeg", "image/jpeg", true),
+    ("gif", "image/gif", true),
+    ("webp", "image/webp", true),
+    ("pdf", "application/pdf", false),
+    ("txt", "text/plain", false),
+    ("md", "text/markdown", false),
+    ("csv", "text/csv", false),
+    ("json", "application/json", false),
+];
+
 fn attachment(path: &Path) -> Result<Part, CliError> {
     let shown = path.display();
     let size = std::fs::metadata(path)
@@ -88,16 +104,17 @@ fn attachment(path: &Path) -> Result<Part, CliError> {
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    let (media_type, image) = match extension.as_deref() {
-        Some("png") => ("image/png", true),
-        Some("jpg" | "jpeg") => ("image/jpeg", true),
-        Some("gif") => ("image/gif", true),
-        Some("webp") => ("image/webp", true),
-        Some("pdf") => ("application/pdf", false),
-        Some("txt" | "md") => ("text/plain", false),
-        Some("json") => ("application/json", false),
-        _ => ("application/octet-stream", false),
+    let Some((_, media_type, image)) = ACCEPTED
+        .iter()
+        .find(|(ext, _, _)| extension.as_deref() == Some(*ext))
+    else {
+        let accepted: Vec<&str> = ACCEPTED.iter().map(|(ext, _, _)| *ext).collect();
+        return Err(CliError::Usage(format!(
+            "--attach {shown}: unknown file type; accepted: .{}",
+            accepted.join(", .")
+        )));
     };
+    let (media_type, image) = (*media_type, *image);
     let attachment = Attachment::new(media_type, bytes)
         .map_err(|e| CliError::Usage(format!("--attach {shown}: {e}")))?;
     Ok(match image {

@@ -151,6 +151,7 @@ fn report_without_store(
         awaiting_approval_admissions: None,
         blobs: None,
         blob_bytes: None,
+        unreferenced_blobs: None,
         not_checked,
     }
 }

@@ -43,6 +43,12 @@ fn show_marks_reasoning_and_its_json_holds_it_whole() {
         "{shown:#?}"
     );
     assert!(!shown.stdout.contains("secret plan"), "{shown:#?}");
+    let with_reasoning = turnstile(&["show", &conversation, "--db", db, "--reasoning"]);
+    with_reasoning.assert_success();
+    assert!(
+        with_reasoning.stdout.contains("secret plan"),
+        "{with_reasoning:#?}"
+    );
 
     let shown = turnstile(&["show", &conversation, "--db", db, "--json"]);
     shown.assert_success();
@@ -89,19 +95,45 @@ fn attached_files_are_stored_once_and_shown_by_what_they_are() {
         .assert_success();
     }
 
+    let photo_hash = hex_sha256(&std::fs::read(&photo).unwrap());
+    let notes_hash = hex_sha256(&std::fs::read(&notes).unwrap());
     let shown = turnstile(&["show", &conversation, "--db", db]);
     shown.assert_success();
+    let photo_mark = format!("[image image/png 40 KiB sha256:{}]", &photo_hash[..8]);
+    assert_eq!(shown.stdout.matches(&photo_mark).count(), 2, "{shown:#?}");
+    let notes_mark = format!(
+        "[file notes.pdf application/pdf 12 bytes sha256:{}]",
+        &notes_hash[..8]
+    );
+    assert!(shown.stdout.contains(&notes_mark), "{shown:#?}");
+
+    // Exported exactly: the bytes as base64 in each part, or once each in
+    // a directory.
+    let export = turnstile(&["export", &conversation, "--db", db]);
+    export.assert_success();
+    let first: serde_json::Value =
+        serde_json::from_str(export.stdout.lines().next().unwrap()).unwrap();
+    let parts = first["message"]["content"].as_array().unwrap();
+    assert_eq!(parts[1]["sha256"], photo_hash.as_str());
+    assert_eq!(parts[1]["data"], base64_of(&std::fs::read(&photo).unwrap()));
+    assert_eq!(parts[2]["data"], base64_of(b"%PDF-1.7 \0\x01\x02"));
+    let blobs = dir.path().join("blobs");
+    std::fs::create_dir(&blobs).unwrap();
+    let export = turnstile(&[
+        "export",
+        &conversation,
+        "--db",
+        db,
+        "--blobs",
+        blobs.to_str().unwrap(),
+    ]);
+    export.assert_success();
+    assert!(!export.stdout.contains("\"data\""), "{export:#?}");
     assert_eq!(
-        shown.stdout.matches("[image: image/png, 40 KiB]").count(),
-        2,
-        "{shown:#?}"
+        std::fs::read(blobs.join(&photo_hash)).unwrap(),
+        std::fs::read(&photo).unwrap()
     );
-    assert!(
-        shown
-            .stdout
-            .contains("[file: notes.pdf, application/pdf, 12 bytes]"),
-        "{shown:#?}"
-    );
+    assert_eq!(std::fs::read_dir(&blobs).unwrap().count(), 2);
 
     let doctor = turnstile(&["doctor", "--db", db, "--json"]);
     doctor.assert_success();
@@ -121,4 +153,32 @@ fn attached_files_are_stored_once_and_shown_by_what_they_are() {
         "hello",
     ]);
     missing.assert_error(2, "cannot read --attach");
+    let unknown = dir.path().join("tool.exe");
+    std::fs::write(&unknown, b"MZ").unwrap();
+    turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &conversation,
+        "--model",
+        &model,
+        "--attach",
+        unknown.to_str().unwrap(),
+        "hello",
+    ])
+    .assert_error(2, "accepted: .png, .jpg");
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -550,6 +550,10 @@ pub struct DoctorReport {
     pub blobs: Option<u64>,
     /// Their size in all.
     pub blob_bytes: Option<u64>,
+    /// Stored blobs no message or journaled tool result names, found by
+    /// reading every row's parts (not from the reference counts): 0 in a
+    /// healthy store.
+    pub unreferenced_blobs: Option<u64>,
     /// The checks that could not run, each with why (`admissions: …`).
     /// A check listed here says nothing either way.
     pub not_checked: Vec<String>,

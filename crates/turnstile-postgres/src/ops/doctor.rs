@@ -89,6 +89,7 @@ pub(super) async fn doctor(
         awaiting_approval_admissions: None,
         blobs: None,
         blob_bytes: None,
+        unreferenced_blobs: None,
         not_checked: Vec::new(),
     };
     let server = sqlx::query_scalar!(r#"SELECT current_setting('server_version') AS "v!""#)
@@ -189,8 +190,22 @@ pub(super) async fn doctor(
         }
         Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
+    // Named blobs are read from the rows themselves (as the triggers of
+    // migration 0016 find them), so a miscounted reference shows as an
+    // unreferenced blob.
     let blobs = sqlx::query!(
-        r#"SELECT COUNT(*) AS "count!", COALESCE(SUM(size), 0)::bigint AS "bytes!" FROM blobs"#
+        r#"SELECT COUNT(*) AS "count!", COALESCE(SUM(size), 0)::bigint AS "bytes!",
+                  COUNT(*) FILTER (WHERE sha256 NOT IN (
+                      SELECT h[1] FROM transcript t,
+                          regexp_matches(t.meta, '"sha256":"([0-9a-f]{64})"', 'g') h
+                      UNION
+                      SELECT h[1] FROM run_messages m,
+                          regexp_matches(m.meta, '"sha256":"([0-9a-f]{64})"', 'g') h
+                      UNION
+                      SELECT h[1] FROM tool_calls c,
+                          regexp_matches(c.result_parts, '"sha256":"([0-9a-f]{64})"', 'g') h
+                  )) AS "unreferenced!"
+           FROM blobs"#
     )
     .fetch_one(&store.pool)
     .await;
@@ -198,6 +213,7 @@ pub(super) async fn doctor(
         Ok(row) => {
             report.blobs = u64::try_from(row.count).ok();
             report.blob_bytes = u64::try_from(row.bytes).ok();
+            report.unreferenced_blobs = u64::try_from(row.unreferenced).ok();
         }
         Err(e) => report.not_checked.push(format!("blobs: {e}")),
     }

@@ -105,6 +105,7 @@ fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> Do
         awaiting_approval_admissions: None,
         blobs: None,
         blob_bytes: None,
+        unreferenced_blobs: None,
         not_checked: Vec::new(),
     }
 }
@@ -203,8 +204,21 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         }
         Err(e) => report.not_checked.push(format!("admissions: {e}")),
     }
+    // Named blobs are read from the rows themselves, so a miscounted
+    // reference shows as an unreferenced blob.
     let blobs = sqlx::query!(
-        r#"SELECT COUNT(*) AS "count!: i64", COALESCE(SUM(size), 0) AS "bytes!: i64" FROM blobs"#
+        r#"SELECT COUNT(*) AS "count!: i64", COALESCE(SUM(size), 0) AS "bytes!: i64",
+                  COALESCE(SUM(sha256 NOT IN (
+                      SELECT p.value ->> '$.sha256' FROM transcript t, json_each(t.meta, '$.parts') p
+                      WHERE instr(t.meta, '"sha256"') > 0 AND p.value ->> '$.sha256' IS NOT NULL
+                      UNION
+                      SELECT p.value ->> '$.sha256' FROM run_messages m, json_each(m.meta, '$.parts') p
+                      WHERE instr(m.meta, '"sha256"') > 0 AND p.value ->> '$.sha256' IS NOT NULL
+                      UNION
+                      SELECT p.value ->> '$.sha256' FROM tool_calls c, json_each(c.result_parts) p
+                      WHERE instr(c.result_parts, '"sha256"') > 0
+                          AND p.value ->> '$.sha256' IS NOT NULL)), 0) AS "unreferenced!: i64"
+           FROM blobs"#
     )
     .fetch_one(&mut *conn)
     .await;
@@ -212,6 +226,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         Ok(row) => {
             report.blobs = u64::try_from(row.count).ok();
             report.blob_bytes = u64::try_from(row.bytes).ok();
+            report.unreferenced_blobs = u64::try_from(row.unreferenced).ok();
         }
         Err(e) => report.not_checked.push(format!("blobs: {e}")),
     }

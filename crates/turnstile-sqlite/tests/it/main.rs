@@ -12,3 +12,4 @@ mod faults;
 mod fork_cost;
 mod message_meta;
 mod stuck_order;
+mod unreferenced_blobs;

@@ -59,6 +59,9 @@ pub struct ShowArgs {
     /// The namespace the conversation must be in (any when absent).
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
+    /// Print the text of the model's reasoning under its mark.
+    #[arg(long)]
+    pub reasoning: bool,
 }
 
 #[derive(Args, Debug)]
@@ -74,7 +77,8 @@ pub struct CheckpointsArgs {
 #[derive(Args, Debug)]
 pub struct ExportArgs {
     /// The conversation to export: one JSON line per transcript entry
-    /// (`seq`, `request_id`, `message`), in order.
+    /// (`seq`, `request_id`, `message`), in order; each image's and file's
+    /// bytes as base64 in its part (`data`).
     #[arg(value_name = "CONVERSATION")]
     pub conversation: ConversationId,
     /// The database: a SQLite file, or a PostgreSQL URL.
@@ -83,6 +87,10 @@ pub struct ExportArgs {
     /// The namespace the conversation must be in (any when absent).
     #[arg(long, value_name = "NS")]
     pub namespace: Option<Namespace>,
+    /// Write each image's and file's bytes once to this existing
+    /// directory, in a file named by its SHA-256, instead of as base64.
+    #[arg(long, value_name = "DIR")]
+    pub blobs: Option<std::path::PathBuf>,
 }
 
 /// Which finished requests `prune` trims.

@@ -1,11 +1,11 @@
-//! `show CONVERSATION`, `checkpoints RUN` and `export CONVERSATION`.
+//! `show CONVERSATION` and `checkpoints RUN`.
 
 use std::io::Write;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::args::{CheckpointsArgs, ExportArgs, ShowArgs};
+use super::args::{CheckpointsArgs, ShowArgs};
 use super::columns::{columns, utc};
 use super::list::mark;
 use crate::cli::access::Access;
@@ -25,11 +25,11 @@ use turnstile::StoreAdmin;
 /// without a change, as `ls` does by default.
 const STALE_AFTER: Duration = Duration::from_secs(300);
 /// Transcript entries read per query.
-const PAGE: u64 = 500;
+pub(super) const PAGE: u64 = 500;
 
 /// One transcript entry as `show --json` and `export` write it.
 #[derive(Serialize)]
-struct Entry<'a> {
+pub(super) struct Entry<'a> {
     seq: u64,
     request_id: RequestId,
     message: &'a Message,
@@ -151,7 +151,7 @@ pub(in crate::cli) async fn show(
                     style.dim(&format!("request {}", entry.request_id))
                 )?;
             }
-            message(out, style, entry)?;
+            message(out, style, entry, args.reasoning)?;
         }
         Ok(())
     }
@@ -160,8 +160,13 @@ pub(in crate::cli) async fn show(
 }
 
 /// `#seq role  text`; tool calls as `→ name(arguments) [id]`; continuation
-/// lines indented under the text.
-fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result<(), CliError> {
+/// lines indented under the text; reasoning's text only when asked for.
+fn message(
+    out: &mut dyn Write,
+    style: Style,
+    entry: &TranscriptEntry,
+    show_reasoning: bool,
+) -> Result<(), CliError> {
     let head = format!(
         "{:>4}  {:<9}  ",
         format!("#{}", entry.seq),
@@ -170,14 +175,15 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
     let pad = " ".repeat(head.chars().count());
     let text = entry.message.text();
     let content = output::plain(&text);
-    // Reasoning is marked, not shown: it is the provider's, kept to be sent
-    // back.
-    let mut lines: Vec<String> = entry
-        .message
-        .content()
-        .reasoning()
-        .map(|reasoning| style.dim(&reasoning_mark(reasoning)))
-        .collect();
+    // Reasoning is marked, and shown only when asked for: it is the
+    // provider's, kept to be sent back.
+    let mut lines: Vec<String> = Vec::new();
+    for reasoning in entry.message.content().reasoning() {
+        lines.push(style.dim(&reasoning_mark(reasoning)));
+        if let (true, Some(text)) = (show_reasoning, &reasoning.text) {
+            lines.extend(output::plain(text).lines().map(|l| style.dim(l)));
+        }
+    }
     lines.extend(content.lines().map(str::to_owned));
     // Images and files by what they are; their bytes are not read.
     lines.extend(
@@ -186,8 +192,7 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
             .content()
             .parts()
             .iter()
-            .filter(|part| !matches!(part, Part::Text { .. } | Part::Reasoning(_)))
-            .filter_map(Part::placeholder)
+            .filter_map(part_mark)
             .map(|mark| style.dim(&output::plain(&mark))),
     );
     match &entry.message {
@@ -223,24 +228,6 @@ fn message(out: &mut dyn Write, style: Style, entry: &TranscriptEntry) -> Result
         writeln!(out, "{}", format!("{lead}{line}").trim_end())?;
     }
     Ok(())
-}
-
-pub(in crate::cli) async fn export(args: ExportArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let store = open_store(&args.db, Access::Read).await?;
-    let result = async {
-        let conversation = find(store.as_ref(), args.conversation, args.namespace.as_ref()).await?;
-        for_each_page(store.as_ref(), &conversation, |page| {
-            for entry in &page {
-                output::json(out, &Entry::from(entry))?;
-            }
-            Ok(())
-        })
-        .await?;
-        out.flush()?;
-        Ok(())
-    }
-    .await;
-    crate::cli::store::closed(store.as_ref(), result).await
 }
 
 #[derive(Serialize)]
@@ -406,7 +393,7 @@ pub(in crate::cli) async fn checkpoints(
 }
 
 /// The conversation, in `namespace` when one is given.
-async fn find(
+pub(super) async fn find(
     store: &dyn StoreAdmin,
     id: ConversationId,
     namespace: Option<&Namespace>,
@@ -438,6 +425,37 @@ async fn for_each_page(
         from = to;
     }
     Ok(())
+}
+
+/// `[image image/png 34 KiB sha256:ab12cd34]`: what an image or file part
+/// is; `None` for text and reasoning.
+fn part_mark(part: &Part) -> Option<String> {
+    let (kind, attachment) = match part {
+        Part::Image(attachment) => ("image", attachment),
+        Part::File(attachment) => ("file", attachment),
+        Part::ImageUrl { url } => return Some(format!("[image {url}]")),
+        Part::Text { .. } | Part::Reasoning(_) => return None,
+    };
+    let hex = attachment.sha256().to_hex();
+    let name = attachment
+        .name()
+        .map(|n| format!("{n} "))
+        .unwrap_or_default();
+    Some(format!(
+        "[{kind} {name}{} {} sha256:{}]",
+        attachment.media_type(),
+        size_words(attachment.size()),
+        &hex[..8]
+    ))
+}
+
+/// `12 bytes`, `34 KiB`, `1.5 MiB`.
+fn size_words(n: u64) -> String {
+    match n {
+        n if n < 1024 => format!("{n} bytes"),
+        n if n < 1024 * 1024 => format!("{} KiB", n.div_ceil(1024)),
+        n => format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0)),
+    }
 }
 
 /// `[reasoning anthropic 1234 bytes, signed]`: what a reasoning part holds.

@@ -203,7 +203,7 @@ fn print_sqlite(out: &mut dyn Write, style: Style, report: &DoctorReport) -> Res
             ("database", bytes(report.database_bytes)),
             ("write-ahead log", bytes(report.wal_bytes)),
             ("admissions", admissions(style, report)),
-            ("blobs", blobs(report)),
+            ("blobs", blobs(style, report)),
         ],
     )
 }
@@ -248,7 +248,7 @@ fn print_postgres(
                 schema(style, report, "a writing command migrates it"),
             ),
             ("admissions", admissions(style, report)),
-            ("blobs", blobs(report)),
+            ("blobs", blobs(style, report)),
             (
                 "database",
                 format!(
@@ -319,14 +319,20 @@ fn admissions(style: Style, report: &DoctorReport) -> String {
     )
 }
 
-/// `N images and files stored once, 12345 bytes (12.1 KiB)`.
-fn blobs(report: &DoctorReport) -> String {
-    match (report.blobs, report.blob_bytes) {
-        (Some(count), Some(size)) => {
-            format!("{count} images and files stored once, {}", bytes(size))
-        }
-        _ => "unknown".into(),
-    }
+/// `N images and files stored once, 12345 bytes (12.1 KiB), 0 unreferenced`.
+fn blobs(style: Style, report: &DoctorReport) -> String {
+    let (Some(count), Some(size)) = (report.blobs, report.blob_bytes) else {
+        return "unknown".into();
+    };
+    let unreferenced = match report.unreferenced_blobs {
+        Some(0) => "0 unreferenced".to_owned(),
+        Some(n) => style.red(&format!("{n} unreferenced (a defect: please report it)")),
+        None => "unreferenced unknown".to_owned(),
+    };
+    format!(
+        "{count} images and files stored once, {}, {unreferenced}",
+        bytes(size)
+    )
 }
 
 /// `12345 bytes (12.1 KiB)`.

@@ -5,6 +5,7 @@
 
 mod args;
 mod columns;
+mod export;
 mod inspect;
 mod list;
 mod maintain;
@@ -13,6 +14,7 @@ pub use args::{
     parse_duration, CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs,
 };
 pub(super) use columns::{columns, utc};
-pub(super) use inspect::{checkpoints, export, show};
+pub(super) use export::export;
+pub(super) use inspect::{checkpoints, show};
 pub(super) use list::ls;
 pub(super) use maintain::{doctor, prune};
