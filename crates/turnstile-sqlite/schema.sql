@@ -223,8 +223,12 @@ CREATE TABLE step_set (
 CREATE TABLE blobs (
     sha256  TEXT PRIMARY KEY NOT NULL,
     size    INTEGER NOT NULL,
-    bytes   BLOB NOT NULL,
     refs    INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE blob_bytes (
+    sha256  TEXT PRIMARY KEY NOT NULL REFERENCES blobs (sha256) ON DELETE CASCADE,
+    bytes   BLOB NOT NULL
 );
 
 CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use turnstile_core::admin::PruneOptions;
-use turnstile_core::store::ToolResult;
+use turnstile_core::store::{ClaimOutcome, NewRequest, ToolResult};
 use turnstile_core::{
     Attachment, BlobHash, CheckpointPhase, ConversationId, Error, Message, Part, Revision,
     StoreAdmin,
@@ -163,12 +163,26 @@ pub async fn one_image_in_a_hundred_requests_and_a_fork_is_stored_once_until_its
     }
     assert_eq!(stored_blobs(&*store).await?, (1, 200 * 1024));
 
-    // A replayed claim with the image writes nothing, the blob included.
+    // A claim of a known request id writes nothing, the blobs of its input
+    // included: the same input, or another image (which a session refuses
+    // as a mismatch; the store answers with the stored request).
     let revision = store.admission(source).await?.revision;
     let mut claim = new_request(source, revision, "once");
     claim.input = Message::user_parts(vec![Part::Image(image(arbitrary(10, 2)))]);
     let fence = admitted(&*store, &claim).await?;
-    store.claim(&claim).await?;
+    assert_eq!(stored_blobs(&*store).await?, (2, 200 * 1024 + 10));
+    let another = Message::user_parts(vec![Part::Image(image(arbitrary(20, 3)))]);
+    for input in [claim.input.clone(), another] {
+        let again = NewRequest {
+            input,
+            ..claim.clone()
+        };
+        match store.claim(&again).await? {
+            ClaimOutcome::Existing(record) => assert_eq!(record.request_id, claim.request_id),
+            other => panic!("expected the stored request, got {other:?}"),
+        }
+        assert_eq!(stored_blobs(&*store).await?, (2, 200 * 1024 + 10));
+    }
     store
         .abandon(source, fence.request_id, fence.revision)
         .await?;
@@ -292,6 +306,20 @@ pub async fn a_part_over_the_limit_or_naming_unstored_bytes_is_refused_and_write
     )
     .await?;
     assert_eq!(stored_blobs(&*store).await?, (1, 100));
+
+    // A reference edited to claim another size is refused: it would pass
+    // the limits unchecked and fail every later model call.
+    let mut edited = serde_json::to_value(&photo)?;
+    edited["size"] = 1.into();
+    let edited: Attachment = serde_json::from_value(edited)?;
+    let revision = store.admission(conversation).await?.revision;
+    let mut claim = new_request(conversation, revision, "edited");
+    claim.input = Message::user_parts(vec![Part::Image(edited)]);
+    match store.claim(&claim).await {
+        Err(Error::InvalidInput(message)) => assert!(message.contains("holds 100"), "{message}"),
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+    assert_eq!(store.request(claim.request_id).await?, None);
     Ok(())
 }
 

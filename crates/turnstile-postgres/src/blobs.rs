@@ -8,20 +8,29 @@ use std::sync::Arc;
 use sqlx::PgConnection;
 
 use crate::codec::{db, to_i64};
-use turnstile_core::backend::{checked_blob, missing_blob, StepBlobs};
+use turnstile_core::backend::{checked_blob, missing_blob, wrong_blob_size, StepBlobs};
 use turnstile_core::message::BlobHash;
 use turnstile_core::Error;
 
-/// Stores the bytes a step's messages carry, each once, and locks the
-/// blobs they name without bytes (refused if one is not here): until the
-/// step commits, no concurrent delete can remove a blob it names.
+/// Stores the bytes a step's messages carry, each once, and locks every
+/// blob they name (one named without bytes is refused if it is not here,
+/// or not of the size the reference claims): until the step commits, no
+/// concurrent delete can remove a blob it names.
 pub(crate) async fn store(conn: &mut PgConnection, blobs: &StepBlobs) -> Result<(), Error> {
     for (sha256, bytes) in &blobs.loaded {
         let key = sha256.to_hex();
+        // Bytes already stored are locked, not sent again.
+        let held = sqlx::query_scalar!("SELECT size FROM blobs WHERE sha256 = $1 FOR UPDATE", key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("lock blob"))?;
+        if held.is_some() {
+            continue;
+        }
         let size = to_i64(bytes.len() as u64);
         let bytes: &[u8] = bytes;
-        // The no-op update locks a row that is there; one another
-        // transaction is deleting is waited for, then inserted again.
+        // The no-op update locks a row another transaction inserted
+        // meanwhile; one it is deleting is waited for, then inserted again.
         sqlx::query!(
             "INSERT INTO blobs (sha256, size, bytes) VALUES ($1, $2, $3)
              ON CONFLICT (sha256) DO UPDATE SET refs = blobs.refs",
@@ -33,17 +42,23 @@ pub(crate) async fn store(conn: &mut PgConnection, blobs: &StepBlobs) -> Result<
         .await
         .map_err(db("store blob"))?;
     }
-    for sha256 in &blobs.referenced {
+    for &(sha256, claimed) in &blobs.referenced {
         let key = sha256.to_hex();
-        let found = sqlx::query_scalar!(
-            "SELECT 1 AS \"found!: i32\" FROM blobs WHERE sha256 = $1 FOR UPDATE",
-            key
-        )
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db("lock blob"))?;
-        if found.is_none() {
-            return Err(missing_blob(*sha256));
+        let stored =
+            sqlx::query_scalar!("SELECT size FROM blobs WHERE sha256 = $1 FOR UPDATE", key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db("lock blob"))?;
+        match stored {
+            None => return Err(missing_blob(sha256)),
+            Some(size) if u64::try_from(size).ok() != Some(claimed) => {
+                return Err(wrong_blob_size(
+                    sha256,
+                    claimed,
+                    u64::try_from(size).unwrap_or(0),
+                ))
+            }
+            Some(_) => {}
         }
     }
     Ok(())

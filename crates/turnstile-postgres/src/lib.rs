@@ -195,9 +195,11 @@ impl Store for PostgresStore {
         let input = std::slice::from_ref(&claim.input);
         self.part_limits.check(input)?;
         match StepBlobs::of(input) {
-            None => autocommit!(self, |conn, retry| claim::claim(conn, claim, retry)),
+            None => autocommit!(self, |conn, retry| claim::claim(conn, claim, retry, false)),
             Some(blobs) => {
-                with_blobs!(self, &blobs, |conn, retry| claim::claim(conn, claim, retry))
+                with_blobs!(self, &blobs, |conn, retry| claim::claim(
+                    conn, claim, retry, true
+                ))
             }
         }
     }

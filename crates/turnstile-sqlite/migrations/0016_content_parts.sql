@@ -12,11 +12,19 @@
 -- in the same transaction as its last reference, never before, and a row
 -- cannot name a blob that is not here. The store writes a blob ahead of the
 -- first row that names it, in the row's transaction.
+--
+-- The bytes are a row of their own (`blob_bytes`): SQLite rebuilds a whole
+-- row to update one column, so a count kept beside megabytes of bytes would
+-- read them, and at times rewrite them, on every reference taken or dropped.
 CREATE TABLE blobs (
     sha256  TEXT PRIMARY KEY NOT NULL,
     size    INTEGER NOT NULL,
-    bytes   BLOB NOT NULL,
     refs    INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE blob_bytes (
+    sha256  TEXT PRIMARY KEY NOT NULL REFERENCES blobs (sha256) ON DELETE CASCADE,
+    bytes   BLOB NOT NULL
 );
 
 CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages

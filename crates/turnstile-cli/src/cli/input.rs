@@ -89,22 +89,11 @@ const ACCEPTED: [(&str, &str, bool); 10] = [
 
 fn attachment(path: &Path) -> Result<Part, CliError> {
     let shown = path.display();
-    let size = std::fs::metadata(path)
-        .map_err(|e| CliError::Usage(format!("cannot read --attach {shown}: {e}")))?
-        .len();
-    let limit = PartLimits::DEFAULT_MAX_PART_BYTES;
-    if size > limit {
-        return Err(CliError::Usage(format!(
-            "--attach {shown} holds {size} bytes, over the {limit}-byte limit of one part"
-        )));
-    }
-    let bytes = std::fs::read(path)
-        .map_err(|e| CliError::Usage(format!("cannot read --attach {shown}: {e}")))?;
     let extension = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    let Some((_, media_type, image)) = ACCEPTED
+    let Some(&(_, media_type, image)) = ACCEPTED
         .iter()
         .find(|(ext, _, _)| extension.as_deref() == Some(*ext))
     else {
@@ -114,7 +103,20 @@ fn attachment(path: &Path) -> Result<Part, CliError> {
             accepted.join(", .")
         )));
     };
-    let (media_type, image) = (*media_type, *image);
+    let unreadable =
+        |e: std::io::Error| CliError::Usage(format!("cannot read --attach {shown}: {e}"));
+    // One byte past the limit is enough to refuse: the size a file reports
+    // (none, for a device) is not trusted.
+    let limit = PartLimits::DEFAULT_MAX_PART_BYTES;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(limit + 1).read_to_end(&mut bytes))
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > limit {
+        return Err(CliError::Usage(format!(
+            "--attach {shown} holds over {limit} bytes, the limit of one part"
+        )));
+    }
     let attachment = Attachment::new(media_type, bytes)
         .map_err(|e| CliError::Usage(format!("--attach {shown}: {e}")))?;
     Ok(match image {

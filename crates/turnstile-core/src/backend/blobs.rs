@@ -15,8 +15,9 @@ use crate::message::{BlobHash, Content, Message};
 pub struct StepBlobs {
     /// Attachments with their bytes, by hash.
     pub loaded: BTreeMap<BlobHash, Arc<[u8]>>,
-    /// Attachments given as references only (read back from a store).
-    pub referenced: Vec<BlobHash>,
+    /// Attachments given as references only (read back from a store),
+    /// with the size each claims.
+    pub referenced: Vec<(BlobHash, u64)>,
 }
 
 impl StepBlobs {
@@ -38,12 +39,14 @@ impl StepBlobs {
                         .entry(attachment.sha256())
                         .or_insert_with(|| bytes.clone());
                 }
-                None => blobs.referenced.push(attachment.sha256()),
+                None => blobs
+                    .referenced
+                    .push((attachment.sha256(), attachment.size())),
             }
         }
         blobs
             .referenced
-            .retain(|hash| !blobs.loaded.contains_key(hash));
+            .retain(|(hash, _)| !blobs.loaded.contains_key(hash));
         blobs.referenced.sort_unstable();
         blobs.referenced.dedup();
         (!blobs.loaded.is_empty() || !blobs.referenced.is_empty()).then_some(blobs)
@@ -53,7 +56,7 @@ impl StepBlobs {
     pub fn hashes(&self) -> Vec<String> {
         self.loaded
             .keys()
-            .chain(&self.referenced)
+            .chain(self.referenced.iter().map(|(hash, _)| hash))
             .map(BlobHash::to_hex)
             .collect()
     }
@@ -64,6 +67,16 @@ pub fn missing_blob(sha256: BlobHash) -> Error {
     Error::InvalidInput(format!(
         "a part names the attachment {sha256}, which this store does not hold: send the \
          attachment with its bytes"
+    ))
+}
+
+/// The refusal of a reference that claims another size than the bytes it
+/// names have: an edited reference, which would pass the part limits
+/// unchecked and fail every later model call.
+pub fn wrong_blob_size(sha256: BlobHash, claimed: u64, stored: u64) -> Error {
+    Error::InvalidInput(format!(
+        "a part names the attachment {sha256} as {claimed} bytes, but it holds {stored}: \
+         send the reference as it was read back, or the attachment with its bytes"
     ))
 }
 

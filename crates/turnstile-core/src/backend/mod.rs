@@ -45,7 +45,7 @@ mod refusals;
 mod rows;
 mod stuck;
 
-pub use blobs::{checked_blob, missing_blob, StepBlobs};
+pub use blobs::{checked_blob, missing_blob, wrong_blob_size, StepBlobs};
 pub use refusals::{
     cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,
 };

@@ -29,14 +29,31 @@ pub(crate) async fn claim(
     conn: &mut PgConnection,
     claim: &NewRequest,
     retry: bool,
+    in_transaction: bool,
 ) -> Result<ClaimOutcome, Error> {
     // A claim of the same id elsewhere that committed after this statement's
     // snapshot makes its `request_ids` insert fail: the second try sees it.
+    // Inside a transaction (a claim whose input names blobs) the failed
+    // statement is undone to a savepoint, or the transaction could not go on.
     let input = message_columns(&claim.input)?;
     let mut attempt = 0;
     let claimed = loop {
+        if in_transaction {
+            sqlx::query("SAVEPOINT claim")
+                .execute(&mut *conn)
+                .await
+                .map_err(db("claim savepoint"))?;
+        }
         match claim_statement(conn, claim, &input).await {
-            Err(e) if attempt == 0 && crate::codec::is_unique_violation(&e) => attempt += 1,
+            Err(e) if attempt == 0 && crate::codec::is_unique_violation(&e) => {
+                attempt += 1;
+                if in_transaction {
+                    sqlx::query("ROLLBACK TO SAVEPOINT claim")
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db("claim savepoint"))?;
+                }
+            }
             result => break result.map_err(db("claim admission"))?,
         }
     };

@@ -22,7 +22,11 @@ async fn doctor_reports_a_blob_no_row_names_whatever_its_count_says() -> TestRes
     store.close().await?;
 
     let mut raw = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
-    sqlx::query("INSERT INTO blobs (sha256, size, bytes, refs) VALUES (?1, 3, x'010203', 1)")
+    sqlx::query("INSERT INTO blobs (sha256, size, refs) VALUES (?1, 3, 1)")
+        .bind("ab".repeat(32))
+        .execute(&mut raw)
+        .await?;
+    sqlx::query("INSERT INTO blob_bytes (sha256, bytes) VALUES (?1, x'010203')")
         .bind("ab".repeat(32))
         .execute(&mut raw)
         .await?;

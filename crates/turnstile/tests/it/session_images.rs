@@ -269,3 +269,43 @@ async fn a_tool_that_returns_an_image_gives_the_model_its_bytes_and_the_transcri
     );
     assert_eq!(tool.message.text(), "the screen:");
 }
+
+#[tokio::test]
+async fn a_tool_image_over_the_stores_limits_reaches_the_model_as_an_error_and_the_run_goes_on() {
+    let limits = turnstile::store::PartLimits {
+        max_part_bytes: 10_000,
+        max_message_bytes: 10_000,
+    };
+    let store: Arc<dyn turnstile::Store> = Arc::new(
+        turnstile::SqliteStore::in_memory()
+            .await
+            .unwrap()
+            .with_part_limits(limits),
+    );
+    let model = ProbeModel::new(
+        vec![
+            tools_reply(vec![call("c1", "snap")], usage(1, 1)),
+            text_reply("no screenshot, then", usage(1, 1)),
+        ],
+        0,
+    );
+    let session = session(
+        agent(model.clone(), vec![Arc::new(Screenshot(png(8, 20_000)))]),
+        &store,
+        ConversationId::new(),
+    );
+    let outcome = session
+        .run(RequestId::new(), "what is on screen?", more_turns())
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "no screenshot, then");
+    let results = tool_results(&outcome.messages);
+    assert_eq!(results.len(), 1);
+    let (_, text, is_error) = &results[0];
+    assert!(*is_error, "{results:?}");
+    assert!(
+        text.contains("not kept") && text.contains("10000"),
+        "{text}"
+    );
+    assert!(images_sent(&model.seen()[1]).is_empty());
+}

@@ -245,9 +245,7 @@ impl RunLoop<'_> {
                             continue;
                         }
                     };
-                    self.store
-                        .record_tool_result(&self.fence, turn, &call.id, &result)
-                        .await?;
+                    let result = self.journal_result(turn, &call.id, result).await?;
                     self.tool_running = false;
                     (result, false)
                 }
@@ -446,6 +444,32 @@ impl RunLoop<'_> {
             .filter(|e| e.status != JournalStatus::Requested)
             .filter_map(|e| e.result.map(|r| (e.call_id, r)))
             .collect())
+    }
+
+    /// Journals a tool's result. An output with images or files the store
+    /// refuses (over its part limits) is journaled as an error result
+    /// saying why, so the model hears of it and the run goes on.
+    async fn journal_result(
+        &self,
+        turn: u32,
+        call_id: &str,
+        result: ToolResult,
+    ) -> Result<ToolResult, Error> {
+        match self
+            .store
+            .record_tool_result(&self.fence, turn, call_id, &result)
+            .await
+        {
+            Ok(()) => Ok(result),
+            Err(Error::InvalidInput(why)) if result.content.attachments().next().is_some() => {
+                let refused = error_result(format!("the tool's output was not kept: {why}"));
+                self.store
+                    .record_tool_result(&self.fence, turn, call_id, &refused)
+                    .await?;
+                Ok(refused)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Runs one tool. Whatever goes wrong with the tool becomes an error
