@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::args::{CheckpointsArgs, ShowArgs};
 use super::columns::{columns, utc};
 use super::list::mark;
+use super::render;
 use crate::cli::access::Access;
 use crate::cli::exit::CliError;
 use crate::cli::output::{self, Style};
@@ -16,7 +17,7 @@ use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::agent::Budget;
 use turnstile::checkpoint::LoopCheckpoint;
 use turnstile::ids::{ConversationId, Namespace, RequestId};
-use turnstile::message::{Message, Part, Reasoning};
+use turnstile::message::Message;
 use turnstile::store::{BudgetChange, TranscriptEntry};
 use turnstile::Error;
 use turnstile::StoreAdmin;
@@ -151,83 +152,18 @@ pub(in crate::cli) async fn show(
                     style.dim(&format!("request {}", entry.request_id))
                 )?;
             }
-            message(out, style, entry, args.reasoning)?;
+            render::message(
+                out,
+                style,
+                &format!("#{}", entry.seq),
+                &entry.message,
+                args.reasoning,
+            )?;
         }
         Ok(())
     }
     .await;
     crate::cli::store::closed(store.as_ref(), result).await
-}
-
-/// `#seq role  text`; tool calls as `→ name(arguments) [id]`; continuation
-/// lines indented under the text; reasoning's text only when asked for.
-fn message(
-    out: &mut dyn Write,
-    style: Style,
-    entry: &TranscriptEntry,
-    show_reasoning: bool,
-) -> Result<(), CliError> {
-    let head = format!(
-        "{:>4}  {:<9}  ",
-        format!("#{}", entry.seq),
-        entry.message.role()
-    );
-    let pad = " ".repeat(head.chars().count());
-    let text = entry.message.text();
-    let content = output::plain(&text);
-    // Reasoning is marked, and shown only when asked for: it is the
-    // provider's, kept to be sent back.
-    let mut lines: Vec<String> = Vec::new();
-    for reasoning in entry.message.content().reasoning() {
-        lines.push(style.dim(&reasoning_mark(reasoning)));
-        if let (true, Some(text)) = (show_reasoning, &reasoning.text) {
-            lines.extend(output::plain(text).lines().map(|l| style.dim(l)));
-        }
-    }
-    lines.extend(content.lines().map(str::to_owned));
-    // Images and files by what they are; their bytes are not read.
-    lines.extend(
-        entry
-            .message
-            .content()
-            .parts()
-            .iter()
-            .filter_map(part_mark)
-            .map(|mark| style.dim(&output::plain(&mark))),
-    );
-    match &entry.message {
-        Message::Assistant { tool_calls, .. } => {
-            lines.extend(tool_calls.iter().map(|call| {
-                style.cyan(&output::plain(&format!(
-                    "→ {}({}) [{}]",
-                    call.name, call.arguments, call.id
-                )))
-            }));
-        }
-        Message::Tool {
-            call_id, is_error, ..
-        } => {
-            let call_id = output::plain(call_id);
-            let tag = if *is_error {
-                style.red(&format!("[{call_id}] error:"))
-            } else {
-                style.dim(&format!("[{call_id}]"))
-            };
-            match lines.first_mut() {
-                Some(first) => *first = format!("{tag} {first}"),
-                None => lines.push(tag),
-            }
-        }
-        _ => {}
-    }
-    if lines.is_empty() {
-        lines.push(String::new());
-    }
-    for (i, line) in lines.iter().enumerate() {
-        let lead = if i == 0 { head.as_str() } else { pad.as_str() };
-        writeln!(out, "{}", format!("{lead}{line}").trim_end())?;
-    }
-    Ok(())
 }
 
 #[derive(Serialize)]
@@ -425,56 +361,4 @@ async fn for_each_page(
         from = to;
     }
     Ok(())
-}
-
-/// `[image image/png 34 KiB sha256:ab12cd34]`: what an image or file part
-/// is; `None` for text and reasoning.
-fn part_mark(part: &Part) -> Option<String> {
-    let (kind, attachment) = match part {
-        Part::Image(attachment) => ("image", attachment),
-        Part::File(attachment) => ("file", attachment),
-        Part::ImageUrl { url } => return Some(format!("[image {url}]")),
-        Part::Text { .. } | Part::Reasoning(_) => return None,
-    };
-    let hex = attachment.sha256().to_hex();
-    let name = attachment
-        .name()
-        .map(|n| format!("{n} "))
-        .unwrap_or_default();
-    Some(format!(
-        "[{kind} {name}{} {} sha256:{}]",
-        attachment.media_type(),
-        size_words(attachment.size()),
-        &hex[..8]
-    ))
-}
-
-/// `12 bytes`, `34 KiB`, `1.5 MiB`.
-fn size_words(n: u64) -> String {
-    match n {
-        n if n < 1024 => format!("{n} bytes"),
-        n if n < 1024 * 1024 => format!("{} KiB", n.div_ceil(1024)),
-        n => format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0)),
-    }
-}
-
-/// `[reasoning anthropic 1234 bytes, signed]`: what a reasoning part holds.
-fn reasoning_mark(reasoning: &Reasoning) -> String {
-    let bytes = [&reasoning.text, &reasoning.redacted]
-        .into_iter()
-        .flatten()
-        .map(String::len)
-        .sum::<usize>();
-    let redacted = if reasoning.redacted.is_some() {
-        ", redacted"
-    } else {
-        ""
-    };
-    let signed = if reasoning.signature.is_some() {
-        ", signed"
-    } else {
-        ""
-    };
-    let provider = output::plain(&reasoning.provider);
-    format!("[reasoning {provider} {bytes} bytes{redacted}{signed}]")
 }

@@ -9,6 +9,7 @@ mod export;
 mod inspect;
 mod list;
 mod maintain;
+mod render;
 
 pub use args::{
     parse_duration, CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs,
