@@ -154,16 +154,41 @@ CREATE TABLE public.approvals (
 
 
 --
+-- Name: blob_bytes; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.blob_bytes (
+    blob bigint NOT NULL,
+    chunk integer NOT NULL,
+    bytes bytea NOT NULL
+);
+ALTER TABLE ONLY public.blob_bytes ALTER COLUMN bytes SET STORAGE PLAIN;
+
+
+--
 -- Name: blobs; Type: TABLE; Schema: public; Owner: -
 --
 
 CREATE TABLE public.blobs (
     sha256 text NOT NULL,
+    id bigint NOT NULL,
     size bigint NOT NULL,
-    bytes bytea NOT NULL,
     refs bigint DEFAULT 0 NOT NULL
 );
-ALTER TABLE ONLY public.blobs ALTER COLUMN bytes SET STORAGE EXTERNAL;
+
+
+--
+-- Name: blobs_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.blobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.blobs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 
 
 --
@@ -393,6 +418,22 @@ ALTER TABLE ONLY public.admissions
 
 ALTER TABLE ONLY public.approvals
     ADD CONSTRAINT approvals_pkey PRIMARY KEY (conversation_id, request_id, turn, "position");
+
+
+--
+-- Name: blob_bytes blob_bytes_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.blob_bytes
+    ADD CONSTRAINT blob_bytes_pkey PRIMARY KEY (blob, chunk);
+
+
+--
+-- Name: blobs blobs_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.blobs
+    ADD CONSTRAINT blobs_id_key UNIQUE (id);
 
 
 --
@@ -660,6 +701,14 @@ ALTER TABLE ONLY public.admissions
 
 ALTER TABLE ONLY public.approvals
     ADD CONSTRAINT approvals_conversation_id_request_id_turn_position_fkey FOREIGN KEY (conversation_id, request_id, turn, "position") REFERENCES public.tool_calls(conversation_id, request_id, turn, "position") ON DELETE CASCADE;
+
+
+--
+-- Name: blob_bytes blob_bytes_blob_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.blob_bytes
+    ADD CONSTRAINT blob_bytes_blob_fkey FOREIGN KEY (blob) REFERENCES public.blobs(id) ON DELETE CASCADE;
 
 
 --

@@ -22,13 +22,26 @@
 -- first and the store's upsert writes the blob again.
 CREATE TABLE blobs (
     sha256  text PRIMARY KEY,
+    id      bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
     size    bigint NOT NULL,
-    bytes   bytea NOT NULL,
     refs    bigint NOT NULL DEFAULT 0
 );
 
--- Images and documents come compressed: no point trying again.
-ALTER TABLE blobs ALTER COLUMN bytes SET STORAGE EXTERNAL;
+-- The bytes, in chunks of 8,120 bytes (the last one shorter), each a row
+-- of its own page: a row of 8,160 bytes, PostgreSQL's largest, with its
+-- 24-byte header, the two keys and the value's 4-byte length. Kept inline
+-- (`PLAIN`), not in TOAST, whose chunks of 1,996 bytes fill an 8 KiB page
+-- only to 97% and take an index entry each: 200 KiB images take 2.0% more
+-- than their bytes this way, 4.6% in TOAST. Not compressed: images and
+-- documents come compressed. Counting references (`refs`) never touches
+-- them.
+CREATE TABLE blob_bytes (
+    blob    bigint NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
+    chunk   integer NOT NULL,
+    bytes   bytea NOT NULL,
+    PRIMARY KEY (blob, chunk)
+);
+ALTER TABLE blob_bytes ALTER COLUMN bytes SET STORAGE PLAIN;
 
 -- Each function reads the column named by its trigger's argument (`meta`
 -- of a message, `result_parts` of a tool call).

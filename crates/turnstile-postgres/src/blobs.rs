@@ -1,5 +1,5 @@
-//! Images' and files' bytes, stored once by SHA-256 (`blobs`, migration
-//! 0016). A step whose messages name blobs runs in a transaction that
+//! Images' and files' bytes, stored once by SHA-256 (`blobs` and
+//! `blob_bytes`, migration 0016). A step whose messages name blobs runs in a transaction that
 //! stores them first: the message rows' triggers count the references and
 //! refuse a row naming a blob that is not there.
 
@@ -28,19 +28,34 @@ pub(crate) async fn store(conn: &mut PgConnection, blobs: &StepBlobs) -> Result<
             continue;
         }
         let size = to_i64(bytes.len() as u64);
-        let bytes: &[u8] = bytes;
         // The no-op update locks a row another transaction inserted
-        // meanwhile; one it is deleting is waited for, then inserted again.
-        sqlx::query!(
-            "INSERT INTO blobs (sha256, size, bytes) VALUES ($1, $2, $3)
-             ON CONFLICT (sha256) DO UPDATE SET refs = blobs.refs",
+        // meanwhile (its bytes are there then); one it is deleting is
+        // waited for, then inserted again. `xmax = 0` only on an insert.
+        let blob = sqlx::query!(
+            r#"INSERT INTO blobs (sha256, size) VALUES ($1, $2)
+               ON CONFLICT (sha256) DO UPDATE SET refs = blobs.refs
+               RETURNING id, (xmax = 0) AS "inserted!""#,
             key,
-            size,
+            size
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("store blob"))?;
+        if !blob.inserted {
+            continue;
+        }
+        let bytes: &[u8] = bytes;
+        // Chunks of 8,120 bytes: see `blob_bytes` in migration 0016.
+        sqlx::query!(
+            "INSERT INTO blob_bytes (blob, chunk, bytes)
+             SELECT $1, chunk, substring($2::bytea FROM chunk * 8120 + 1 FOR 8120)
+             FROM generate_series(0, greatest(length($2::bytea) - 1, 0) / 8120) AS chunk",
+            blob.id,
             bytes
         )
         .execute(&mut *conn)
         .await
-        .map_err(db("store blob"))?;
+        .map_err(db("store blob bytes"))?;
     }
     for &(sha256, claimed) in &blobs.referenced {
         let key = sha256.to_hex();
@@ -84,9 +99,14 @@ pub(crate) async fn load(
     sha256: BlobHash,
 ) -> Result<Option<Arc<[u8]>>, Error> {
     let key = sha256.to_hex();
-    let bytes = sqlx::query_scalar!("SELECT bytes FROM blobs WHERE sha256 = $1", key)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db("load blob"))?;
+    let bytes = sqlx::query_scalar!(
+        r#"SELECT coalesce((SELECT string_agg(c.bytes, ''::bytea ORDER BY c.chunk)
+                            FROM blob_bytes c WHERE c.blob = b.id), ''::bytea) AS "bytes!"
+           FROM blobs b WHERE b.sha256 = $1"#,
+        key
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db("load blob"))?;
     bytes.map(|bytes| checked_blob(sha256, bytes)).transpose()
 }
