@@ -60,15 +60,20 @@ pub struct ContextPolicy {
     images: u32,
 }
 
-/// Whether the model is sent the reasoning of requests committed before the
-/// current one. The current request's reasoning is always sent (a provider
-/// may refuse a tool loop without it), and storage always keeps all of it.
+/// What the model is sent of the reasoning of requests committed before the
+/// current one. The current request's reasoning is always sent whole (a
+/// provider may refuse a tool loop without it), and storage always keeps
+/// all of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PastReasoning {
-    /// Left out: committed answers keep their text, tool calls and provider
-    /// metadata. Providers ignore or strip earlier turns' reasoning, and it
-    /// can be large.
+    /// Each reasoning part replaced by a text placeholder saying whose it
+    /// was (`[reasoning: anthropic]`): the model knows it reasoned there
+    /// without being sent what providers ignore or strip from earlier turns
+    /// and what can be large. Committed answers keep their text, tool calls
+    /// and provider metadata.
     #[default]
+    Placeholder,
+    /// Left out, without a placeholder.
     Omitted,
     /// Sent as stored, for a provider that keeps earlier reasoning in its
     /// context.
@@ -140,7 +145,7 @@ impl ContextPolicy {
     pub(crate) fn shown(&self, message: Message) -> Message {
         match (self.past_reasoning, message) {
             (
-                PastReasoning::Omitted,
+                PastReasoning::Placeholder | PastReasoning::Omitted,
                 Message::Assistant {
                     content,
                     tool_calls,
@@ -151,7 +156,11 @@ impl ContextPolicy {
                     content
                         .into_parts()
                         .into_iter()
-                        .filter(|part| !matches!(part, Part::Reasoning(_)))
+                        .filter_map(|part| match (&part, self.past_reasoning) {
+                            (Part::Reasoning(_), PastReasoning::Omitted) => None,
+                            (Part::Reasoning(_), _) => part.placeholder().map(Part::text),
+                            _ => Some(part),
+                        })
                         .collect(),
                 ),
                 tool_calls,

@@ -1,9 +1,10 @@
 //! What the model is sent of reasoning: the current request's always
-//! (exactly as it gave it), committed requests' only when the context
-//! policy asks for it. Storage keeps all of it either way.
+//! (exactly as it gave it), committed requests' as a placeholder by
+//! default, left out or sent whole when the context policy asks for it.
+//! Storage keeps all of it either way.
 
 use turnstile::{
-    AgentSession, ContextPolicy, ConversationId, Message, Namespace, PastReasoning,
+    AgentSession, ContextPolicy, ConversationId, Message, Namespace, Part, PastReasoning,
     ProviderMetadata, Reasoning, RequestId, RunContext, ScriptedReply,
 };
 use turnstile_testkit::session::*;
@@ -68,7 +69,7 @@ async fn two_requests(policy: ContextPolicy) -> (Vec<Vec<Message>>, Vec<Message>
 }
 
 #[tokio::test]
-async fn committed_requests_reasoning_is_left_out_by_default_and_the_current_ones_is_sent() {
+async fn committed_requests_reasoning_is_a_placeholder_by_default_and_the_current_ones_is_sent() {
     let (seen, transcript) = two_requests(ContextPolicy::default()).await;
     assert_eq!(seen.len(), 4, "two calls per request");
     // The first request's second call: its own tool turn, reasoning and all.
@@ -78,17 +79,25 @@ async fn committed_requests_reasoning_is_left_out_by_default_and_the_current_one
         "{:?}",
         seen[1]
     );
-    // The second request's first call: the first request's answers without
-    // their reasoning, their text, tool calls and metadata kept.
+    // The second request's first call: the first request's answers with a
+    // placeholder for their reasoning, their text, tool calls and metadata
+    // kept.
     let past: Vec<_> = seen[2].iter().filter(|m| m.role() == "assistant").collect();
     assert_eq!(past.len(), 2);
     assert_eq!(reasoning_of(&seen[2]), [vec![], vec![]]);
+    assert_eq!(
+        past[0].content().parts(),
+        [Part::text("[reasoning: anthropic]")]
+    );
     assert_eq!(past[0].tool_calls().len(), 1);
     assert!(matches!(
         past[0],
         Message::Assistant { provider_metadata: Some(m), .. } if m.as_str() == r#"{"id": "r1"}"#
     ));
-    assert_eq!(past[1].text(), "done");
+    assert_eq!(
+        past[1].content().parts(),
+        [Part::text("[reasoning: anthropic]"), Part::text("done")]
+    );
     // The second request's own tool turn is sent whole.
     assert_eq!(
         reasoning_of(&seen[3]).last(),
@@ -114,4 +123,15 @@ async fn past_reasoning_sent_gives_the_model_every_committed_answers_reasoning()
         reasoning_of(&seen[2]),
         [vec![reasoning("the call")], vec![reasoning("the answer")]]
     );
+}
+
+#[tokio::test]
+async fn past_reasoning_omitted_leaves_no_trace_of_it() {
+    let policy = ContextPolicy::default().with_past_reasoning(PastReasoning::Omitted);
+    let (seen, _) = two_requests(policy).await;
+    let past: Vec<_> = seen[2].iter().filter(|m| m.role() == "assistant").collect();
+    assert_eq!(reasoning_of(&seen[2]), [vec![], vec![]]);
+    assert!(past[0].content().parts().is_empty(), "{:?}", past[0]);
+    assert_eq!(past[0].tool_calls().len(), 1);
+    assert_eq!(past[1].content().parts(), [Part::text("done")]);
 }
