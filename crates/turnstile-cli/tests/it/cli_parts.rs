@@ -170,6 +170,119 @@ fn attached_files_are_stored_once_and_shown_by_what_they_are() {
     .assert_error(2, "accepted: .png, .jpg");
 }
 
+#[test]
+fn checkpoints_show_the_messages_a_run_held_with_their_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("held.db");
+    let db = db.to_str().unwrap();
+    let photo = dir.path().join("sum.png");
+    std::fs::write(&photo, vec![9u8; 3 * 1024]).unwrap();
+    let photo_hash = hex_sha256(&std::fs::read(&photo).unwrap());
+    let reasoning = json!({"provider": "anthropic", "text": "plan the sum", "signature": "sig"});
+    // Turn 1 calls `add`; turn 2's model call fails: the run stops holding
+    // its request's input, answer and tool result, none committed.
+    let failing = scripted(&script(
+        dir.path(),
+        "failing.json",
+        json!([
+            {"reasoning": reasoning,
+             "tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}]},
+            {"text": "5", "failure": "upstream overloaded", "fail_times": 1}
+        ]),
+    ));
+    let held = uuid();
+    let failed = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &held,
+        "--model",
+        &failing,
+        "--attach",
+        photo.to_str().unwrap(),
+        "add 2 and 3",
+    ]);
+    assert_eq!(failed.code, 1, "{failed:#?}");
+    let run_of = |conversation: &str| {
+        let runs = turnstile(&[
+            "ls",
+            "runs",
+            "--db",
+            db,
+            "--conversation",
+            conversation,
+            "--json",
+        ]);
+        runs.assert_success();
+        runs.json()["runs"][0]["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let run = run_of(&held);
+
+    let shown = turnstile(&["checkpoints", &run, "--db", db]);
+    shown.assert_success();
+    for expected in [
+        "messages at turn 2".to_owned(),
+        "add 2 and 3".to_owned(),
+        format!("[image image/png 3 KiB sha256:{}]", &photo_hash[..8]),
+        "[reasoning anthropic 12 bytes, signed]".to_owned(),
+        "→ add(".to_owned(),
+        "[c1] 5".to_owned(),
+    ] {
+        assert!(shown.stdout.contains(&expected), "{expected}: {shown:#?}");
+    }
+    assert!(!shown.stdout.contains("plan the sum"), "{shown:#?}");
+    let with_reasoning = turnstile(&["checkpoints", &run, "--db", db, "--reasoning"]);
+    assert!(
+        with_reasoning.stdout.contains("plan the sum"),
+        "{with_reasoning:#?}"
+    );
+    let shown = turnstile(&["checkpoints", &run, "--db", db, "--json"]);
+    shown.assert_success();
+    let messages = shown.json()["messages"].clone();
+    let roles: Vec<_> = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "tool"], "{shown:#?}");
+    assert_eq!(messages[0]["content"][1]["sha256"], photo_hash.as_str());
+    let stored = json!({"type": "reasoning", "provider": "anthropic", "text": "plan the sum",
+                        "signature": "sig"});
+    assert_eq!(messages[1]["content"][0], stored);
+
+    // A committed request's run shows its transcript entries.
+    let answering = scripted(&script(
+        dir.path(),
+        "answer.json",
+        json!([{"reasoning": reasoning, "text": "hello"}]),
+    ));
+    let done = uuid();
+    turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &done,
+        "--model",
+        &answering,
+        "hi",
+    ])
+    .assert_success();
+    let shown = turnstile(&["checkpoints", &run_of(&done), "--db", db, "--json"]);
+    shown.assert_success();
+    let messages = shown.json()["messages"].clone();
+    assert_eq!(messages[0]["content"], "hi", "{shown:#?}");
+    assert_eq!(
+        messages[1]["content"],
+        json!([stored, {"type": "text", "text": "hello"}])
+    );
+}
+
 fn hex_sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes)

@@ -66,12 +66,16 @@ pub struct ShowArgs {
 
 #[derive(Args, Debug)]
 pub struct CheckpointsArgs {
-    /// The run whose checkpoint rows to show.
+    /// The run whose checkpoint rows, and the messages its request held at
+    /// the last of them, to show.
     #[arg(value_name = "RUN")]
     pub run: RunId,
     /// The database: a SQLite file, or a PostgreSQL URL.
     #[arg(long, value_name = "PATH|URL")]
     pub db: DbLocation,
+    /// Print the text of the model's reasoning under its mark.
+    #[arg(long)]
+    pub reasoning: bool,
 }
 
 #[derive(Args, Debug)]

@@ -174,6 +174,9 @@ struct RunCheckpoints<'a> {
     /// Set when the run changed its request's budget.
     budget_change: Option<&'a BudgetChange>,
     checkpoints: &'a [LoopCheckpoint],
+    /// The messages the request held at the last checkpoint, the input
+    /// first, their parts whole (images and files by reference).
+    messages: &'a [Message],
 }
 
 /// A budget's limits in words: "at most 2 turns, 100 tokens".
@@ -218,6 +221,7 @@ pub(in crate::cli) async fn checkpoints(
                 id: args.run.to_string(),
             })?;
         let rows = store.checkpoints(args.run).await?;
+        let messages = messages_at(store.as_ref(), &run, rows.last()).await?;
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         let budget_change = record.as_ref().and_then(|r| r.budget_change.as_ref());
         if json {
@@ -229,6 +233,7 @@ pub(in crate::cli) async fn checkpoints(
                     to: &c.to,
                 }),
                 checkpoints: &rows,
+                messages: &messages,
             };
             return output::json(out, &shown);
         }
@@ -322,10 +327,55 @@ pub(in crate::cli) async fn checkpoints(
                 "SAVED (UTC)",
             ],
             &table,
-        )
+        )?;
+        writeln!(out)?;
+        let heading = match (messages.is_empty(), rows.last()) {
+            (false, Some(last)) => format!("messages at turn {}", last.turn),
+            _ => "no messages kept (the request was abandoned)".to_owned(),
+        };
+        writeln!(out, "{}", style.dim(&heading))?;
+        for (i, message) in messages.iter().enumerate() {
+            render::message(out, style, &format!("#{i}"), message, args.reasoning)?;
+        }
+        Ok(())
     }
     .await;
     crate::cli::store::closed(store.as_ref(), result).await
+}
+
+/// The messages the run's request held at `last`, the run's last
+/// checkpoint: the first of its transcript entries once it committed (a
+/// later run may have added more), its pending messages before.
+async fn messages_at(
+    store: &dyn StoreAdmin,
+    run: &RunSummary,
+    last: Option<&LoopCheckpoint>,
+) -> Result<Vec<Message>, CliError> {
+    let Some(last) = last else {
+        return Ok(Vec::new());
+    };
+    let outcome = store
+        .request(run.request_id)
+        .await?
+        .and_then(|request| request.outcome);
+    Ok(match outcome {
+        Some(outcome) => {
+            let end = outcome
+                .end_seq
+                .min(outcome.first_seq.saturating_add(last.message_count));
+            store
+                .transcript_range(run.conversation_id, outcome.first_seq, end)
+                .await?
+                .into_iter()
+                .map(|entry| entry.message)
+                .collect()
+        }
+        None => {
+            store
+                .request_messages(run.request_id, last.message_count)
+                .await?
+        }
+    })
 }
 
 /// The conversation, in `namespace` when one is given.
