@@ -276,10 +276,143 @@ fn checkpoints_show_the_messages_a_run_held_with_their_parts() {
     let shown = turnstile(&["checkpoints", &run_of(&done), "--db", db, "--json"]);
     shown.assert_success();
     let messages = shown.json()["messages"].clone();
+    assert_eq!(messages.as_array().unwrap().len(), 2, "{shown:#?}");
     assert_eq!(messages[0]["content"], "hi", "{shown:#?}");
     assert_eq!(
         messages[1]["content"],
         json!([stored, {"type": "text", "text": "hello"}])
+    );
+}
+
+/// The roles of `checkpoints RUN --json`'s messages.
+fn roles_at(db: &str, run: &str) -> Vec<String> {
+    let shown = turnstile(&["checkpoints", run, "--db", db, "--json"]);
+    shown.assert_success();
+    assert_eq!(shown.json()["messages_error"], serde_json::Value::Null);
+    shown.json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn checkpoints_show_an_answer_whose_tool_round_is_open_and_a_superseded_runs_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("open.db");
+    let db = db.to_str().unwrap();
+    let add = |id: &str, a: u32| json!({"tool_calls": [{"id": id, "name": "add", "arguments": {"a": a, "b": 1}}]});
+    // Two tool turns, then the answer; the second turn's model call fails
+    // once, so a second run finishes the request.
+    let model = scripted(&script(
+        dir.path(),
+        "two_rounds.json",
+        json!([add("c1", 1),
+               {"failure": "upstream overloaded", "fail_times": 1,
+                "tool_calls": [{"id": "c2", "name": "add", "arguments": {"a": 2, "b": 1}}]},
+               {"text": "done"}]),
+    ));
+    // A run that stops for approval holds the answer with its tool calls,
+    // recorded past its checkpoint's message count.
+    let waiting = uuid();
+    let stopped = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &waiting,
+        "--model",
+        &model,
+        "--require-approval",
+        "add",
+        "sum",
+    ]);
+    assert_eq!(stopped.code, 6, "{stopped:#?}");
+    let runs = turnstile(&[
+        "ls",
+        "runs",
+        "--db",
+        db,
+        "--conversation",
+        &waiting,
+        "--json",
+    ]);
+    let run = runs.json()["runs"][0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(roles_at(db, &run), ["user", "assistant"]);
+    let human = turnstile(&["checkpoints", &run, "--db", db]);
+    assert!(human.stdout.contains("→ add("), "{human:#?}");
+
+    // A run that failed after one tool round, and the run that committed
+    // its request (the same replies without the failure): each shows the
+    // request as it stood at its own last checkpoint.
+    let steady = scripted(&script(
+        dir.path(),
+        "steady.json",
+        json!([add("c1", 1), add("c2", 2), {"text": "done"}]),
+    ));
+    let resumed = uuid();
+    let failed = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--conversation",
+        &resumed,
+        "--model",
+        &model,
+        "sum",
+    ]);
+    assert_eq!(failed.code, 1, "{failed:#?}");
+    let held = turnstile(&["show", &resumed, "--db", db, "--json"]);
+    let held = held.json()["conversation"]["held"].clone();
+    let (first_run, revision) = (
+        held["run_id"].as_str().unwrap().to_owned(),
+        held["revision"].to_string(),
+    );
+    turnstile(&[
+        "resume",
+        &first_run,
+        "--revision",
+        &revision,
+        "--db",
+        db,
+        "--conversation",
+        &resumed,
+        "--model",
+        &steady,
+    ])
+    .assert_success();
+    let runs = turnstile(&[
+        "ls",
+        "runs",
+        "--db",
+        db,
+        "--conversation",
+        &resumed,
+        "--json",
+    ]);
+    let runs = runs.json()["runs"].clone();
+    let last_run = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .find(|r| *r != first_run)
+        .unwrap();
+    assert_eq!(roles_at(db, &first_run), ["user", "assistant", "tool"]);
+    assert_eq!(
+        roles_at(db, &last_run),
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ]
     );
 }
 

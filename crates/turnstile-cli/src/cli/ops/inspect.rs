@@ -177,6 +177,8 @@ struct RunCheckpoints<'a> {
     /// The messages the request held at the last checkpoint, the input
     /// first, their parts whole (images and files by reference).
     messages: &'a [Message],
+    /// Why they could not be read, when they could not.
+    messages_error: Option<String>,
 }
 
 /// A budget's limits in words: "at most 2 turns, 100 tokens".
@@ -221,7 +223,15 @@ pub(in crate::cli) async fn checkpoints(
                 id: args.run.to_string(),
             })?;
         let rows = store.checkpoints(args.run).await?;
-        let messages = messages_at(store.as_ref(), &run, rows.last()).await?;
+        // The checkpoint rows are shown whatever the messages' state: this
+        // command is for looking at runs that went wrong.
+        let (messages, messages_error) = match rows.last() {
+            None => (Vec::new(), None),
+            Some(last) => match messages_at(store.as_ref(), &run, last).await {
+                Ok(messages) => (messages, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            },
+        };
         let change = record.as_ref().and_then(|r| r.agent_change.as_ref());
         let budget_change = record.as_ref().and_then(|r| r.budget_change.as_ref());
         if json {
@@ -234,6 +244,7 @@ pub(in crate::cli) async fn checkpoints(
                 }),
                 checkpoints: &rows,
                 messages: &messages,
+                messages_error,
             };
             return output::json(out, &shown);
         }
@@ -329,11 +340,17 @@ pub(in crate::cli) async fn checkpoints(
             &table,
         )?;
         writeln!(out)?;
-        let heading = match (messages.is_empty(), rows.last()) {
-            (false, Some(last)) => format!("messages at turn {}", last.turn),
-            _ => "no messages kept (the request was abandoned)".to_owned(),
+        let heading = match (&messages_error, rows.last()) {
+            (Some(e), _) => style.red(&format!(
+                "its messages cannot be read: {}",
+                output::clip(e, 200)
+            )),
+            (None, Some(last)) if !messages.is_empty() => {
+                style.dim(&format!("messages at turn {}", last.turn))
+            }
+            (None, _) => style.dim("no messages kept for this run"),
         };
-        writeln!(out, "{}", style.dim(&heading))?;
+        writeln!(out, "{heading}")?;
         for (i, message) in messages.iter().enumerate() {
             render::message(out, style, &format!("#{i}"), message, args.reasoning)?;
         }
@@ -344,38 +361,50 @@ pub(in crate::cli) async fn checkpoints(
 }
 
 /// The messages the run's request held at `last`, the run's last
-/// checkpoint: the first of its transcript entries once it committed (a
-/// later run may have added more), its pending messages before.
+/// checkpoint: its pending messages while it is not committed; once it is,
+/// the first of its transcript entries (a later run may have added more,
+/// or answered an interrupted turn anew).
 async fn messages_at(
     store: &dyn StoreAdmin,
     run: &RunSummary,
-    last: Option<&LoopCheckpoint>,
-) -> Result<Vec<Message>, CliError> {
-    let Some(last) = last else {
+    last: &LoopCheckpoint,
+) -> Result<Vec<Message>, Error> {
+    // A turn whose tool round is open has its model answer recorded past
+    // the count, as a resumed run reads it.
+    let count = last
+        .message_count
+        .saturating_add(u64::from(last.phase.has_recorded_answer()));
+    let outcome = || async {
+        Ok::<_, Error>(
+            store
+                .request(run.request_id)
+                .await?
+                .and_then(|request| request.outcome),
+        )
+    };
+    let mut committed = outcome().await?;
+    if committed.is_none() {
+        let pending = store.request_messages(run.request_id, count).await?;
+        // Fewer than counted: the request may have committed meanwhile,
+        // its pending messages moved into the transcript.
+        if pending.len() as u64 >= count {
+            return Ok(pending);
+        }
+        committed = outcome().await?;
+        if committed.is_none() {
+            return Ok(pending);
+        }
+    }
+    let Some(outcome) = committed else {
         return Ok(Vec::new());
     };
-    let outcome = store
-        .request(run.request_id)
+    let end = outcome.end_seq.min(outcome.first_seq.saturating_add(count));
+    Ok(store
+        .transcript_range(run.conversation_id, outcome.first_seq, end)
         .await?
-        .and_then(|request| request.outcome);
-    Ok(match outcome {
-        Some(outcome) => {
-            let end = outcome
-                .end_seq
-                .min(outcome.first_seq.saturating_add(last.message_count));
-            store
-                .transcript_range(run.conversation_id, outcome.first_seq, end)
-                .await?
-                .into_iter()
-                .map(|entry| entry.message)
-                .collect()
-        }
-        None => {
-            store
-                .request_messages(run.request_id, last.message_count)
-                .await?
-        }
-    })
+        .into_iter()
+        .map(|entry| entry.message)
+        .collect())
 }
 
 /// The conversation, in `namespace` when one is given.
