@@ -114,7 +114,8 @@ impl ContextPolicy {
         })
     }
 
-    /// Sets whether committed requests' reasoning is sent to the model.
+    /// Sets what the model is sent of committed requests' reasoning: a
+    /// placeholder (the default), nothing, or all of it.
     pub fn with_past_reasoning(self, past_reasoning: PastReasoning) -> Self {
         Self {
             past_reasoning,
@@ -122,7 +123,7 @@ impl ContextPolicy {
         }
     }
 
-    /// Whether committed requests' reasoning is sent to the model.
+    /// What the model is sent of committed requests' reasoning.
     pub fn past_reasoning(&self) -> PastReasoning {
         self.past_reasoning
     }
