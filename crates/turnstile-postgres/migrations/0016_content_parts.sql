@@ -27,14 +27,15 @@ CREATE TABLE blobs (
     refs    bigint NOT NULL DEFAULT 0
 );
 
--- The bytes, in chunks of 8,120 bytes (the last one shorter), each a row
--- of its own page: a row of 8,160 bytes, PostgreSQL's largest, with its
--- 24-byte header, the two keys and the value's 4-byte length. Kept inline
--- (`PLAIN`), not in TOAST, whose chunks of 1,996 bytes fill an 8 KiB page
--- only to 97% and take an index entry each: 200 KiB images take 2.0% more
--- than their bytes this way, 4.6% in TOAST. Not compressed: images and
--- documents come compressed. Counting references (`refs`) never touches
--- them.
+-- The bytes, in chunks of 8,120 bytes, each a row filling a page of its
+-- own (8,160 bytes, PostgreSQL's largest row: a 24-byte header, the two
+-- keys and the value's 4-byte length), then what is left in pieces of at
+-- most 2,000 bytes, which share pages (a last chunk over half a page would
+-- waste the rest of its page). Kept inline (`PLAIN`), not in TOAST, whose
+-- chunks of 1,996 bytes fill an 8 KiB page only to 97% and take an index
+-- entry each: 200 KiB images take 1.6% more than their bytes this way,
+-- 4.6% in TOAST. Not compressed: images and documents come compressed.
+-- Counting references (`refs`) never touches them.
 CREATE TABLE blob_bytes (
     blob    bigint NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
     chunk   integer NOT NULL,

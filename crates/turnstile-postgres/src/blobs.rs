@@ -45,11 +45,19 @@ pub(crate) async fn store(conn: &mut PgConnection, blobs: &StepBlobs) -> Result<
             continue;
         }
         let bytes: &[u8] = bytes;
-        // Chunks of 8,120 bytes: see `blob_bytes` in migration 0016.
+        // Whole chunks of 8,120 bytes, then the rest in pieces of at most
+        // 2,000: see `blob_bytes` in migration 0016.
         sqlx::query!(
             "INSERT INTO blob_bytes (blob, chunk, bytes)
-             SELECT $1, chunk, substring($2::bytea FROM chunk * 8120 + 1 FOR 8120)
-             FROM generate_series(0, greatest(length($2::bytea) - 1, 0) / 8120) AS chunk",
+             SELECT $1, chunk, substring($2::bytea FROM start + 1 FOR size)
+             FROM (SELECT length($2::bytea) / 8120 AS whole) AS n,
+                  LATERAL (SELECT c AS chunk, c * 8120 AS start, 8120 AS size
+                           FROM generate_series(0, n.whole - 1) AS c
+                           UNION ALL
+                           SELECT n.whole + p, n.whole * 8120 + p * 2000, 2000
+                           FROM generate_series(
+                               0, (length($2::bytea) - n.whole * 8120 + 1999) / 2000 - 1) AS p
+                          ) AS piece",
             blob.id,
             bytes
         )
