@@ -8,11 +8,13 @@
 //! offending value, which is model output; errors here never do (see
 //! [`decode_error`](crate::errors::decode_error)).
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use turnstile_core::agent::{ModelRequest, ModelResponse};
-use turnstile_core::message::{Message, ToolCall, ToolSpec, Usage};
+use turnstile_core::message::{Content, Message, Part, ToolCall, ToolSpec, Usage};
 use turnstile_core::ModelError;
 
 use crate::errors::{error_object, json_kind};
@@ -57,12 +59,31 @@ pub(crate) fn request_body(
     Value::Object(body)
 }
 
+/// A message's text parts as one string, each on its own line: a
+/// placeholder the context put in for a part this client cannot send
+/// (`[reasoning: anthropic]`, `[image: image/png, 34 KiB]`) stays apart from
+/// the text around it.
+fn wire_text(content: &Content) -> Cow<'_, str> {
+    if let Some(text) = content.as_plain_text() {
+        return Cow::Borrowed(text);
+    }
+    let texts: Vec<&str> = content
+        .parts()
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    Cow::Owned(texts.join("\n"))
+}
+
 fn wire_message(message: &Message) -> Value {
     match message {
         // Text only: this client sends no reasoning, images or provider
         // metadata yet.
-        Message::System { content } => json!({ "role": "system", "content": content.text() }),
-        Message::User { content } => json!({ "role": "user", "content": content.text() }),
+        Message::System { content } => json!({ "role": "system", "content": wire_text(content) }),
+        Message::User { content } => json!({ "role": "user", "content": wire_text(content) }),
         Message::Assistant {
             content,
             tool_calls,
@@ -70,7 +91,7 @@ fn wire_message(message: &Message) -> Value {
         } => {
             let mut wire = Map::new();
             wire.insert("role".into(), "assistant".into());
-            let text = content.text();
+            let text = wire_text(content);
             let content = if text.is_empty() && !tool_calls.is_empty() {
                 Value::Null
             } else {
@@ -95,7 +116,7 @@ fn wire_message(message: &Message) -> Value {
         // The protocol has no error flag: the tool's text says what failed.
         Message::Tool {
             call_id, content, ..
-        } => json!({ "role": "tool", "tool_call_id": call_id, "content": content.text() }),
+        } => json!({ "role": "tool", "tool_call_id": call_id, "content": wire_text(content) }),
     }
 }
 

@@ -9,8 +9,8 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use turnstile::agent::ModelRequest;
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Event, Message, Model, Namespace,
-    RequestId, RunContext, SqliteStore, ToolCall, Usage,
+    Agent, AgentSession, Content, ContextPolicy, ConversationId, Event, Message, Model, Namespace,
+    Part, RequestId, RunContext, SqliteStore, ToolCall, Usage,
 };
 use turnstile_openai::{OpenAiConfig, OpenAiModel};
 
@@ -118,6 +118,45 @@ async fn tool_call_round_trip_through_respond() {
                 }],
             },
             { "role": "tool", "tool_call_id": "call_1", "content": "5" },
+        ])
+    );
+}
+
+#[tokio::test]
+async fn text_parts_are_sent_a_line_each_so_placeholders_stay_apart() {
+    let server = Server::start(vec![text_completion("ok", 10, 1)]).await;
+    let model = OpenAiModel::new(server.config()).unwrap();
+    // What a context with a committed answer's reasoning placeholder, and
+    // an image past the context's count, holds.
+    let messages = vec![
+        Message::user_parts(vec![
+            Part::text("[image: image/png, 34 KiB]"),
+            Part::text("what is this?"),
+        ]),
+        Message::Assistant {
+            content: Content::new(vec![
+                Part::text("[reasoning: anthropic]"),
+                Part::text("a square"),
+            ]),
+            tool_calls: Vec::new(),
+            provider_metadata: None,
+        },
+        Message::user("and now?"),
+    ];
+    model
+        .respond(ModelRequest {
+            messages: &messages,
+            tools: &[],
+            deltas: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        server.bodies()[0]["messages"],
+        json!([
+            { "role": "user", "content": "[image: image/png, 34 KiB]\nwhat is this?" },
+            { "role": "assistant", "content": "[reasoning: anthropic]\na square" },
+            { "role": "user", "content": "and now?" },
         ])
     );
 }
