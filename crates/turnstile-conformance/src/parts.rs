@@ -1,5 +1,6 @@
-//! Content parts, reasoning with its signature and provider metadata come
-//! back from every read exactly as they were written: through a claim's
+//! Content parts (JSON among them), reasoning with its signature and
+//! provider metadata come back from every read exactly as they were
+//! written: through a claim's
 //! input, a model answer with tool calls, a turn's tool messages and a
 //! commit, in the request's pending messages, the transcript and a later
 //! claim's window.
@@ -69,14 +70,25 @@ pub async fn parts_reasoning_and_provider_metadata_round_trip_byte_exact(
     store
         .record_model_response(&fence, &answered, &answer)
         .await?;
+    // A structured result: text and JSON kept as written.
+    let found = Content::new(vec![
+        Part::text("found"),
+        Part::json(" {\"n\": 123456789012345678901234567890, \"x\": 1e400, \"a\": [\"\\u0000\"]}")?,
+    ]);
     let result = ToolResult {
-        content: "found".into(),
+        content: found.clone(),
         is_error: false,
     };
     store
         .record_tool_result(&fence, 1, &call.id, &result)
         .await?;
-    let tool = Message::tool(call.id.clone(), "found", false);
+    let journal = store.journal(fence.request_id, 1).await?;
+    assert_eq!(journal[0].result.as_ref(), Some(&result));
+    let tool = Message::Tool {
+        call_id: call.id.clone(),
+        content: found,
+        is_error: false,
+    };
     let done = checkpoint(run, 1, CheckpointPhase::Ready, 3);
     store
         .finish_turn(&fence, &done, std::slice::from_ref(&tool), None)

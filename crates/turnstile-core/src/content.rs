@@ -64,21 +64,13 @@ impl Content {
         }
     }
 
-    /// The text parts, joined in order; reasoning, images and files are
-    /// not text.
+    /// The text and JSON parts, joined in order; reasoning, images and
+    /// files are not text.
     pub fn text(&self) -> Cow<'_, str> {
         if let Some(text) = self.as_plain_text() {
             return Cow::Borrowed(text);
         }
-        Cow::Owned(
-            self.parts
-                .iter()
-                .filter_map(|part| match part {
-                    Part::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect(),
-        )
+        Cow::Owned(self.parts.iter().filter_map(Part::as_text).collect())
     }
 
     /// The reasoning parts, in order.
@@ -208,12 +200,37 @@ pub enum Part {
     },
     /// A document or other file, its bytes stored once per store.
     File(Attachment),
+    /// A JSON value (a tool's structured result, say), kept as its text.
+    Json {
+        /// The value's JSON text, exactly as it was given.
+        json: JsonText,
+    },
 }
 
 impl Part {
     /// A text part.
     pub fn text(text: impl Into<String>) -> Self {
         Part::Text { text: text.into() }
+    }
+
+    /// A JSON part from its text, which must be one JSON value; the text
+    /// is kept as it is.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when it is not JSON.
+    pub fn json(json: impl Into<String>) -> Result<Self, Error> {
+        Ok(Part::Json {
+            json: JsonText::new(json)?,
+        })
+    }
+
+    /// The text of a text or JSON part; `None` for every other part.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Part::Text { text } => Some(text),
+            Part::Json { json } => Some(json.as_str()),
+            _ => None,
+        }
     }
 
     /// The attachment of an image or file part.
@@ -225,10 +242,10 @@ impl Part {
     }
 
     /// How the part is described where it is left out or summarized
-    /// (`[image: image/png, 34 KiB]`); `None` for text.
+    /// (`[image: image/png, 34 KiB]`); `None` for text and JSON.
     pub fn placeholder(&self) -> Option<String> {
         match self {
-            Part::Text { .. } => None,
+            Part::Text { .. } | Part::Json { .. } => None,
             Part::Reasoning(reasoning) => Some(format!("[reasoning: {}]", reasoning.provider)),
             Part::Image(attachment) => Some(format!("[image: {}]", attachment.describe())),
             Part::ImageUrl { url } => Some(format!("[image: {url}]")),
@@ -258,30 +275,71 @@ pub struct Reasoning {
     pub redacted: Option<String>,
 }
 
-/// An opaque JSON object a provider attached to an answer or a tool call
-/// (a thought signature, say) that it needs back exactly: kept as its text,
-/// byte for byte.
+/// A JSON value kept as its text, byte for byte: its keys in their order,
+/// its numbers as written (past what an `f64` holds too).
 ///
 /// It serializes as a JSON string holding that text, so that no JSON layer
 /// between the model and the database (a store's JSON functions, a
 /// `serde_json::Value`) can reorder its keys or rewrite its numbers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
-pub struct ProviderMetadata(String);
+pub struct JsonText(String);
+
+impl JsonText {
+    /// The value from its JSON text, which must be one JSON value; the text
+    /// is kept as it is (whitespace included).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when it is not JSON.
+    pub fn new(json: impl Into<String>) -> Result<Self, Error> {
+        let json = json.into();
+        // Checked without converting its numbers, which are kept as
+        // written.
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&json) {
+            return Err(Error::InvalidInput(format!("not JSON: {e}")));
+        }
+        Ok(Self(json))
+    }
+
+    /// The JSON text, exactly as it was given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The value, for reading (send [`as_str`](Self::as_str) on to keep
+    /// it exact); `None` when it holds a number a `serde_json::Value`
+    /// cannot (such as `1e400`).
+    pub fn to_value(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(&self.0).ok()
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        JsonText::new(text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// An opaque JSON object a provider attached to an answer or a tool call
+/// (a thought signature, say) that it needs back exactly: kept as its text,
+/// byte for byte, as a [`JsonText`] is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ProviderMetadata(JsonText);
 
 impl ProviderMetadata {
     /// Metadata from its JSON text, which must be one JSON object; the
     /// text is kept as it is (whitespace included).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when it is not a JSON object.
     pub fn new(json: impl Into<String>) -> Result<Self, Error> {
-        let json = json.into();
-        // Checked without converting its numbers, which may be past what
-        // an f64 holds and are kept as written.
-        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&json) {
-            return Err(Error::InvalidInput(format!(
-                "provider metadata is not JSON: {e}"
-            )));
-        }
-        if !json.trim_start().starts_with('{') {
+        let json = JsonText::new(json).map_err(|e| match e {
+            Error::InvalidInput(why) => Error::InvalidInput(format!("provider metadata is {why}")),
+            other => other,
+        })?;
+        if !json.as_str().trim_start().starts_with('{') {
             return Err(Error::InvalidInput(
                 "provider metadata must be a JSON object".into(),
             ));
@@ -291,14 +349,14 @@ impl ProviderMetadata {
 
     /// The metadata's JSON text, exactly as it was given.
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_str()
     }
 
     /// The metadata as a JSON value, for reading (send back
     /// [`as_str`](Self::as_str) to keep it exact); `None` when it holds a
     /// number a `serde_json::Value` cannot (such as `1e400`).
     pub fn to_value(&self) -> Option<serde_json::Value> {
-        serde_json::from_str(&self.0).ok()
+        self.0.to_value()
     }
 }
 
@@ -312,6 +370,29 @@ impl<'de> Deserialize<'de> for ProviderMetadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_part_keeps_its_text_and_refuses_what_is_not_json() {
+        let text = r#" {"n": 123456789012345678901234567890, "x": 1e400} "#;
+        let part = Part::json(text).unwrap();
+        let content = Content::new(vec![Part::text("result: "), part.clone()]);
+        assert_eq!(content.text(), format!("result: {text}"));
+        assert_eq!(part.placeholder(), None);
+        let json = serde_json::to_string(&content).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"type":"text","text":"result: "},{"type":"json","json":" {\"n\": 123456789012345678901234567890, \"x\": 1e400} "}]"#
+        );
+        assert_eq!(serde_json::from_str::<Content>(&json).unwrap(), content);
+        for bad in ["", "{", "nope", "1 2"] {
+            assert!(
+                matches!(Part::json(bad), Err(Error::InvalidInput(_))),
+                "{bad:?}"
+            );
+        }
+        let stored = r#"[{"type":"json","json":"{"}]"#;
+        assert!(serde_json::from_str::<Content>(stored).is_err());
+    }
 
     #[test]
     fn plain_text_serializes_as_a_string_and_parts_as_an_array() {

@@ -65,7 +65,7 @@ pub use error::{BudgetKind, Error, ModelError, StoreError};
 pub use events::Event;
 pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{
-    Attachment, BlobHash, Content, Message, Part, ProviderMetadata, Reasoning, ToolCall,
+    Attachment, BlobHash, Content, JsonText, Message, Part, ProviderMetadata, Reasoning, ToolCall,
     ToolResult, ToolSpec, Usage, VerificationReport,
 };
 pub use outcome::Outcome;

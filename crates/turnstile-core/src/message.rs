@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 pub use crate::attachment::{Attachment, BlobHash};
-pub use crate::content::{Content, Part, ProviderMetadata, Reasoning};
+pub use crate::content::{Content, JsonText, Part, ProviderMetadata, Reasoning};
 
 /// One message of a transcript. Serialized with a stable `role` tag.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -67,14 +67,7 @@ fn wire_text(content: &Content) -> Cow<'_, str> {
     if let Some(text) = content.as_plain_text() {
         return Cow::Borrowed(text);
     }
-    let texts: Vec<&str> = content
-        .parts()
-        .iter()
-        .filter_map(|part| match part {
-            Part::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let texts: Vec<&str> = content.parts().iter().filter_map(Part::as_text).collect();
     Cow::Owned(texts.join("\n"))
 }
 

@@ -132,8 +132,8 @@ pub use turnstile_core::{
 // The vocabulary: ids, messages, checkpoints, outcomes, events, errors.
 pub use turnstile_core::{
     Attachment, BlobHash, BudgetKind, CheckpointPhase, Content, ConversationId, Error, Event,
-    LoopCheckpoint, Message, ModelError, Namespace, Outcome, Part, ProviderMetadata, Reasoning,
-    RequestId, Revision, RunId, StoreError, ToolCall, ToolResult, ToolSpec, Usage,
+    JsonText, LoopCheckpoint, Message, ModelError, Namespace, Outcome, Part, ProviderMetadata,
+    Reasoning, RequestId, Revision, RunId, StoreError, ToolCall, ToolResult, ToolSpec, Usage,
     VerificationReport,
 };
 // The stores' contracts: durable steps and operations.

@@ -72,6 +72,7 @@ fn part_size(part: &Part) -> u64 {
     let len = |text: &Option<String>| text.as_ref().map_or(0, String::len) as u64;
     match part {
         Part::Text { text } => text.len() as u64,
+        Part::Json { json } => json.as_str().len() as u64,
         Part::Reasoning(reasoning) => {
             len(&reasoning.text) + len(&reasoning.signature) + len(&reasoning.redacted)
         }

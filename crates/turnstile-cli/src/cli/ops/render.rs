@@ -82,7 +82,7 @@ fn part_mark(part: &Part) -> Option<String> {
         Part::Image(attachment) => ("image", attachment),
         Part::File(attachment) => ("file", attachment),
         Part::ImageUrl { url } => return Some(format!("[image {url}]")),
-        Part::Text { .. } | Part::Reasoning(_) => return None,
+        Part::Text { .. } | Part::Json { .. } | Part::Reasoning(_) => return None,
     };
     let hex = attachment.sha256().to_hex();
     let name = attachment

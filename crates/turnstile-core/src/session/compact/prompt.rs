@@ -169,8 +169,8 @@ fn render(out: &mut String, entry: &TranscriptEntry) {
     }
 }
 
-/// Content as a summary pass reads it: its text, with each image or file
-/// described by its placeholder (`[image: image/png, 34 KiB]`). Reasoning
+/// Content as a summary pass reads it: its text and JSON, with each image
+/// or file described by its placeholder (`[image: image/png, 34 KiB]`). Reasoning
 /// is never summarized into a later prompt.
 fn summarized(content: &Content) -> Cow<'_, str> {
     if let Some(text) = content.as_plain_text() {
@@ -181,9 +181,11 @@ fn summarized(content: &Content) -> Cow<'_, str> {
             .parts()
             .iter()
             .filter_map(|part| match part {
-                Part::Text { text } => Some(Cow::Borrowed(text.as_str())),
                 Part::Reasoning(_) => None,
-                other => other.placeholder().map(Cow::Owned),
+                other => match other.as_text() {
+                    Some(text) => Some(Cow::Borrowed(text)),
+                    None => other.placeholder().map(Cow::Owned),
+                },
             })
             .collect(),
     )

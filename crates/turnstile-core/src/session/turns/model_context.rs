@@ -35,7 +35,7 @@ pub(super) async fn load_shown(
                     continue;
                 }
                 Part::File(attachment) => attachment,
-                Part::Text { .. } | Part::Reasoning(_) => continue,
+                Part::Text { .. } | Part::Json { .. } | Part::Reasoning(_) => continue,
             };
             if attachment.bytes().is_some() {
                 continue;
