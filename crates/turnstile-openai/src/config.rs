@@ -30,6 +30,27 @@ pub struct OpenAiConfig {
     /// parameters (`temperature`, `seed`), `tool_choice`, `logit_bias`, or a
     /// server's own extensions. See [`OpenAiConfig::with_extra_body`].
     pub extra_body: Map<String, Value>,
+    /// Which of the model's earlier reasoning is sent back. Default
+    /// [`ReasoningReplay::CurrentToolCycle`].
+    pub reasoning_replay: ReasoningReplay,
+}
+
+/// Which assistant messages' reasoning (`reasoning_content`, as reasoning
+/// models behind OpenAI-compatible servers return it: vLLM, llama.cpp with
+/// `--reasoning-format`, DeepSeek) is sent back with them. Only reasoning
+/// this client read (provider `openai`) is sent; another provider's is not
+/// this server's to read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReasoningReplay {
+    /// The answers after the last user message: the tool loop in progress,
+    /// whose reasoning some servers require back (and others refuse for
+    /// earlier turns).
+    #[default]
+    CurrentToolCycle,
+    /// Every answer's.
+    Always,
+    /// None.
+    Never,
 }
 
 impl OpenAiConfig {
@@ -57,6 +78,7 @@ impl OpenAiConfig {
             timeout: Self::DEFAULT_TIMEOUT,
             max_output_tokens: None,
             extra_body: Map::new(),
+            reasoning_replay: ReasoningReplay::default(),
         }
     }
 
@@ -136,6 +158,12 @@ impl OpenAiConfig {
         self
     }
 
+    /// Sets which earlier reasoning is sent back.
+    pub fn with_reasoning_replay(mut self, replay: ReasoningReplay) -> Self {
+        self.reasoning_replay = replay;
+        self
+    }
+
     /// The key, when set and not empty.
     pub(crate) fn key(&self) -> Option<&str> {
         self.api_key.as_deref().filter(|k| !k.is_empty())
@@ -172,6 +200,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("timeout", &self.timeout)
             .field("max_output_tokens", &self.max_output_tokens)
             .field("extra_body", &self.extra_body.keys().collect::<Vec<_>>())
+            .field("reasoning_replay", &self.reasoning_replay)
             .finish()
     }
 }

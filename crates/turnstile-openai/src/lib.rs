@@ -22,7 +22,7 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::ModelError;
 
-pub use config::{redacted_url, OpenAiConfig};
+pub use config::{redacted_url, OpenAiConfig, ReasoningReplay};
 
 use errors::{chain, decode_error, excerpt, status_error, transport_error};
 use wire::Completion;

@@ -15,7 +15,7 @@ use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 
 use crate::errors::{decode_error, error_object, transport_error};
-use crate::wire::{check_finish, finish_call, push_arguments, StreamChunk};
+use crate::wire::{answer_content, check_finish, finish_call, push_arguments, StreamChunk};
 use crate::OpenAiConfig;
 
 /// The largest single server-sent event accepted.
@@ -160,6 +160,7 @@ impl SseParser {
 #[derive(Default)]
 struct StreamAssembly {
     content: String,
+    reasoning: String,
     calls: BTreeMap<u64, PartialCall>,
     usage: Option<Usage>,
     /// The last `finish_reason` of the first choice.
@@ -213,6 +214,11 @@ impl StreamAssembly {
                 self.finish_reason = Some(reason.to_owned());
             }
             let Some(delta) = choice.delta else { continue };
+            // Reasoning is not a text delta: it is not the answer. A server
+            // that spells it both ways sends the same text twice.
+            if let Some(text) = delta.reasoning_content.or(delta.reasoning) {
+                self.reasoning.push_str(&text);
+            }
             if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                 deltas(&text);
                 self.content.push_str(&text);
@@ -247,7 +253,7 @@ impl StreamAssembly {
             .map(|(position, call)| finish_call(position, call.id, call.name, call.arguments))
             .collect::<Result<_, _>>()?;
         Ok(ModelResponse {
-            content: self.content.into(),
+            content: answer_content(self.reasoning, self.content),
             tool_calls,
             provider_metadata: None,
             usage: self.usage.unwrap_or_default(),

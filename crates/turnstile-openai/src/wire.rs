@@ -14,11 +14,11 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use turnstile_core::agent::{ModelRequest, ModelResponse};
-use turnstile_core::message::{Content, Message, Part, ToolCall, ToolSpec, Usage};
+use turnstile_core::message::{Content, Message, Part, Reasoning, ToolCall, ToolSpec, Usage};
 use turnstile_core::ModelError;
 
 use crate::errors::{error_object, json_kind};
-use crate::OpenAiConfig;
+use crate::{OpenAiConfig, ReasoningReplay};
 
 /// Extra body members that only mean something with tools.
 const TOOL_MEMBERS: [&str; 2] = ["tool_choice", "parallel_tool_calls"];
@@ -32,10 +32,21 @@ pub(crate) fn request_body(
 ) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), Value::String(config.model.clone()));
-    body.insert(
-        "messages".into(),
-        request.messages.iter().map(wire_message).collect(),
-    );
+    // The current tool cycle: the answers after the last user message.
+    let cycle_start = request
+        .messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User { .. }))
+        .map_or(0, |i| i + 1);
+    let messages = request.messages.iter().enumerate().map(|(i, message)| {
+        let replay = match config.reasoning_replay {
+            ReasoningReplay::Always => true,
+            ReasoningReplay::CurrentToolCycle => i >= cycle_start,
+            ReasoningReplay::Never => false,
+        };
+        wire_message(message, replay)
+    });
+    body.insert("messages".into(), messages.collect());
     if !request.tools.is_empty() {
         body.insert(
             "tools".into(),
@@ -71,10 +82,25 @@ fn wire_text(content: &Content) -> Cow<'_, str> {
     Cow::Owned(texts.join("\n"))
 }
 
-fn wire_message(message: &Message) -> Value {
+/// The provider family of the reasoning this client reads and sends back.
+pub(crate) const REASONING_PROVIDER: &str = "openai";
+
+/// The text of the reasoning parts this client read, for
+/// `reasoning_content`; `None` when there is none.
+fn own_reasoning(content: &Content) -> Option<String> {
+    let texts: Vec<&str> = content
+        .reasoning()
+        .filter(|r| r.provider == REASONING_PROVIDER)
+        .filter_map(|r| r.text.as_deref())
+        .collect();
+    (!texts.is_empty()).then(|| texts.concat())
+}
+
+/// A message on the wire; an answer with its reasoning when `replay`.
+fn wire_message(message: &Message, replay: bool) -> Value {
     match message {
-        // Text only: this client sends no reasoning, images or provider
-        // metadata yet.
+        // Text, and an answer's own reasoning: this client sends no images
+        // or provider metadata yet.
         Message::System { content } => json!({ "role": "system", "content": wire_text(content) }),
         Message::User { content } => json!({ "role": "user", "content": wire_text(content) }),
         Message::Assistant {
@@ -84,6 +110,7 @@ fn wire_message(message: &Message) -> Value {
         } => {
             let mut wire = Map::new();
             wire.insert("role".into(), "assistant".into());
+            let content_parts = content;
             let text = wire_text(content);
             let content = if text.is_empty() && !tool_calls.is_empty() {
                 Value::Null
@@ -91,6 +118,9 @@ fn wire_message(message: &Message) -> Value {
                 Value::String(text.into_owned())
             };
             wire.insert("content".into(), content);
+            if let Some(reasoning) = own_reasoning(content_parts).filter(|_| replay) {
+                wire.insert("reasoning_content".into(), Value::String(reasoning));
+            }
             if !tool_calls.is_empty() {
                 let calls = tool_calls
                     .iter()
@@ -146,6 +176,10 @@ struct Choice {
 #[serde(default)]
 struct WireMessage {
     content: Option<Value>,
+    /// Reasoning as most servers name it (vLLM, llama.cpp, DeepSeek).
+    reasoning_content: Option<Value>,
+    /// Reasoning as some gateways name it.
+    reasoning: Option<Value>,
     tool_calls: Option<Vec<WireToolCall>>,
 }
 
@@ -211,6 +245,11 @@ impl Completion {
             .message
             .ok_or_else(|| ModelError::fatal("the chat completion choice has no message"))?;
         let content = text_content(message.content)?;
+        let reasoning = [message.reasoning_content, message.reasoning]
+            .into_iter()
+            .flatten()
+            .find_map(|r| r.as_str().filter(|r| !r.is_empty()).map(str::to_owned))
+            .unwrap_or_default();
         let mut tool_calls = Vec::new();
         for (position, call) in message
             .tool_calls
@@ -229,7 +268,7 @@ impl Completion {
             )?);
         }
         Ok(ModelResponse {
-            content: content.into(),
+            content: answer_content(reasoning, content),
             tool_calls,
             provider_metadata: None,
             usage: self.usage.map(WireUsage::into_usage).unwrap_or_default(),
@@ -276,6 +315,24 @@ fn text_content(content: Option<Value>) -> Result<String, ModelError> {
             json_kind(&other)
         ))),
     }
+}
+
+/// An answer's content: its reasoning (when the server sent any) before its
+/// text, the text left out when it is empty and there is reasoning.
+pub(crate) fn answer_content(reasoning: String, text: String) -> Content {
+    if reasoning.is_empty() {
+        return text.into();
+    }
+    let mut parts = vec![Part::Reasoning(Reasoning {
+        provider: REASONING_PROVIDER.into(),
+        text: Some(reasoning),
+        signature: None,
+        redacted: None,
+    })];
+    if !text.is_empty() {
+        parts.push(Part::text(text));
+    }
+    Content::new(parts)
 }
 
 /// Appends a tool call's `arguments` (normally a JSON string; some servers
@@ -341,5 +398,7 @@ pub(crate) struct StreamChoice {
 #[serde(default)]
 pub(crate) struct StreamDelta {
     pub(crate) content: Option<String>,
+    pub(crate) reasoning_content: Option<String>,
+    pub(crate) reasoning: Option<String>,
     pub(crate) tool_calls: Option<Vec<WireToolCall>>,
 }

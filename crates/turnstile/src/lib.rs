@@ -149,4 +149,4 @@ pub use turnstile_postgres::{PostgresOptions, PostgresStore};
 pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 #[cfg(feature = "openai")]
-pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel};
+pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay};

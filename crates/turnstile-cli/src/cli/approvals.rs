@@ -17,7 +17,7 @@ use super::args::{parse_revision, SessionArgs};
 use super::db::DbLocation;
 use super::exit::CliError;
 use super::hint::{self, AgentFlags, Decision};
-use super::model::ModelSpec;
+use super::model::{ModelSpec, ReplayArg};
 use super::ops::utc;
 use super::output::{self, Style};
 use super::store::{closed, open_store};
@@ -112,6 +112,9 @@ pub struct NextArgs {
     /// The run's --api-key-env, for that command.
     #[arg(long, value_name = "VAR", requires = "model")]
     pub api_key_env: Option<String>,
+    /// The run's --reasoning-replay, for that command.
+    #[arg(long, value_name = "WHICH", requires = "model")]
+    pub reasoning_replay: Option<ReplayArg>,
     /// The run's --require-approval, for that command.
     #[arg(long, value_name = "TOOL[,TOOL]", value_delimiter = ',')]
     pub require_approval: Vec<String>,
@@ -514,6 +517,7 @@ async fn decide(
         model,
         base_url: args.next.base_url.as_deref(),
         api_key_env: args.next.api_key_env.as_deref(),
+        reasoning_replay: args.next.reasoning_replay,
         require_approval: &approval,
         lease: None,
     });

@@ -11,7 +11,7 @@ use turnstile::LeasePolicy;
 use super::args::SessionArgs;
 use super::budget_args::raise;
 use super::exit::{CliError, NextSteps};
-use super::model::{ModelArgs, ModelSpec};
+use super::model::{ModelArgs, ModelSpec, ReplayArg};
 pub(super) use super::text::quote;
 
 /// The options that rebuild a run's agent in a printed command: its model
@@ -23,6 +23,7 @@ pub(super) struct AgentFlags<'a> {
     pub model: &'a ModelSpec,
     pub base_url: Option<&'a str>,
     pub api_key_env: Option<&'a str>,
+    pub reasoning_replay: Option<ReplayArg>,
     /// Checked, sorted, without repeats.
     pub require_approval: &'a [String],
     pub lease: Option<LeasePolicy>,
@@ -34,6 +35,7 @@ impl<'a> AgentFlags<'a> {
             model: &model.model,
             base_url: model.base_url.as_deref(),
             api_key_env: model.api_key_env.as_deref(),
+            reasoning_replay: model.reasoning_replay,
             require_approval,
             lease: None,
         }
@@ -55,6 +57,9 @@ impl<'a> AgentFlags<'a> {
         }
         if let Some(var) = self.api_key_env {
             words.extend(["--api-key-env".into(), quote(var)]);
+        }
+        if let Some(replay) = self.reasoning_replay {
+            words.extend(["--reasoning-replay".into(), replay.as_str().into()]);
         }
         if !self.require_approval.is_empty() {
             words.extend([
@@ -331,6 +336,7 @@ mod tests {
             model: &model,
             base_url: None,
             api_key_env: None,
+            reasoning_replay: None,
             require_approval: &tools,
             lease: None,
         };
@@ -374,6 +380,7 @@ mod tests {
             model: &model,
             base_url: None,
             api_key_env: None,
+            reasoning_replay: None,
             require_approval: &[],
             lease: None,
         }

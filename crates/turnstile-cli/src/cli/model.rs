@@ -53,6 +53,43 @@ pub struct ModelArgs {
     /// taken from an argument.
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
+    /// Which of the model's earlier reasoning (`reasoning_content`) is sent
+    /// back (openai models only): the tool loop in progress's (default),
+    /// always, or never.
+    #[arg(long, value_name = "WHICH")]
+    pub reasoning_replay: Option<ReplayArg>,
+}
+
+/// `--reasoning-replay`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayArg {
+    /// The answers after the last user message.
+    ToolCycle,
+    /// Every answer's.
+    Always,
+    /// None.
+    Never,
+}
+
+impl ReplayArg {
+    /// The flag's value, as typed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayArg::ToolCycle => "tool-cycle",
+            ReplayArg::Always => "always",
+            ReplayArg::Never => "never",
+        }
+    }
+}
+
+impl From<ReplayArg> for turnstile::ReasoningReplay {
+    fn from(arg: ReplayArg) -> Self {
+        match arg {
+            ReplayArg::ToolCycle => turnstile::ReasoningReplay::CurrentToolCycle,
+            ReplayArg::Always => turnstile::ReasoningReplay::Always,
+            ReplayArg::Never => turnstile::ReasoningReplay::Never,
+        }
+    }
 }
 
 /// Builds the model. Everything is read and checked here, before any
@@ -60,16 +97,18 @@ pub struct ModelArgs {
 pub fn load(args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
     match &args.model {
         ModelSpec::Scripted(path) => {
-            if args.base_url.is_some() || args.api_key_env.is_some() {
+            if args.base_url.is_some()
+                || args.api_key_env.is_some()
+                || args.reasoning_replay.is_some()
+            {
                 return Err(CliError::Usage(
-                    "--base-url and --api-key-env apply to openai models only".into(),
+                    "--base-url, --api-key-env and --reasoning-replay apply to openai models only"
+                        .into(),
                 ));
             }
             Ok(Arc::new(ScriptedModel::new(load_script(path)?)))
         }
-        ModelSpec::OpenAi(name) => {
-            openai(name, args.base_url.as_deref(), args.api_key_env.as_deref())
-        }
+        ModelSpec::OpenAi(name) => openai(name, args),
     }
 }
 
@@ -173,15 +212,11 @@ fn normalize(reply: &mut Value) {
     }
 }
 
-fn openai(
-    name: &str,
-    base_url: Option<&str>,
-    key_env: Option<&str>,
-) -> Result<Arc<dyn Model>, CliError> {
+fn openai(name: &str, args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
     use turnstile::{OpenAiConfig, OpenAiModel};
 
-    let base_url = base_url.unwrap_or(DEFAULT_BASE_URL);
-    let config = match key_env {
+    let base_url = args.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL);
+    let config = match args.api_key_env.as_deref() {
         Some(var) => OpenAiConfig::from_env(base_url, name, var),
         // Local servers need no key: the default variable is optional.
         None if std::env::var_os(DEFAULT_KEY_ENV).is_some() => {
@@ -190,6 +225,10 @@ fn openai(
         None => Ok(OpenAiConfig::new(base_url, name)),
     }
     .map_err(|e| CliError::Usage(e.message))?;
+    let config = match args.reasoning_replay {
+        Some(replay) => config.with_reasoning_replay(replay.into()),
+        None => config,
+    };
     let model = OpenAiModel::new(config).map_err(|e| CliError::Usage(e.message))?;
     Ok(Arc::new(model))
 }

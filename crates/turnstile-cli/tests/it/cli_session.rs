@@ -772,6 +772,44 @@ fn a_password_in_the_base_url_never_reaches_the_hint() {
     );
 }
 
+#[test]
+fn reasoning_replay_is_for_openai_models_and_the_hint_repeats_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("replay.db");
+    let conversation = uuid();
+    let mut run = on("run", &db, &conversation);
+    run.extend([
+        "--model",
+        "openai:m",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--reasoning-replay",
+        "always",
+        INPUT,
+    ]);
+    let failed = turnstile(&run);
+    assert_eq!(failed.code, 1, "{failed:#?}");
+    assert!(
+        failed.stderr.contains("--reasoning-replay always"),
+        "{failed:#?}"
+    );
+
+    let model = scripted(&add_script(dir.path()));
+    let (second, third) = (uuid(), uuid());
+    let mut scripted_run = on("run", &db, &second);
+    scripted_run.extend(["--model", &model, "--reasoning-replay", "never", INPUT]);
+    turnstile(&scripted_run).assert_error(2, "apply to openai models only");
+    let mut unknown = on("run", &db, &third);
+    unknown.extend([
+        "--model",
+        "openai:m",
+        "--reasoning-replay",
+        "sometimes",
+        INPUT,
+    ]);
+    turnstile(&unknown).assert_error(2, "tool-cycle");
+}
+
 #[tokio::test]
 async fn a_write_lock_held_elsewhere_past_the_busy_timeout_exits_busy() {
     use sqlx::{Connection, Executor};

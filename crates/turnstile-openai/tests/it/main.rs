@@ -5,4 +5,5 @@ mod llama_server;
 mod openai_errors;
 mod openai_finish;
 mod openai_model;
+mod openai_reasoning;
 mod support;
