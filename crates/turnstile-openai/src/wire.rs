@@ -10,11 +10,16 @@
 
 use std::borrow::Cow;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use turnstile_core::agent::{ModelRequest, ModelResponse};
-use turnstile_core::message::{Content, Message, Part, Reasoning, ToolCall, ToolSpec, Usage};
+use turnstile_core::message::{
+    Attachment, Content, Message, Part, Reasoning, ToolCall, ToolSpec, Usage,
+};
 use turnstile_core::ModelError;
 
 use crate::errors::{error_object, json_kind};
@@ -70,16 +75,79 @@ pub(crate) fn request_body(
     Value::Object(body)
 }
 
-/// A message's text parts as one string, each on its own line: a
-/// placeholder the context put in for a part this client cannot send
-/// (`[reasoning: anthropic]`, `[image: image/png, 34 KiB]`) stays apart from
-/// the text around it.
+/// A message's text parts as one string, each on its own line, with a
+/// placeholder for each image or file (`[image: image/png, 34 KiB]`): a
+/// placeholder stays apart from the text around it. For the messages whose
+/// content the protocol takes as text only (system, assistant, tool).
 fn wire_text(content: &Content) -> Cow<'_, str> {
     if let Some(text) = content.as_plain_text() {
         return Cow::Borrowed(text);
     }
-    let texts: Vec<&str> = content.parts().iter().filter_map(Part::as_text).collect();
+    let texts: Vec<Cow<'_, str>> = content
+        .parts()
+        .iter()
+        .filter_map(|part| match part {
+            Part::Reasoning(_) => None,
+            part => match part.as_text() {
+                Some(text) => Some(Cow::Borrowed(text)),
+                None => part.placeholder().map(Cow::Owned),
+            },
+        })
+        .collect();
     Cow::Owned(texts.join("\n"))
+}
+
+/// A user message's content: its text as a string, or, when it holds
+/// images or files, an array of parts (`text`, `image_url` with the URL or
+/// a base64 data URL, `file` with a data URL and its name). An attachment
+/// whose bytes were not loaded (an image past the context's count is a
+/// placeholder already) goes as its placeholder.
+fn user_content(content: &Content) -> Value {
+    if !content
+        .parts()
+        .iter()
+        .any(|part| matches!(part, Part::Image(_) | Part::ImageUrl { .. } | Part::File(_)))
+    {
+        return Value::String(wire_text(content).into_owned());
+    }
+    let data_url = |attachment: &Attachment, bytes: &[u8]| {
+        format!(
+            "data:{};base64,{}",
+            attachment.media_type(),
+            BASE64.encode(bytes)
+        )
+    };
+    let parts = content
+        .parts()
+        .iter()
+        .filter_map(|part| match part {
+            Part::ImageUrl { url } => {
+                Some(json!({ "type": "image_url", "image_url": { "url": url } }))
+            }
+            Part::Image(attachment) => Some(match attachment.bytes() {
+                Some(bytes) => json!({
+                    "type": "image_url",
+                    "image_url": { "url": data_url(attachment, bytes) },
+                }),
+                None => json!({ "type": "text", "text": part.placeholder() }),
+            }),
+            Part::File(attachment) => Some(match attachment.bytes() {
+                Some(bytes) => {
+                    let mut file = json!({ "file_data": data_url(attachment, bytes) });
+                    if let Some(name) = attachment.name() {
+                        file["filename"] = json!(name);
+                    }
+                    json!({ "type": "file", "file": file })
+                }
+                None => json!({ "type": "text", "text": part.placeholder() }),
+            }),
+            Part::Reasoning(_) => None,
+            part => part
+                .as_text()
+                .map(|text| json!({ "type": "text", "text": text })),
+        })
+        .collect();
+    Value::Array(parts)
 }
 
 /// The provider family of the reasoning this client reads and sends back.
@@ -99,10 +167,11 @@ fn own_reasoning(content: &Content) -> Option<String> {
 /// A message on the wire; an answer with its reasoning when `replay`.
 fn wire_message(message: &Message, replay: bool) -> Value {
     match message {
-        // Text, and an answer's own reasoning: this client sends no images
-        // or provider metadata yet.
+        // Images and files in user messages; elsewhere text, with
+        // placeholders for what the protocol does not take there; an
+        // answer's own reasoning. No provider metadata yet.
         Message::System { content } => json!({ "role": "system", "content": wire_text(content) }),
-        Message::User { content } => json!({ "role": "user", "content": wire_text(content) }),
+        Message::User { content } => json!({ "role": "user", "content": user_content(content) }),
         Message::Assistant {
             content,
             tool_calls,
