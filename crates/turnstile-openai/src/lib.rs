@@ -10,6 +10,7 @@
 
 mod config;
 mod errors;
+mod request;
 mod stream;
 mod wire;
 
@@ -166,7 +167,7 @@ impl OpenAiModel {
     /// One exchange: the request, then the answer read as one JSON body or
     /// as an event stream.
     async fn call(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = wire::request_body(&self.config, request, request.deltas.is_some());
+        let body = request::request_body(&self.config, request, request.deltas.is_some());
         let mut builder = self.client.post(self.endpoint.clone()).json(&body);
         if let Some(authorization) = &self.authorization {
             builder = builder.header(AUTHORIZATION, authorization.clone());
