@@ -175,7 +175,7 @@ mod tests {
     fn decode_errors_do_not_quote_the_input() {
         const MARK: &str = "MALFORMED-CHUNK-MARK";
         let serde = serde_json::from_str::<crate::wire::Completion>(
-            &json!({ "choices": [{ "message": format!("private {MARK}") }] }).to_string(),
+            &json!({ "choices": [{ "index": format!("private {MARK}") }] }).to_string(),
         )
         .map(|_| ())
         .unwrap_err();

@@ -10,6 +10,7 @@
 
 mod config;
 mod errors;
+mod extra;
 mod request;
 mod stream;
 mod wire;

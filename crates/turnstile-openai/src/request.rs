@@ -5,16 +5,29 @@ use std::borrow::Cow;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use turnstile_core::agent::ModelRequest;
 use turnstile_core::message::{Attachment, Content, Message, Part, ToolSpec};
 
+use crate::extra::Members;
 use crate::wire::REASONING_PROVIDER;
 use crate::{OpenAiConfig, ReasoningReplay};
 
 /// Extra body members that only mean something with tools.
 const TOOL_MEMBERS: [&str; 2] = ["tool_choice", "parallel_tool_calls"];
+
+/// A request body. The messages are JSON text: an answer's provider
+/// metadata goes back into its message as the server sent it.
+#[derive(Serialize)]
+pub(crate) struct RequestBody {
+    model: String,
+    messages: Vec<Box<RawValue>>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
 
 /// The request body: the transcript, the tools, the stream options when
 /// `stream`, and the configuration's extra members.
@@ -22,9 +35,8 @@ pub(crate) fn request_body(
     config: &OpenAiConfig,
     request: &ModelRequest<'_>,
     stream: bool,
-) -> Value {
+) -> RequestBody {
     let mut body = Map::new();
-    body.insert("model".into(), Value::String(config.model.clone()));
     // The current tool cycle: the answers after the last user message.
     let cycle_start = request
         .messages
@@ -39,7 +51,7 @@ pub(crate) fn request_body(
         };
         wire_message(message, replay)
     });
-    body.insert("messages".into(), messages.collect());
+    let messages = messages.collect();
     if !request.tools.is_empty() {
         body.insert(
             "tools".into(),
@@ -60,7 +72,11 @@ pub(crate) fn request_body(
         }
         body.insert(name.clone(), value.clone());
     }
-    Value::Object(body)
+    RequestBody {
+        model: config.model.clone(),
+        messages,
+        rest: body,
+    }
 }
 
 /// A message's text parts as one string, each on its own line, with a
@@ -149,51 +165,68 @@ fn own_reasoning(content: &Content) -> Option<String> {
     (!texts.is_empty()).then(|| texts.concat())
 }
 
-/// A message on the wire; an answer with its reasoning when `replay`.
-fn wire_message(message: &Message, replay: bool) -> Value {
+/// A message on the wire, as JSON text: images and files in a user
+/// message; elsewhere text, with placeholders for what the protocol does not
+/// take there. An answer carries its own reasoning when `replay`, and it and
+/// its tool calls the members their provider metadata keeps (after their
+/// own: metadata cannot replace what this client sends).
+fn wire_message(message: &Message, replay: bool) -> Box<RawValue> {
+    let object = |value: Value| match value {
+        Value::Object(object) => object,
+        _ => Map::new(),
+    };
     match message {
-        // Images and files in user messages; elsewhere text, with
-        // placeholders for what the protocol does not take there; an
-        // answer's own reasoning. No provider metadata yet.
-        Message::System { content } => json!({ "role": "system", "content": wire_text(content) }),
-        Message::User { content } => json!({ "role": "user", "content": user_content(content) }),
+        Message::System { content } => Members::default().appended_to(&object(
+            json!({ "role": "system", "content": wire_text(content) }),
+        )),
+        Message::User { content } => Members::default().appended_to(&object(
+            json!({ "role": "user", "content": user_content(content) }),
+        )),
         Message::Assistant {
             content,
             tool_calls,
-            ..
+            provider_metadata,
         } => {
             let mut wire = Map::new();
             wire.insert("role".into(), "assistant".into());
-            let content_parts = content;
             let text = wire_text(content);
-            let content = if text.is_empty() && !tool_calls.is_empty() {
+            let text = if text.is_empty() && !tool_calls.is_empty() {
                 Value::Null
             } else {
                 Value::String(text.into_owned())
             };
-            wire.insert("content".into(), content);
-            if let Some(reasoning) = own_reasoning(content_parts).filter(|_| replay) {
+            wire.insert("content".into(), text);
+            if let Some(reasoning) = own_reasoning(content).filter(|_| replay) {
                 wire.insert("reasoning_content".into(), Value::String(reasoning));
             }
+            let mut members = Members::default();
             if !tool_calls.is_empty() {
-                let calls = tool_calls
+                let calls: Vec<String> = tool_calls
                     .iter()
                     .map(|call| {
-                        json!({
+                        let wire = object(json!({
                             "id": call.id,
                             "type": "function",
                             "function": { "name": call.name, "arguments": call.arguments },
-                        })
+                        }));
+                        Members::of(call.provider_metadata.as_ref())
+                            .appended_to(&wire)
+                            .get()
+                            .to_owned()
                     })
                     .collect();
-                wire.insert("tool_calls".into(), Value::Array(calls));
+                let calls = RawValue::from_string(format!("[{}]", calls.join(",")));
+                members = Members::one("tool_calls", calls.unwrap_or_default());
             }
-            Value::Object(wire)
+            members.absorb(Members::of(provider_metadata.as_ref()));
+            members.appended_to(&wire)
         }
         // The protocol has no error flag: the tool's text says what failed.
         Message::Tool {
             call_id, content, ..
-        } => json!({ "role": "tool", "tool_call_id": call_id, "content": wire_text(content) }),
+        } => Members::default().appended_to(&object(
+            json!({ "role": "tool", "tool_call_id": call_id, "content": wire_text(content) }),
+        )),
     }
 }
 

@@ -15,7 +15,11 @@ use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 
 use crate::errors::{decode_error, error_object, transport_error};
-use crate::wire::{answer_content, check_finish, finish_call, push_arguments, StreamChunk};
+use crate::extra::{Members, ANSWER_MEMBERS};
+use crate::wire::{
+    answer_content, check_finish, finish_call, push_arguments, StreamChunk, StreamDelta,
+    WireToolCall,
+};
 use crate::OpenAiConfig;
 
 /// The largest single server-sent event accepted.
@@ -162,6 +166,8 @@ struct StreamAssembly {
     content: String,
     reasoning: String,
     calls: BTreeMap<u64, PartialCall>,
+    /// The answer's members this client does not read.
+    extra: Members,
     usage: Option<Usage>,
     /// The last `finish_reason` of the first choice.
     finish_reason: Option<String>,
@@ -173,6 +179,7 @@ struct PartialCall {
     id: String,
     name: String,
     arguments: String,
+    extra: Members,
 }
 
 impl StreamAssembly {
@@ -213,7 +220,19 @@ impl StreamAssembly {
             if let Some(reason) = choice.finish_reason.as_ref().and_then(Value::as_str) {
                 self.finish_reason = Some(reason.to_owned());
             }
-            let Some(delta) = choice.delta else { continue };
+            let Some(raw) = choice.delta.filter(|d| d.get() != "null") else {
+                continue;
+            };
+            let malformed = |e: serde_json::Error, what: &str| {
+                ModelError::fatal(format!(
+                    "malformed chat completion stream: event {} is not a valid chunk: {}",
+                    self.events,
+                    decode_error(&e, what)
+                ))
+            };
+            let delta: StreamDelta =
+                serde_json::from_str(raw.get()).map_err(|e| malformed(e, "a delta object"))?;
+            self.extra.absorb(Members::unknown(&raw, &ANSWER_MEMBERS));
             // Reasoning is not a text delta: it is not the answer. A server
             // that spells it both ways sends the same text twice.
             if let Some(text) = delta.reasoning_content.or(delta.reasoning) {
@@ -223,10 +242,16 @@ impl StreamAssembly {
                 deltas(&text);
                 self.content.push_str(&text);
             }
-            for (position, fragment) in delta.tool_calls.unwrap_or_default().into_iter().enumerate()
-            {
+            for (position, raw) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
+                let (fragment, extra) = WireToolCall::read(&raw).map_err(|e| {
+                    ModelError::fatal(format!(
+                        "malformed chat completion stream: event {} is not a valid chunk: {e}",
+                        self.events
+                    ))
+                })?;
                 let index = fragment.index.unwrap_or(position as u64);
                 let call = self.calls.entry(index).or_default();
+                call.extra.absorb(extra);
                 if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
                     if call.id.is_empty() {
                         call.id = id;
@@ -250,12 +275,14 @@ impl StreamAssembly {
             .calls
             .into_values()
             .enumerate()
-            .map(|(position, call)| finish_call(position, call.id, call.name, call.arguments))
+            .map(|(position, call)| {
+                finish_call(position, call.id, call.name, call.arguments, call.extra)
+            })
             .collect::<Result<_, _>>()?;
         Ok(ModelResponse {
             content: answer_content(self.reasoning, self.content),
             tool_calls,
-            provider_metadata: None,
+            provider_metadata: self.extra.into_metadata(),
             usage: self.usage.unwrap_or_default(),
         })
     }

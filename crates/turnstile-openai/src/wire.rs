@@ -9,13 +9,15 @@
 //! [`decode_error`](crate::errors::decode_error)).
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use turnstile_core::agent::ModelResponse;
 use turnstile_core::message::{Content, Part, Reasoning, ToolCall, Usage};
 use turnstile_core::ModelError;
 
-use crate::errors::{error_object, json_kind};
+use crate::errors::{decode_error, error_object, json_kind};
+use crate::extra::{Members, ANSWER_MEMBERS, CALL_MEMBERS};
 use crate::OpenAiConfig;
 
 /// The provider family of the reasoning this client reads and sends back.
@@ -35,7 +37,9 @@ pub(crate) struct Completion {
 #[serde(default)]
 struct Choice {
     index: Option<u64>,
-    message: Option<WireMessage>,
+    /// Read as its text first, to keep the members this client does not
+    /// read.
+    message: Option<Box<RawValue>>,
     finish_reason: Option<Value>,
 }
 
@@ -47,7 +51,7 @@ struct WireMessage {
     reasoning_content: Option<Value>,
     /// Reasoning as some gateways name it.
     reasoning: Option<Value>,
-    tool_calls: Option<Vec<WireToolCall>>,
+    tool_calls: Option<Vec<Box<RawValue>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -56,6 +60,17 @@ pub(crate) struct WireToolCall {
     pub(crate) index: Option<u64>,
     pub(crate) id: Option<String>,
     pub(crate) function: Option<WireFunction>,
+}
+
+impl WireToolCall {
+    /// A call (or a streamed fragment of one) from its text, with the
+    /// members this client does not read.
+    /// A decoding error says what was expected, never what came.
+    pub(crate) fn read(raw: &RawValue) -> Result<(Self, Members), String> {
+        let call =
+            serde_json::from_str(raw.get()).map_err(|e| decode_error(&e, "a tool call object"))?;
+        Ok((call, Members::unknown(raw, &CALL_MEMBERS)))
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -108,9 +123,17 @@ impl Completion {
             .min_by_key(|c| c.index.unwrap_or(0))
             .ok_or_else(|| ModelError::fatal("the chat completion response has no choices"))?;
         check_finish(choice.finish_reason.as_ref().and_then(Value::as_str))?;
-        let message = choice
+        let raw = choice
             .message
+            .filter(|m| m.get() != "null")
             .ok_or_else(|| ModelError::fatal("the chat completion choice has no message"))?;
+        let message: WireMessage = serde_json::from_str(raw.get()).map_err(|e| {
+            ModelError::fatal(format!(
+                "malformed chat completion response: {}",
+                decode_error(&e, "a message object")
+            ))
+        })?;
+        let provider_metadata = Members::unknown(&raw, &ANSWER_MEMBERS).into_metadata();
         let content = text_content(message.content)?;
         let reasoning = [message.reasoning_content, message.reasoning]
             .into_iter()
@@ -118,12 +141,17 @@ impl Completion {
             .find_map(|r| r.as_str().filter(|r| !r.is_empty()).map(str::to_owned))
             .unwrap_or_default();
         let mut tool_calls = Vec::new();
-        for (position, call) in message
+        for (position, raw) in message
             .tool_calls
             .unwrap_or_default()
             .into_iter()
             .enumerate()
         {
+            let (call, extra) = WireToolCall::read(&raw).map_err(|e| {
+                ModelError::fatal(format!(
+                    "malformed chat completion response: tool call {position}: {e}"
+                ))
+            })?;
             let function = call.function.unwrap_or_default();
             let mut arguments = String::new();
             push_arguments(&mut arguments, function.arguments);
@@ -132,12 +160,13 @@ impl Completion {
                 call.id.unwrap_or_default(),
                 function.name.unwrap_or_default(),
                 arguments,
+                extra,
             )?);
         }
         Ok(ModelResponse {
             content: answer_content(reasoning, content),
             tool_calls,
-            provider_metadata: None,
+            provider_metadata,
             usage: self.usage.map(WireUsage::into_usage).unwrap_or_default(),
         })
     }
@@ -219,6 +248,7 @@ pub(crate) fn finish_call(
     id: String,
     name: String,
     arguments: String,
+    extra: Members,
 ) -> Result<ToolCall, ModelError> {
     if name.is_empty() {
         return Err(ModelError::fatal(format!(
@@ -239,7 +269,7 @@ pub(crate) fn finish_call(
         id,
         name,
         arguments,
-        provider_metadata: None,
+        provider_metadata: extra.into_metadata(),
     })
 }
 
@@ -257,7 +287,9 @@ pub(crate) struct StreamChunk {
 #[serde(default)]
 pub(crate) struct StreamChoice {
     pub(crate) index: Option<u64>,
-    pub(crate) delta: Option<StreamDelta>,
+    /// Read as its text first, to keep the members this client does not
+    /// read.
+    pub(crate) delta: Option<Box<RawValue>>,
     pub(crate) finish_reason: Option<Value>,
 }
 
@@ -267,5 +299,5 @@ pub(crate) struct StreamDelta {
     pub(crate) content: Option<String>,
     pub(crate) reasoning_content: Option<String>,
     pub(crate) reasoning: Option<String>,
-    pub(crate) tool_calls: Option<Vec<WireToolCall>>,
+    pub(crate) tool_calls: Option<Vec<Box<RawValue>>>,
 }

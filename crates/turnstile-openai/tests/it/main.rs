@@ -5,6 +5,7 @@ mod llama_server;
 mod openai_errors;
 mod openai_finish;
 mod openai_images;
+mod openai_metadata;
 mod openai_model;
 mod openai_reasoning;
 mod support;

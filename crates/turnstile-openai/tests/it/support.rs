@@ -63,6 +63,8 @@ impl Reply {
 pub struct Recorded {
     headers: HeaderMap,
     body: Value,
+    /// The body as it was sent, byte for byte.
+    raw: String,
 }
 
 #[derive(Clone, Default)]
@@ -109,6 +111,12 @@ impl Server {
         requests.iter().map(|r| r.body.clone()).collect()
     }
 
+    /// The request bodies as they were sent.
+    pub fn raw_bodies(&self) -> Vec<String> {
+        let requests = self.script.requests.lock().unwrap();
+        requests.iter().map(|r| r.raw.clone()).collect()
+    }
+
     pub fn authorization(&self, i: usize) -> Option<String> {
         let requests = self.script.requests.lock().unwrap();
         requests[i]
@@ -125,12 +133,13 @@ impl Drop for Server {
 }
 
 async fn answer(State(script): State<Script>, headers: HeaderMap, body: Bytes) -> Response {
+    let raw = String::from_utf8_lossy(&body).into_owned();
     let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
     script
         .requests
         .lock()
         .unwrap()
-        .push(Recorded { headers, body });
+        .push(Recorded { headers, body, raw });
     let reply = script.replies.lock().unwrap().pop_front();
     match reply {
         None => (StatusCode::IM_A_TEAPOT, "script exhausted").into_response(),
