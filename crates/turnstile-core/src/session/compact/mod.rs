@@ -14,8 +14,10 @@ mod prompt;
 pub(super) use prompt::context_message;
 pub use prompt::{MaxPasses, DEFAULT_SUMMARY_PROMPT, MAX_SUMMARY_BYTES, SUMMARY_HEADING};
 
+use tracing::Instrument;
+
 use super::stream::Emitter;
-use super::turns::{check_stop, guarded, turn_limit};
+use super::turns::{check_stop, guarded, spans, turn_limit};
 use super::{AgentSession, SummarySettings};
 use crate::agent::{ModelRequest, RunContext};
 use crate::error::BudgetKind;
@@ -187,13 +189,20 @@ impl AgentSession {
             tools: &[],
             deltas: None,
         };
-        let response = guarded(ctx, fence, settings.agent.model.respond(request))
+        let span = spans::model_call(settings.agent.model.name(), fence.conversation_id);
+        let respond = settings
+            .agent
+            .model
+            .respond(request)
+            .instrument(span.clone());
+        let response = guarded(ctx, fence, respond)
             .await?
             .map_err(|source| Error::Model {
                 run_id: fence.run_id,
                 revision: fence.revision,
                 source,
             })?;
+        spans::record_usage(&span, &response.usage);
         tracing::debug!(
             from_seq = pass.from_seq,
             through_seq = pass.through_seq,

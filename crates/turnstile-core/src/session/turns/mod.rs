@@ -14,8 +14,10 @@ use std::collections::HashMap;
 use std::future::Future;
 
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 mod model_context;
+pub(super) mod spans;
 mod stop;
 
 use stop::until_deadline;
@@ -168,10 +170,12 @@ impl RunLoop<'_> {
             tools: &self.agent.specs,
             deltas: self.events.is_active().then_some(&on_delta as _),
         };
+        let span = spans::model_call(self.agent.model.name(), self.fence.conversation_id);
         let response = self
-            .guard(self.agent.model.respond(request))
+            .guard(self.agent.model.respond(request).instrument(span.clone()))
             .await?
             .map_err(|source| self.model_failed(source))?;
+        spans::record_usage(&span, &response.usage);
         tracing::debug!(
             turn,
             tool_calls = response.tool_calls.len(),
@@ -498,10 +502,10 @@ impl RunLoop<'_> {
         self.tool_running = true;
         // Spawned so a panic is caught as a JoinError; aborted if this run
         // is dropped, so a dropped stream leaves no tool running.
-        let task =
-            AbortOnDropHandle::new(tokio::spawn(
-                async move { tool.call(arguments, context).await },
-            ));
+        let span = spans::tool_call(&call.name, &call.id, self.fence.conversation_id);
+        let task = AbortOnDropHandle::new(tokio::spawn(
+            async move { tool.call(arguments, context).await }.instrument(span),
+        ));
         let timeout = self.agent.limits.tool_timeout;
         let finished =
             until_deadline(self.ctx, &self.fence, tokio::time::timeout(timeout, task)).await?;
