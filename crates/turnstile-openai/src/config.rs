@@ -31,25 +31,29 @@ pub struct OpenAiConfig {
     /// server's own extensions. See [`OpenAiConfig::with_extra_body`].
     pub extra_body: Map<String, Value>,
     /// Which of the model's earlier reasoning is sent back. Default
-    /// [`ReasoningReplay::CurrentToolCycle`].
+    /// [`ReasoningReplay::Never`].
     pub reasoning_replay: ReasoningReplay,
 }
 
 /// Which assistant messages' reasoning (`reasoning_content`, as reasoning
 /// models behind OpenAI-compatible servers return it: vLLM, llama.cpp with
 /// `--reasoning-format`, DeepSeek) is sent back with them. Only reasoning
-/// this client read (provider `openai`) is sent; another provider's is not
-/// this server's to read.
+/// this client read (provider `openai`) and that is in the context is
+/// sent; another provider's is not this server's to read.
+///
+/// None by default: some servers refuse an assistant message that carries
+/// `reasoning_content` (Groq, Cerebras), and a refusal would stop every
+/// tool loop; servers that need it back within a tool loop (DeepSeek's
+/// thinking mode with tools) take [`ReasoningReplay::CurrentToolCycle`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReasoningReplay {
-    /// The answers after the last user message: the tool loop in progress,
-    /// whose reasoning some servers require back (and others refuse for
-    /// earlier turns).
-    #[default]
+    /// The answers after the last user message: the tool loop in progress.
     CurrentToolCycle,
-    /// Every answer's.
+    /// Every answer's in the context. Committed requests' reasoning is in
+    /// it only with `PastReasoning::Sent` (the session's context policy).
     Always,
     /// None.
+    #[default]
     Never,
 }
 

@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use turnstile_core::agent::ModelRequest;
 use turnstile_core::message::{Attachment, Content, Message, Part, ToolSpec};
 
-use crate::extra::Members;
+use crate::extra::{Members, ANSWER_MEMBERS, CALL_MEMBERS};
 use crate::wire::REASONING_PROVIDER;
 use crate::{OpenAiConfig, ReasoningReplay};
 
@@ -103,7 +103,8 @@ fn wire_text(content: &Content) -> Cow<'_, str> {
 
 /// A user message's content: its text as a string, or, when it holds
 /// images or files, an array of parts (`text`, `image_url` with the URL or
-/// a base64 data URL, `file` with a data URL and its name). An attachment
+/// a base64 data URL, `file` with a data URL and its name, a text file as
+/// `text` headed by its name). An attachment
 /// whose bytes were not loaded (an image past the context's count is a
 /// placeholder already) goes as its placeholder.
 fn user_content(content: &Content) -> Value {
@@ -136,6 +137,15 @@ fn user_content(content: &Content) -> Value {
                 None => json!({ "type": "text", "text": part.placeholder() }),
             }),
             Part::File(attachment) => Some(match attachment.bytes() {
+                // Servers take documents (PDF) as files; text as text.
+                Some(bytes) if is_text(attachment.media_type()) => {
+                    let text = String::from_utf8_lossy(bytes);
+                    let text = match attachment.name() {
+                        Some(name) => format!("{name}:\n{text}"),
+                        None => text.into_owned(),
+                    };
+                    json!({ "type": "text", "text": text })
+                }
                 Some(bytes) => {
                     let mut file = json!({ "file_data": data_url(attachment, bytes) });
                     if let Some(name) = attachment.name() {
@@ -152,6 +162,12 @@ fn user_content(content: &Content) -> Value {
         })
         .collect();
     Value::Array(parts)
+}
+
+/// Whether a file of this media type is text (`text/*`, JSON).
+fn is_text(media_type: &str) -> bool {
+    let essence = media_type.split(';').next().unwrap_or("").trim();
+    essence.starts_with("text/") || essence == "application/json" || essence.ends_with("+json")
 }
 
 /// The text of the reasoning parts this client read, for
@@ -209,7 +225,7 @@ fn wire_message(message: &Message, replay: bool) -> Box<RawValue> {
                             "type": "function",
                             "function": { "name": call.name, "arguments": call.arguments },
                         }));
-                        Members::of(call.provider_metadata.as_ref())
+                        Members::of(call.provider_metadata.as_ref(), &CALL_MEMBERS)
                             .appended_to(&wire)
                             .get()
                             .to_owned()
@@ -218,7 +234,7 @@ fn wire_message(message: &Message, replay: bool) -> Box<RawValue> {
                 let calls = RawValue::from_string(format!("[{}]", calls.join(",")));
                 members = Members::one("tool_calls", calls.unwrap_or_default());
             }
-            members.absorb(Members::of(provider_metadata.as_ref()));
+            members.absorb(Members::of(provider_metadata.as_ref(), &ANSWER_MEMBERS));
             members.appended_to(&wire)
         }
         // The protocol has no error flag: the tool's text says what failed.

@@ -17,8 +17,8 @@ use turnstile_core::ModelError;
 use crate::errors::{decode_error, error_object, transport_error};
 use crate::extra::{Members, ANSWER_MEMBERS};
 use crate::wire::{
-    answer_content, check_finish, finish_call, push_arguments, StreamChunk, StreamDelta,
-    WireToolCall,
+    answer_content, check_finish, finish_call, push_arguments, reasoning_text, StreamChunk,
+    StreamDelta, WireToolCall,
 };
 use crate::OpenAiConfig;
 
@@ -235,9 +235,8 @@ impl StreamAssembly {
             self.extra.absorb(Members::unknown(&raw, &ANSWER_MEMBERS));
             // Reasoning is not a text delta: it is not the answer. A server
             // that spells it both ways sends the same text twice.
-            if let Some(text) = delta.reasoning_content.or(delta.reasoning) {
-                self.reasoning.push_str(&text);
-            }
+            self.reasoning
+                .push_str(&reasoning_text(delta.reasoning_content, delta.reasoning));
             if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                 deltas(&text);
                 self.content.push_str(&text);

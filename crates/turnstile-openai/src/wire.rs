@@ -135,11 +135,7 @@ impl Completion {
         })?;
         let provider_metadata = Members::unknown(&raw, &ANSWER_MEMBERS).into_metadata();
         let content = text_content(message.content)?;
-        let reasoning = [message.reasoning_content, message.reasoning]
-            .into_iter()
-            .flatten()
-            .find_map(|r| r.as_str().filter(|r| !r.is_empty()).map(str::to_owned))
-            .unwrap_or_default();
+        let reasoning = reasoning_text(message.reasoning_content, message.reasoning);
         let mut tool_calls = Vec::new();
         for (position, raw) in message
             .tool_calls
@@ -211,6 +207,19 @@ fn text_content(content: Option<Value>) -> Result<String, ModelError> {
             json_kind(&other)
         ))),
     }
+}
+
+/// Reasoning as a server sent it: `reasoning_content`, else `reasoning`
+/// (a server may send both, the same text twice); not a string is none.
+pub(crate) fn reasoning_text(reasoning_content: Option<Value>, reasoning: Option<Value>) -> String {
+    [reasoning_content, reasoning]
+        .into_iter()
+        .flatten()
+        .find_map(|r| match r {
+            Value::String(text) if !text.is_empty() => Some(text),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// An answer's content: its reasoning (when the server sent any) before its
@@ -297,7 +306,7 @@ pub(crate) struct StreamChoice {
 #[serde(default)]
 pub(crate) struct StreamDelta {
     pub(crate) content: Option<String>,
-    pub(crate) reasoning_content: Option<String>,
-    pub(crate) reasoning: Option<String>,
+    pub(crate) reasoning_content: Option<Value>,
+    pub(crate) reasoning: Option<Value>,
     pub(crate) tool_calls: Option<Vec<Box<RawValue>>>,
 }

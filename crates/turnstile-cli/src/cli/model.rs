@@ -54,8 +54,10 @@ pub struct ModelArgs {
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
     /// Which of the model's earlier reasoning (`reasoning_content`) is sent
-    /// back (openai models only): the tool loop in progress's (default),
-    /// always, or never.
+    /// back (openai models only): never (default; some servers refuse it),
+    /// the tool loop in progress's (tool-cycle, for servers that need it),
+    /// or always (every answer's the context holds: the current
+    /// request's).
     #[arg(long, value_name = "WHICH")]
     pub reasoning_replay: Option<ReplayArg>,
 }

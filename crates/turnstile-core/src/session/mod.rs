@@ -29,7 +29,7 @@ use crate::agent::{Agent, RunContext};
 use crate::error::Error;
 use crate::events::Event;
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
-use crate::message::{Content, Message, Part, Usage};
+use crate::message::{Content, Message, Part, Reasoning, Usage};
 use crate::store::Store;
 pub use compact::{MaxPasses, DEFAULT_SUMMARY_PROMPT, MAX_SUMMARY_BYTES, SUMMARY_HEADING};
 pub(crate) use stream::Emitter;
@@ -66,11 +66,12 @@ pub struct ContextPolicy {
 /// all of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PastReasoning {
-    /// Each reasoning part replaced by a text placeholder saying whose it
-    /// was (`[reasoning: anthropic]`): the model knows it reasoned there
-    /// without being sent what providers ignore or strip from earlier turns
-    /// and what can be large. Committed answers keep their text, tool calls
-    /// and provider metadata.
+    /// Each reasoning part replaced by an empty one naming its provider (no
+    /// text, signature or redacted data): the model client sees that the
+    /// answer reasoned there, and sends of it what its protocol allows
+    /// (the OpenAI-compatible client: nothing), without being given what
+    /// providers ignore or strip from earlier turns and what can be large.
+    /// Committed answers keep their text, tool calls and provider metadata.
     #[default]
     Placeholder,
     /// Left out, without a placeholder.
@@ -159,7 +160,10 @@ impl ContextPolicy {
                         .into_iter()
                         .filter_map(|part| match (&part, self.past_reasoning) {
                             (Part::Reasoning(_), PastReasoning::Omitted) => None,
-                            (Part::Reasoning(_), _) => part.placeholder().map(Part::text),
+                            (Part::Reasoning(reasoning), _) => Some(Part::Reasoning(Reasoning {
+                                provider: reasoning.provider.clone(),
+                                ..Reasoning::default()
+                            })),
                             _ => Some(part),
                         })
                         .collect(),

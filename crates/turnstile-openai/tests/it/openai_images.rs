@@ -35,6 +35,11 @@ async fn user_images_and_files_go_as_data_urls_and_elsewhere_as_placeholders() {
                 url: "https://example.com/a.png".into(),
             },
             Part::File(pdf),
+            Part::File(
+                Attachment::new("text/csv", b"a,b\n1,2".to_vec())
+                    .unwrap()
+                    .with_name("t.csv"),
+            ),
         ]),
         Message::Tool {
             call_id: "c1".into(),
@@ -64,6 +69,7 @@ async fn user_images_and_files_go_as_data_urls_and_elsewhere_as_placeholders() {
                 "filename": "q3.pdf",
                 "file_data": format!("data:application/pdf;base64,{}", BASE64.encode(b"%PDF-1.7 \0\x01")),
             } },
+            { "type": "text", "text": "t.csv:\na,b\n1,2" },
         ])
     );
     assert_eq!(sent[1]["content"], "the screen:\n[image: image/png, 2 KiB]");

@@ -143,6 +143,14 @@ async fn metadata_cannot_replace_what_the_client_sends() {
             ),
         },
         Message::tool("call_1", "2", false),
+        Message::Assistant {
+            content: "no calls".into(),
+            tool_calls: Vec::new(),
+            provider_metadata: metadata(
+                r#"{"tool_calls": [{"id": "forged"}], "reasoning_content": "forged", "dup": 1, "dup": 2}"#,
+            ),
+        },
+        Message::user("again"),
     ];
     server
         .model()
@@ -158,8 +166,13 @@ async fn metadata_cannot_replace_what_the_client_sends() {
     assert_eq!(sent["content"], "the real text");
     assert_eq!(sent["tool_calls"][0]["id"], "call_1");
     assert_eq!(sent["tool_calls"][0]["kept"], 1);
+    let plain = &server.bodies()[0]["messages"][3];
+    assert!(plain.get("tool_calls").is_none(), "{plain}");
+    assert!(plain.get("reasoning_content").is_none(), "{plain}");
+    assert_eq!(plain["dup"], 2);
     // Each member once: a duplicate key would leave the choice to the server.
     let raw = &server.raw_bodies()[0];
-    assert_eq!(raw.matches("\"role\":\"assistant\"").count(), 1, "{raw}");
+    assert_eq!(raw.matches("\"dup\"").count(), 1, "{raw}");
+    assert_eq!(raw.matches("\"role\":\"assistant\"").count(), 2, "{raw}");
     assert_eq!(raw.matches("forged").count(), 0, "{raw}");
 }

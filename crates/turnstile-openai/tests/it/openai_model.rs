@@ -126,8 +126,9 @@ async fn tool_call_round_trip_through_respond() {
 async fn text_parts_are_sent_a_line_each_so_placeholders_stay_apart() {
     let server = Server::start(vec![text_completion("ok", 10, 1)]).await;
     let model = OpenAiModel::new(server.config()).unwrap();
-    // What a context with a committed answer's reasoning placeholder, and
-    // an image past the context's count, holds.
+    // What a context with a committed answer's reasoning placeholder (sent
+    // as nothing), a JSON part, and an image past the context's count,
+    // holds.
     let messages = vec![
         Message::user_parts(vec![
             Part::text("[image: image/png, 34 KiB]"),
@@ -135,8 +136,12 @@ async fn text_parts_are_sent_a_line_each_so_placeholders_stay_apart() {
         ]),
         Message::Assistant {
             content: Content::new(vec![
-                Part::text("[reasoning: anthropic]"),
+                Part::Reasoning(turnstile::Reasoning {
+                    provider: "anthropic".into(),
+                    ..Default::default()
+                }),
                 Part::text("a square"),
+                Part::json(r#"{"side": 2}"#).unwrap(),
             ]),
             tool_calls: Vec::new(),
             provider_metadata: None,
@@ -155,7 +160,7 @@ async fn text_parts_are_sent_a_line_each_so_placeholders_stay_apart() {
         server.bodies()[0]["messages"],
         json!([
             { "role": "user", "content": "[image: image/png, 34 KiB]\nwhat is this?" },
-            { "role": "assistant", "content": "[reasoning: anthropic]\na square" },
+            { "role": "assistant", "content": "a square\n{\"side\": 2}" },
             { "role": "user", "content": "and now?" },
         ])
     );

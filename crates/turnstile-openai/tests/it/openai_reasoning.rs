@@ -1,7 +1,7 @@
 //! Reasoning from OpenAI-compatible servers (`reasoning_content`, or
 //! `reasoning`): read from answers and streams into a reasoning part,
 //! stored with its answer, and sent back with it as the configuration's
-//! `ReasoningReplay` says.
+//! `ReasoningReplay` says (never, by default).
 
 use std::sync::Arc;
 
@@ -52,7 +52,11 @@ async fn reasoning_is_read_into_a_part_and_goes_back_within_the_tool_loop() {
         text_completion("5 again", 5, 1),
     ])
     .await;
-    let agent = Agent::new(Arc::new(server.model())).with_tool(Arc::new(Add::default()));
+    let config = server
+        .config()
+        .with_reasoning_replay(ReasoningReplay::CurrentToolCycle);
+    let model = OpenAiModel::new(config).unwrap();
+    let agent = Agent::new(Arc::new(model)).with_tool(Arc::new(Add::default()));
     let store = Arc::new(SqliteStore::in_memory().await.unwrap());
     let conversation = ConversationId::new();
     let session = AgentSession::new(
@@ -91,10 +95,10 @@ async fn reasoning_is_read_into_a_part_and_goes_back_within_the_tool_loop() {
     assert_eq!(answer[0]["reasoning_content"], "first add, then answer");
     assert_eq!(answer[0]["content"], Value::Null);
     // The next request's calls: the committed answer without its reasoning
-    // (a placeholder in its text), the new loop's with it.
+    // (its placeholder is sent as nothing), the new loop's with it.
     let later = assistant_messages(&bodies[3]);
     assert!(later[0].get("reasoning_content").is_none(), "{later:?}");
-    assert_eq!(later[0]["content"], "[reasoning: openai]");
+    assert_eq!(later[0]["content"], Value::Null);
     assert_eq!(later[2]["reasoning_content"], "again: add");
 }
 
@@ -144,8 +148,9 @@ fn two_loops() -> Vec<Message> {
 }
 
 #[tokio::test]
-async fn reasoning_replay_always_current_tool_cycle_or_never() {
+async fn reasoning_replay_never_by_default_current_tool_cycle_or_always() {
     let cases = [
+        (ReasoningReplay::default(), vec![None, None, None]),
         (
             ReasoningReplay::CurrentToolCycle,
             vec![None, None, Some("loop two")],

@@ -1,6 +1,7 @@
 //! What the model is sent of reasoning: the current request's always
-//! (exactly as it gave it), committed requests' as a placeholder by
-//! default, left out or sent whole when the context policy asks for it.
+//! (exactly as it gave it), committed requests' as a placeholder (an empty
+//! reasoning part naming its provider) by default, left out or sent whole
+//! when the context policy asks for it.
 //! Storage keeps all of it either way.
 
 use turnstile::{
@@ -84,10 +85,17 @@ async fn committed_requests_reasoning_is_a_placeholder_by_default_and_the_curren
     // kept.
     let past: Vec<_> = seen[2].iter().filter(|m| m.role() == "assistant").collect();
     assert_eq!(past.len(), 2);
-    assert_eq!(reasoning_of(&seen[2]), [vec![], vec![]]);
+    let placeholder = Reasoning {
+        provider: "anthropic".into(),
+        ..Reasoning::default()
+    };
+    assert_eq!(
+        reasoning_of(&seen[2]),
+        [vec![placeholder.clone()], vec![placeholder.clone()]]
+    );
     assert_eq!(
         past[0].content().parts(),
-        [Part::text("[reasoning: anthropic]")]
+        [Part::Reasoning(placeholder.clone())]
     );
     assert_eq!(past[0].tool_calls().len(), 1);
     assert!(matches!(
@@ -96,7 +104,7 @@ async fn committed_requests_reasoning_is_a_placeholder_by_default_and_the_curren
     ));
     assert_eq!(
         past[1].content().parts(),
-        [Part::text("[reasoning: anthropic]"), Part::text("done")]
+        [Part::Reasoning(placeholder), Part::text("done")]
     );
     // The second request's own tool turn is sent whole.
     assert_eq!(
