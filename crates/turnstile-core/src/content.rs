@@ -233,6 +233,19 @@ impl Part {
         }
     }
 
+    /// The part as a reader of text takes it: text and JSON as they are,
+    /// an image or file as its [`placeholder`](Self::placeholder), reasoning
+    /// as nothing (it is the provider's, never summarized or quoted).
+    pub fn as_text_or_placeholder(&self) -> Option<Cow<'_, str>> {
+        match self {
+            Part::Reasoning(_) => None,
+            part => match part.as_text() {
+                Some(text) => Some(Cow::Borrowed(text)),
+                None => part.placeholder().map(Cow::Owned),
+            },
+        }
+    }
+
     /// The attachment of an image or file part.
     pub fn attachment(&self) -> Option<&Attachment> {
         match self {

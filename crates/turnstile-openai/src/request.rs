@@ -90,13 +90,7 @@ fn wire_text(content: &Content) -> Cow<'_, str> {
     let texts: Vec<Cow<'_, str>> = content
         .parts()
         .iter()
-        .filter_map(|part| match part {
-            Part::Reasoning(_) => None,
-            part => match part.as_text() {
-                Some(text) => Some(Cow::Borrowed(text)),
-                None => part.placeholder().map(Cow::Owned),
-            },
-        })
+        .filter_map(Part::as_text_or_placeholder)
         .collect();
     Cow::Owned(texts.join("\n"))
 }

@@ -180,13 +180,7 @@ fn summarized(content: &Content) -> Cow<'_, str> {
         content
             .parts()
             .iter()
-            .filter_map(|part| match part {
-                Part::Reasoning(_) => None,
-                other => match other.as_text() {
-                    Some(text) => Some(Cow::Borrowed(text)),
-                    None => other.placeholder().map(Cow::Owned),
-                },
-            })
+            .filter_map(Part::as_text_or_placeholder)
             .collect(),
     )
 }
