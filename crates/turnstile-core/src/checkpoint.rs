@@ -78,3 +78,13 @@ pub struct LoopCheckpoint {
     /// Unix milliseconds.
     pub created_at: i64,
 }
+
+impl LoopCheckpoint {
+    /// How many of the request's pending messages the checkpoint stands
+    /// for: its `message_count`, and the model answer recorded past it
+    /// while the turn's tool round is open.
+    pub fn messages_recorded(&self) -> u64 {
+        self.message_count
+            .saturating_add(u64::from(self.phase.has_recorded_answer()))
+    }
+}

@@ -77,22 +77,14 @@ impl Members {
         let Ok(Ordered(all)) = serde_json::from_str::<Ordered>(object.get()) else {
             return Self::default();
         };
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (i, (name, _)) in all.iter().enumerate() {
-            last.insert(name, i);
-        }
-        let keep: Vec<bool> = all
+        let last: HashMap<String, usize> = all
             .iter()
             .enumerate()
-            .map(|(i, (name, value))| {
-                last.get(name.as_str()) == Some(&i)
-                    && !known.contains(&name.as_str())
-                    && value.get() != "null"
-            })
+            .map(|(i, (name, _))| (name.clone(), i))
             .collect();
         let mut members = Self::default();
-        for ((name, value), keep) in all.into_iter().zip(keep) {
-            if keep {
+        for (i, (name, value)) in all.into_iter().enumerate() {
+            if last[&name] == i && !known.contains(&name.as_str()) && value.get() != "null" {
                 members.push(name, value);
             }
         }

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde::Serialize;
-use serde_json::value::RawValue;
+use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
 
 use turnstile_core::agent::ModelRequest;
@@ -181,17 +181,15 @@ fn own_reasoning(content: &Content) -> Option<String> {
 /// its tool calls the members their provider metadata keeps (after their
 /// own: metadata cannot replace what this client sends).
 fn wire_message(message: &Message, replay: bool) -> Box<RawValue> {
-    let object = |value: Value| match value {
-        Value::Object(object) => object,
-        _ => Map::new(),
-    };
+    // A JSON value always serializes.
+    let raw = |value: Value| to_raw_value(&value).unwrap_or_default();
     match message {
-        Message::System { content } => Members::default().appended_to(&object(
-            json!({ "role": "system", "content": wire_text(content) }),
-        )),
-        Message::User { content } => Members::default().appended_to(&object(
-            json!({ "role": "user", "content": user_content(content) }),
-        )),
+        Message::System { content } => {
+            raw(json!({ "role": "system", "content": wire_text(content) }))
+        }
+        Message::User { content } => {
+            raw(json!({ "role": "user", "content": user_content(content) }))
+        }
         Message::Assistant {
             content,
             tool_calls,
@@ -214,11 +212,13 @@ fn wire_message(message: &Message, replay: bool) -> Box<RawValue> {
                 let calls: Vec<String> = tool_calls
                     .iter()
                     .map(|call| {
-                        let wire = object(json!({
-                            "id": call.id,
-                            "type": "function",
-                            "function": { "name": call.name, "arguments": call.arguments },
-                        }));
+                        let mut wire = Map::new();
+                        wire.insert("id".into(), json!(call.id));
+                        wire.insert("type".into(), json!("function"));
+                        wire.insert(
+                            "function".into(),
+                            json!({ "name": call.name, "arguments": call.arguments }),
+                        );
                         Members::of(call.provider_metadata.as_ref(), &CALL_MEMBERS)
                             .appended_to(&wire)
                             .get()
@@ -234,9 +234,7 @@ fn wire_message(message: &Message, replay: bool) -> Box<RawValue> {
         // The protocol has no error flag: the tool's text says what failed.
         Message::Tool {
             call_id, content, ..
-        } => Members::default().appended_to(&object(
-            json!({ "role": "tool", "tool_call_id": call_id, "content": wire_text(content) }),
-        )),
+        } => raw(json!({ "role": "tool", "tool_call_id": call_id, "content": wire_text(content) })),
     }
 }
 

@@ -81,9 +81,7 @@ impl AgentSession {
         let seed = self.store.latest_checkpoint(fence.run_id).await?;
 
         // In a tool round the recorded assistant message is needed too.
-        let count = seed.as_ref().map_or(1, |seed| {
-            seed.message_count + u64::from(seed.phase.has_recorded_answer())
-        });
+        let count = seed.as_ref().map_or(1, LoopCheckpoint::messages_recorded);
         let messages = self.store.request_messages(fence.request_id, count).await?;
         if messages.len() as u64 != count {
             // A recoverer that took the request over and committed it in

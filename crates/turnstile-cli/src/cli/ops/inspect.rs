@@ -369,11 +369,7 @@ async fn messages_at(
     run: &RunSummary,
     last: &LoopCheckpoint,
 ) -> Result<Vec<Message>, Error> {
-    // A turn whose tool round is open has its model answer recorded past
-    // the count, as a resumed run reads it.
-    let count = last
-        .message_count
-        .saturating_add(u64::from(last.phase.has_recorded_answer()));
+    let count = last.messages_recorded();
     let outcome = || async {
         Ok::<_, Error>(
             store
