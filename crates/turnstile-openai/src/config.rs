@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use turnstile_core::ModelError;
+use turnstile_model_http::{api_key_from_env, redact, redacted_url, Redacted};
 
 /// Where and how to reach an OpenAI-compatible endpoint.
 ///
@@ -100,30 +101,7 @@ impl OpenAiConfig {
         model: impl Into<String>,
         key_var: &str,
     ) -> Result<Self, ModelError> {
-        if key_var.is_empty() || key_var.contains(['=', '\0']) {
-            return Err(ModelError::fatal(format!(
-                "invalid environment variable name {key_var:?} for the api key"
-            )));
-        }
-        let key = match std::env::var(key_var) {
-            Ok(key) => key,
-            Err(std::env::VarError::NotPresent) => {
-                return Err(ModelError::fatal(format!(
-                    "environment variable {key_var} (the api key) is not set"
-                )))
-            }
-            Err(std::env::VarError::NotUnicode(_)) => {
-                return Err(ModelError::fatal(format!(
-                    "environment variable {key_var} (the api key) is not valid unicode"
-                )))
-            }
-        };
-        let key = key.trim();
-        if key.is_empty() {
-            return Err(ModelError::fatal(format!(
-                "environment variable {key_var} (the api key) is empty"
-            )));
-        }
+        let key = api_key_from_env(key_var)?;
         Ok(Self::new(base_url, model).with_api_key(key))
     }
 
@@ -175,23 +153,7 @@ impl OpenAiConfig {
 
     /// `text` with every occurrence of the key replaced by `[redacted]`.
     pub(crate) fn redact(&self, text: &str) -> String {
-        match self.key() {
-            Some(key) => text.replace(key, "[redacted]"),
-            None => text.to_owned(),
-        }
-    }
-}
-
-/// `url` with any password in it (`https://user:secret@host`) replaced by
-/// `REDACTED`: for anything that shows a base URL (a `Debug`, a printed
-/// command line).
-pub fn redacted_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("REDACTED"));
-            parsed.to_string()
-        }
-        _ => url.to_owned(),
+        redact(self.key(), text)
     }
 }
 
@@ -206,13 +168,5 @@ impl fmt::Debug for OpenAiConfig {
             .field("extra_body", &self.extra_body.keys().collect::<Vec<_>>())
             .field("reasoning_replay", &self.reasoning_replay)
             .finish()
-    }
-}
-
-struct Redacted;
-
-impl fmt::Debug for Redacted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
     }
 }

@@ -24,9 +24,12 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::ModelError;
 
-pub use config::{redacted_url, OpenAiConfig, ReasoningReplay};
+pub use config::{OpenAiConfig, ReasoningReplay};
+pub use turnstile_model_http::redacted_url;
 
-use errors::{chain, decode_error, excerpt, status_error, transport_error};
+use turnstile_model_http::{chain, decode_error, excerpt};
+
+use errors::{status_error, transport_error};
 use wire::Completion;
 
 /// The largest non-streamed response body accepted.
@@ -253,7 +256,7 @@ impl fmt::Debug for OpenAiModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiModel")
             .field("name", &self.name)
-            .field("endpoint", &config::redacted_url(self.endpoint.as_str()))
+            .field("endpoint", &redacted_url(self.endpoint.as_str()))
             .field("config", &self.config)
             .finish_non_exhaustive()
     }

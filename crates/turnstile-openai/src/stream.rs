@@ -1,9 +1,6 @@
-//! The streamed answer: a server-sent-events parser and the assembly of
-//! text deltas and tool-call fragments into a [`ModelResponse`].
-//!
-//! The parser is hand-written on purpose: it bounds every event
-//! ([`MAX_EVENT_BYTES`]), which eventsource-stream does not offer, and it has
-//! no reconnection semantics, which a non-idempotent POST must not have.
+//! The streamed answer: server-sent events (parsed by the shared
+//! [`SseParser`]) assembled from text deltas and tool-call fragments into a
+//! [`ModelResponse`].
 
 use std::collections::BTreeMap;
 
@@ -14,16 +11,15 @@ use turnstile_core::agent::{ModelResponse, TextDeltas};
 use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 
-use crate::errors::{decode_error, error_object, transport_error};
+use turnstile_model_http::{decode_error, SseParser};
+
+use crate::errors::{error_object, transport_error};
 use crate::extra::{Members, ANSWER_MEMBERS};
 use crate::wire::{
     answer_content, check_finish, finish_call, push_arguments, reasoning_text, StreamChunk,
     StreamDelta, WireToolCall,
 };
 use crate::OpenAiConfig;
-
-/// The largest single server-sent event accepted.
-const MAX_EVENT_BYTES: usize = 8 << 20;
 
 /// Reads a streamed answer: its text deltas go to `deltas` as they arrive.
 pub(crate) async fn read_stream(
@@ -32,7 +28,7 @@ pub(crate) async fn read_stream(
     deltas: TextDeltas<'_>,
 ) -> Result<ModelResponse, ModelError> {
     let mut body = std::pin::pin!(response.bytes_stream());
-    let mut parser = SseParser::default();
+    let mut parser = SseParser::new(STREAM);
     let mut assembly = StreamAssembly::default();
     let mut events = Vec::new();
     loop {
@@ -45,7 +41,7 @@ pub(crate) async fn read_stream(
                 return Err(transport_error(config, e, "reading the event stream"));
             }
             None => {
-                parser.finish(&mut events)?;
+                parser.finish(&mut events, is_done)?;
                 true
             }
         };
@@ -64,100 +60,13 @@ pub(crate) async fn read_stream(
     }
 }
 
-/// Splits a byte stream into server-sent events and yields their `data`.
-#[derive(Default)]
-struct SseParser {
-    buffer: Vec<u8>,
-    /// Bytes at the start of `buffer` known to hold no line end.
-    scanned: usize,
-    data: Option<String>,
-}
+/// What errors call the stream.
+const STREAM: &str = "chat completion stream";
 
-impl SseParser {
-    fn push(&mut self, bytes: &[u8], events: &mut Vec<String>) -> Result<(), ModelError> {
-        self.buffer.extend_from_slice(bytes);
-        let mut start = 0;
-        while let Some(offset) = self.buffer[start + self.scanned..]
-            .iter()
-            .position(|&b| b == b'\n')
-        {
-            let end = start + self.scanned + offset;
-            Self::line(&mut self.data, &self.buffer[start..end], events)?;
-            start = end + 1;
-            self.scanned = 0;
-        }
-        self.buffer.drain(..start);
-        self.scanned = self.buffer.len();
-        if self.buffer.len() > MAX_EVENT_BYTES {
-            return Err(ModelError::fatal(format!(
-                "malformed chat completion stream: a line exceeds {} MiB",
-                MAX_EVENT_BYTES >> 20
-            )));
-        }
-        Ok(())
-    }
-
-    /// The end of the stream. An event cut off by it is a truncated stream,
-    /// except a final `[DONE]` that only lacks its line ends.
-    fn finish(&mut self, events: &mut Vec<String>) -> Result<(), ModelError> {
-        let rest = std::mem::take(&mut self.buffer);
-        self.scanned = 0;
-        if !rest.is_empty() {
-            Self::line(&mut self.data, &rest, events)?;
-        }
-        match self.data.take() {
-            Some(data) if data.trim() == "[DONE]" => events.push(data),
-            Some(_) => {
-                return Err(ModelError::fatal(
-                    "truncated chat completion stream: it ended in the middle of an event",
-                ))
-            }
-            None => {}
-        }
-        Ok(())
-    }
-
-    /// One line: a `data` field is added to the pending event, an empty line
-    /// dispatches it; comments and other fields are ignored.
-    fn line(
-        pending: &mut Option<String>,
-        line: &[u8],
-        events: &mut Vec<String>,
-    ) -> Result<(), ModelError> {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            if let Some(data) = pending.take() {
-                events.push(data);
-            }
-            return Ok(());
-        }
-        let line = std::str::from_utf8(line).map_err(|_| {
-            ModelError::fatal("malformed chat completion stream: an event is not valid utf-8")
-        })?;
-        if line.starts_with(':') {
-            return Ok(()); // a comment, e.g. a keep-alive
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (line, ""),
-        };
-        if field == "data" {
-            match pending {
-                Some(data) => {
-                    if data.len() + value.len() > MAX_EVENT_BYTES {
-                        return Err(ModelError::fatal(format!(
-                            "malformed chat completion stream: an event exceeds {} MiB",
-                            MAX_EVENT_BYTES >> 20
-                        )));
-                    }
-                    data.push('\n');
-                    data.push_str(value);
-                }
-                None => *pending = Some(value.to_owned()),
-            }
-        }
-        Ok(())
-    }
+/// Whether an event is the stream's last, `[DONE]` (which may lack its
+/// line ends).
+fn is_done(data: &str) -> bool {
+    data.trim() == "[DONE]"
 }
 
 /// What a stream has said so far.
@@ -292,44 +201,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    fn parse(chunks: &[&[u8]]) -> Vec<String> {
-        let mut parser = SseParser::default();
-        let mut events = Vec::new();
-        for chunk in chunks {
-            parser.push(chunk, &mut events).unwrap();
-        }
-        parser.finish(&mut events).unwrap();
-        events
-    }
-
-    #[test]
-    fn sse_events_are_split_across_chunk_boundaries() {
-        let events = parse(&[
-            b"data: {\"a\"",
-            b":1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n",
-            b"\ndata: [DO",
-            b"NE]\n\n",
-        ]);
-        assert_eq!(events, ["{\"a\":1}", "x\ny", "[DONE]"]);
-    }
-
-    #[test]
-    fn a_stream_may_end_right_after_done() {
-        assert_eq!(parse(&[b"data: x\n\ndata: [DONE]"]), ["x", "[DONE]"]);
-        assert_eq!(parse(&[b"data: [DONE]\n"]), ["[DONE]"]);
-    }
-
-    #[test]
-    fn an_event_cut_off_by_the_end_of_the_stream_is_truncated() {
-        for tail in [&b"data: {\"cho"[..], b"data: {}\n"] {
-            let mut parser = SseParser::default();
-            let mut events = Vec::new();
-            parser.push(tail, &mut events).unwrap();
-            let error = parser.finish(&mut events).unwrap_err();
-            assert!(error.message.contains("truncated"), "{error}");
-        }
-    }
 
     #[test]
     fn malformed_chunks_are_not_quoted_into_errors() {

@@ -16,7 +16,9 @@ use turnstile_core::agent::ModelResponse;
 use turnstile_core::message::{Content, Part, Reasoning, ToolCall, Usage};
 use turnstile_core::ModelError;
 
-use crate::errors::{decode_error, error_object, json_kind};
+use turnstile_model_http::{decode_error, json_kind};
+
+use crate::errors::error_object;
 use crate::extra::{Members, ANSWER_MEMBERS, CALL_MEMBERS};
 use crate::OpenAiConfig;
 
