@@ -2,6 +2,7 @@
 //! and its token usage out.
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 use crate::error::ModelError;
 use crate::message::{Content, Message, ProviderMetadata, ToolCall, ToolSpec, Usage};
@@ -19,6 +20,10 @@ pub struct ModelRequest<'a> {
     /// Set when the caller wants text deltas (a stream); a model that cannot
     /// stream may ignore it.
     pub deltas: Option<TextDeltas<'a>>,
+    /// When the run stops waiting for the answer (its deadline), if it has
+    /// one: a model that waits to retry (a rate limit's `retry-after`)
+    /// gives up at once rather than wait past it.
+    pub deadline: Option<Instant>,
 }
 
 /// What the model answered.

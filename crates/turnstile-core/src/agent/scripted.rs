@@ -330,6 +330,7 @@ mod tests {
                 messages: &messages,
                 tools: &[],
                 deltas: None,
+                deadline: None,
             })
             .await
     }

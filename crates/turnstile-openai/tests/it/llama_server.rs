@@ -191,6 +191,7 @@ async fn call(
             messages,
             tools,
             deltas: stream.then_some(&on_delta as _),
+            deadline: None,
         })
         .await;
     (result, deltas.into_inner().unwrap())

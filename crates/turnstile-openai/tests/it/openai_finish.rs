@@ -89,6 +89,7 @@ async fn a_cut_or_filtered_answer_is_a_fatal_model_error() {
             messages: &[],
             tools: &tools,
             deltas: None,
+            deadline: None,
         })
     };
 

@@ -55,6 +55,7 @@ async fn user_images_and_files_go_as_data_urls_and_elsewhere_as_placeholders() {
             messages: &messages,
             tools: &[],
             deltas: None,
+            deadline: None,
         })
         .await
         .unwrap();

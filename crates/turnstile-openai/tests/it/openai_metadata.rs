@@ -106,6 +106,7 @@ async fn streamed_members_are_kept_from_their_fragments() {
             messages: &hello(),
             tools: &[add_spec()],
             deltas: Some(&deltas),
+            deadline: None,
         })
         .await
         .unwrap();
@@ -158,6 +159,7 @@ async fn metadata_cannot_replace_what_the_client_sends() {
             messages: &messages,
             tools: &[add_spec()],
             deltas: None,
+            deadline: None,
         })
         .await
         .unwrap();

@@ -36,6 +36,7 @@ async fn tool_call_round_trip_through_respond() {
             messages: &messages,
             tools: &tools,
             deltas: None,
+            deadline: None,
         })
         .await
         .unwrap();
@@ -66,6 +67,7 @@ async fn tool_call_round_trip_through_respond() {
             messages: &messages,
             tools: &tools,
             deltas: None,
+            deadline: None,
         })
         .await
         .unwrap();
@@ -153,6 +155,7 @@ async fn text_parts_are_sent_a_line_each_so_placeholders_stay_apart() {
             messages: &messages,
             tools: &[],
             deltas: None,
+            deadline: None,
         })
         .await
         .unwrap();
@@ -445,6 +448,7 @@ async fn extra_body_members_are_sent_and_reserved_ones_refused() {
             messages: &hello(),
             tools: &tools,
             deltas: None,
+            deadline: None,
         })
         .await
         .unwrap();

@@ -169,6 +169,7 @@ async fn reasoning_replay_never_by_default_current_tool_cycle_or_always() {
                 messages: &two_loops(),
                 tools: &[add_spec()],
                 deltas: None,
+                deadline: None,
             })
             .await
             .unwrap();
@@ -205,6 +206,7 @@ async fn streamed_reasoning_is_assembled_and_kept_out_of_the_text_deltas() {
             messages: &hello(),
             tools: &[],
             deltas: Some(&deltas),
+            deadline: None,
         })
         .await
         .unwrap();

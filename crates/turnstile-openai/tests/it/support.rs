@@ -315,6 +315,7 @@ pub async fn ask(model: &OpenAiModel, messages: &[Message]) -> Result<ModelRespo
             messages,
             tools: &[],
             deltas: None,
+            deadline: None,
         })
         .await
 }
@@ -331,6 +332,7 @@ pub async fn ask_streaming(
             messages,
             tools: &[],
             deltas: Some(&on_delta),
+            deadline: None,
         })
         .await;
     (result, seen.into_inner().unwrap())

@@ -188,6 +188,7 @@ impl AgentSession {
             messages,
             tools: &[],
             deltas: None,
+            deadline: ctx.deadline,
         };
         let span = spans::model_call(settings.agent.model.name(), fence.conversation_id);
         let respond = settings

@@ -169,6 +169,7 @@ impl RunLoop<'_> {
             messages: &context,
             tools: &self.agent.specs,
             deltas: self.events.is_active().then_some(&on_delta as _),
+            deadline: self.ctx.deadline,
         };
         let span = spans::model_call(self.agent.model.name(), self.fence.conversation_id);
         let response = self
