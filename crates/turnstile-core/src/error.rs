@@ -429,6 +429,9 @@ pub struct ModelError {
     pub message: String,
     /// Whether the same call may succeed later (rate limit, 5xx, timeout).
     pub retryable: bool,
+    /// The HTTP status the provider answered, when it answered one
+    /// (`Some(401)` for a refused key, `Some(429)` for a rate limit).
+    pub status: Option<u16>,
 }
 
 impl ModelError {
@@ -437,6 +440,7 @@ impl ModelError {
         Self {
             message: message.into(),
             retryable: false,
+            status: None,
         }
     }
 
@@ -445,6 +449,13 @@ impl ModelError {
         Self {
             message: message.into(),
             retryable: true,
+            status: None,
         }
+    }
+
+    /// This error with the HTTP status the provider answered.
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
     }
 }

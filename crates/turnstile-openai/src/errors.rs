@@ -51,7 +51,11 @@ pub(crate) async fn status_error(
     let retryable = status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::REQUEST_TIMEOUT
         || status.is_server_error();
-    ModelError { message, retryable }
+    ModelError {
+        message,
+        retryable,
+        status: Some(status.as_u16()),
+    }
 }
 
 /// The error for an `error` object in a successful answer or a stream.
@@ -71,6 +75,7 @@ pub(crate) fn error_object(config: &OpenAiConfig, error: &Value, place: &str) ->
     ModelError {
         message,
         retryable: !client_error,
+        status: None,
     }
 }
 
