@@ -12,5 +12,5 @@ mod sse;
 mod text;
 
 pub use key::{api_key_from_env, redact, redacted_url, Redacted};
-pub use sse::SseParser;
+pub use sse::{SseEvent, SseParser};
 pub use text::{chain, decode_error, excerpt, json_kind};

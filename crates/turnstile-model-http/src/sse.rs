@@ -3,12 +3,20 @@
 //! Hand-written on purpose: it bounds every line and event
 //! ([`SseParser::MAX_EVENT_BYTES`]), which eventsource-stream does not
 //! offer, and it has no reconnection semantics, which a non-idempotent POST
-//! must not have. It yields each event's `data`; a client tells events apart
-//! by what the data says (both protocols name the event inside it).
+//! must not have. It yields each event's name and `data`.
 
 use turnstile_core::ModelError;
 
-/// Splits a byte stream into server-sent events and yields their `data`.
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    /// Its `event` field; `message` when it has none.
+    pub name: String,
+    /// Its `data` lines, joined by line feeds.
+    pub data: String,
+}
+
+/// Splits a byte stream into server-sent events.
 pub struct SseParser {
     /// What the stream is, for errors: "chat completion stream".
     what: &'static str,
@@ -16,6 +24,7 @@ pub struct SseParser {
     /// Bytes at the start of `buffer` known to hold no line end.
     scanned: usize,
     data: Option<String>,
+    name: Option<String>,
 }
 
 impl SseParser {
@@ -29,6 +38,7 @@ impl SseParser {
             buffer: Vec::new(),
             scanned: 0,
             data: None,
+            name: None,
         }
     }
 
@@ -38,7 +48,7 @@ impl SseParser {
     /// # Errors
     /// A fatal [`ModelError`] for a line or event over
     /// [`MAX_EVENT_BYTES`](Self::MAX_EVENT_BYTES) or not UTF-8.
-    pub fn push(&mut self, bytes: &[u8], events: &mut Vec<String>) -> Result<(), ModelError> {
+    pub fn push(&mut self, bytes: &[u8], events: &mut Vec<SseEvent>) -> Result<(), ModelError> {
         self.buffer.extend_from_slice(bytes);
         let mut start = 0;
         while let Some(offset) = self.buffer[start + self.scanned..]
@@ -46,7 +56,12 @@ impl SseParser {
             .position(|&b| b == b'\n')
         {
             let end = start + self.scanned + offset;
-            Self::line(self.what, &mut self.data, &self.buffer[start..end], events)?;
+            Self::line(
+                self.what,
+                (&mut self.name, &mut self.data),
+                &self.buffer[start..end],
+                events,
+            )?;
             start = end + 1;
             self.scanned = 0;
         }
@@ -70,16 +85,17 @@ impl SseParser {
     /// A fatal [`ModelError`] saying the stream is truncated.
     pub fn finish(
         &mut self,
-        events: &mut Vec<String>,
+        events: &mut Vec<SseEvent>,
         complete: impl Fn(&str) -> bool,
     ) -> Result<(), ModelError> {
         let rest = std::mem::take(&mut self.buffer);
         self.scanned = 0;
         if !rest.is_empty() {
-            Self::line(self.what, &mut self.data, &rest, events)?;
+            Self::line(self.what, (&mut self.name, &mut self.data), &rest, events)?;
         }
+        let name = self.name.take();
         match self.data.take() {
-            Some(data) if complete(&data) => events.push(data),
+            Some(data) if complete(&data) => events.push(SseEvent::new(name, data)),
             Some(_) => {
                 return Err(ModelError::fatal(format!(
                     "truncated {}: it ended in the middle of an event",
@@ -91,18 +107,20 @@ impl SseParser {
         Ok(())
     }
 
-    /// One line: a `data` field is added to the pending event, an empty line
-    /// dispatches it; comments and other fields are ignored.
+    /// One line: a `data` field is added to the pending event and an
+    /// `event` field names it, an empty line dispatches it; comments and
+    /// other fields are ignored.
     fn line(
         what: &str,
-        pending: &mut Option<String>,
+        (name, pending): (&mut Option<String>, &mut Option<String>),
         line: &[u8],
-        events: &mut Vec<String>,
+        events: &mut Vec<SseEvent>,
     ) -> Result<(), ModelError> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
+            let event_name = name.take();
             if let Some(data) = pending.take() {
-                events.push(data);
+                events.push(SseEvent::new(event_name, data));
             }
             return Ok(());
         }
@@ -116,7 +134,9 @@ impl SseParser {
             Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
             None => (line, ""),
         };
-        if field == "data" {
+        if field == "event" {
+            *name = Some(value.to_owned());
+        } else if field == "data" {
             match pending {
                 Some(data) => {
                     if data.len() + value.len() > Self::MAX_EVENT_BYTES {
@@ -135,6 +155,15 @@ impl SseParser {
     }
 }
 
+impl SseEvent {
+    fn new(name: Option<String>, data: String) -> Self {
+        Self {
+            name: name.unwrap_or_else(|| "message".into()),
+            data,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +173,10 @@ mod tests {
     }
 
     fn parse(chunks: &[&[u8]]) -> Vec<String> {
+        parse_events(chunks).into_iter().map(|e| e.data).collect()
+    }
+
+    fn parse_events(chunks: &[&[u8]]) -> Vec<SseEvent> {
         let mut parser = SseParser::new("test stream");
         let mut events = Vec::new();
         for chunk in chunks {
@@ -162,6 +195,13 @@ mod tests {
             b"NE]\n\n",
         ]);
         assert_eq!(events, ["{\"a\":1}", "x\ny", "[DONE]"]);
+    }
+
+    #[test]
+    fn events_carry_their_names() {
+        let events = parse_events(&[b"event: error\ndata: {}\n\ndata: x\n\nevent: ping\n\n"]);
+        let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["error", "message"]);
     }
 
     #[test]

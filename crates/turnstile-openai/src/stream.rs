@@ -45,8 +45,8 @@ pub(crate) async fn read_stream(
                 true
             }
         };
-        for data in events.drain(..) {
-            if assembly.apply(&data, deltas, config)? {
+        for event in events.drain(..) {
+            if assembly.apply(&event.data, deltas, config)? {
                 tracing::debug!(events = assembly.events, "event stream done");
                 return assembly.finish();
             }

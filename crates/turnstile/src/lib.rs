@@ -87,6 +87,7 @@
 //! | `sqlite` (default) | [`SqliteStore`], [`SqliteOptions`], [`Durability`] | `turnstile-sqlite` |
 //! | `postgres` | `PostgresStore`, `PostgresOptions` | `turnstile-postgres` |
 //! | `openai` (default) | [`OpenAiModel`], [`OpenAiConfig`] | `turnstile-openai` |
+//! | `anthropic` | `AnthropicModel`, `AnthropicConfig`, `PromptCache`, `RetryPolicy` | `turnstile-anthropic` |
 //!
 //! - [`session`]: [`AgentSession`] — `run`, `stream`, `resume_run`,
 //!   `recover_after_owner_exit`, `recovery_usage`, `abandon` — and the turn
@@ -148,5 +149,7 @@ pub use turnstile_postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
 
+#[cfg(feature = "anthropic")]
+pub use turnstile_anthropic::{AnthropicConfig, AnthropicModel, PromptCache, RetryPolicy};
 #[cfg(feature = "openai")]
 pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay};

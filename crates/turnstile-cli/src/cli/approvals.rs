@@ -104,7 +104,7 @@ pub struct DecideArgs {
 pub struct NextArgs {
     /// The run's --model, for the printed `turnstile resume` command
     /// (nothing is loaded or called).
-    #[arg(long, value_name = "scripted:FILE|openai:NAME")]
+    #[arg(long, value_name = "scripted:FILE|openai:NAME|anthropic:NAME")]
     pub model: Option<ModelSpec>,
     /// The run's --base-url, for that command.
     #[arg(long, value_name = "URL", requires = "model")]
@@ -115,6 +115,9 @@ pub struct NextArgs {
     /// The run's --reasoning-replay, for that command.
     #[arg(long, value_name = "WHICH", requires = "model")]
     pub reasoning_replay: Option<ReplayArg>,
+    /// The run's --thinking-budget, for that command.
+    #[arg(long, value_name = "TOKENS", requires = "model")]
+    pub thinking_budget: Option<u32>,
     /// The run's --require-approval, for that command.
     #[arg(long, value_name = "TOOL[,TOOL]", value_delimiter = ',')]
     pub require_approval: Vec<String>,
@@ -518,6 +521,7 @@ async fn decide(
         base_url: args.next.base_url.as_deref(),
         api_key_env: args.next.api_key_env.as_deref(),
         reasoning_replay: args.next.reasoning_replay,
+        thinking_budget: args.next.thinking_budget,
         require_approval: &approval,
         lease: None,
     });

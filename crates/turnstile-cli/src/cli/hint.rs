@@ -24,6 +24,7 @@ pub(super) struct AgentFlags<'a> {
     pub base_url: Option<&'a str>,
     pub api_key_env: Option<&'a str>,
     pub reasoning_replay: Option<ReplayArg>,
+    pub thinking_budget: Option<u32>,
     /// Checked, sorted, without repeats.
     pub require_approval: &'a [String],
     pub lease: Option<LeasePolicy>,
@@ -36,6 +37,7 @@ impl<'a> AgentFlags<'a> {
             base_url: model.base_url.as_deref(),
             api_key_env: model.api_key_env.as_deref(),
             reasoning_replay: model.reasoning_replay,
+            thinking_budget: model.thinking_budget,
             require_approval,
             lease: None,
         }
@@ -47,11 +49,7 @@ impl<'a> AgentFlags<'a> {
     }
 
     fn words(&self) -> Vec<String> {
-        let spec = match self.model {
-            ModelSpec::Scripted(path) => format!("scripted:{}", path.display()),
-            ModelSpec::OpenAi(name) => format!("openai:{name}"),
-        };
-        let mut words = vec!["--model".to_owned(), quote(&spec)];
+        let mut words = vec!["--model".to_owned(), quote(&self.model.to_arg())];
         if let Some(url) = self.base_url {
             words.extend(["--base-url".into(), quote(&turnstile::redacted_url(url))]);
         }
@@ -60,6 +58,9 @@ impl<'a> AgentFlags<'a> {
         }
         if let Some(replay) = self.reasoning_replay {
             words.extend(["--reasoning-replay".into(), replay.as_str().into()]);
+        }
+        if let Some(budget) = self.thinking_budget {
+            words.extend(["--thinking-budget".into(), budget.to_string()]);
         }
         if !self.require_approval.is_empty() {
             words.extend([
@@ -337,6 +338,7 @@ mod tests {
             base_url: None,
             api_key_env: None,
             reasoning_replay: None,
+            thinking_budget: None,
             require_approval: &tools,
             lease: None,
         };
@@ -381,6 +383,7 @@ mod tests {
             base_url: None,
             api_key_env: None,
             reasoning_replay: None,
+            thinking_budget: None,
             require_approval: &[],
             lease: None,
         }

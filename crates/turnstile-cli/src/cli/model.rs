@@ -1,5 +1,6 @@
-//! `--model scripted:FILE` (a JSON script of replies) or `--model
-//! openai:NAME` (an OpenAI-compatible endpoint, key from the environment).
+//! `--model scripted:FILE` (a JSON script of replies), `--model
+//! openai:NAME` (an OpenAI-compatible endpoint) or `--model anthropic:NAME`
+//! (the Anthropic Messages API); keys from the environment.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,11 @@ use turnstile::agent::{Model, ScriptedModel, ScriptedReply};
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// The variable the API key is read from without `--api-key-env` (when set).
 pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+/// The same, for `anthropic:NAME`.
+pub const ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
+/// Tokens an answer has beyond its thinking budget (`max_tokens` is the
+/// budget plus this; without thinking it is the client's default).
+const ANSWER_TOKENS: u32 = 8192;
 
 /// Which model answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +30,19 @@ pub enum ModelSpec {
     Scripted(PathBuf),
     /// A model name on an OpenAI-compatible endpoint.
     OpenAi(String),
+    /// A model name on the Anthropic Messages API.
+    Anthropic(String),
+}
+
+impl ModelSpec {
+    /// The spec as typed: `openai:NAME`.
+    pub fn to_arg(&self) -> String {
+        match self {
+            ModelSpec::Scripted(path) => format!("scripted:{}", path.display()),
+            ModelSpec::OpenAi(name) => format!("openai:{name}"),
+            ModelSpec::Anthropic(name) => format!("anthropic:{name}"),
+        }
+    }
 }
 
 impl FromStr for ModelSpec {
@@ -33,7 +52,10 @@ impl FromStr for ModelSpec {
         match s.split_once(':') {
             Some(("scripted", file)) if !file.is_empty() => Ok(Self::Scripted(file.into())),
             Some(("openai", name)) if !name.trim().is_empty() => Ok(Self::OpenAi(name.into())),
-            _ => Err("expected scripted:FILE or openai:MODEL_NAME".into()),
+            Some(("anthropic", name)) if !name.trim().is_empty() => {
+                Ok(Self::Anthropic(name.into()))
+            }
+            _ => Err("expected scripted:FILE, openai:MODEL_NAME or anthropic:MODEL_NAME".into()),
         }
     }
 }
@@ -42,17 +64,25 @@ impl FromStr for ModelSpec {
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// The model: `scripted:FILE` (a JSON array of replies: text,
-    /// tool_calls, usage, delay_ms, failure, fail_times) or `openai:NAME`.
-    #[arg(long, value_name = "scripted:FILE|openai:NAME")]
+    /// tool_calls, usage, delay_ms, failure, fail_times), `openai:NAME` (an
+    /// OpenAI-compatible endpoint) or `anthropic:NAME` (the Anthropic
+    /// Messages API).
+    #[arg(long, value_name = "scripted:FILE|openai:NAME|anthropic:NAME")]
     pub model: ModelSpec,
-    /// The OpenAI-compatible API root (openai models only).
+    /// The API root: an OpenAI-compatible one (default
+    /// https://api.openai.com/v1) or Anthropic's (default
+    /// https://api.anthropic.com).
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
-    /// The environment variable holding the API key (openai models only).
-    /// Without it, OPENAI_API_KEY is used when set. The key itself is never
-    /// taken from an argument.
+    /// The environment variable holding the API key. Without it,
+    /// OPENAI_API_KEY (openai) or ANTHROPIC_API_KEY (anthropic) is used
+    /// when set. The key itself is never taken from an argument.
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
+    /// Extended thinking with this many tokens of budget (anthropic models
+    /// only; at least 1024); the answer may hold 8192 tokens beyond it.
+    #[arg(long, value_name = "TOKENS")]
+    pub thinking_budget: Option<u32>,
     /// Which of the model's earlier reasoning (`reasoning_content`) is sent
     /// back (openai models only): never (default; some servers refuse it),
     /// the tool loop in progress's (tool-cycle, for servers that need it),
@@ -102,15 +132,28 @@ pub fn load(args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
             if args.base_url.is_some()
                 || args.api_key_env.is_some()
                 || args.reasoning_replay.is_some()
+                || args.thinking_budget.is_some()
             {
                 return Err(CliError::Usage(
-                    "--base-url, --api-key-env and --reasoning-replay apply to openai models only"
+                    "--base-url, --api-key-env, --reasoning-replay and --thinking-budget apply \
+                     to openai and anthropic models only"
                         .into(),
                 ));
             }
             Ok(Arc::new(ScriptedModel::new(load_script(path)?)))
         }
+        ModelSpec::OpenAi(_) if args.thinking_budget.is_some() => Err(CliError::Usage(
+            "--thinking-budget applies to anthropic models only; an openai model's reasoning \
+             is set by the server or with its own parameters"
+                .into(),
+        )),
         ModelSpec::OpenAi(name) => openai(name, args),
+        ModelSpec::Anthropic(_) if args.reasoning_replay.is_some() => Err(CliError::Usage(
+            "--reasoning-replay applies to openai models only; an anthropic model's thinking \
+             always goes back with the answer that produced it"
+                .into(),
+        )),
+        ModelSpec::Anthropic(name) => anthropic(name, args),
     }
 }
 
@@ -235,6 +278,32 @@ fn openai(name: &str, args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
     Ok(Arc::new(model))
 }
 
+fn anthropic(name: &str, args: &ModelArgs) -> Result<Arc<dyn Model>, CliError> {
+    use turnstile::{AnthropicConfig, AnthropicModel};
+
+    let config = match args.api_key_env.as_deref() {
+        Some(var) => AnthropicConfig::from_env(name, var),
+        // A local server that speaks the protocol needs no key.
+        None if std::env::var_os(ANTHROPIC_KEY_ENV).is_some() => {
+            AnthropicConfig::from_env(name, ANTHROPIC_KEY_ENV)
+        }
+        None => Ok(AnthropicConfig::new(name)),
+    }
+    .map_err(|e| CliError::Usage(e.message))?;
+    let config = match &args.base_url {
+        Some(url) => config.with_base_url(url),
+        None => config,
+    };
+    let config = match args.thinking_budget {
+        Some(budget) => config
+            .with_thinking_budget(budget)
+            .with_max_tokens(budget.saturating_add(ANSWER_TOKENS)),
+        None => config,
+    };
+    let model = AnthropicModel::new(config).map_err(|e| CliError::Usage(e.message))?;
+    Ok(Arc::new(model))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +318,11 @@ mod tests {
             "openai:gpt-4o-mini".parse::<ModelSpec>(),
             Ok(ModelSpec::OpenAi("gpt-4o-mini".into()))
         );
+        assert_eq!(
+            "anthropic:claude-sonnet-4-5".parse::<ModelSpec>(),
+            Ok(ModelSpec::Anthropic("claude-sonnet-4-5".into()))
+        );
+        assert!("anthropic:".parse::<ModelSpec>().is_err());
         assert!("scripted:".parse::<ModelSpec>().is_err());
         assert!("claude".parse::<ModelSpec>().is_err());
     }

@@ -192,7 +192,10 @@ fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
     run(&scripted(&never)).assert_error(2, "reply 2 has a \"failure\" but no \"fail_times\"");
     // A script that never ends is read only up to its limit.
     run("scripted:/dev/zero").assert_error(2, "over the 16777216-byte limit");
-    run("gpt-4").assert_error(2, "expected scripted:FILE or openai:MODEL_NAME");
+    run("gpt-4").assert_error(
+        2,
+        "expected scripted:FILE, openai:MODEL_NAME or anthropic:MODEL_NAME",
+    );
     let key_flag = turnstile(&[
         "run",
         "--db",
@@ -205,7 +208,7 @@ fn an_unreadable_or_invalid_script_is_a_usage_error_and_writes_nothing() {
         "MY_KEY",
         "hi",
     ]);
-    key_flag.assert_error(2, "openai models only");
+    key_flag.assert_error(2, "openai and anthropic models only");
     assert!(!db.exists(), "nothing written");
 }
 

@@ -798,7 +798,7 @@ fn reasoning_replay_is_for_openai_models_and_the_hint_repeats_it() {
     let (second, third) = (uuid(), uuid());
     let mut scripted_run = on("run", &db, &second);
     scripted_run.extend(["--model", &model, "--reasoning-replay", "never", INPUT]);
-    turnstile(&scripted_run).assert_error(2, "apply to openai models only");
+    turnstile(&scripted_run).assert_error(2, "apply to openai and anthropic models only");
     let mut unknown = on("run", &db, &third);
     unknown.extend([
         "--model",

@@ -4,6 +4,7 @@
 //! library directly.
 
 mod bad_input;
+mod cli_anthropic;
 mod cli_approvals;
 mod cli_bad_input;
 mod cli_bench;

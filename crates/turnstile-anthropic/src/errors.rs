@@ -1,0 +1,115 @@
+//! Turning failures into [`ModelError`]s: non-2xx answers, `error` events,
+//! transport failures; each says what went wrong and what to do, never
+//! the key or what the model wrote.
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use turnstile_core::ModelError;
+use turnstile_model_http::{chain, excerpt};
+
+use crate::wire::error_text;
+use crate::AnthropicConfig;
+
+/// How much of an error body is read.
+const MAX_ERROR_BODY_BYTES: usize = 16 << 10;
+/// How many characters of a server's error text go into a [`ModelError`].
+const EXCERPT_CHARS: usize = 300;
+
+/// Whether an answer with this status may pass when sent again: rate
+/// limits (429), overloads (529) and other server errors.
+pub(crate) fn retryable_status(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status.is_server_error()
+}
+
+/// The error for a non-2xx answer.
+pub(crate) async fn status_error(
+    config: &AnthropicConfig,
+    mut response: reqwest::Response,
+) -> ModelError {
+    let status = response.status();
+    let mut body = Vec::new();
+    // A body that cannot be read only costs the detail.
+    while let Ok(Some(chunk)) = response.chunk().await {
+        let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= MAX_ERROR_BODY_BYTES {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    let (kind, detail) = match serde_json::from_str::<Value>(&text) {
+        Ok(body) => error_text(&body),
+        Err(_) => (None, Some(text.into_owned())),
+    };
+    let mut message = format!("the anthropic messages endpoint answered {status}");
+    if let Some(kind) = &kind {
+        message.push_str(&format!(" ({})", excerpt(kind, 40)));
+    }
+    if let Some(detail) = detail.filter(|d| !d.trim().is_empty()) {
+        message.push_str(": ");
+        message.push_str(&excerpt(&config.redact(&detail), EXCERPT_CHARS));
+    }
+    message.push_str(match status.as_u16() {
+        401 => "; check the api key (x-api-key)",
+        403 => "; the key may not use this model or feature",
+        404 => "; check the model name and the base url",
+        413 => "; the request is too large: shorten the context or its attachments",
+        _ => "",
+    });
+    let error = if retryable_status(status) {
+        ModelError::retryable(message)
+    } else {
+        ModelError::fatal(message)
+    };
+    error.with_status(status.as_u16())
+}
+
+/// The error for an `error` event in a stream: overloads and server errors
+/// may pass on retry, a refused request will not.
+pub(crate) fn stream_error(config: &AnthropicConfig, event: &Value) -> ModelError {
+    let (kind, detail) = error_text(event);
+    let kind = kind.unwrap_or_else(|| "error".into());
+    let message = format!(
+        "the anthropic stream reported {}: {}",
+        excerpt(&kind, 40),
+        excerpt(&config.redact(&detail.unwrap_or_default()), EXCERPT_CHARS)
+    );
+    match kind.as_str() {
+        "invalid_request_error"
+        | "authentication_error"
+        | "permission_error"
+        | "not_found_error"
+        | "request_too_large" => ModelError::fatal(message),
+        _ => ModelError::retryable(message),
+    }
+}
+
+/// The error for a failure of the HTTP exchange itself.
+pub(crate) fn transport_error(
+    config: &AnthropicConfig,
+    e: reqwest::Error,
+    during: &str,
+) -> ModelError {
+    let e = e.without_url();
+    if e.is_timeout() {
+        return ModelError::retryable(format!(
+            "the anthropic messages endpoint timed out while {during} (timeout {:?})",
+            config.timeout
+        ));
+    }
+    let detail = config.redact(&chain(&e));
+    if e.is_builder() || e.is_redirect() || e.is_decode() {
+        ModelError::fatal(format!(
+            "the anthropic request failed while {during}: {detail}"
+        ))
+    } else if e.is_connect() {
+        ModelError::retryable(format!(
+            "cannot connect to the anthropic messages endpoint: {detail}"
+        ))
+    } else {
+        ModelError::retryable(format!("the connection failed while {during}: {detail}"))
+    }
+}

@@ -1,0 +1,121 @@
+//! Sending a request again after a rate limit (429), an overload (529) or
+//! another server error: after the server's
+//! `retry-after`, or a doubling backoff, within [`RetryPolicy`] and never
+//! past the run's deadline. A model call has no side effects, so sending it
+//! again is safe; only its cost repeats.
+
+use std::future::Future;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use tokio::time::Instant;
+
+use turnstile_core::ModelError;
+
+use crate::errors::{retryable_status, status_error, transport_error};
+use crate::{AnthropicConfig, RetryPolicy};
+
+/// Sends with `send` until a 2xx answer, a failure not worth retrying, or
+/// the policy or the deadline says stop. A server that cannot be reached is
+/// not retried: it is mostly one that is not running, and the run stops
+/// saying so at once.
+pub(crate) async fn send<F, Fut>(
+    config: &AnthropicConfig,
+    deadline: Option<Instant>,
+    send: F,
+) -> Result<reqwest::Response, ModelError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<reqwest::Response, reqwest::Error>>,
+{
+    let policy = config.retry;
+    let mut attempt = 0;
+    loop {
+        let (error, asked) = match send().await {
+            Ok(response) if response.status().is_success() => return Ok(response),
+            Ok(response) if retryable_status(response.status()) => {
+                let asked = retry_after(response.headers());
+                (status_error(config, response).await, asked)
+            }
+            Ok(response) => return Err(status_error(config, response).await),
+            Err(e) => return Err(transport_error(config, e, "waiting for the response")),
+        };
+        let wait = asked.unwrap_or_else(|| backoff(&policy, attempt));
+        let give_up = |why: String| {
+            let mut error = error.clone();
+            error
+                .message
+                .push_str(&format!("; {why}; resume the run later"));
+            Err(error)
+        };
+        if attempt >= policy.max_retries {
+            return give_up(format!("gave up after {} attempts", attempt + 1));
+        }
+        if wait > policy.max_wait {
+            return give_up(format!(
+                "the server asks to wait {} s, more than the {} s the retry policy waits",
+                wait.as_secs(),
+                policy.max_wait.as_secs()
+            ));
+        }
+        if deadline.is_some_and(|at| Instant::now() + wait >= at) {
+            return give_up(format!(
+                "not retried: waiting {:.1} s would pass the run's deadline",
+                wait.as_secs_f64()
+            ));
+        }
+        tracing::debug!(
+            attempt,
+            wait_ms = wait.as_millis() as u64,
+            status = error.status,
+            "anthropic call retried"
+        );
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+    }
+}
+
+/// The wait before retry `attempt` (from 0) when the server names none.
+fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    policy
+        .backoff
+        .saturating_mul(1 << attempt.min(16))
+        .min(policy.max_wait)
+}
+
+/// The server's `retry-after`, in seconds (an HTTP date is not used: the
+/// backoff applies).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    let seconds: f64 = value.parse().ok()?;
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(1e9)))
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn retry_after_is_read_in_seconds() {
+        let mut headers = HeaderMap::new();
+        for (value, expected) in [
+            ("3", Some(Duration::from_secs(3))),
+            (" 0.5 ", Some(Duration::from_millis(500))),
+            ("-1", None),
+            ("NaN", None),
+            ("Wed, 21 Oct 2026 07:28:00 GMT", None),
+        ] {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static(value));
+            assert_eq!(retry_after(&headers), expected, "{value}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_longest_wait() {
+        let policy = RetryPolicy::default();
+        let waits: Vec<u64> = (0..8).map(|n| backoff(&policy, n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
+    }
+}
