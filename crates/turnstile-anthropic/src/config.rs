@@ -30,8 +30,9 @@ pub struct AnthropicConfig {
     /// `max_tokens`: the most one answer may hold, thinking included. The
     /// API requires it. Default 8,192.
     pub max_tokens: u32,
-    /// Extended thinking with this `budget_tokens` (at least 1,024 and below
-    /// `max_tokens`); `None`, the default, asks for none.
+    /// Extended thinking with this `budget_tokens`, below `max_tokens` (the
+    /// API takes at least 1,024; servers that imitate it may take less);
+    /// `None`, the default, asks for none.
     pub thinking_budget: Option<u32>,
     /// Where `cache_control` breakpoints go.
     pub prompt_cache: PromptCache,
@@ -115,8 +116,6 @@ impl AnthropicConfig {
     pub const DEFAULT_KEY_VAR: &'static str = "ANTHROPIC_API_KEY";
     /// The default [`AnthropicConfig::max_tokens`].
     pub const DEFAULT_MAX_TOKENS: u32 = 8192;
-    /// The smallest thinking budget the API takes.
-    pub const MIN_THINKING_BUDGET: u32 = 1024;
     /// The request-body members the model sets itself, which
     /// [`AnthropicConfig::extra_body`] may not name.
     pub const RESERVED_BODY_MEMBERS: [&'static str; 7] = [
@@ -237,11 +236,10 @@ impl AnthropicConfig {
             ));
         }
         if let Some(budget) = self.thinking_budget {
-            if budget < Self::MIN_THINKING_BUDGET || budget >= self.max_tokens {
+            if budget >= self.max_tokens {
                 return Err(ModelError::fatal(format!(
-                    "the thinking budget {budget} must be at least {} and below max_tokens ({}); \
-                     raise max_tokens or lower the budget",
-                    Self::MIN_THINKING_BUDGET,
+                    "the thinking budget {budget} must be below max_tokens ({}); raise max_tokens \
+                     or lower the budget",
                     self.max_tokens
                 )));
             }

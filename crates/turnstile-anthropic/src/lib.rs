@@ -115,8 +115,8 @@ impl AnthropicModel {
     ///
     /// # Errors
     /// A fatal [`ModelError`] when the model name is empty, the timeout or
-    /// `max_tokens` is zero, the thinking budget is under 1,024 or not
-    /// below `max_tokens`, the extra body names a
+    /// `max_tokens` is zero, the thinking budget is not below
+    /// `max_tokens`, the extra body names a
     /// [reserved member](AnthropicConfig::RESERVED_BODY_MEMBERS), the base
     /// URL is not `http`/`https`, a header value cannot be sent, or the HTTP
     /// client cannot be built.

@@ -18,7 +18,11 @@ but well-formed. What the test relies on:
 - no space prefix, so the text the server prefills for a grammar tokenizes
   to what the grammar expects;
 - a Qwen2.5-style chat template, whose <tool_call> blocks llama-server
-  (started with --jinja) recognises and parses out of the generated text.
+  (started with --jinja) recognises and parses out of the generated text;
+  with reasoning the way Qwen3 writes it: an answer's `reasoning_content`
+  rendered as <think>…</think>, and a generation prompt that opens <think>
+  when a request asks for thinking (`chat_template_kwargs.enable_thinking`),
+  so llama-server (with `--reasoning off` unless asked) parses reasoning out.
 """
 
 import re
@@ -53,6 +57,7 @@ CHAT_TEMPLATE = """\
 {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
 {%- elif message.role == 'assistant' %}
 {{- '<|im_start|>assistant' }}
+{%- if message.reasoning_content %}{{- '\\n<think>' + message.reasoning_content + '</think>' }}{%- endif %}
 {%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
 {%- for call in message.tool_calls or [] %}
 {%- if call.function is defined %}{%- set call = call.function %}{%- endif %}
@@ -67,7 +72,7 @@ CHAT_TEMPLATE = """\
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
 {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking %}{{- '<think>' }}{%- endif %}{%- endif %}
 """
 
 

@@ -25,6 +25,10 @@ pub const END_OF_SEQUENCE: u32 = 260;
 pub const TOOL_CALL: u32 = 261;
 pub const TOOL_CALL_END: u32 = 262;
 
+/// The reasoning of an answer with a thinking budget of 0 (no spaces: the
+/// tokenizer would show them as `▁`).
+pub const REASONING: &str = "Thinking...";
+
 /// A running llama-server, killed when dropped (a failing test included).
 pub struct LlamaServer {
     child: Child,
@@ -68,6 +72,15 @@ impl LlamaServer {
             .args(["--jinja", "--parallel", "1", "--no-cache-prompt"])
             .args(["--cache-type-k", "f32", "--cache-type-v", "f32"])
             .args(["--offline", "--no-webui", "--no-warmup"])
+            // No thinking unless a request asks for it
+            // (`chat_template_kwargs.enable_thinking`); a thinking budget
+            // of 0 makes the reasoning this message.
+            .args([
+                "--reasoning",
+                "off",
+                "--reasoning-budget-message",
+                REASONING,
+            ])
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

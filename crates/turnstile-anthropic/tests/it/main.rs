@@ -6,4 +6,5 @@ mod anthropic_crash;
 mod anthropic_errors;
 mod anthropic_model;
 mod anthropic_stops;
+mod llama_messages;
 mod support;

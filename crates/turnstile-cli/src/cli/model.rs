@@ -80,7 +80,8 @@ pub struct ModelArgs {
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
     /// Extended thinking with this many tokens of budget (anthropic models
-    /// only; at least 1024); the answer may hold 8192 tokens beyond it.
+    /// only; Anthropic's API takes at least 1024); the answer may hold 8192
+    /// tokens beyond it.
     #[arg(long, value_name = "TOKENS")]
     pub thinking_budget: Option<u32>,
     /// Which of the model's earlier reasoning (`reasoning_content`) is sent

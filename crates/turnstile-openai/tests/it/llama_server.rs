@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use turnstile::agent::{ModelRequest, ModelResponse};
 use turnstile::{Message, Model, ModelError, RequestId, RunContext, ToolSpec};
-use turnstile_openai::{OpenAiConfig, OpenAiModel};
-use turnstile_testkit::llama::{LlamaServer, BYTE_FF, END_OF_SEQUENCE, TOOL_CALL};
+use turnstile_openai::{OpenAiConfig, OpenAiModel, ReasoningReplay};
+use turnstile_testkit::llama::{LlamaServer, BYTE_FF, END_OF_SEQUENCE, REASONING, TOOL_CALL};
 
 use crate::support::*;
 
@@ -214,4 +214,119 @@ async fn argument_fragments(server: &LlamaServer, model: &OpenAiModel) -> usize 
                 .is_some_and(|a| !a.is_empty())
         })
         .count()
+}
+
+/// Thinking asked for with a budget of 0: the server's reasoning is then
+/// its budget message, [`REASONING`], and the answer follows.
+fn thinking(members: Value) -> Value {
+    let mut body = json!({
+        "thinking_budget_tokens": 0,
+        "chat_template_kwargs": { "enable_thinking": true },
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(members.as_object().unwrap().clone());
+    body
+}
+
+#[track_caller]
+fn assert_reasoning(response: &ModelResponse) {
+    let reasoning: Vec<_> = response.content.reasoning().collect();
+    assert_eq!(reasoning.len(), 1, "{response:?}");
+    assert_eq!(reasoning[0].provider, "openai");
+    assert_eq!(reasoning[0].text.as_deref(), Some(REASONING));
+    assert!(!response.content.text().contains(REASONING), "{response:?}");
+}
+
+#[tokio::test]
+async fn openai_reasoning_against_llama_server() {
+    let server = LlamaServer::start(&[]).await;
+    let hello = [Message::user("hello")];
+    let add = [add_spec()];
+
+    // `reasoning_content` before a text answer, streamed or not; the
+    // reasoning is no text delta.
+    let text = model(
+        &server,
+        sampling(
+            &[(TOOL_CALL, -100), (END_OF_SEQUENCE, 6)],
+            thinking(json!({})),
+        ),
+        64,
+    );
+    let (answer, _) = call(&text, &hello, &[], false).await;
+    let answer = answer.unwrap();
+    assert_reasoning(&answer);
+    assert!(!answer.content.text().is_empty(), "{answer:?}");
+    let (streamed, deltas) = call(&text, &hello, &[], true).await;
+    let streamed = streamed.unwrap();
+    assert_eq!(streamed.content, answer.content);
+    assert_eq!(deltas, answer.content.text());
+
+    // Reasoning, then a tool call.
+    let one_call = model(
+        &server,
+        sampling(
+            &[(TOOL_CALL, 20), (END_OF_SEQUENCE, 30)],
+            thinking(json!({ "tool_choice": "required", "parallel_tool_calls": false })),
+        ),
+        200,
+    );
+    let (called, _) = call(&one_call, &hello, &add, false).await;
+    let called = called.unwrap();
+    assert_reasoning(&called);
+    assert_add_call(&called);
+    let (streamed, _) = call(&one_call, &hello, &add, true).await;
+    let streamed = streamed.unwrap();
+    assert_reasoning(&streamed);
+    assert_eq!(
+        streamed.tool_calls[0].arguments,
+        called.tool_calls[0].arguments
+    );
+
+    // The tool loop goes on: with `CurrentToolCycle` the call's reasoning
+    // goes back and the server renders it into the prompt (more tokens);
+    // with the default `Never` it does not.
+    let loop_messages = [
+        Message::user("hello"),
+        Message::Assistant {
+            content: called.content.clone(),
+            tool_calls: called.tool_calls.clone(),
+            provider_metadata: None,
+        },
+        Message::tool(called.tool_calls[0].id.clone(), "3", false),
+    ];
+    let follow_up = |replay: ReasoningReplay| {
+        let config = OpenAiConfig::new(format!("{}/v1", server.root), "tiny-llama")
+            .with_max_output_tokens(64)
+            .with_extra_body(
+                sampling(&[(TOOL_CALL, -100), (END_OF_SEQUENCE, 6)], json!({}))
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            )
+            .with_reasoning_replay(replay);
+        OpenAiModel::new(config).unwrap()
+    };
+    let (without, _) = call(
+        &follow_up(ReasoningReplay::Never),
+        &loop_messages,
+        &add,
+        false,
+    )
+    .await;
+    let (with, _) = call(
+        &follow_up(ReasoningReplay::CurrentToolCycle),
+        &loop_messages,
+        &add,
+        false,
+    )
+    .await;
+    let (without, with) = (without.unwrap(), with.unwrap());
+    assert!(
+        with.usage.input_tokens > without.usage.input_tokens,
+        "the reasoning was not rendered back: {} vs {} prompt tokens",
+        with.usage.input_tokens,
+        without.usage.input_tokens
+    );
 }

@@ -1,0 +1,151 @@
+//! The Anthropic client against a server not written here: llama.cpp's
+//! `llama-server`, which speaks the Messages API too (`/v1/messages`), on
+//! the test kit's tiny generated model. That API ignores a request's logit
+//! biases, so each answer shape is a server started with its own.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use turnstile::agent::ModelResponse;
+use turnstile::{AnthropicConfig, AnthropicModel, Message};
+use turnstile_testkit::llama::{LlamaServer, REASONING};
+
+use crate::support::{add_spec, respond};
+
+/// Text answers of a few characters: no tool call, the end favoured.
+const TEXT: [&str; 4] = ["--logit-bias", "261-100", "--logit-bias", "260+6"];
+/// One tool call: the call token favoured, its end after one object, then
+/// the end of the answer.
+const ONE_CALL: [&str; 6] = [
+    "--logit-bias",
+    "261+20",
+    "--logit-bias",
+    "262+10",
+    "--logit-bias",
+    "260+30",
+];
+
+/// A model on `server`; with thinking, a budget of 0 makes the reasoning
+/// the server's budget message.
+fn model(server: &LlamaServer, thinking: bool, max_tokens: u32, extra: Value) -> AnthropicModel {
+    let mut body = json!({ "temperature": 0 });
+    if thinking {
+        body["chat_template_kwargs"] = json!({ "enable_thinking": true });
+    }
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let mut config = AnthropicConfig::new("tiny-llama")
+        .with_base_url(&server.root)
+        .with_max_tokens(max_tokens)
+        .with_timeout(Duration::from_secs(60))
+        .with_extra_body(body.as_object().unwrap().clone());
+    if thinking {
+        config = config.with_thinking_budget(0);
+    }
+    AnthropicModel::new(config).unwrap()
+}
+
+#[track_caller]
+fn assert_thinking(response: &ModelResponse) {
+    let reasoning: Vec<_> = response.content.reasoning().collect();
+    assert_eq!(reasoning.len(), 1, "{response:?}");
+    assert_eq!(reasoning[0].provider, "anthropic");
+    assert_eq!(reasoning[0].text.as_deref(), Some(REASONING));
+    // The server signs nothing; the empty signature is kept, to go back.
+    assert_eq!(reasoning[0].signature.as_deref(), Some(""));
+}
+
+#[tokio::test]
+async fn anthropic_model_against_llama_server() {
+    let text_server = LlamaServer::start(&TEXT).await;
+    let call_server = LlamaServer::start(&ONE_CALL).await;
+    let hello = [Message::system("You are terse."), Message::user("hello")];
+    let add = [add_spec()];
+
+    // A text answer, streamed or not.
+    let text = model(&text_server, false, 64, json!({}));
+    let answer = respond(&text, &hello, &[], false).await.0.unwrap();
+    assert!(!answer.content.text().is_empty(), "{answer:?}");
+    assert!(answer.usage.input_tokens > 0 && answer.usage.output_tokens > 0);
+    let (streamed, deltas) = respond(&text, &hello, &[], true).await;
+    let streamed = streamed.unwrap();
+    assert_eq!(streamed.content, answer.content);
+    assert_eq!(deltas, answer.content.text());
+    assert_eq!(streamed.usage.input_tokens, answer.usage.input_tokens);
+
+    // Thinking, then text: streamed, the text block starts before the
+    // thinking block ends (this server's order).
+    let thoughtful = model(&text_server, true, 64, json!({}));
+    let answer = respond(&thoughtful, &hello, &[], false).await.0.unwrap();
+    assert_thinking(&answer);
+    let (streamed, deltas) = respond(&thoughtful, &hello, &[], true).await;
+    let streamed = streamed.unwrap();
+    assert_eq!(streamed.content, answer.content);
+    assert_eq!(deltas, answer.content.text());
+
+    // Thinking, then a tool call whose input is the model's JSON text.
+    let caller = model(
+        &call_server,
+        true,
+        200,
+        json!({ "tool_choice": { "type": "any" } }),
+    );
+    let called = respond(&caller, &hello, &add, false).await.0.unwrap();
+    assert_thinking(&called);
+    assert_eq!(called.tool_calls.len(), 1, "{called:?}");
+    let call = &called.tool_calls[0];
+    assert_eq!(call.name, "add");
+    let input: Value = serde_json::from_str(&call.arguments).unwrap();
+    assert!(input["a"].is_i64() && input["b"].is_i64(), "{input}");
+    let (streamed, _) = respond(&caller, &hello, &add, true).await;
+    let streamed = streamed.unwrap();
+    assert_thinking(&streamed);
+    // Streamed, the input is the model's text; whole, the server's
+    // re-serialization of it: the same value.
+    let streamed_input: Value = serde_json::from_str(&streamed.tool_calls[0].arguments).unwrap();
+    assert_eq!(streamed_input, input);
+
+    // The loop goes on: the answer goes back with its thinking (which the
+    // server renders into the prompt: more tokens than without it), and
+    // the tool's result as a tool_result block.
+    let loop_with = |content: turnstile::Content| {
+        vec![
+            Message::user("hello"),
+            Message::Assistant {
+                content,
+                tool_calls: called.tool_calls.clone(),
+                provider_metadata: None,
+            },
+            Message::tool(call.id.clone(), "3", false),
+        ]
+    };
+    let with = respond(&text, &loop_with(called.content.clone()), &add, false)
+        .await
+        .0
+        .unwrap();
+    let without = respond(
+        &text,
+        &loop_with(turnstile::Content::default()),
+        &add,
+        false,
+    )
+    .await
+    .0
+    .unwrap();
+    assert!(
+        with.usage.input_tokens > without.usage.input_tokens,
+        "the thinking was not rendered back: {} vs {} prompt tokens",
+        with.usage.input_tokens,
+        without.usage.input_tokens
+    );
+
+    // A prompt over the context is refused, typed, not retried.
+    let long = [Message::user("x".repeat(5000))];
+    for stream in [false, true] {
+        let error = respond(&text, &long, &[], stream).await.0.unwrap_err();
+        assert_eq!(error.status, Some(400), "{error}");
+        assert!(!error.retryable);
+        assert!(error.message.contains("context size"), "{error}");
+    }
+}
