@@ -168,11 +168,23 @@ fn thinking_answer() -> Reply {
     )
 }
 
+/// The second round: more thinking, another call.
+fn second_round() -> Reply {
+    Reply::answer(
+        vec![
+            thinking("Check it: 3 - 2 = 1."),
+            tool_use("toolu_2", "add", r#"{"a":3,"b":-2}"#),
+        ],
+        "tool_use",
+    )
+}
+
 #[tokio::test]
-async fn thinking_and_tool_calls_go_back_exactly_in_a_tool_loop() {
+async fn thinking_and_tool_calls_go_back_exactly_in_two_tool_rounds() {
     for stream in [false, true] {
         let server = Server::start(vec![
             thinking_answer(),
+            second_round(),
             Reply::answer(vec![thinking("Now answer."), text("3")], "end_turn"),
         ])
         .await;
@@ -205,7 +217,7 @@ async fn thinking_and_tool_calls_go_back_exactly_in_a_tool_loop() {
                 .unwrap()
         };
         assert_eq!(outcome.final_text, "3");
-        assert_eq!(add.calls(), 1);
+        assert_eq!(add.calls(), 2);
         assert_eq!(server.refused(), Vec::<String>::new());
 
         let requests = server.requests();

@@ -3,12 +3,17 @@
 //! the test kit's tiny generated model. That API ignores a request's logit
 //! biases, so each answer shape is a server started with its own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use turnstile::agent::ModelResponse;
-use turnstile::{AnthropicConfig, AnthropicModel, Message};
+use turnstile::{
+    Agent, AgentSession, AnthropicConfig, AnthropicModel, CheckpointPhase, ContextPolicy,
+    ConversationId, Error, Message, Namespace, RequestId, RunContext, SqliteStore,
+};
 use turnstile_testkit::llama::{LlamaServer, REASONING};
+use turnstile_testkit::tools::CountingTool;
 
 use crate::support::{add_spec, respond};
 
@@ -148,4 +153,51 @@ async fn anthropic_model_against_llama_server() {
         assert!(!error.retryable);
         assert!(error.message.contains("context size"), "{error}");
     }
+
+    // An agent run end to end: the tool offered, the answer (with its
+    // thinking) committed.
+    let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+    let session = |model: AnthropicModel| {
+        AgentSession::new(
+            Agent::new(Arc::new(model)).with_tool(CountingTool::new("add")),
+            store.clone(),
+            ConversationId::new(),
+            Namespace::new("anthropic-llama").unwrap(),
+            ContextPolicy::default(),
+        )
+    };
+    let run = session(model(&text_server, true, 64, json!({})));
+    let outcome = run
+        .run(RequestId::new(), "hello", RunContext::default())
+        .await
+        .unwrap();
+    assert!(!outcome.final_text.is_empty(), "{outcome:?}");
+    let transcript = run
+        .store()
+        .transcript_window(run.conversation_id(), 10)
+        .await
+        .unwrap();
+    assert_eq!(transcript[1].message.content().reasoning().count(), 1);
+
+    // An answer cut at max_tokens stops the run, the admission held and
+    // the checkpoint waiting for the model again.
+    let cut = session(model(&text_server, false, 3, json!({})));
+    let error = cut
+        .run(RequestId::new(), "hello", RunContext::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Model { source, .. } if source.message.contains("max_tokens (3")),
+        "{error:?}"
+    );
+    let (run_id, _) = error.stopped_run().unwrap();
+    let admission = cut.store().admission(cut.conversation_id()).await.unwrap();
+    assert_eq!(admission.active.expect("held").run_id, run_id);
+    let checkpoint = cut
+        .store()
+        .latest_checkpoint(run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(checkpoint.phase, CheckpointPhase::ModelPending);
 }
