@@ -2,6 +2,7 @@
 //! into one binary. `openai_config` is a binary of its own.
 
 mod llama_server;
+mod openai_crash;
 mod openai_errors;
 mod openai_finish;
 mod openai_images;

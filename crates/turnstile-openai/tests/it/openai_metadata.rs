@@ -22,19 +22,29 @@ const EXTENSION: &str = r#""x_trace":{"z":1,"a":123456789012345678901234567890}"
 
 /// A Gemini-shaped tool call answer, as raw JSON text.
 fn gemini_call() -> Reply {
+    gemini_call_with("call_1", SIGNATURE)
+}
+
+/// A Gemini-shaped answer calling `add` as `call_id`, its signature
+/// member `signature` as written.
+pub fn gemini_call_with(call_id: &str, signature: &str) -> Reply {
     let body = format!(
         r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"finish_reason":"tool_calls",
         "message":{{"role":"assistant","content":null,"refusal":null,{EXTENSION},
-        "tool_calls":[{{"id":"call_1","type":"function",{SIGNATURE},
+        "tool_calls":[{{"id":"{call_id}","type":"function",{signature},
         "function":{{"name":"add","arguments":"{{\"a\":2,\"b\":3}}"}}}}]}}}}],
         "usage":{{"prompt_tokens":5,"completion_tokens":5}}}}"#
     );
     Reply::raw(StatusCode::OK, "application/json", vec![body.into_bytes()])
 }
 
+/// The second round's signature member.
+pub const SECOND_SIGNATURE: &str = r#""extra_content":{"google":{"thought_signature":"c2lnMg=="}}"#;
+
 #[tokio::test]
 async fn unknown_members_are_kept_exactly_and_go_back_in_their_place() {
     let server = Server::start(vec![gemini_call(), text_completion("5", 5, 1)]).await;
+    server.require_signature("call_1", "c2lné==");
     let agent = Agent::new(Arc::new(server.model())).with_tool(Arc::new(Add::default()));
     let store = Arc::new(SqliteStore::in_memory().await.unwrap());
     let conversation = ConversationId::new();
@@ -82,6 +92,60 @@ async fn unknown_members_are_kept_exactly_and_go_back_in_their_place() {
         "c2lné=="
     );
     assert_eq!(body["messages"][1]["x_trace"]["z"], 1);
+}
+
+#[tokio::test]
+async fn gemini_signatures_pass_two_tool_rounds_and_one_a_byte_off_is_refused() {
+    let server = Server::start(vec![
+        gemini_call(),
+        gemini_call_with("call_2", SECOND_SIGNATURE),
+        text_completion("10", 5, 1),
+    ])
+    .await;
+    server.require_signature("call_1", "c2lné==");
+    server.require_signature("call_2", "c2lnMg==");
+    let add = Arc::new(Add::default());
+    let agent = Agent::new(Arc::new(server.model())).with_tool(add.clone());
+    let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+    let conversation = ConversationId::new();
+    let session = AgentSession::new(
+        agent,
+        store.clone(),
+        conversation,
+        Namespace::new("openai-test").unwrap(),
+        ContextPolicy::default(),
+    );
+    let outcome = session
+        .run(RequestId::new(), "2 + 3, twice?", RunContext::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "10");
+    assert_eq!(add.calls(), 2);
+    let last = &server.raw_bodies()[2];
+    assert!(
+        last.contains(SIGNATURE) && last.contains(SECOND_SIGNATURE),
+        "{last}"
+    );
+
+    // The same transcript with the first signature one byte off.
+    let mut transcript: Vec<Message> = store
+        .transcript_window(conversation, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|entry| entry.message)
+        .collect();
+    transcript.truncate(transcript.len() - 1);
+    let Message::Assistant { tool_calls, .. } = &mut transcript[1] else {
+        panic!("{transcript:?}");
+    };
+    let tampered = SIGNATURE.replace("c2ln", "c2lm");
+    tool_calls[0].provider_metadata =
+        Some(ProviderMetadata::new(format!("{{{tampered}}}")).unwrap());
+    let error = ask(&server.model(), &transcript).await.unwrap_err();
+    assert_eq!(error.status, Some(400), "{error}");
+    assert!(!error.retryable);
+    assert!(error.message.contains("thought_signature"), "{error}");
 }
 
 #[tokio::test]

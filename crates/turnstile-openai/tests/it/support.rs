@@ -71,6 +71,9 @@ pub struct Recorded {
 pub struct Script {
     pub replies: Arc<Mutex<VecDeque<Reply>>>,
     requests: Arc<Mutex<Vec<Recorded>>>,
+    /// Thought signatures the server issued, by call id: a request whose
+    /// answer calls one without it exactly is refused, as Gemini does.
+    signatures: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 pub struct Server {
@@ -117,6 +120,13 @@ impl Server {
         requests.iter().map(|r| r.raw.clone()).collect()
     }
 
+    /// Refuses, from now on, a request holding the call `call_id` without
+    /// exactly this `extra_content.google.thought_signature`.
+    pub fn require_signature(&self, call_id: &str, signature: &str) {
+        let mut signatures = self.script.signatures.lock().unwrap();
+        signatures.push((call_id.to_owned(), signature.to_owned()));
+    }
+
     pub fn authorization(&self, i: usize) -> Option<String> {
         let requests = self.script.requests.lock().unwrap();
         requests[i]
@@ -135,11 +145,16 @@ impl Drop for Server {
 async fn answer(State(script): State<Script>, headers: HeaderMap, body: Bytes) -> Response {
     let raw = String::from_utf8_lossy(&body).into_owned();
     let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    script
-        .requests
-        .lock()
-        .unwrap()
-        .push(Recorded { headers, body, raw });
+    script.requests.lock().unwrap().push(Recorded {
+        headers,
+        body: body.clone(),
+        raw,
+    });
+    if let Some(refusal) = unsigned_call(&script.signatures.lock().unwrap(), &body) {
+        let error =
+            json!({ "error": { "code": 400, "message": refusal, "status": "INVALID_ARGUMENT" } });
+        return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+    }
     let reply = script.replies.lock().unwrap().pop_front();
     match reply {
         None => (StatusCode::IM_A_TEAPOT, "script exhausted").into_response(),
@@ -170,6 +185,29 @@ async fn answer(State(script): State<Script>, headers: HeaderMap, body: Bytes) -
             response.body(Body::from_stream(body)).unwrap()
         }
     }
+}
+
+/// Gemini's refusal of a call sent back without its thought signature, or
+/// with one a byte off.
+fn unsigned_call(signatures: &[(String, String)], body: &Value) -> Option<String> {
+    let messages = body["messages"].as_array()?;
+    for (m, message) in messages.iter().enumerate() {
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            let expected = signatures
+                .iter()
+                .find(|(id, _)| call["id"].as_str() == Some(id.as_str()));
+            if let Some((_, signature)) = expected {
+                let sent = call["extra_content"]["google"]["thought_signature"].as_str();
+                if sent != Some(signature.as_str()) {
+                    return Some(format!(
+                        "Function call in the {} content block is missing a valid `thought_signature`",
+                        m + 1
+                    ));
+                }
+            }
+        }
+    }
+    None
 }
 
 pub fn split(text: &str, every: usize) -> Vec<Vec<u8>> {
