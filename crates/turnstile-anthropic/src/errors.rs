@@ -2,27 +2,13 @@
 //! transport failures; each says what went wrong and what to do, never
 //! the key or what the model wrote.
 
-use reqwest::StatusCode;
 use serde_json::Value;
 
 use turnstile_core::ModelError;
-use turnstile_model_http::{chain, excerpt};
+use turnstile_model_http::{chain, error_body, excerpt, retryable_status, EXCERPT_CHARS};
 
 use crate::wire::error_text;
 use crate::AnthropicConfig;
-
-/// How much of an error body is read.
-const MAX_ERROR_BODY_BYTES: usize = 16 << 10;
-/// How many characters of a server's error text go into a [`ModelError`].
-const EXCERPT_CHARS: usize = 300;
-
-/// Whether an answer with this status may pass when sent again: rate
-/// limits (429), overloads (529) and other server errors.
-pub(crate) fn retryable_status(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status.is_server_error()
-}
 
 /// The error for a non-2xx answer.
 pub(crate) async fn status_error(
@@ -30,19 +16,10 @@ pub(crate) async fn status_error(
     mut response: reqwest::Response,
 ) -> ModelError {
     let status = response.status();
-    let mut body = Vec::new();
-    // A body that cannot be read only costs the detail.
-    while let Ok(Some(chunk)) = response.chunk().await {
-        let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if body.len() >= MAX_ERROR_BODY_BYTES {
-            break;
-        }
-    }
-    let text = String::from_utf8_lossy(&body);
+    let text = error_body(&mut response).await;
     let (kind, detail) = match serde_json::from_str::<Value>(&text) {
         Ok(body) => error_text(&body),
-        Err(_) => (None, Some(text.into_owned())),
+        Err(_) => (None, Some(text)),
     };
     let mut message = format!("the anthropic messages endpoint answered {status}");
     if let Some(kind) = &kind {

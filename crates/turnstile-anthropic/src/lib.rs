@@ -26,7 +26,9 @@ use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
 use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
-use turnstile_model_http::{chain, decode_error, redacted_url};
+use turnstile_model_http::{
+    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, BodyError,
+};
 
 pub use config::{AnthropicConfig, PromptCache, RetryPolicy};
 
@@ -122,7 +124,7 @@ impl AnthropicModel {
     /// client cannot be built.
     pub fn new(config: AnthropicConfig) -> Result<Self, ModelError> {
         config.check()?;
-        let endpoint = endpoint_url(&config.base_url)?;
+        let endpoint = endpoint_url(&config.base_url, "/v1/messages", "anthropic")?;
         let mut headers = HeaderMap::new();
         let header = |value: &str, what: &str| {
             HeaderValue::from_str(value).map_err(|_| {
@@ -249,20 +251,15 @@ impl AnthropicModel {
         &self,
         mut response: reqwest::Response,
     ) -> Result<(Vec<AnswerBlock>, Option<String>, Usage), ModelError> {
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
+        let body = read_body(&mut response, MAX_BODY_BYTES)
             .await
-            .map_err(|e| transport_error(&self.config, e, "reading the response"))?
-        {
-            if body.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(ModelError::fatal(format!(
+            .map_err(|e| match e {
+                BodyError::TooLarge => ModelError::fatal(format!(
                     "the anthropic response exceeds {} MiB",
                     MAX_BODY_BYTES >> 20
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
+                )),
+                BodyError::Transport(e) => transport_error(&self.config, e, "reading the response"),
+            })?;
         let answer: WireResponse = serde_json::from_slice(&body).map_err(|e| {
             let detail = decode_error(&e, "a message object");
             if e.is_eof() {
@@ -340,46 +337,5 @@ impl Model for AnthropicModel {
             ),
         }
         result
-    }
-}
-
-/// Whether a response says its body is JSON (rather than an event stream).
-fn is_json(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"))
-}
-
-/// `{base_url}/v1/messages`, checked.
-fn endpoint_url(base_url: &str) -> Result<reqwest::Url, ModelError> {
-    let base = base_url.trim().trim_end_matches('/');
-    if base.is_empty() {
-        return Err(ModelError::fatal("the anthropic base url is empty"));
-    }
-    let url = reqwest::Url::parse(&format!("{base}/v1/messages"))
-        .map_err(|e| ModelError::fatal(format!("invalid anthropic base url: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ModelError::fatal(format!(
-            "invalid anthropic base url: scheme {} is not http or https",
-            url.scheme()
-        )));
-    }
-    Ok(url)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoint_urls_are_checked() {
-        assert_eq!(
-            endpoint_url("http://127.0.0.1:8080/").unwrap().as_str(),
-            "http://127.0.0.1:8080/v1/messages"
-        );
-        assert!(endpoint_url("").is_err());
-        assert!(endpoint_url("ftp://example.com").is_err());
     }
 }

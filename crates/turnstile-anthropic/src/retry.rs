@@ -12,7 +12,9 @@ use tokio::time::Instant;
 
 use turnstile_core::ModelError;
 
-use crate::errors::{retryable_status, status_error, transport_error};
+use turnstile_model_http::retryable_status;
+
+use crate::errors::{status_error, transport_error};
 use crate::{AnthropicConfig, RetryPolicy};
 
 /// Sends with `send` until a 2xx answer, a failure not worth retrying, or

@@ -3,18 +3,12 @@
 //! not, and described without the API key or any model output.
 
 use reqwest::header::RETRY_AFTER;
-use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use turnstile_core::ModelError;
-use turnstile_model_http::{chain, excerpt};
+use turnstile_model_http::{chain, error_body, excerpt, retryable_status, EXCERPT_CHARS};
 
 use crate::OpenAiConfig;
-
-/// How much of an error body is read.
-const MAX_ERROR_BODY_BYTES: usize = 16 << 10;
-/// How many characters of a server's error text go into a [`ModelError`].
-const EXCERPT_CHARS: usize = 300;
 
 /// The error for a non-2xx answer.
 pub(crate) async fn status_error(
@@ -28,32 +22,20 @@ pub(crate) async fn status_error(
         .and_then(|v| v.to_str().ok())
         .map(|v| format!(" (retry after {})", excerpt(v, 40)))
         .unwrap_or_default();
-    let mut body = Vec::new();
-    // A body that cannot be read only costs the excerpt.
-    while let Ok(Some(chunk)) = response.chunk().await {
-        let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if body.len() >= MAX_ERROR_BODY_BYTES {
-            break;
-        }
-    }
-    let text = String::from_utf8_lossy(&body);
+    let text = error_body(&mut response).await;
     let detail = serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|v| error_text(&v))
-        .unwrap_or_else(|| text.into_owned());
+        .unwrap_or(text);
     let detail = excerpt(&config.redact(&detail), EXCERPT_CHARS);
     let mut message = format!("chat completions endpoint answered {status}{retry_after}");
     if !detail.is_empty() {
         message.push_str(": ");
         message.push_str(&detail);
     }
-    let retryable = status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status.is_server_error();
     ModelError {
         message,
-        retryable,
+        retryable: retryable_status(status),
         status: Some(status.as_u16()),
     }
 }

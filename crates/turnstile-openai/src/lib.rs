@@ -27,7 +27,9 @@ use turnstile_core::ModelError;
 pub use config::{OpenAiConfig, ReasoningReplay};
 pub use turnstile_model_http::redacted_url;
 
-use turnstile_model_http::{chain, decode_error, excerpt};
+use turnstile_model_http::{
+    chain, decode_error, endpoint_url, excerpt, is_json, read_body, BodyError,
+};
 
 use errors::{status_error, transport_error};
 use wire::Completion;
@@ -129,7 +131,7 @@ impl OpenAiModel {
                 "the extra request body member {name:?} is set by the openai model itself"
             )));
         }
-        let endpoint = endpoint_url(&config.base_url)?;
+        let endpoint = endpoint_url(&config.base_url, "/chat/completions", "openai")?;
         let authorization = match config.key() {
             Some(key) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
@@ -221,20 +223,15 @@ impl OpenAiModel {
             .filter(|v| !v.contains("json"))
             .map(|v| format!(" (content-type {})", excerpt(v, 60)))
             .unwrap_or_default();
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
+        let body = read_body(&mut response, MAX_BODY_BYTES)
             .await
-            .map_err(|e| transport_error(&self.config, e, "reading the response"))?
-        {
-            if body.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(ModelError::fatal(format!(
+            .map_err(|e| match e {
+                BodyError::TooLarge => ModelError::fatal(format!(
                     "the chat completion response exceeds {} MiB",
                     MAX_BODY_BYTES >> 20
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
+                )),
+                BodyError::Transport(e) => transport_error(&self.config, e, "reading the response"),
+            })?;
         let completion: Completion = serde_json::from_slice(&body).map_err(|e| {
             let detail = decode_error(&e, "a chat completion object");
             if e.is_eof() {
@@ -304,47 +301,5 @@ impl Model for OpenAiModel {
             ),
         }
         result
-    }
-}
-
-/// Whether a response says its body is JSON (rather than an event stream).
-fn is_json(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"))
-}
-
-/// `{base_url}/chat/completions`, checked.
-fn endpoint_url(base_url: &str) -> Result<reqwest::Url, ModelError> {
-    let base = base_url.trim().trim_end_matches('/');
-    if base.is_empty() {
-        return Err(ModelError::fatal("the openai base url is empty"));
-    }
-    let url = reqwest::Url::parse(&format!("{base}/chat/completions"))
-        .map_err(|e| ModelError::fatal(format!("invalid openai base url: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ModelError::fatal(format!(
-            "invalid openai base url: scheme {} is not http or https",
-            url.scheme()
-        )));
-    }
-    Ok(url)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoint_urls_are_checked() {
-        assert_eq!(
-            endpoint_url("http://127.0.0.1:8080/v1/").unwrap().as_str(),
-            "http://127.0.0.1:8080/v1/chat/completions"
-        );
-        assert!(endpoint_url("").is_err());
-        assert!(endpoint_url("ftp://example.com").is_err());
-        assert!(endpoint_url("not a url").is_err());
     }
 }
