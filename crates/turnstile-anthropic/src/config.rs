@@ -81,10 +81,10 @@ impl Default for PromptCache {
     }
 }
 
-/// How a call answered 429 (rate limited), 529 (overloaded) or another
-/// 5xx is tried again: after the server's
-/// `retry-after`, or a backoff doubling from [`RetryPolicy::backoff`], never
-/// past the run's deadline.
+/// How a call answered 408, 429 (rate limited), 529 (overloaded) or
+/// another 5xx, or whose stream failed before showing any text, is tried
+/// again: after the server's `retry-after`, or a backoff doubling from
+/// [`RetryPolicy::backoff`], never past the run's deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Retries after the first attempt. Default 4; 0 never retries.

@@ -18,6 +18,7 @@ mod stream;
 mod wire;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -27,13 +28,15 @@ use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 use turnstile_model_http::{
-    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, BodyError,
+    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, retryable_status,
+    BodyError,
 };
 
 pub use config::{AnthropicConfig, PromptCache, RetryPolicy};
 
-use errors::transport_error;
+use errors::{status_error, transport_error};
 use request::{RequestBody, WireMessage};
+use retry::Failure;
 use wire::{check_stop, into_response, AnswerBlock, WireResponse};
 
 /// The largest non-streamed response body accepted.
@@ -44,15 +47,17 @@ const MAX_CONTINUATIONS: usize = 8;
 /// A [`Model`] backed by the Anthropic Messages API (cargo feature
 /// `anthropic`): `POST {base_url}/v1/messages`.
 ///
-/// - **Streaming.** With a delta callback ([`ModelRequest::deltas`]) the
-///   call is streamed as server-sent events and every text delta goes to
-///   the callback as it arrives; without one it is one JSON exchange. A
-///   stream that ends before `message_stop` fails (retryable).
+/// - **Streaming.** Every call is streamed as server-sent events (the API's
+///   advice for answers that may take minutes, as thinking does); with a
+///   delta callback ([`ModelRequest::deltas`]) every text delta goes to it
+///   as it arrives. A stream that ends before `message_stop` fails
+///   (retryable). A server that answers with one JSON body is read too.
 /// - **Tools.** Tool specs go as `tools` with their JSON schema as
 ///   `input_schema`; `tool_use` blocks come back as tool calls (their input
 ///   kept as the JSON text the model wrote), tool results go as
 ///   `tool_result` blocks with their text and images, `is_error` set for a
-///   failed call.
+///   failed call. An answer goes back as its text and reasoning in their
+///   order, then its tool calls.
 /// - **Images and documents.** A user message's images go as `image`
 ///   blocks (base64, or the image's URL), its PDFs and text files as
 ///   `document` blocks; a tool result's images as images. Other files, and
@@ -76,8 +81,11 @@ const MAX_CONTINUATIONS: usize = 8;
 ///   `model_context_window_exceeded` are fatal errors: the incomplete
 ///   answer is discarded and none of its tool calls runs; the run stops
 ///   resumable. `pause_turn` (a server tool's long turn) is continued: the
-///   paused answer is sent back as it came, up to 8 times, and the parts
-///   of each continuation join the answer.
+///   paused answer's blocks are sent back (a server tool's blocks as they
+///   came; text without its citations), up to 8 times, and the parts of
+///   each continuation join the answer. What is stored of an answer is its
+///   text, reasoning and tool calls: a server tool's blocks are not sent to
+///   later turns.
 /// - **Retries.** 429, 529 (overloaded) and other 5xx answers are tried
 ///   again after the server's `retry-after` or a
 ///   doubling backoff ([`RetryPolicy`]), but never past the run's deadline
@@ -176,7 +184,7 @@ impl AnthropicModel {
 
     /// One answer: exchanges until it is not paused.
     async fn answer(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let mut body = request::request_body(&self.config, request, request.deltas.is_some());
+        let mut body = request::request_body(&self.config, request);
         let mut blocks = Vec::new();
         let mut usage = Usage::default();
         for _ in 0..=MAX_CONTINUATIONS {
@@ -195,13 +203,18 @@ impl AnthropicModel {
             }
             tracing::debug!("anthropic answer paused; continuing it");
         }
-        Err(ModelError::retryable(format!(
-            "the anthropic answer paused {} times in a row (stop_reason pause_turn); resume the run to go on",
+        // A resume would ask again from the start and likely pause the same
+        // way: not worth retrying as it is.
+        Err(ModelError::fatal(format!(
+            "the anthropic answer paused {} times in a row (stop_reason pause_turn); \
+             the incomplete answer was discarded",
             MAX_CONTINUATIONS + 1
         )))
     }
 
-    /// One exchange, retried as [`RetryPolicy`] allows.
+    /// One exchange, always streamed (the API's advice for answers that
+    /// may take minutes, as thinking does): text deltas go to the caller's
+    /// callback when it has one. Tried again as [`RetryPolicy`] allows.
     async fn exchange(
         &self,
         body: &RequestBody<'_>,
@@ -209,41 +222,62 @@ impl AnthropicModel {
     ) -> Result<(Vec<AnswerBlock>, Option<String>, Usage), ModelError> {
         // A body always serializes: its JSON is built from values.
         let body = serde_json::to_vec(body).unwrap_or_default();
-        let response = retry::send(&self.config, request.deadline, || {
-            let mut builder = self
+        let caller = request.deltas;
+        retry::with_retries(&self.config, request.deadline, || async {
+            let response = self
                 .client
                 .post(self.endpoint.clone())
                 .headers(self.headers.clone())
                 .header(CONTENT_TYPE, "application/json")
-                .body(body.clone());
-            builder = match request.deltas {
-                Some(_) => builder.header(ACCEPT, "text/event-stream"),
-                None => builder.timeout(self.config.timeout),
-            };
-            builder.send()
-        })
-        .await?;
-        match request.deltas {
-            Some(deltas) if !is_json(&response) => {
-                let streamed = stream::read_stream(&self.config, response, deltas).await?;
-                Ok((
-                    streamed.blocks,
-                    streamed.stop_reason,
-                    streamed.usage.into_usage(),
-                ))
+                .header(ACCEPT, "text/event-stream")
+                .body(body.clone())
+                .send()
+                .await
+                .map_err(|e| {
+                    Failure::Stop(transport_error(&self.config, e, "waiting for the response"))
+                })?;
+            let status = response.status();
+            if !status.is_success() {
+                let wait = retry::retry_after(response.headers());
+                let error = status_error(&self.config, response).await;
+                return Err(match retryable_status(status) {
+                    true => Failure::Retry { error, wait },
+                    false => Failure::Stop(error),
+                });
             }
-            deltas => {
-                let (blocks, stop_reason, usage) = self.read_response(response).await?;
-                if let Some(deltas) = deltas {
-                    for block in &blocks {
-                        if let AnswerBlock::Text(text) = block {
-                            deltas(text);
-                        }
-                    }
+            // Whether any text was shown: after that, sending again would
+            // show it twice.
+            let shown = AtomicBool::new(false);
+            let deltas = |text: &str| {
+                shown.store(true, Ordering::Relaxed);
+                if let Some(caller) = caller {
+                    caller(text);
                 }
-                Ok((blocks, stop_reason, usage))
-            }
-        }
+            };
+            let read = if is_json(&response) {
+                // A server that ignores `stream` answers with one body.
+                self.read_response(response)
+                    .await
+                    .inspect(|(blocks, _, _)| {
+                        for block in blocks {
+                            if let AnswerBlock::Text(text) = block {
+                                deltas(text);
+                            }
+                        }
+                    })
+            } else {
+                stream::read_stream(&self.config, response, &deltas)
+                    .await
+                    .map(|s| (s.blocks, s.stop_reason, s.usage.into_usage()))
+            };
+            read.map_err(
+                |error| match error.retryable && !shown.load(Ordering::Relaxed) {
+                    true => Failure::Retry { error, wait: None },
+                    false => Failure::Stop(error),
+                },
+            )
+        })
+        .await
     }
 
     /// Reads a non-streamed answer: a bounded body, decoded leniently.

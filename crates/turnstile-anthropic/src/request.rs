@@ -29,7 +29,6 @@ pub(crate) struct RequestBody<'a> {
     tools: Vec<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     thinking: Option<Value>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(flatten)]
     extra: &'a Map<String, Value>,
@@ -59,7 +58,6 @@ impl WireMessage {
 pub(crate) fn request_body<'a>(
     config: &'a AnthropicConfig,
     request: &ModelRequest<'_>,
-    stream: bool,
 ) -> RequestBody<'a> {
     let mut system = Vec::new();
     let mut messages: Vec<(&'static str, Vec<Block>)> = Vec::new();
@@ -89,11 +87,15 @@ pub(crate) fn request_body<'a>(
                 content,
                 is_error,
             } => {
-                let mut result = json!({
-                    "type": "tool_result",
-                    "tool_use_id": call_id,
-                    "content": tool_result_blocks(content),
-                });
+                let mut result = json!({ "type": "tool_result", "tool_use_id": call_id });
+                let mut blocks = tool_result_blocks(content);
+                // The API refuses a failed result without content.
+                if *is_error && blocks.is_empty() {
+                    blocks.push(text_block("the tool failed without saying why"));
+                }
+                if !blocks.is_empty() {
+                    result["content"] = Value::Array(blocks);
+                }
                 if *is_error {
                     result["is_error"] = Value::Bool(true);
                 }
@@ -141,7 +143,7 @@ pub(crate) fn request_body<'a>(
         thinking: config
             .thinking_budget
             .map(|budget| json!({ "type": "enabled", "budget_tokens": budget })),
-        stream,
+        stream: true,
         extra: &config.extra_body,
     }
 }
@@ -245,6 +247,13 @@ fn text_block(text: &str) -> Value {
     json!({ "type": "text", "text": text })
 }
 
+/// Whether a text may be a block: the API refuses empty and
+/// whitespace-only text blocks (an answer of blank lines is stored, and
+/// left out here, or every later call of the conversation would fail).
+fn has_text(text: &str) -> bool {
+    !text.trim().is_empty()
+}
+
 /// Text parts as text blocks, other parts as their placeholders (for
 /// content the API takes as text only: the system prompt). Empty texts
 /// are left out: the API refuses empty text blocks.
@@ -253,25 +262,41 @@ fn text_blocks(content: &Content) -> Vec<Value> {
         .parts()
         .iter()
         .filter_map(Part::as_text_or_placeholder)
-        .filter(|text| !text.is_empty())
+        .filter(|text| has_text(text))
         .map(|text| text_block(&text))
         .collect()
 }
 
+/// The image types the API takes.
+const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+
 /// An image: its bytes base64-encoded, or its placeholder when its bytes
-/// were not loaded (an image past the context's count).
+/// were not loaded (an image past the context's count) or its type is one
+/// the API refuses (which would fail every later call of the
+/// conversation).
 fn image_block(part: &Part, attachment: &Attachment) -> Value {
+    let media_type = essence(attachment.media_type());
     match attachment.bytes() {
-        Some(bytes) => json!({
+        Some(bytes) if IMAGE_TYPES.contains(&media_type.as_str()) => json!({
             "type": "image",
             "source": {
                 "type": "base64",
-                "media_type": attachment.media_type(),
+                "media_type": media_type,
                 "data": BASE64.encode(bytes),
             },
         }),
-        None => text_block(&part.placeholder().unwrap_or_default()),
+        _ => text_block(&part.placeholder().unwrap_or_default()),
     }
+}
+
+/// A media type without its parameters, in lower case.
+fn essence(media_type: &str) -> String {
+    media_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// A user message's blocks: text, images (bytes or URL), PDFs and text
@@ -287,10 +312,7 @@ fn user_blocks(content: &Content) -> Vec<Value> {
                 Some(json!({ "type": "image", "source": { "type": "url", "url": url } }))
             }
             Part::File(attachment) => Some(document_block(part, attachment)),
-            part => part
-                .as_text()
-                .filter(|text| !text.is_empty())
-                .map(text_block),
+            part => part.as_text().filter(|text| has_text(text)).map(text_block),
         })
         .collect()
 }
@@ -298,13 +320,7 @@ fn user_blocks(content: &Content) -> Vec<Value> {
 /// A file: a PDF as a base64 document, text and JSON as a text document
 /// titled by its name, anything else as its placeholder.
 fn document_block(part: &Part, attachment: &Attachment) -> Value {
-    let essence = attachment
-        .media_type()
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = essence(attachment.media_type());
     let source = match attachment.bytes() {
         Some(bytes) if essence == "application/pdf" => json!({
             "type": "base64",
@@ -355,7 +371,7 @@ fn assistant_blocks(content: &Content) -> Vec<Value> {
             Part::Reasoning(_) => None,
             part => part
                 .as_text_or_placeholder()
-                .filter(|text| !text.is_empty())
+                .filter(|text| has_text(text))
                 .map(|text| text_block(&text)),
         })
         .collect()
@@ -373,7 +389,7 @@ fn tool_result_blocks(content: &Content) -> Vec<Value> {
             }
             part => part
                 .as_text_or_placeholder()
-                .filter(|text| !text.is_empty())
+                .filter(|text| has_text(text))
                 .map(|text| text_block(&text)),
         })
         .collect()

@@ -1,8 +1,11 @@
-//! Sending a request again after a rate limit (429), an overload (529) or
-//! another server error: after the server's
+//! Trying an exchange again after a rate limit (429), an overload (529 or
+//! an `overloaded_error` event), another server error, or a stream that
+//! failed before any of its text was shown: after the server's
 //! `retry-after`, or a doubling backoff, within [`RetryPolicy`] and never
 //! past the run's deadline. A model call has no side effects, so sending it
-//! again is safe; only its cost repeats.
+//! again is safe; only its cost repeats. A server that cannot be reached
+//! is not retried: it is mostly one that is not running, and the run stops
+//! saying so at once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -12,37 +15,39 @@ use tokio::time::Instant;
 
 use turnstile_core::ModelError;
 
-use turnstile_model_http::retryable_status;
-
-use crate::errors::{status_error, transport_error};
 use crate::{AnthropicConfig, RetryPolicy};
 
-/// Sends with `send` until a 2xx answer, a failure not worth retrying, or
-/// the policy or the deadline says stop. A server that cannot be reached is
-/// not retried: it is mostly one that is not running, and the run stops
-/// saying so at once.
-pub(crate) async fn send<F, Fut>(
+/// How an attempt failed.
+pub(crate) enum Failure {
+    /// Worth sending again, after `wait` when the server named one.
+    Retry {
+        error: ModelError,
+        wait: Option<Duration>,
+    },
+    /// Final.
+    Stop(ModelError),
+}
+
+/// Runs `attempt` until it succeeds, fails for good, or the policy or the
+/// deadline says stop.
+pub(crate) async fn with_retries<T, F, Fut>(
     config: &AnthropicConfig,
     deadline: Option<Instant>,
-    send: F,
-) -> Result<reqwest::Response, ModelError>
+    mut attempt: F,
+) -> Result<T, ModelError>
 where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<reqwest::Response, reqwest::Error>>,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Failure>>,
 {
     let policy = config.retry;
-    let mut attempt = 0;
+    let mut tried = 0;
     loop {
-        let (error, asked) = match send().await {
-            Ok(response) if response.status().is_success() => return Ok(response),
-            Ok(response) if retryable_status(response.status()) => {
-                let asked = retry_after(response.headers());
-                (status_error(config, response).await, asked)
-            }
-            Ok(response) => return Err(status_error(config, response).await),
-            Err(e) => return Err(transport_error(config, e, "waiting for the response")),
+        let (error, asked) = match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(Failure::Stop(error)) => return Err(error),
+            Err(Failure::Retry { error, wait }) => (error, wait),
         };
-        let wait = asked.unwrap_or_else(|| backoff(&policy, attempt));
+        let wait = asked.unwrap_or_else(|| backoff(&policy, tried));
         let give_up = |why: String| {
             let mut error = error.clone();
             error
@@ -50,8 +55,8 @@ where
                 .push_str(&format!("; {why}; resume the run later"));
             Err(error)
         };
-        if attempt >= policy.max_retries {
-            return give_up(format!("gave up after {} attempts", attempt + 1));
+        if tried >= policy.max_retries {
+            return give_up(format!("gave up after {} attempts", tried + 1));
         }
         if wait > policy.max_wait {
             return give_up(format!(
@@ -60,20 +65,25 @@ where
                 policy.max_wait.as_secs()
             ));
         }
-        if deadline.is_some_and(|at| Instant::now() + wait >= at) {
+        let past_deadline = deadline.is_some_and(|at| {
+            Instant::now()
+                .checked_add(wait)
+                .is_none_or(|then| then >= at)
+        });
+        if past_deadline {
             return give_up(format!(
                 "not retried: waiting {:.1} s would pass the run's deadline",
                 wait.as_secs_f64()
             ));
         }
         tracing::debug!(
-            attempt,
+            attempt = tried,
             wait_ms = wait.as_millis() as u64,
             status = error.status,
             "anthropic call retried"
         );
         tokio::time::sleep(wait).await;
-        attempt += 1;
+        tried += 1;
     }
 }
 
@@ -87,7 +97,7 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
 
 /// The server's `retry-after`, in seconds (an HTTP date is not used: the
 /// backoff applies).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     let seconds: f64 = value.parse().ok()?;
     (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(1e9)))

@@ -20,6 +20,9 @@ use crate::AnthropicConfig;
 
 /// What errors call the stream.
 const STREAM: &str = "anthropic messages stream";
+/// The most a streamed answer may send, all its events together (as much
+/// as a non-streamed answer's body may hold).
+const MAX_STREAM_BYTES: usize = 32 << 20;
 
 /// A streamed answer: its blocks, stop reason and usage.
 pub(crate) struct Streamed {
@@ -29,7 +32,8 @@ pub(crate) struct Streamed {
 }
 
 /// Reads a streamed answer; its text deltas go to `deltas`. A stream that
-/// ends before `message_stop` is truncated and fails.
+/// ends before `message_stop`, between events or within one, is truncated
+/// and fails, retryable (the connection was cut).
 pub(crate) async fn read_stream(
     config: &AnthropicConfig,
     response: reqwest::Response,
@@ -39,15 +43,25 @@ pub(crate) async fn read_stream(
     let mut parser = SseParser::new(STREAM);
     let mut assembly = Assembly::default();
     let mut events = Vec::new();
+    let mut received = 0;
     loop {
         let ended = match body.next().await {
             Some(Ok(bytes)) => {
+                received += bytes.len();
+                if received > MAX_STREAM_BYTES {
+                    return Err(ModelError::fatal(format!(
+                        "the {STREAM} exceeds {} MiB",
+                        MAX_STREAM_BYTES >> 20
+                    )));
+                }
                 parser.push(&bytes, &mut events)?;
                 false
             }
             Some(Err(e)) => return Err(transport_error(config, e, "reading the event stream")),
             None => {
-                parser.finish(&mut events, is_stop)?;
+                parser
+                    .finish(&mut events, is_stop)
+                    .map_err(|e| ModelError::retryable(e.message))?;
                 true
             }
         };

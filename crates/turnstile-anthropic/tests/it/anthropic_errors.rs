@@ -15,22 +15,50 @@ fn hello() -> Vec<Message> {
 
 #[tokio::test]
 async fn rate_limits_and_overloads_are_retried_until_an_answer() {
+    // The test backoff is 20 ms: the wait below is the server's.
     let server = Server::start(vec![
-        Reply::retry_after(429, "rate_limit_error", "0.05"),
+        Reply::retry_after(429, "rate_limit_error", "0.3"),
         Reply::status(529, "overloaded_error"),
         Reply::status(500, "api_error"),
         Reply::answer(vec![text("at last")], "end_turn"),
     ])
     .await;
-    for stream in [false, true] {
-        if stream {
-            server.push(Reply::retry_after(529, "overloaded_error", "0"));
-            server.push(Reply::answer(vec![text("at last")], "end_turn"));
-        }
-        let (answer, _) = respond(&server.model(), &hello(), &[], stream).await;
+    let started = std::time::Instant::now();
+    let (answer, _) = respond(&server.model(), &hello(), &[], false).await;
+    assert_eq!(answer.unwrap().content.text(), "at last");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "retry-after was not waited for"
+    );
+    assert_eq!(server.requests().len(), 4);
+
+    // An overload reported in the stream, or a stream cut (between events
+    // or in one), before any text was shown: sent again.
+    for reply in [
+        Reply::StreamError {
+            error_type: "overloaded_error",
+        },
+        Reply::CutStream {
+            blocks: vec![text("never shown")],
+            events: 2,
+            mid_event: false,
+        },
+        Reply::CutStream {
+            blocks: vec![text("never shown")],
+            events: 2,
+            mid_event: true,
+        },
+    ] {
+        let server = Server::start(vec![
+            reply,
+            Reply::answer(vec![text("at last")], "end_turn"),
+        ])
+        .await;
+        let (answer, deltas) = respond(&server.model(), &hello(), &[], true).await;
         assert_eq!(answer.unwrap().content.text(), "at last");
+        assert_eq!(deltas, "at last", "nothing of the failed stream was shown");
+        assert_eq!(server.requests().len(), 2);
     }
-    assert_eq!(server.requests().len(), 6);
 }
 
 #[tokio::test]
@@ -109,38 +137,46 @@ async fn client_errors_are_typed_and_not_retried() {
 }
 
 #[tokio::test]
-async fn cut_streams_and_error_events_fail() {
+async fn a_stream_that_fails_after_showing_text_is_not_sent_again() {
     let server = Server::start(vec![
         Reply::CutStream {
             blocks: vec![text("half an answer")],
             events: 3,
-        },
-        Reply::StreamError {
-            error_type: "overloaded_error",
+            mid_event: false,
         },
         Reply::StreamError {
             error_type: "invalid_request_error",
         },
+        Reply::RawSse("event: message_start\ndata: {\"type\": \"message_start\", MALFORMED\n\n"),
     ])
     .await;
     let model = server.model();
     let (cut, deltas) = respond(&model, &hello(), &[], true).await;
     let cut = cut.unwrap_err();
-    assert!(cut.retryable);
+    assert!(cut.retryable, "the run may be resumed");
     assert!(cut.message.contains("without message_stop"), "{cut}");
-    assert_eq!(deltas, "half an", "the deltas before the cut were shown");
-    let overloaded = respond(&model, &hello(), &[], true).await.0.unwrap_err();
-    assert!(overloaded.retryable);
-    assert!(
-        overloaded.message.contains("overloaded_error"),
-        "{overloaded}"
+    assert_eq!(
+        deltas, "half an",
+        "the deltas before the cut were shown once"
     );
+    assert_eq!(server.requests().len(), 1);
+
     let refused = respond(&model, &hello(), &[], true).await.0.unwrap_err();
     assert!(!refused.retryable);
     assert!(
         refused.message.contains("invalid_request_error"),
         "{refused}"
     );
+    let malformed = respond(&model, &hello(), &[], true).await.0.unwrap_err();
+    assert!(!malformed.retryable);
+    assert!(
+        malformed
+            .message
+            .contains("malformed anthropic messages stream"),
+        "{malformed}"
+    );
+    assert!(!malformed.message.contains("MALFORMED"), "{malformed}");
+    assert_eq!(server.requests().len(), 3, "none was sent again");
 }
 
 #[tokio::test]

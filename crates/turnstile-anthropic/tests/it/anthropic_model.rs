@@ -25,12 +25,17 @@ fn cached_usage() -> Value {
 
 #[tokio::test]
 async fn answers_stream_or_not_and_usage_counts_the_cache() {
-    let reply = Reply::Answer {
+    // Every call asks for a stream; a server may answer with one body.
+    let whole = Reply::Whole {
+        blocks: vec![text("Hello there.")],
+        usage: cached_usage(),
+    };
+    let streamed = Reply::Answer {
         blocks: vec![text("Hello there.")],
         stop_reason: "end_turn",
         usage: cached_usage(),
     };
-    let server = Server::start(vec![reply.clone(), reply]).await;
+    let server = Server::start(vec![whole, streamed]).await;
     let model = server.model();
     let messages = [
         Message::system("You are terse."),
@@ -38,11 +43,11 @@ async fn answers_stream_or_not_and_usage_counts_the_cache() {
         Message::assistant("hello"),
         Message::user("again"),
     ];
-    for stream in [false, true] {
-        let (answer, deltas) = respond(&model, &messages, &[add_spec()], stream).await;
+    for callback in [false, true] {
+        let (answer, deltas) = respond(&model, &messages, &[add_spec()], callback).await;
         let answer = answer.unwrap();
         assert_eq!(answer.content.text(), "Hello there.");
-        assert_eq!(deltas, if stream { "Hello there." } else { "" });
+        assert_eq!(deltas, if callback { "Hello there." } else { "" });
         let usage = answer.usage;
         assert_eq!(
             (
@@ -93,6 +98,44 @@ async fn answers_stream_or_not_and_usage_counts_the_cache() {
         .0
         .unwrap();
     assert!(!server.requests()[0].raw.contains("cache_control"));
+}
+
+#[tokio::test]
+async fn blank_text_images_of_other_types_and_empty_failures_are_sent_as_the_api_takes_them() {
+    let server = Server::start(vec![Reply::answer(vec![text("ok")], "end_turn")]).await;
+    let bmp = Attachment::new("image/bmp", vec![1, 2]).unwrap();
+    let png = Attachment::new("image/PNG; q=1", vec![1, 2, 3]).unwrap();
+    let messages = [
+        Message::user_parts(vec![Part::text("look"), Part::Image(bmp), Part::Image(png)]),
+        Message::assistant_with_calls(
+            "\n\n",
+            vec![turnstile::ToolCall::new("t1", "add", json!({}))],
+        ),
+        Message::tool("t1", "", true),
+    ];
+    // The fake refuses blank text blocks, unknown image types and a
+    // failed result without content.
+    respond(&server.model(), &messages, &[add_spec()], false)
+        .await
+        .0
+        .unwrap();
+    assert_eq!(server.refused(), Vec::<String>::new());
+    let body = &server.requests()[0].body;
+    let user = &body["messages"][0]["content"];
+    assert_eq!(user[1]["type"], "text", "a BMP goes as its placeholder");
+    assert!(user[1]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("[image: image/bmp"));
+    assert_eq!(user[2]["source"]["media_type"], "image/png");
+    assert_eq!(
+        body["messages"][1]["content"].as_array().unwrap().len(),
+        1,
+        "no blank text"
+    );
+    let result = &body["messages"][2]["content"][0];
+    assert_eq!(result["is_error"], true);
+    assert_eq!(result["content"][0]["type"], "text");
 }
 
 #[tokio::test]

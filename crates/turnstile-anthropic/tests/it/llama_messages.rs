@@ -1,7 +1,8 @@
 //! The Anthropic client against a server not written here: llama.cpp's
 //! `llama-server`, which speaks the Messages API too (`/v1/messages`), on
-//! the test kit's tiny generated model. That API ignores a request's logit
-//! biases, so each answer shape is a server started with its own.
+//! the test kit's tiny generated model. The pinned build's `/v1/messages`
+//! drops a request's `logit_bias` (and `grammar`) when it converts the
+//! request, so each answer shape is a server started with its own biases.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,23 +13,24 @@ use turnstile::{
     Agent, AgentSession, AnthropicConfig, AnthropicModel, CheckpointPhase, ContextPolicy,
     ConversationId, Error, Message, Namespace, RequestId, RunContext, SqliteStore,
 };
-use turnstile_testkit::llama::{LlamaServer, REASONING};
+use turnstile_testkit::llama::{LlamaServer, END_OF_SEQUENCE, REASONING, TOOL_CALL, TOOL_CALL_END};
 use turnstile_testkit::tools::CountingTool;
 
 use crate::support::{add_spec, respond};
 
-/// Text answers of a few characters: no tool call, the end favoured.
-const TEXT: [&str; 4] = ["--logit-bias", "261-100", "--logit-bias", "260+6"];
-/// One tool call: the call token favoured, its end after one object, then
-/// the end of the answer.
-const ONE_CALL: [&str; 6] = [
-    "--logit-bias",
-    "261+20",
-    "--logit-bias",
-    "262+10",
-    "--logit-bias",
-    "260+30",
-];
+/// `--logit-bias` arguments for these tokens and biases.
+fn biases(biases: &[(u32, i32)]) -> Vec<String> {
+    biases
+        .iter()
+        .flat_map(|(token, bias)| ["--logit-bias".to_owned(), format!("{token}{bias:+}")])
+        .collect()
+}
+
+/// Starts a server with these biases.
+async fn server_biased(token_biases: &[(u32, i32)]) -> LlamaServer {
+    let args = biases(token_biases);
+    LlamaServer::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+}
 
 /// A model on `server`; with thinking, a budget of 0 makes the reasoning
 /// the server's budget message.
@@ -63,8 +65,12 @@ fn assert_thinking(response: &ModelResponse) {
 
 #[tokio::test]
 async fn anthropic_model_against_llama_server() {
-    let text_server = LlamaServer::start(&TEXT).await;
-    let call_server = LlamaServer::start(&ONE_CALL).await;
+    // Text answers of a few characters: no tool call, the end favoured.
+    let text_server = server_biased(&[(TOOL_CALL, -100), (END_OF_SEQUENCE, 6)]).await;
+    // One tool call: the call token favoured, its end after one object,
+    // then the end of the answer.
+    let call_server =
+        server_biased(&[(TOOL_CALL, 20), (TOOL_CALL_END, 10), (END_OF_SEQUENCE, 30)]).await;
     let hello = [Message::system("You are terse."), Message::user("hello")];
     let add = [add_spec()];
 

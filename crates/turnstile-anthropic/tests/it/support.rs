@@ -1,9 +1,12 @@
 //! A fake Anthropic Messages API on loopback: it answers from a script and
-//! records what it was sent, and it checks requests as the API does where
-//! a durable client can get them wrong: every `thinking` block sent back
-//! must carry the signature this server issued for exactly its text, every
-//! `redacted_thinking` block data it issued, and an answer whose tool calls
-//! are being answered must still start with its thinking.
+//! records what it was sent, and it refuses (400) what the API refuses
+//! where a durable client can get it wrong: a `thinking` block whose text or
+//! signature is not what this server issued, a `redacted_thinking` block
+//! whose data it did not issue, an answer whose tool calls are being
+//! answered that no longer starts with its thinking, roles that do not
+//! alternate, a tool result that answers no call of the answer before it
+//! or comes after text, an empty or blank text block, more than four cache
+//! breakpoints or one on thinking, and a body that is not such a request.
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -55,14 +58,24 @@ pub enum Reply {
         stop_reason: &'static str,
         usage: Value,
     },
+    /// An answer as one JSON body, whatever the request asks (a server
+    /// that ignores `stream`).
+    Whole { blocks: Vec<Value>, usage: Value },
     /// An error status with these headers and an error of this type.
     Status {
         status: u16,
         headers: Vec<(&'static str, String)>,
         error_type: &'static str,
     },
-    /// A stream that stops after `events` events, without `message_stop`.
-    CutStream { blocks: Vec<Value>, events: usize },
+    /// A stream that stops after `events` events, without `message_stop`;
+    /// `mid_event` sends half of the next one too.
+    CutStream {
+        blocks: Vec<Value>,
+        events: usize,
+        mid_event: bool,
+    },
+    /// This text as the event stream.
+    RawSse(&'static str),
     /// A stream that reports an error of this type after its start.
     StreamError { error_type: &'static str },
     /// No answer, ever (the caller is to be killed meanwhile).
@@ -104,7 +117,7 @@ pub struct Recorded {
 }
 
 #[derive(Default)]
-struct State_ {
+struct FakeState {
     replies: VecDeque<Reply>,
     requests: Vec<Recorded>,
     issued_redactions: HashSet<String>,
@@ -113,7 +126,7 @@ struct State_ {
 
 #[derive(Clone, Default)]
 pub struct Fake {
-    state: Arc<Mutex<State_>>,
+    state: Arc<Mutex<FakeState>>,
     arrived: Arc<tokio::sync::Notify>,
 }
 
@@ -146,10 +159,6 @@ impl Server {
             fake,
             task,
         }
-    }
-
-    pub fn push(&self, reply: Reply) {
-        self.fake.state.lock().unwrap().replies.push_back(reply);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -213,7 +222,12 @@ async fn answer(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Re
             Some(_) => None,
             None => state.replies.pop_front(),
         };
-        if let Some(Reply::Answer { blocks, .. } | Reply::CutStream { blocks, .. }) = &reply {
+        if let Some(
+            Reply::Answer { blocks, .. }
+            | Reply::Whole { blocks, .. }
+            | Reply::CutStream { blocks, .. },
+        ) = &reply
+        {
             for block in blocks {
                 if let Some(data) = block.get("data").and_then(Value::as_str) {
                     state.issued_redactions.insert(data.to_owned());
@@ -238,27 +252,12 @@ async fn answer(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Re
             stop_reason,
             usage,
         } if stream => sse(events(&blocks, stop_reason, &usage)),
+        Reply::Whole { blocks, usage } => whole(&blocks, "end_turn", &usage),
         Reply::Answer {
             blocks,
             stop_reason,
             usage,
-        } => {
-            let content: Vec<Value> = blocks.iter().map(wire_block).collect();
-            let body = json!({
-                "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
-                "content": content, "stop_reason": stop_reason, "stop_sequence": null,
-                "usage": usage,
-            });
-            // The tool input's text goes in as written.
-            let mut text = body.to_string();
-            for block in &blocks {
-                if let Some(input) = block.get("input_text").and_then(Value::as_str) {
-                    text =
-                        text.replacen("\"input\":\"__INPUT__\"", &format!("\"input\":{input}"), 1);
-                }
-            }
-            ([("content-type", "application/json")], text).into_response()
-        }
+        } => whole(&blocks, stop_reason, &usage),
         Reply::Status {
             status,
             headers,
@@ -275,13 +274,21 @@ async fn answer(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Re
             }
             response
         }
-        Reply::CutStream { blocks, events: n } => {
+        Reply::CutStream {
+            blocks,
+            events: n,
+            mid_event,
+        } => {
             let usage = json!({ "input_tokens": 1, "output_tokens": 1 });
-            sse(events(&blocks, "end_turn", &usage)
-                .into_iter()
-                .take(n)
-                .collect())
+            let events = events(&blocks, "end_turn", &usage);
+            let mut text = sse_text(&events[..n]);
+            if mid_event {
+                let next = sse_text(&events[n..=n]);
+                text.push_str(&next[..next.len() / 2]);
+            }
+            raw_sse(text)
         }
+        Reply::RawSse(text) => raw_sse(text.to_owned()),
         Reply::StreamError { error_type } => sse(vec![
             (
                 "message_start",
@@ -297,6 +304,23 @@ async fn answer(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Re
             unreachable!()
         }
     }
+}
+
+/// An answer as one JSON body, a tool input as its text.
+fn whole(blocks: &[Value], stop_reason: &str, usage: &Value) -> Response {
+    let content: Vec<Value> = blocks.iter().map(wire_block).collect();
+    let body = json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
+        "content": content, "stop_reason": stop_reason, "stop_sequence": null,
+        "usage": usage,
+    });
+    let mut text = body.to_string();
+    for block in blocks {
+        if let Some(input) = block.get("input_text").and_then(Value::as_str) {
+            text = text.replacen("\"input\":\"__INPUT__\"", &format!("\"input\":{input}"), 1);
+        }
+    }
+    ([("content-type", "application/json")], text).into_response()
 }
 
 /// A block as the non-streamed answer holds it (a tool input marked for
@@ -390,54 +414,120 @@ fn events(blocks: &[Value], stop_reason: &str, usage: &Value) -> Vec<(&'static s
     events
 }
 
+fn sse_text(events: &[(&'static str, Value)]) -> String {
+    events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect()
+}
+
 fn sse(events: Vec<(&'static str, Value)>) -> Response {
-    let chunks = events.into_iter().map(|(name, data)| {
-        Ok::<_, Infallible>(Bytes::from(format!("event: {name}\ndata: {data}\n\n")))
-    });
-    let body = Body::from_stream(futures_util::stream::iter(chunks.collect::<Vec<_>>()));
+    raw_sse(sse_text(&events))
+}
+
+/// An event stream of this text, sent an event at a time.
+fn raw_sse(text: String) -> Response {
+    let chunks: Vec<_> = text
+        .split_inclusive("\n\n")
+        .map(|chunk| Ok::<_, Infallible>(Bytes::from(chunk.to_owned())))
+        .collect();
+    let body = Body::from_stream(futures_util::stream::iter(chunks));
     ([("content-type", "text/event-stream")], body).into_response()
 }
 
 /// Why the API would refuse this request, if it would.
-fn check(state: &State_, headers: &HeaderMap, body: &Value) -> Option<String> {
+fn check(state: &FakeState, headers: &HeaderMap, body: &Value) -> Option<String> {
     if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(KEY) {
         return Some("missing or wrong x-api-key".into());
     }
     if headers.get("anthropic-version").is_none() {
         return Some("missing anthropic-version".into());
     }
-    let messages = body.get("messages")?.as_array()?;
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return Some("messages: field required".into());
+    };
     let thinking_on = body.get("thinking").is_some();
+    let mut breakpoints = 0;
+    let blocks_of = |value: &Value| value.as_array().cloned().unwrap_or_default();
+    for block in blocks_of(&body["system"])
+        .iter()
+        .chain(&blocks_of(&body["tools"]))
+    {
+        breakpoints += usize::from(block.get("cache_control").is_some());
+    }
     for (m, message) in messages.iter().enumerate() {
-        let blocks = message["content"].as_array()?;
+        let role = message["role"].as_str().unwrap_or_default();
+        let expected = if m % 2 == 0 { "user" } else { "assistant" };
+        if role != expected {
+            return Some(format!(
+                "messages.{m}.role: expected {expected}, roles must alternate"
+            ));
+        }
+        let Some(blocks) = message["content"].as_array() else {
+            return Some(format!("messages.{m}.content: expected a list of blocks"));
+        };
+        let mut text_seen = false;
         for (b, block) in blocks.iter().enumerate() {
-            match block["type"].as_str() {
-                Some("thinking") => {
+            let at = format!("messages.{m}.content.{b}");
+            let kind = block["type"].as_str().unwrap_or_default();
+            if block.get("cache_control").is_some() {
+                breakpoints += 1;
+                if kind == "thinking" || kind == "redacted_thinking" {
+                    return Some(format!("{at}: cache_control cannot be set on thinking"));
+                }
+            }
+            match kind {
+                "text" => {
+                    if block["text"].as_str().unwrap_or_default().trim().is_empty() {
+                        return Some(format!(
+                            "{at}: text content blocks must contain non-whitespace text"
+                        ));
+                    }
+                    text_seen = true;
+                }
+                "thinking" => {
                     let text = block["thinking"].as_str().unwrap_or_default();
                     if block["signature"].as_str() != Some(sign(text).as_str()) {
-                        return Some(format!(
-                            "messages.{m}.content.{b}: Invalid `signature` in `thinking` block"
-                        ));
+                        return Some(format!("{at}: Invalid `signature` in `thinking` block"));
                     }
                 }
-                Some("redacted_thinking") => {
+                "redacted_thinking" => {
                     let data = block["data"].as_str().unwrap_or_default();
                     if !state.issued_redactions.contains(data) {
-                        return Some(format!(
-                            "messages.{m}.content.{b}: Invalid `data` in `redacted_thinking` block"
-                        ));
+                        return Some(format!("{at}: Invalid `data` in `redacted_thinking` block"));
                     }
                 }
-                _ => {}
+                "tool_use" | "image" | "document" | "server_tool_use" => {}
+                "tool_result" => {
+                    let id = block["tool_use_id"].as_str().unwrap_or_default();
+                    let previous = &messages[m.saturating_sub(1)]["content"];
+                    let answers_a_call = m > 0
+                        && blocks_of(previous)
+                            .iter()
+                            .any(|b| b["type"] == "tool_use" && b["id"] == id);
+                    if text_seen || !answers_a_call {
+                        return Some(format!(
+                            "{at}: tool_result blocks must come first and answer a tool_use of the previous message"
+                        ));
+                    }
+                    if block["is_error"] == true && block.get("content").is_none() {
+                        return Some(format!("{at}: an error tool_result needs content"));
+                    }
+                }
+                other => return Some(format!("{at}: unknown block type {other:?}")),
             }
         }
+    }
+    if breakpoints > 4 {
+        return Some(format!(
+            "{breakpoints} cache_control blocks; at most 4 are allowed"
+        ));
     }
     // The answer whose tool calls the last message answers keeps its
     // thinking (the API's rule for tool loops with thinking on).
     if thinking_on && messages.len() >= 2 {
         let last = &messages[messages.len() - 1];
-        let answered = last["content"]
-            .as_array()?
+        let answered = blocks_of(&last["content"])
             .iter()
             .any(|b| b["type"] == "tool_result");
         let previous = &messages[messages.len() - 2]["content"][0]["type"];

@@ -80,8 +80,9 @@ pub struct ModelArgs {
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
     /// Extended thinking with this many tokens of budget (anthropic models
-    /// only; Anthropic's API takes at least 1024); the answer may hold 8192
-    /// tokens beyond it.
+    /// only; Anthropic's API takes at least 1024). The answer may hold 8192
+    /// tokens beyond it (`max_tokens` is the sum, which must be within the
+    /// model's output limit).
     #[arg(long, value_name = "TOKENS")]
     pub thinking_budget: Option<u32>,
     /// Which of the model's earlier reasoning (`reasoning_content`) is sent
