@@ -180,6 +180,25 @@ async fn a_stream_that_fails_after_showing_text_is_not_sent_again() {
 }
 
 #[tokio::test]
+async fn a_stream_over_32_mib_is_refused() {
+    // Keep-alive comments a MiB at a time: each line within the parser's
+    // bound, the stream as a whole past the answer's.
+    let stream = format!(": {}\n\n", "k".repeat(1 << 20)).repeat(33);
+    let server = Server::start(vec![Reply::RawSse(Box::leak(stream.into_boxed_str()))]).await;
+    let error = respond(&server.model(), &hello(), &[], true)
+        .await
+        .0
+        .unwrap_err();
+    assert!(!error.retryable);
+    assert!(
+        error
+            .message
+            .contains("the anthropic messages stream exceeds 32 MiB"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
 async fn bad_configurations_are_refused_before_any_call() {
     use turnstile::{AnthropicConfig, AnthropicModel};
     let base = AnthropicConfig::new("m").with_base_url("http://127.0.0.1:9");

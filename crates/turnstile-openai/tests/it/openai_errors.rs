@@ -131,6 +131,22 @@ async fn a_stream_without_done_is_a_fatal_error() {
 }
 
 #[tokio::test]
+async fn a_stream_over_32_mib_is_refused() {
+    // Keep-alive comments a MiB at a time: each line within the parser's
+    // bound, the stream as a whole past the answer's.
+    let line = format!(": {}\n\n", "k".repeat(1 << 20));
+    let chunks = vec![line.into_bytes(); 33];
+    let server = Server::start(vec![Reply::raw(
+        StatusCode::OK,
+        "text/event-stream",
+        chunks,
+    )])
+    .await;
+    let (result, _) = ask_streaming(&server.model(), &hello()).await;
+    expect_error(result, false, "the chat completion stream exceeds 32 MiB");
+}
+
+#[tokio::test]
 async fn malformed_responses_are_fatal_errors() {
     let ok = StatusCode::OK;
     let server = Server::start(vec![
