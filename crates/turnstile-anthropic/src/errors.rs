@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use turnstile_core::ModelError;
-use turnstile_model_http::{chain, error_body, excerpt, retryable_status, EXCERPT_CHARS};
+use turnstile_model_http::{error_body, excerpt, retryable_status, EXCERPT_CHARS};
 
 use crate::wire::error_text;
 use crate::AnthropicConfig;
@@ -70,23 +70,11 @@ pub(crate) fn transport_error(
     e: reqwest::Error,
     during: &str,
 ) -> ModelError {
-    let e = e.without_url();
-    if e.is_timeout() {
-        return ModelError::retryable(format!(
-            "the anthropic messages endpoint timed out while {during} (timeout {:?})",
-            config.timeout
-        ));
-    }
-    let detail = config.redact(&chain(&e));
-    if e.is_builder() || e.is_redirect() || e.is_decode() {
-        ModelError::fatal(format!(
-            "the anthropic request failed while {during}: {detail}"
-        ))
-    } else if e.is_connect() {
-        ModelError::retryable(format!(
-            "cannot connect to the anthropic messages endpoint: {detail}"
-        ))
-    } else {
-        ModelError::retryable(format!("the connection failed while {during}: {detail}"))
-    }
+    turnstile_model_http::transport_error(
+        e,
+        during,
+        "the anthropic messages endpoint",
+        config.timeout,
+        config.key(),
+    )
 }

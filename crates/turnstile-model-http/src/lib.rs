@@ -7,7 +7,8 @@
 //! - [`excerpt`], [`chain`], [`decode_error`], [`json_kind`]: error text
 //!   that never quotes model output;
 //! - [`endpoint_url`], [`is_json`], [`read_body`], [`error_body`],
-//!   [`retryable_status`]: the edges of the HTTP exchange.
+//!   [`retryable_status`], [`transport_error`]: the edges of the HTTP
+//!   exchange.
 
 mod key;
 mod response;
@@ -16,7 +17,8 @@ mod text;
 
 pub use key::{api_key_from_env, redact, redacted_url, Redacted};
 pub use response::{
-    endpoint_url, error_body, is_json, read_body, retryable_status, BodyError, EXCERPT_CHARS,
+    endpoint_url, error_body, is_json, read_body, retryable_status, transport_error, BodyError,
+    EXCERPT_CHARS,
 };
 pub use sse::{SseEvent, SseParser};
 pub use text::{chain, decode_error, excerpt, json_kind};

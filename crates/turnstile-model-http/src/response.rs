@@ -2,9 +2,14 @@
 //! response says it holds, bounded reads of answers and error bodies, and
 //! which statuses may pass when sent again.
 
+use std::time::Duration;
+
 use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
 use turnstile_core::ModelError;
+
+use crate::key::redact;
+use crate::text::chain;
 
 /// How much of an error body is read.
 const MAX_ERROR_BODY_BYTES: usize = 16 << 10;
@@ -81,6 +86,36 @@ pub async fn error_body(response: &mut reqwest::Response) -> String {
         }
     }
     String::from_utf8_lossy(&body).into_owned()
+}
+
+/// The error for a failure of the HTTP exchange itself, `during` one of
+/// its steps ("reading the response"), with `endpoint` naming where it was
+/// sent ("the chat completions endpoint"). Timeouts, refused connections
+/// and dropped ones may pass on retry; a request that could not be built or
+/// was redirected will not. `key` is redacted from the detail.
+pub fn transport_error(
+    e: reqwest::Error,
+    during: &str,
+    endpoint: &str,
+    timeout: Duration,
+    key: Option<&str>,
+) -> ModelError {
+    let e = e.without_url();
+    if e.is_timeout() {
+        return ModelError::retryable(format!(
+            "{endpoint} timed out while {during} (timeout {timeout:?})"
+        ));
+    }
+    let detail = redact(key, &chain(&e));
+    if e.is_builder() || e.is_redirect() || e.is_decode() {
+        ModelError::fatal(format!(
+            "the request to {endpoint} failed while {during}: {detail}"
+        ))
+    } else if e.is_connect() {
+        ModelError::retryable(format!("cannot connect to {endpoint}: {detail}"))
+    } else {
+        ModelError::retryable(format!("the connection failed while {during}: {detail}"))
+    }
 }
 
 /// Whether an answer with this status may pass when sent again: request

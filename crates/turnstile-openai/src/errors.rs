@@ -6,7 +6,7 @@ use reqwest::header::RETRY_AFTER;
 use serde_json::{json, Value};
 
 use turnstile_core::ModelError;
-use turnstile_model_http::{chain, error_body, excerpt, retryable_status, EXCERPT_CHARS};
+use turnstile_model_http::{error_body, excerpt, retryable_status, EXCERPT_CHARS};
 
 use crate::OpenAiConfig;
 
@@ -67,25 +67,13 @@ pub(crate) fn transport_error(
     e: reqwest::Error,
     during: &str,
 ) -> ModelError {
-    let e = e.without_url();
-    if e.is_timeout() {
-        return ModelError::retryable(format!(
-            "the chat completions endpoint timed out while {during} (timeout {:?})",
-            config.timeout
-        ));
-    }
-    let detail = config.redact(&chain(&e));
-    if e.is_builder() || e.is_redirect() || e.is_decode() {
-        ModelError::fatal(format!(
-            "chat completion request failed while {during}: {detail}"
-        ))
-    } else if e.is_connect() {
-        ModelError::retryable(format!(
-            "cannot connect to the chat completions endpoint: {detail}"
-        ))
-    } else {
-        ModelError::retryable(format!("the connection failed while {during}: {detail}"))
-    }
+    turnstile_model_http::transport_error(
+        e,
+        during,
+        "the chat completions endpoint",
+        config.timeout,
+        config.key(),
+    )
 }
 
 /// The human-readable part of an error body: `error.message`, `error` as a
