@@ -36,6 +36,10 @@ pub struct AnthropicConfig {
     pub thinking_budget: Option<u32>,
     /// Where `cache_control` breakpoints go.
     pub prompt_cache: PromptCache,
+    /// Whether calls are streamed (the default, and the API's advice for
+    /// answers that may take minutes); without, a call is one JSON
+    /// exchange that must complete within the timeout.
+    pub stream: bool,
     /// Bounds connecting and every wait for data (a non-streamed answer
     /// must also complete within it). Default 600 s: a long answer with
     /// thinking takes minutes.
@@ -139,6 +143,7 @@ impl AnthropicConfig {
             max_tokens: Self::DEFAULT_MAX_TOKENS,
             thinking_budget: None,
             prompt_cache: PromptCache::default(),
+            stream: true,
             timeout: Duration::from_secs(600),
             retry: RetryPolicy::default(),
             extra_body: Map::new(),
@@ -189,6 +194,12 @@ impl AnthropicConfig {
     /// Sets where prompt-cache breakpoints go.
     pub fn with_prompt_cache(mut self, cache: PromptCache) -> Self {
         self.prompt_cache = cache;
+        self
+    }
+
+    /// Sets whether calls are streamed.
+    pub fn with_streaming(mut self, stream: bool) -> Self {
+        self.stream = stream;
         self
     }
 
@@ -267,6 +278,7 @@ impl fmt::Debug for AnthropicConfig {
             .field("max_tokens", &self.max_tokens)
             .field("thinking_budget", &self.thinking_budget)
             .field("prompt_cache", &self.prompt_cache)
+            .field("stream", &self.stream)
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
             .field("extra_body", &self.extra_body.keys().collect::<Vec<_>>())

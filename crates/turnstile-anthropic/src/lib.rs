@@ -51,7 +51,9 @@ const MAX_CONTINUATIONS: usize = 8;
 ///   advice for answers that may take minutes, as thinking does); with a
 ///   delta callback ([`ModelRequest::deltas`]) every text delta goes to it
 ///   as it arrives. A stream that ends before `message_stop` fails
-///   (retryable). A server that answers with one JSON body is read too.
+///   (retryable). A server that answers with one JSON body is read too, and
+///   [`AnthropicConfig::with_streaming`]`(false)` asks for one (the whole
+///   call then within the timeout).
 /// - **Tools.** Tool specs go as `tools` with their JSON schema as
 ///   `input_schema`; `tool_use` blocks come back as tool calls (their input
 ///   kept as the JSON text the model wrote), tool results go as
@@ -212,9 +214,9 @@ impl AnthropicModel {
         )))
     }
 
-    /// One exchange, always streamed (the API's advice for answers that
-    /// may take minutes, as thinking does): text deltas go to the caller's
-    /// callback when it has one. Tried again as [`RetryPolicy`] allows.
+    /// One exchange, streamed unless the configuration says otherwise:
+    /// text deltas go to the caller's callback when it has one. Tried again
+    /// as [`RetryPolicy`] allows.
     async fn exchange(
         &self,
         body: &RequestBody<'_>,
@@ -224,18 +226,19 @@ impl AnthropicModel {
         let body = serde_json::to_vec(body).unwrap_or_default();
         let caller = request.deltas;
         retry::with_retries(&self.config, request.deadline, || async {
-            let response = self
+            let builder = self
                 .client
                 .post(self.endpoint.clone())
                 .headers(self.headers.clone())
                 .header(CONTENT_TYPE, "application/json")
-                .header(ACCEPT, "text/event-stream")
-                .body(body.clone())
-                .send()
-                .await
-                .map_err(|e| {
-                    Failure::Stop(transport_error(&self.config, e, "waiting for the response"))
-                })?;
+                .body(body.clone());
+            let builder = match self.config.stream {
+                true => builder.header(ACCEPT, "text/event-stream"),
+                false => builder.timeout(self.config.timeout),
+            };
+            let response = builder.send().await.map_err(|e| {
+                Failure::Stop(transport_error(&self.config, e, "waiting for the response"))
+            })?;
             let status = response.status();
             if !status.is_success() {
                 let wait = retry::retry_after(response.headers());

@@ -143,7 +143,7 @@ pub(crate) fn request_body<'a>(
         thinking: config
             .thinking_budget
             .map(|budget| json!({ "type": "enabled", "budget_tokens": budget })),
-        stream: true,
+        stream: config.stream,
         extra: &config.extra_body,
     }
 }

@@ -35,7 +35,7 @@ async fn answers_stream_or_not_and_usage_counts_the_cache() {
         stop_reason: "end_turn",
         usage: cached_usage(),
     };
-    let server = Server::start(vec![whole, streamed]).await;
+    let server = Server::start(vec![whole, streamed.clone(), streamed]).await;
     let model = server.model();
     let messages = [
         Message::system("You are terse."),
@@ -60,6 +60,13 @@ async fn answers_stream_or_not_and_usage_counts_the_cache() {
         );
         assert_eq!(usage.output_tokens, 5);
     }
+
+    // Streaming off: one JSON exchange.
+    let unstreamed = turnstile::AnthropicModel::new(server.config().with_streaming(false)).unwrap();
+    let (answer, deltas) = respond(&unstreamed, &messages, &[], true).await;
+    assert_eq!(answer.unwrap().content.text(), "Hello there.");
+    assert_eq!(deltas, "Hello there.");
+    assert_eq!(server.requests()[2].body["stream"], false);
 
     let sent = &server.requests()[1];
     assert_eq!(sent.headers["x-api-key"], KEY);

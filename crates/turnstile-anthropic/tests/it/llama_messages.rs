@@ -53,6 +53,11 @@ fn model(server: &LlamaServer, thinking: bool, max_tokens: u32, extra: Value) ->
     AnthropicModel::new(config).unwrap()
 }
 
+/// The same model, asking for whole answers instead of streams.
+fn unstreamed(model: &AnthropicModel) -> AnthropicModel {
+    AnthropicModel::new(model.config().clone().with_streaming(false)).unwrap()
+}
+
 #[track_caller]
 fn assert_thinking(response: &ModelResponse) {
     let reasoning: Vec<_> = response.content.reasoning().collect();
@@ -76,7 +81,10 @@ async fn anthropic_model_against_llama_server() {
 
     // A text answer, streamed or not.
     let text = model(&text_server, false, 64, json!({}));
-    let answer = respond(&text, &hello, &[], false).await.0.unwrap();
+    let answer = respond(&unstreamed(&text), &hello, &[], false)
+        .await
+        .0
+        .unwrap();
     assert!(!answer.content.text().is_empty(), "{answer:?}");
     assert!(answer.usage.input_tokens > 0 && answer.usage.output_tokens > 0);
     let (streamed, deltas) = respond(&text, &hello, &[], true).await;
@@ -88,7 +96,10 @@ async fn anthropic_model_against_llama_server() {
     // Thinking, then text: streamed, the text block starts before the
     // thinking block ends (this server's order).
     let thoughtful = model(&text_server, true, 64, json!({}));
-    let answer = respond(&thoughtful, &hello, &[], false).await.0.unwrap();
+    let answer = respond(&unstreamed(&thoughtful), &hello, &[], false)
+        .await
+        .0
+        .unwrap();
     assert_thinking(&answer);
     let (streamed, deltas) = respond(&thoughtful, &hello, &[], true).await;
     let streamed = streamed.unwrap();
@@ -102,7 +113,10 @@ async fn anthropic_model_against_llama_server() {
         200,
         json!({ "tool_choice": { "type": "any" } }),
     );
-    let called = respond(&caller, &hello, &add, false).await.0.unwrap();
+    let called = respond(&unstreamed(&caller), &hello, &add, false)
+        .await
+        .0
+        .unwrap();
     assert_thinking(&called);
     assert_eq!(called.tool_calls.len(), 1, "{called:?}");
     let call = &called.tool_calls[0];
@@ -113,7 +127,7 @@ async fn anthropic_model_against_llama_server() {
     let streamed = streamed.unwrap();
     assert_thinking(&streamed);
     // Streamed, the input is the model's text; whole, the server's
-    // re-serialization of it: the same value.
+    // serialization of what it parsed: the same value.
     let streamed_input: Value = serde_json::from_str(&streamed.tool_calls[0].arguments).unwrap();
     assert_eq!(streamed_input, input);
 
