@@ -72,15 +72,12 @@ impl LlamaServer {
             .args(["--jinja", "--parallel", "1", "--no-cache-prompt"])
             .args(["--cache-type-k", "f32", "--cache-type-v", "f32"])
             .args(["--offline", "--no-webui", "--no-warmup"])
-            // No thinking unless a request asks for it
+            // Reasoning parsed out of `<think>` as DeepSeek's models write
+            // it; no thinking unless a request asks for it
             // (`chat_template_kwargs.enable_thinking`); a thinking budget
             // of 0 makes the reasoning this message.
-            .args([
-                "--reasoning",
-                "off",
-                "--reasoning-budget-message",
-                REASONING,
-            ])
+            .args(["--reasoning-format", "deepseek", "--reasoning", "off"])
+            .args(["--reasoning-budget-message", REASONING])
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
