@@ -20,6 +20,7 @@ pub mod llama;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod process;
+pub mod python;
 pub mod race;
 pub mod session;
 pub mod tools;

