@@ -17,6 +17,7 @@
 
 pub mod lease;
 pub mod llama;
+pub mod mcp;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod process;

@@ -88,6 +88,7 @@
 //! | `postgres` | `PostgresStore`, `PostgresOptions` | `turnstile-postgres` |
 //! | `openai` (default) | [`OpenAiModel`], [`OpenAiConfig`] | `turnstile-openai` |
 //! | `anthropic` | `AnthropicModel`, `AnthropicConfig`, `PromptCache`, `RetryPolicy` | `turnstile-anthropic` |
+//! | `mcp` (Rust 1.88) | `McpServer`, `McpPolicy`, `Annotations` | `turnstile-mcp` |
 //!
 //! - [`session`]: [`AgentSession`] — `run`, `stream`, `resume_run`,
 //!   `recover_after_owner_exit`, `recovery_usage`, `abandon` — and the turn
@@ -151,5 +152,7 @@ pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 #[cfg(feature = "anthropic")]
 pub use turnstile_anthropic::{AnthropicConfig, AnthropicModel, PromptCache, RetryPolicy};
+#[cfg(feature = "mcp")]
+pub use turnstile_mcp::{Annotations, McpError, McpPolicy, McpServer, McpToolInfo};
 #[cfg(feature = "openai")]
 pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay};

@@ -1,0 +1,4 @@
+//! The MCP client against a real MCP server: the test kit's Python server
+//! on the official SDK, started as a child process.
+
+mod mcp_stdio;

@@ -1,0 +1,242 @@
+//! Tools from a stdio MCP server: listed with what they declare, gated by
+//! it, called with the call's idempotency key in `_meta` (counted from the
+//! server's own record of what ran), their results as parts.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+use turnstile::{
+    Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Message,
+    Namespace, Part, RequestId, RunContext, ScriptedModel, ScriptedReply, SqliteStore, ToolCall,
+};
+use turnstile_testkit::mcp::{calls_of, stdio_command};
+
+async fn server(effects: &Path) -> Arc<McpServer> {
+    McpServer::stdio("test-server", stdio_command(effects))
+        .await
+        .unwrap()
+}
+
+async fn session(agent: Agent) -> AgentSession {
+    AgentSession::new(
+        agent,
+        Arc::new(SqliteStore::in_memory().await.unwrap()),
+        ConversationId::new(),
+        Namespace::new("mcp-test").unwrap(),
+        ContextPolicy::default(),
+    )
+}
+
+#[tokio::test]
+async fn tools_are_listed_with_what_they_declare_and_the_policy_it_implies() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(&dir.path().join("effects.log")).await;
+    let info = |name: &str| {
+        server
+            .tools()
+            .iter()
+            .find(|tool| tool.name == name)
+            .unwrap_or_else(|| panic!("no tool {name}"))
+            .clone()
+    };
+    let lookup = info("lookup");
+    assert_eq!(lookup.annotations.read_only, Some(true));
+    assert_eq!(lookup.input_schema["properties"]["key"]["type"], "string");
+    assert!(!lookup.description.is_empty());
+    let delete = info("delete_file");
+    assert_eq!(delete.annotations.destructive, Some(true));
+    let set_flag = info("set_flag");
+    assert_eq!(
+        (
+            set_flag.annotations.idempotent,
+            set_flag.annotations.destructive
+        ),
+        (Some(true), Some(false))
+    );
+
+    let policy = McpPolicy::default();
+    assert!(!policy.requires_approval("lookup", &lookup.annotations));
+    assert!(policy.requires_approval("delete_file", &delete.annotations));
+    assert!(policy.requires_approval("set_flag", &set_flag.annotations));
+    assert!(set_flag.annotations.safe_to_repeat() && !delete.annotations.safe_to_repeat());
+}
+
+#[tokio::test]
+async fn calls_carry_their_idempotency_key_and_results_become_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.log");
+    let server = server(&effects).await;
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![
+            ToolCall::new("c1", "lookup", json!({ "key": "k1" })),
+            ToolCall::new("c2", "snapshot", json!({})),
+            ToolCall::new("c3", "bundle", json!({})),
+            ToolCall::new("c4", "fail", json!({ "message": "no such row" })),
+        ]),
+        ScriptedReply::text("done"),
+    ]));
+    // Declaring nothing, snapshot, bundle and fail would need approval.
+    let policy = McpPolicy::default()
+        .without_approval("snapshot")
+        .without_approval("bundle")
+        .without_approval("fail");
+    let session = session(server.add_to(Agent::new(model), &policy)).await;
+    let request = RequestId::new();
+    let outcome = session
+        .run(request, "look it up", RunContext::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "done");
+
+    // The server's record: each call once, with turnstile's key.
+    let lookups = calls_of(&effects, "lookup");
+    assert_eq!(
+        lookups,
+        [(format!("{request}/1/c1"), r#"{"key":"k1"}"#.to_owned())]
+    );
+    assert_eq!(
+        calls_of(&effects, "snapshot")[0].0,
+        format!("{request}/1/c2")
+    );
+
+    let transcript = session
+        .store()
+        .transcript_window(session.conversation_id(), 20)
+        .await
+        .unwrap();
+    let result = |call: &str| {
+        transcript
+            .iter()
+            .find_map(|entry| match &entry.message {
+                Message::Tool {
+                    call_id,
+                    content,
+                    is_error,
+                } if call_id == call => Some((content.clone(), *is_error)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no result for {call}"))
+    };
+    let (lookup, failed) = result("c1");
+    assert!(!failed);
+    assert!(lookup.text().starts_with("value-of-k1"), "{lookup:?}");
+    let (snapshot, _) = result("c2");
+    let image = snapshot
+        .parts()
+        .iter()
+        .find_map(Part::attachment)
+        .expect("an image");
+    assert_eq!(image.media_type(), "image/png");
+    assert!(snapshot
+        .parts()
+        .iter()
+        .any(|part| matches!(part, Part::Json { json } if json.as_str().contains("\"width\":1"))));
+    let (bundle, _) = result("c3");
+    let text = bundle.text();
+    assert!(text.contains("file:///tmp/note.txt:\nhello"), "{text}");
+    assert!(
+        text.contains("[resource: big.bin file:///tmp/big.bin]"),
+        "{text}"
+    );
+    let (fail, failed) = result("c4");
+    assert!(failed, "isError is a failed call");
+    assert!(fail.text().contains("no such row"), "{fail:?}");
+}
+
+#[tokio::test]
+async fn a_destructive_tool_runs_only_once_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.log");
+    let server = server(&effects).await;
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![ToolCall::new(
+            "d1",
+            "delete_file",
+            json!({ "path": "/tmp/x" }),
+        )]),
+        ScriptedReply::text("deleted"),
+    ]));
+    let session = session(server.add_to(Agent::new(model), &McpPolicy::default())).await;
+    let request = RequestId::new();
+    let error = session
+        .run(request, "delete it", RunContext::default())
+        .await
+        .unwrap_err();
+    let Error::AwaitingApproval { revision, .. } = error else {
+        panic!("expected a stop for approval, got {error:?}");
+    };
+    assert!(
+        calls_of(&effects, "delete_file").is_empty(),
+        "nothing ran yet"
+    );
+
+    let revision = session.approve(request, "d1", revision).await.unwrap();
+    let outcome = session
+        .continue_after_approval(request, RunContext::default(), revision)
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "deleted");
+    assert_eq!(
+        calls_of(&effects, "delete_file"),
+        [(format!("{request}/1/d1"), r#"{"path":"/tmp/x"}"#.to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_dies_mid_call_fails_the_call_saying_it_may_have_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.log");
+    let server = server(&effects).await;
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![ToolCall::new("x1", "crash", json!({}))]),
+        ScriptedReply::text("it crashed"),
+    ]));
+    let policy = McpPolicy::default().without_approval("crash");
+    let session = session(server.add_to(Agent::new(model), &policy)).await;
+    let outcome = session
+        .run(RequestId::new(), "crash it", RunContext::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "it crashed");
+    let transcript = session
+        .store()
+        .transcript_window(session.conversation_id(), 20)
+        .await
+        .unwrap();
+    let (content, is_error) = transcript
+        .iter()
+        .find_map(|entry| match &entry.message {
+            Message::Tool {
+                content, is_error, ..
+            } => Some((content.text().into_owned(), *is_error)),
+            _ => None,
+        })
+        .unwrap();
+    assert!(is_error, "never a success");
+    assert!(
+        content.contains("may or may not have taken effect"),
+        "{content}"
+    );
+    assert_eq!(calls_of(&effects, "crash").len(), 1);
+}
+
+#[tokio::test]
+async fn a_command_that_is_no_mcp_server_is_refused_with_its_name() {
+    let error = McpServer::stdio("not-mcp", tokio::process::Command::new("true"))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("not-mcp"), "{error}");
+    let error = McpServer::stdio(
+        "missing",
+        tokio::process::Command::new("/nonexistent/server"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("cannot start the MCP server missing"),
+        "{error}"
+    );
+}

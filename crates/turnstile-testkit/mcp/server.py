@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The MCP server turnstile-mcp's tests run, on the official `mcp` package 2.3.0.
+
+Transport:
+    python server.py                 -> stdio (default)
+    python server.py --http PORT     -> streamable HTTP on http://127.0.0.1:PORT/mcp
+
+Every tool call appends one line to the file named by $MCP_EFFECTS_LOG (if set):
+    "<tool> <idempotency key or -> <args json>"
+The idempotency key is read from the request's `_meta["turnstile/idempotency-key"]`
+(exposed to tools as `ctx.request_context.meta`). The line is written when the
+call starts, before the tool's effect (so `sleep` is logged even if killed).
+
+Tools with the annotations asked for:
+    lookup(key)              readOnlyHint=true
+    delete_file(path)        destructiveHint=true
+    set_flag(name, value)    idempotentHint=true, destructiveHint=false
+    snapshot()               image content (1x1 PNG, base64) + structuredContent {"width":1,"height":1}
+    sleep(seconds)           sleeps, then returns
+    fail(message)            returns isError=true
+    bundle()                 text + embedded resource + resource_link content items
+    crash(code)              kills the server process mid-call (os._exit), no response
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import (
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+    ToolAnnotations,
+)
+
+IDEMPOTENCY_META_KEY = "turnstile/idempotency-key"
+
+# 1x1 transparent PNG.
+PNG_1X1_B64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
+)
+
+mcp = MCPServer(name="turnstile-test-server", version="0.1.0", log_level="WARNING")
+
+def _idempotency_key(ctx: Context) -> str | None:
+    meta = ctx.request_context.meta  # RequestParamsMeta (a dict) or None
+    if not meta:
+        return None
+    value = meta.get(IDEMPOTENCY_META_KEY)
+    return None if value is None else str(value)
+
+
+def _record(tool: str, ctx: Context, args: dict[str, Any]) -> None:
+    path = os.environ.get("MCP_EFFECTS_LOG")
+    if not path:
+        return
+    key = _idempotency_key(ctx) or "-"
+    line = f"{tool} {key} {json.dumps(args, sort_keys=True, separators=(',', ':'))}\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+
+
+@mcp.tool(description="Look up a value by key.", annotations=ToolAnnotations(read_only_hint=True))
+def lookup(key: str, ctx: Context) -> str:
+    _record("lookup", ctx, {"key": key})
+    return f"value-of-{key}"
+
+
+@mcp.tool(description="Delete a file (pretend).", annotations=ToolAnnotations(destructive_hint=True))
+def delete_file(path: str, ctx: Context) -> str:
+    _record("delete_file", ctx, {"path": path})
+    return f"deleted {path}"
+
+
+@mcp.tool(
+    description="Set a named flag.",
+    annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False),
+)
+def set_flag(name: str, value: bool, ctx: Context) -> str:
+    _record("set_flag", ctx, {"name": name, "value": value})
+    return f"flag {name}={str(value).lower()}"
+
+
+@mcp.tool(description="Return a 1x1 PNG plus its size as structured content.")
+def snapshot(ctx: Context) -> CallToolResult:
+    _record("snapshot", ctx, {})
+    return CallToolResult(
+        content=[ImageContent(type="image", data=PNG_1X1_B64, mime_type="image/png")],
+        structured_content={"width": 1, "height": 1},
+    )
+
+
+@mcp.tool(description="Sleep for N seconds, then return.")
+async def sleep(seconds: float, ctx: Context) -> str:
+    _record("sleep", ctx, {"seconds": seconds})
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@mcp.tool(description="Always fails with isError=true.")
+def fail(ctx: Context, message: str = "requested failure") -> CallToolResult:
+    _record("fail", ctx, {"message": message})
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
+@mcp.tool(description="Return text, an embedded resource and a resource link.")
+def bundle(ctx: Context) -> CallToolResult:
+    _record("bundle", ctx, {})
+    return CallToolResult(
+        content=[
+            TextContent(type="text", text="bundle"),
+            EmbeddedResource(
+                type="resource",
+                resource=TextResourceContents(uri="file:///tmp/note.txt", mime_type="text/plain", text="hello"),
+            ),
+            ResourceLink(type="resource_link", uri="file:///tmp/big.bin", name="big.bin", mime_type="application/octet-stream"),
+        ]
+    )
+
+
+@mcp.tool(description="Kill the server process mid-call (no response is sent).")
+def crash(ctx: Context, code: int = 3) -> str:
+    _record("crash", ctx, {"code": code})
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT/mcp")
+    args = parser.parse_args()
+    if args.http is not None:
+        mcp.run("streamable-http", host="127.0.0.1", port=args.http)
+    else:
+        mcp.run("stdio")
+
+
+if __name__ == "__main__":
+    main()
