@@ -2,10 +2,11 @@
 """The MCP server turnstile-mcp's tests run, on the official `mcp` package 2.3.0.
 
 Transport:
-    python server.py                 -> stdio (default)
+    python server.py [--effects PATH]                 -> stdio (default)
     python server.py --http PORT     -> streamable HTTP on http://127.0.0.1:PORT/mcp
 
-Every tool call appends one line to the file named by $MCP_EFFECTS_LOG (if set):
+Every tool call appends one line to the file named by --effects PATH (or
+$MCP_EFFECTS_LOG):
     "<tool> <idempotency key or -> <args json>"
 The idempotency key is read from the request's `_meta["turnstile/idempotency-key"]`
 (exposed to tools as `ctx.request_context.meta`). The line is written when the
@@ -59,8 +60,11 @@ def _idempotency_key(ctx: Context) -> str | None:
     return None if value is None else str(value)
 
 
+EFFECTS_LOG = os.environ.get("MCP_EFFECTS_LOG")
+
+
 def _record(tool: str, ctx: Context, args: dict[str, Any]) -> None:
-    path = os.environ.get("MCP_EFFECTS_LOG")
+    path = EFFECTS_LOG
     if not path:
         return
     key = _idempotency_key(ctx) or "-"
@@ -138,7 +142,11 @@ def crash(ctx: Context, code: int = 3) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT/mcp")
+    parser.add_argument("--effects", metavar="PATH", help="the file each call is recorded in")
     args = parser.parse_args()
+    if args.effects:
+        global EFFECTS_LOG
+        EFFECTS_LOG = args.effects
     if args.http is not None:
         mcp.run("streamable-http", host="127.0.0.1", port=args.http)
     else:

@@ -10,10 +10,29 @@ use std::path::{Path, PathBuf};
 /// The server's command, speaking MCP on stdin and stdout, recording its
 /// calls in `effects`.
 pub fn stdio_command(effects: &Path) -> tokio::process::Command {
-    let venv = crate::python::venv("mcp-venv", "mcp/requirements.txt", "TURNSTILE_MCP_VENV");
-    let mut command = tokio::process::Command::new(venv.join("bin/python"));
-    command.arg(script()).env("MCP_EFFECTS_LOG", effects);
+    let mut command = tokio::process::Command::new(python());
+    command.arg(script()).arg("--effects").arg(effects);
     command
+}
+
+/// The same as one command line, each word single-quoted (for
+/// `turnstile run --mcp-stdio`).
+pub fn command_line(effects: &Path) -> String {
+    [
+        python(),
+        script(),
+        PathBuf::from("--effects"),
+        effects.to_owned(),
+    ]
+    .iter()
+    .map(|word| format!("'{}'", word.display()))
+    .collect::<Vec<_>>()
+    .join(" ")
+}
+
+/// The venv's Python.
+fn python() -> PathBuf {
+    crate::python::venv("mcp-venv", "mcp/requirements.txt", "TURNSTILE_MCP_VENV").join("bin/python")
 }
 
 /// The server's script.

@@ -44,7 +44,7 @@ pub(super) async fn abandon(
     let store = open_store(&args.session.db, Access::Write(args.session.limits())).await?;
     // Abandoning calls no model: any agent will do.
     let idle: Arc<dyn Model> = Arc::new(ScriptedModel::new(Vec::new()));
-    let abandoned = session(&args.session, store.clone(), idle, &[])
+    let abandoned = session(&args.session, store.clone(), idle, &[], &[])
         .abandon(args.request, args.revision)
         .await;
     let revision = closed(&*store, abandoned.map_err(CliError::from)).await?;

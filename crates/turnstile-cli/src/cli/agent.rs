@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use super::args::SessionArgs;
-use super::tools;
+use super::{mcp, tools};
 use turnstile::agent::{Agent, AgentLimits, Model};
 use turnstile::ids::{ConversationId, Namespace};
 use turnstile::session::{AgentSession, ContextPolicy};
-use turnstile::StoreAdmin;
+use turnstile::{McpServer, StoreAdmin};
 
 /// The system prompt of the command-line agent. It is part of the agent
 /// fingerprint: `resume` and `recover` accept a request only from the agent
@@ -18,20 +18,27 @@ pub const SYSTEM_PROMPT: &str = "You are a careful assistant. Use the tools add,
 
 /// The command-line agent: `model`, the real tools and [`SYSTEM_PROMPT`].
 pub(super) fn agent(model: Arc<dyn Model>) -> Agent {
-    agent_requiring(model, &[])
+    agent_requiring(model, &[], &[])
 }
 
 /// The command-line agent whose calls of the tools named in `approval`
-/// wait for a human's approval.
-pub(super) fn agent_requiring(model: Arc<dyn Model>, approval: &[String]) -> Agent {
-    tools::toolbox()
+/// wait for a human's approval, with the tools of the `mcp` servers (those
+/// not declared read-only waiting for approval too).
+pub(super) fn agent_requiring(
+    model: Arc<dyn Model>,
+    approval: &[String],
+    mcp: &[Arc<McpServer>],
+) -> Agent {
+    let agent = tools::toolbox()
         .into_iter()
         .fold(Agent::new(model), |agent, tool| {
             match approval.contains(&tool.spec().name) {
                 true => agent.with_tool_requiring_approval(tool),
                 false => agent.with_tool(tool),
             }
-        })
+        });
+    mcp.iter()
+        .fold(agent, |agent, server| server.add_to(agent, &mcp::policy()))
         .with_system_prompt(SYSTEM_PROMPT)
         // The request's stored budget (`--max-turns`, default 32) limits
         // its turns, so that a continuing command can raise it.
@@ -46,6 +53,7 @@ pub(super) fn session(
     store: Arc<dyn StoreAdmin>,
     model: Arc<dyn Model>,
     approval: &[String],
+    mcp: &[Arc<McpServer>],
 ) -> AgentSession {
     agent_session(
         args.conversation,
@@ -53,6 +61,7 @@ pub(super) fn session(
         store,
         model,
         approval,
+        mcp,
     )
 }
 
@@ -63,9 +72,10 @@ pub(super) fn agent_session(
     store: Arc<dyn StoreAdmin>,
     model: Arc<dyn Model>,
     approval: &[String],
+    mcp: &[Arc<McpServer>],
 ) -> AgentSession {
     AgentSession::new(
-        agent_requiring(model, approval),
+        agent_requiring(model, approval, mcp),
         store,
         conversation,
         namespace,

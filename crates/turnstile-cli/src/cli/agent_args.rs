@@ -1,10 +1,12 @@
 //! The agent options of `run`, `resume`, `recover` and `recover-expired`:
-//! the model and the tools whose calls wait for approval (both part of the
-//! agent fingerprint a continued request is checked against).
+//! the model, the tools whose calls wait for approval and the MCP servers
+//! tools come from (all part of the agent fingerprint a continued request
+//! is checked against).
 
 use clap::Args;
 
 use super::approvals::ApprovalArgs;
+use super::mcp::McpArgs;
 use super::model::ModelArgs;
 
 #[derive(Args, Debug)]
@@ -13,4 +15,6 @@ pub struct AgentArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub approval: ApprovalArgs,
+    #[command(flatten)]
+    pub mcp: McpArgs,
 }

@@ -118,6 +118,9 @@ pub struct NextArgs {
     /// The run's --thinking-budget, for that command.
     #[arg(long, value_name = "TOKENS", requires = "model")]
     pub thinking_budget: Option<u32>,
+    /// The run's --mcp-stdio servers, for that command.
+    #[arg(long = "mcp-stdio", value_name = "COMMAND", requires = "model")]
+    pub mcp_stdio: Vec<String>,
     /// The run's --require-approval, for that command.
     #[arg(long, value_name = "TOOL[,TOOL]", value_delimiter = ',')]
     pub require_approval: Vec<String>,
@@ -481,7 +484,7 @@ async fn decide(
     let store = open_store(&args.session.db, Access::Write(args.session.limits())).await?;
     let result = async {
         // Deciding calls no model: any agent will do.
-        let session = session(&args.session, store.clone(), idle_model(), &[]);
+        let session = session(&args.session, store.clone(), idle_model(), &[], &[]);
         let revision = match &reason {
             None => {
                 session
@@ -522,6 +525,7 @@ async fn decide(
         api_key_env: args.next.api_key_env.as_deref(),
         reasoning_replay: args.next.reasoning_replay,
         thinking_budget: args.next.thinking_budget,
+        mcp_stdio: &args.next.mcp_stdio,
         require_approval: &approval,
         lease: None,
     });

@@ -11,6 +11,7 @@ use turnstile::LeasePolicy;
 use super::args::SessionArgs;
 use super::budget_args::raise;
 use super::exit::{CliError, NextSteps};
+use super::mcp::McpArgs;
 use super::model::{ModelArgs, ModelSpec, ReplayArg};
 pub(super) use super::text::quote;
 
@@ -25,19 +26,25 @@ pub(super) struct AgentFlags<'a> {
     pub api_key_env: Option<&'a str>,
     pub reasoning_replay: Option<ReplayArg>,
     pub thinking_budget: Option<u32>,
+    pub mcp_stdio: &'a [String],
     /// Checked, sorted, without repeats.
     pub require_approval: &'a [String],
     pub lease: Option<LeasePolicy>,
 }
 
 impl<'a> AgentFlags<'a> {
-    pub(super) fn new(model: &'a ModelArgs, require_approval: &'a [String]) -> Self {
+    pub(super) fn new(
+        model: &'a ModelArgs,
+        require_approval: &'a [String],
+        mcp: &'a McpArgs,
+    ) -> Self {
         Self {
             model: &model.model,
             base_url: model.base_url.as_deref(),
             api_key_env: model.api_key_env.as_deref(),
             reasoning_replay: model.reasoning_replay,
             thinking_budget: model.thinking_budget,
+            mcp_stdio: &mcp.stdio,
             require_approval,
             lease: None,
         }
@@ -61,6 +68,9 @@ impl<'a> AgentFlags<'a> {
         }
         if let Some(budget) = self.thinking_budget {
             words.extend(["--thinking-budget".into(), budget.to_string()]);
+        }
+        for server in self.mcp_stdio {
+            words.extend(["--mcp-stdio".into(), quote(server)]);
         }
         if !self.require_approval.is_empty() {
             words.extend([
@@ -339,6 +349,7 @@ mod tests {
             api_key_env: None,
             reasoning_replay: None,
             thinking_budget: None,
+            mcp_stdio: &[],
             require_approval: &tools,
             lease: None,
         };
@@ -384,6 +395,7 @@ mod tests {
             api_key_env: None,
             reasoning_replay: None,
             thinking_budget: None,
+            mcp_stdio: &[],
             require_approval: &[],
             lease: None,
         }

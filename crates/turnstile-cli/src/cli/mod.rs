@@ -25,6 +25,7 @@ mod hint;
 mod input;
 mod interrupt;
 mod lease;
+mod mcp;
 mod meta;
 mod model;
 mod ops;

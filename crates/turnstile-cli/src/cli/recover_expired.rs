@@ -98,6 +98,7 @@ pub(super) async fn run(
     let approval = args.agent.approval.tools()?;
     let lease = args.lease.policy()?;
     let model = model::load(&args.agent.model)?;
+    let mcp = args.agent.mcp.connect().await?;
     let limits = Limits {
         max_db_bytes: None,
         busy_timeout: args.busy_timeout,
@@ -128,6 +129,7 @@ pub(super) async fn run(
                     store.clone(),
                     Arc::clone(&model),
                     &approval,
+                    &mcp,
                 )
                 .with_lease(lease)
             })

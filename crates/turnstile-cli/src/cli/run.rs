@@ -60,6 +60,7 @@ pub(super) async fn run(
     let lease = args.lease.policy()?;
     let model = model::load(&args.agent.model)?;
     let input = args.attach.content(read_input(args.input)?)?;
+    let mcp = args.agent.mcp.connect().await?;
     let generated = args.request.is_none();
     let request_id = args.request.unwrap_or_else(RequestId::new);
     let new_conversation = args.session.conversation.is_none();
@@ -93,7 +94,7 @@ pub(super) async fn run(
             );
         }
         let session = leased(
-            session(&args_session, store.clone(), model, &approval),
+            session(&args_session, store.clone(), model, &approval, &mcp),
             lease,
         );
         let events = session.stream(request_id, input, ctx);
@@ -103,7 +104,7 @@ pub(super) async fn run(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let agent = AgentFlags::new(&args.agent.model, &approval).leased(lease);
+        let agent = AgentFlags::new(&args.agent.model, &approval, &args.agent.mcp).leased(lease);
         let followed = report_awaiting(followed, out, style, json, &args_session, &agent);
         let outcome = with_hint(followed, &session, started, &args_session, &agent)
             .await

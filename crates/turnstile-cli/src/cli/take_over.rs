@@ -18,6 +18,7 @@ use super::hint::{with_hint, AgentFlags};
 use super::input::{read_input, AttachArgs};
 use super::interrupt::Interrupt;
 use super::lease::{leased, LeaseArgs};
+use super::mcp::McpArgs;
 use super::model::{self, ModelArgs};
 use super::output::Style;
 use super::progress::Progress;
@@ -89,6 +90,7 @@ pub(super) async fn resume(
     let target = Target {
         session: &args.session,
         model: &args.agent.model,
+        mcp: &args.agent.mcp,
         approval: &approval,
         lease: args.lease.policy()?,
         revision: args.revision,
@@ -109,6 +111,7 @@ pub(super) async fn recover(
     let target = Target {
         session: &args.session,
         model: &args.agent.model,
+        mcp: &args.agent.mcp,
         approval: &approval,
         lease: args.lease.policy()?,
         revision: args.revision,
@@ -128,6 +131,7 @@ enum TakeOver {
 struct Target<'a> {
     session: &'a SessionArgs,
     model: &'a ModelArgs,
+    mcp: &'a McpArgs,
     /// The tools whose calls need approval (checked).
     approval: &'a [String],
     lease: Option<LeasePolicy>,
@@ -144,9 +148,10 @@ async fn take_over(
     json: bool,
 ) -> Result<(), CliError> {
     let model = model::load(target.model)?;
+    let mcp = target.mcp.connect().await?;
     let store = open_store(&target.session.db, Access::Write(target.session.limits())).await?;
     let result = async {
-        let session = session(target.session, store.clone(), model, target.approval);
+        let session = session(target.session, store.clone(), model, target.approval, &mcp);
         let session = leased(session, target.lease);
         let interrupt = Interrupt::watch();
         let upgrade = match target.continuing.accept_agent_change {
@@ -170,7 +175,7 @@ async fn take_over(
         let mut started = None;
         let progress = &mut Progress::new(style, "  ");
         let followed = follow(events, progress, shown, &mut started).await;
-        let agent = AgentFlags::new(target.model, target.approval).leased(target.lease);
+        let agent = AgentFlags::new(target.model, target.approval, target.mcp).leased(target.lease);
         let followed = report_awaiting(followed, out, style, json, target.session, &agent);
         let outcome = with_hint(followed, &session, started, target.session, &agent)
             .await

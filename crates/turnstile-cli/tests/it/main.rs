@@ -13,6 +13,7 @@ mod cli_delete_fork;
 mod cli_demo;
 mod cli_json;
 mod cli_leases;
+mod cli_mcp;
 mod cli_meta;
 mod cli_ops;
 mod cli_parts;

@@ -28,13 +28,13 @@ pub(super) fn message(conversation: u32, turn: u32, role: Role, bytes: usize) ->
     while text.len() < bytes {
         let draw = random.next();
         // About one token in eight is a number, so digits vary too.
-        if draw % 8 == 0 && !text.is_empty() {
+        if draw.is_multiple_of(8) && !text.is_empty() {
             text.push_str(&(draw >> 40).to_string());
         } else {
             text.push_str(WORDS[(draw >> 8) as usize % WORDS.len()]);
         }
         // And about one in thirteen ends a sentence.
-        text.push_str(if draw % 13 == 0 { ". " } else { " " });
+        text.push_str(if draw.is_multiple_of(13) { ". " } else { " " });
     }
     // ASCII only, so any byte length is a character boundary.
     text.truncate(bytes);

@@ -1,0 +1,50 @@
+//! `--mcp-stdio 'COMMAND ARGS'`: tools from MCP servers, each started as a
+//! child process speaking MCP on its stdin and stdout. Their tools join the
+//! agent (and so its fingerprint); a tool that does not declare itself
+//! read-only, or declares itself destructive, waits for approval.
+
+use std::sync::Arc;
+
+use clap::Args;
+use turnstile::{McpPolicy, McpServer};
+
+use super::exit::CliError;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct McpArgs {
+    /// An MCP server to take tools from, as a command line started for
+    /// this run (`'python3 server.py --flag'`, quoted as a shell would;
+    /// repeatable). Its tools that do not declare themselves read-only wait
+    /// for approval. Part of the agent: `resume` and `recover` need the same
+    /// servers, in the same order.
+    #[arg(long = "mcp-stdio", value_name = "COMMAND")]
+    pub stdio: Vec<String>,
+}
+
+impl McpArgs {
+    /// Starts and connects every server, in order.
+    pub(super) async fn connect(&self) -> Result<Vec<Arc<McpServer>>, CliError> {
+        let mut servers = Vec::with_capacity(self.stdio.len());
+        for line in &self.stdio {
+            let words = shlex::split(line)
+                .filter(|words| !words.is_empty())
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "--mcp-stdio {line:?} is not a command line: quote it as a shell would"
+                    ))
+                })?;
+            let mut command = tokio::process::Command::new(&words[0]);
+            command.args(&words[1..]);
+            let server = McpServer::stdio(words[0].clone(), command)
+                .await
+                .map_err(|e| CliError::Usage(format!("--mcp-stdio: {e}")))?;
+            servers.push(server);
+        }
+        Ok(servers)
+    }
+}
+
+/// The policy of the command line: what each tool declares.
+pub(super) fn policy() -> McpPolicy {
+    McpPolicy::default()
+}

@@ -1,0 +1,108 @@
+//! `--mcp-stdio`: a run takes tools from a real MCP server (the test kit's,
+//! on the official Python SDK); a call the server's own record counts;
+//! a destructive tool's call waits for approval, and the printed commands
+//! that decide and continue it start the same server.
+
+use serde_json::json;
+use turnstile_testkit::mcp::{calls_of, command_line};
+
+use crate::cli_support::{pasted, printed, script, scripted, turnstile};
+
+#[test]
+fn a_run_takes_tools_from_an_mcp_server_and_a_destructive_call_waits_for_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("mcp.db");
+    let db = db.to_str().unwrap();
+    let effects = dir.path().join("effects.log");
+    let server = command_line(&effects);
+
+    // A read-only tool runs at once, with the call's idempotency key.
+    let lookup = scripted(&script(
+        dir.path(),
+        "lookup.json",
+        json!([
+            { "tool_calls": [{ "id": "c1", "name": "lookup", "arguments": { "key": "k1" } }] },
+            { "text": "found it" },
+        ]),
+    ));
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--model",
+        &lookup,
+        "--mcp-stdio",
+        &server,
+        "--json",
+        "look it up",
+    ]);
+    run.assert_success();
+    let outcome = run.json();
+    assert_eq!(outcome["final_text"], "found it");
+    let request = outcome["request_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        calls_of(&effects, "lookup"),
+        [(format!("{request}/1/c1"), r#"{"key":"k1"}"#.to_owned())]
+    );
+
+    // A destructive one waits; the printed commands carry the server.
+    let delete = scripted(&script(
+        dir.path(),
+        "delete.json",
+        json!([
+            { "tool_calls": [{ "id": "d1", "name": "delete_file", "arguments": { "path": "/tmp/x" } }] },
+            { "text": "deleted" },
+        ]),
+    ));
+    let stopped = turnstile(&[
+        "run",
+        "--db",
+        db,
+        "--model",
+        &delete,
+        "--mcp-stdio",
+        &server,
+        "delete it",
+    ]);
+    assert_eq!(stopped.code, 6, "{stopped:#?}");
+    assert!(
+        calls_of(&effects, "delete_file").is_empty(),
+        "nothing ran yet"
+    );
+    let approve = printed(&stopped, "turnstile approve ");
+    assert!(approve.contains("--mcp-stdio"), "{approve}");
+    let approved = pasted(approve);
+    assert_eq!(approved.code, 0, "{approved:#?}");
+    let resumed = pasted(printed(&approved, "turnstile resume "));
+    assert_eq!(resumed.code, 0, "{resumed:#?}");
+    assert!(resumed.stdout.contains("deleted"), "{resumed:#?}");
+    assert_eq!(calls_of(&effects, "delete_file").len(), 1);
+}
+
+#[test]
+fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("none.db");
+    let model = scripted(&script(dir.path(), "s.json", json!([{ "text": "hi" }])));
+    for (server, needle) in [
+        (
+            "/nonexistent/server --flag",
+            "cannot start the MCP server /nonexistent/server",
+        ),
+        ("'unclosed", "is not a command line"),
+        ("true", "did not complete the MCP handshake"),
+    ] {
+        let run = turnstile(&[
+            "run",
+            "--db",
+            db.to_str().unwrap(),
+            "--model",
+            &model,
+            "--mcp-stdio",
+            server,
+            "hi",
+        ]);
+        run.assert_error(2, needle);
+        assert!(!db.exists(), "no database for a bad server");
+    }
+}
