@@ -7,7 +7,8 @@ use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use turnstile_core::agent::ToolError;
 use turnstile_core::message::{Attachment, Content, Part};
 
-/// Text as text; images as images; audio as a file; an embedded text
+/// Text as text; images as images (one whose type is no image's, as a
+/// file); audio as a file; an embedded text
 /// resource as text and a blob as a file (named by its URI); a resource
 /// link as a line naming it; `structuredContent` as a JSON part after the
 /// rest.
@@ -28,10 +29,18 @@ pub(crate) fn result_content(result: &CallToolResult) -> Result<Content, ToolErr
     for block in &result.content {
         match block {
             ContentBlock::Text(text) => parts.push(Part::text(text.text.clone())),
-            ContentBlock::Image(image) => parts.push(Part::Image(attachment(
-                &image.mime_type,
-                decode(&image.data, "an image")?,
-            )?)),
+            ContentBlock::Image(image) => {
+                let file = attachment(&image.mime_type, decode(&image.data, "an image")?)?;
+                let is_image = image
+                    .mime_type
+                    .trim()
+                    .to_ascii_lowercase()
+                    .starts_with("image/");
+                parts.push(match is_image {
+                    true => Part::Image(file),
+                    false => Part::File(file),
+                });
+            }
             ContentBlock::Audio(audio) => parts.push(Part::File(attachment(
                 &audio.mime_type,
                 decode(&audio.data, "audio")?,

@@ -25,12 +25,6 @@ impl Annotations {
     pub fn requires_approval(&self) -> bool {
         self.read_only != Some(true) || self.destructive == Some(true)
     }
-
-    /// Whether running a call again is harmless by what the tool declares:
-    /// read-only or idempotent.
-    pub fn safe_to_repeat(&self) -> bool {
-        self.read_only == Some(true) || self.idempotent == Some(true)
-    }
 }
 
 /// Which of a server's tools need approval: what their annotations say
@@ -74,7 +68,6 @@ mod tests {
             ..Annotations::default()
         };
         assert!(!read_only.requires_approval());
-        assert!(read_only.safe_to_repeat());
         for asks in [
             Annotations::default(),
             Annotations {

@@ -49,15 +49,26 @@ impl Tool for McpTool {
         );
         params.meta = Some(meta);
         let server = self.server.name();
+        if self.server.client.is_transport_closed() {
+            return Err(ToolError::new(format!(
+                "the MCP server {server} is gone (it exited or closed the connection before): \
+                 the call was not sent"
+            )));
+        }
         let result = self
             .server
             .client
             .call_tool(params)
             .await
             .map_err(|e| match e {
-                ServiceError::TransportClosed => ToolError::new(format!(
-                    "the MCP server {server} closed the connection during the call: the call may \
-                 or may not have taken effect"
+                // The server may have acted before it went, or before it
+                // was given up on.
+                ServiceError::TransportClosed
+                | ServiceError::Cancelled { .. }
+                | ServiceError::Timeout { .. }
+                | ServiceError::UnexpectedResponse => ToolError::new(format!(
+                    "the MCP server {server} did not answer the call ({e}): the call may or may \
+                     not have taken effect"
                 )),
                 other => {
                     ToolError::new(format!("the MCP server {server} failed the call: {other}"))
@@ -65,7 +76,11 @@ impl Tool for McpTool {
             })?;
         let content = result_content(&result)?;
         if result.is_error == Some(true) {
-            return Err(ToolError::new(content.text().into_owned()));
+            let text = content.text();
+            return Err(ToolError::new(match text.trim().is_empty() {
+                true => format!("the tool failed without saying why (MCP server {server})"),
+                false => text.into_owned(),
+            }));
         }
         Ok(content)
     }

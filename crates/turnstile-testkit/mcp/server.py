@@ -19,7 +19,7 @@ Tools with the annotations asked for:
     snapshot()               image content (1x1 PNG, base64) + structuredContent {"width":1,"height":1}
     sleep(seconds)           sleeps, then returns
     fail(message)            returns isError=true
-    bundle()                 text + embedded resource + resource_link content items
+    bundle()                 text + embedded text and blob resources + resource_link content items
     crash(code)              kills the server process mid-call (os._exit), no response
 """
 
@@ -39,6 +39,7 @@ from mcp_types import (
     ImageContent,
     ResourceLink,
     TextContent,
+    BlobResourceContents,
     TextResourceContents,
     ToolAnnotations,
 )
@@ -126,6 +127,10 @@ def bundle(ctx: Context) -> CallToolResult:
             EmbeddedResource(
                 type="resource",
                 resource=TextResourceContents(uri="file:///tmp/note.txt", mime_type="text/plain", text="hello"),
+            ),
+            EmbeddedResource(
+                type="resource",
+                resource=BlobResourceContents(uri="file:///tmp/b.bin", mime_type="application/octet-stream", blob="AQID"),
             ),
             ResourceLink(type="resource_link", uri="file:///tmp/big.bin", name="big.bin", mime_type="application/octet-stream"),
         ]

@@ -37,8 +37,18 @@ pub(super) fn agent_requiring(
                 false => agent.with_tool(tool),
             }
         });
+    // `--mcp-stdio` servers were checked not to collide with these tools
+    // or each other when they connected (`McpArgs::connect`).
     mcp.iter()
-        .fold(agent, |agent, server| server.add_to(agent, &mcp::policy()))
+        .fold(agent, |agent, server| {
+            match server.add_to(agent.clone(), &mcp::policy()) {
+                Ok(with_server) => with_server,
+                Err(e) => {
+                    tracing::error!(error = %e, "an MCP server's tools were left out");
+                    agent
+                }
+            }
+        })
         .with_system_prompt(SYSTEM_PROMPT)
         // The request's stored budget (`--max-turns`, default 32) limits
         // its turns, so that a continuing command can raise it.

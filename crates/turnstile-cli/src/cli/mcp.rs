@@ -9,6 +9,7 @@ use clap::Args;
 use turnstile::{McpPolicy, McpServer};
 
 use super::exit::CliError;
+use super::tools;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct McpArgs {
@@ -22,10 +23,13 @@ pub struct McpArgs {
 }
 
 impl McpArgs {
-    /// Starts and connects every server, in order.
+    /// Starts and connects every server, in order, and checks that no tool
+    /// name is taken twice (by the command line's own tools or another
+    /// server).
     pub(super) async fn connect(&self) -> Result<Vec<Arc<McpServer>>, CliError> {
         let mut servers = Vec::with_capacity(self.stdio.len());
-        for line in &self.stdio {
+        let mut names: Vec<String> = tools::toolbox().iter().map(|t| t.spec().name).collect();
+        for (n, line) in self.stdio.iter().enumerate() {
             let words = shlex::split(line)
                 .filter(|words| !words.is_empty())
                 .ok_or_else(|| {
@@ -35,9 +39,21 @@ impl McpArgs {
                 })?;
             let mut command = tokio::process::Command::new(&words[0]);
             command.args(&words[1..]);
-            let server = McpServer::stdio(words[0].clone(), command)
+            // Named by its place and program, never its arguments (which
+            // may hold secrets).
+            let name = format!("{} ({})", n + 1, words[0]);
+            let server = McpServer::stdio(name, command)
                 .await
                 .map_err(|e| CliError::Usage(format!("--mcp-stdio: {e}")))?;
+            if let Some(taken) = server.tools().iter().find(|t| names.contains(&t.name)) {
+                return Err(CliError::Usage(format!(
+                    "--mcp-stdio: the MCP server {} offers a tool named {:?}, which another \
+                     tool of this agent has",
+                    server.name(),
+                    taken.name
+                )));
+            }
+            names.extend(server.tools().iter().map(|t| t.name.clone()));
             servers.push(server);
         }
         Ok(servers)

@@ -1,7 +1,8 @@
 //! `--mcp-stdio`: a run takes tools from a real MCP server (the test kit's,
 //! on the official Python SDK); a call the server's own record counts;
 //! a destructive tool's call waits for approval, and the printed commands
-//! that decide and continue it start the same server.
+//! that decide and continue it carry the server (the `resume` starts it
+//! again).
 
 use serde_json::json;
 use turnstile_testkit::mcp::{calls_of, command_line};
@@ -84,10 +85,12 @@ fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("none.db");
     let model = scripted(&script(dir.path(), "s.json", json!([{ "text": "hi" }])));
+    let effects = dir.path().join("effects.log");
+    let twice = command_line(&effects);
     for (server, needle) in [
         (
             "/nonexistent/server --flag",
-            "cannot start the MCP server /nonexistent/server",
+            "cannot start the MCP server 1 (/nonexistent/server)",
         ),
         ("'unclosed", "is not a command line"),
         ("true", "did not complete the MCP handshake"),
@@ -105,4 +108,19 @@ fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
         run.assert_error(2, needle);
         assert!(!db.exists(), "no database for a bad server");
     }
+    // The same server twice: its tool names would be taken twice.
+    let run = turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--model",
+        &model,
+        "--mcp-stdio",
+        &twice,
+        "--mcp-stdio",
+        &twice,
+        "hi",
+    ]);
+    run.assert_error(2, "which another tool of this agent has");
+    assert!(!db.exists());
 }

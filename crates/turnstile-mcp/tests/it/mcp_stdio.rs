@@ -59,7 +59,23 @@ async fn tools_are_listed_with_what_they_declare_and_the_policy_it_implies() {
     assert!(!policy.requires_approval("lookup", &lookup.annotations));
     assert!(policy.requires_approval("delete_file", &delete.annotations));
     assert!(policy.requires_approval("set_flag", &set_flag.annotations));
-    assert!(set_flag.annotations.safe_to_repeat() && !delete.annotations.safe_to_repeat());
+
+    // Listed sorted by name, whatever the server's order.
+    let names: Vec<&str> = server.tools().iter().map(|t| t.name.as_str()).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(names, sorted);
+
+    // A name the agent already has is refused, not silently replaced.
+    let agent = server.add_to(
+        Agent::new(Arc::new(ScriptedModel::new(Vec::new()))),
+        &policy,
+    );
+    let error = server.add_to(agent.unwrap(), &policy).unwrap_err();
+    assert!(
+        error.to_string().contains("which the agent already has"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -81,7 +97,7 @@ async fn calls_carry_their_idempotency_key_and_results_become_parts() {
         .without_approval("snapshot")
         .without_approval("bundle")
         .without_approval("fail");
-    let session = session(server.add_to(Agent::new(model), &policy)).await;
+    let session = session(server.add_to(Agent::new(model), &policy).unwrap()).await;
     let request = RequestId::new();
     let outcome = session
         .run(request, "look it up", RunContext::default())
@@ -139,6 +155,15 @@ async fn calls_carry_their_idempotency_key_and_results_become_parts() {
         text.contains("[resource: big.bin file:///tmp/big.bin]"),
         "{text}"
     );
+    let blob = bundle
+        .parts()
+        .iter()
+        .find_map(Part::attachment)
+        .expect("a file");
+    assert_eq!(
+        (blob.name(), blob.media_type()),
+        (Some("file:///tmp/b.bin"), "application/octet-stream")
+    );
     let (fail, failed) = result("c4");
     assert!(failed, "isError is a failed call");
     assert!(fail.text().contains("no such row"), "{fail:?}");
@@ -157,7 +182,12 @@ async fn a_destructive_tool_runs_only_once_approved() {
         )]),
         ScriptedReply::text("deleted"),
     ]));
-    let session = session(server.add_to(Agent::new(model), &McpPolicy::default())).await;
+    let session = session(
+        server
+            .add_to(Agent::new(model), &McpPolicy::default())
+            .unwrap(),
+    )
+    .await;
     let request = RequestId::new();
     let error = session
         .run(request, "delete it", RunContext::default())
@@ -184,16 +214,17 @@ async fn a_destructive_tool_runs_only_once_approved() {
 }
 
 #[tokio::test]
-async fn a_server_that_dies_mid_call_fails_the_call_saying_it_may_have_run() {
+async fn a_server_that_dies_mid_call_fails_the_call_saying_it_may_have_run_and_sends_no_more() {
     let dir = tempfile::tempdir().unwrap();
     let effects = dir.path().join("effects.log");
     let server = server(&effects).await;
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptedReply::tool_calls(vec![ToolCall::new("x1", "crash", json!({}))]),
+        ScriptedReply::tool_calls(vec![ToolCall::new("x2", "lookup", json!({ "key": "k" }))]),
         ScriptedReply::text("it crashed"),
     ]));
     let policy = McpPolicy::default().without_approval("crash");
-    let session = session(server.add_to(Agent::new(model), &policy)).await;
+    let session = session(server.add_to(Agent::new(model), &policy).unwrap()).await;
     let outcome = session
         .run(RequestId::new(), "crash it", RunContext::default())
         .await
@@ -204,21 +235,27 @@ async fn a_server_that_dies_mid_call_fails_the_call_saying_it_may_have_run() {
         .transcript_window(session.conversation_id(), 20)
         .await
         .unwrap();
-    let (content, is_error) = transcript
+    let results: Vec<(String, bool)> = transcript
         .iter()
-        .find_map(|entry| match &entry.message {
+        .filter_map(|entry| match &entry.message {
             Message::Tool {
                 content, is_error, ..
             } => Some((content.text().into_owned(), *is_error)),
             _ => None,
         })
-        .unwrap();
+        .collect();
+    let (crashed, is_error) = &results[0];
     assert!(is_error, "never a success");
     assert!(
-        content.contains("may or may not have taken effect"),
-        "{content}"
+        crashed.contains("may or may not have taken effect"),
+        "{crashed}"
     );
     assert_eq!(calls_of(&effects, "crash").len(), 1);
+    // A later call is not sent to the server that is gone, and says so.
+    let (later, is_error) = &results[1];
+    assert!(is_error);
+    assert!(later.contains("the call was not sent"), "{later}");
+    assert!(calls_of(&effects, "lookup").is_empty());
 }
 
 #[tokio::test]
