@@ -38,6 +38,7 @@ mod search;
 mod store;
 mod take_over;
 mod text;
+mod tool_list;
 pub mod tools;
 
 use std::io::Write;
@@ -58,6 +59,7 @@ pub use output::Style;
 pub use recover_expired::RecoverExpiredArgs;
 pub use run::RunArgs;
 pub use take_over::{RecoverArgs, ResumeArgs};
+pub use tool_list::ToolsArgs;
 
 /// Durable LLM agent conversations on SQLite or PostgreSQL.
 #[derive(Parser, Debug)]
@@ -140,6 +142,11 @@ pub enum Command {
     /// A conversation's title, owner and metadata: shows them, or changes
     /// them with a compare-and-swap on their version (exit 5 if it moved).
     Meta(MetaArgs),
+    /// The tools an agent of these flags has: the command line's own and
+    /// those of the `--mcp-stdio` servers, with what each MCP tool declares
+    /// (read-only, destructive, idempotent, open-world) and whether its
+    /// calls wait for approval.
+    Tools(ToolsArgs),
 }
 
 /// Runs a parsed command, writing its output to `out`. With `--json`, a
@@ -273,6 +280,7 @@ fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Delete(args) => deletion::delete(args, out, style, json).await,
             Command::Fork(args) => deletion::fork(args, out, json).await,
             Command::Meta(args) => meta::run(args, out, style, json).await,
+            Command::Tools(args) => tool_list::run(args, out, style, json).await,
         }
     })
 }

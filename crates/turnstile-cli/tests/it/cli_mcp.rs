@@ -124,3 +124,56 @@ fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
     run.assert_error(2, "which another tool of this agent has");
     assert!(!db.exists());
 }
+
+#[test]
+fn tools_lists_each_tool_with_what_it_declares_and_whether_it_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = command_line(&dir.path().join("effects.log"));
+    let listed = turnstile(&[
+        "tools",
+        "--mcp-stdio",
+        &server,
+        "--require-approval",
+        "add",
+        "--json",
+    ]);
+    listed.assert_success();
+    let tools = listed.json()["tools"].as_array().unwrap().clone();
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {tools:?}"))
+            .clone()
+    };
+    assert_eq!(tool("add")["source"], "builtin");
+    assert_eq!(
+        tool("add")["requires_approval"],
+        true,
+        "--require-approval add"
+    );
+    assert_eq!(tool("clock")["requires_approval"], false);
+    assert_eq!(tool("lookup")["read_only"], true);
+    assert_eq!(tool("lookup")["requires_approval"], false);
+    assert_eq!(tool("delete_file")["destructive"], true);
+    assert_eq!(tool("delete_file")["requires_approval"], true);
+    assert_eq!(tool("set_flag")["idempotent"], true);
+    assert_eq!(tool("set_flag")["requires_approval"], true);
+    assert!(tool("set_flag")["source"]
+        .as_str()
+        .unwrap()
+        .starts_with("1 ("));
+
+    let table = turnstile(&["tools", "--mcp-stdio", &server]);
+    table.assert_success();
+    assert!(table.stdout.starts_with("TOOL"), "{}", table.stdout);
+    let delete = table
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("delete_file"))
+        .unwrap();
+    assert!(
+        delete.contains("yes") && delete.ends_with("asks"),
+        "{delete}"
+    );
+}

@@ -1,0 +1,116 @@
+//! `tools`: the tools an agent of these flags has (the command line's own
+//! and those of the `--mcp-stdio` servers), with what each MCP tool
+//! declares about itself and whether its calls wait for approval.
+
+use std::io::Write;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::approvals::ApprovalArgs;
+use super::exit::CliError;
+use super::mcp::{self, McpArgs};
+use super::ops::columns;
+use super::output::{self, Style};
+use super::tools::toolbox;
+
+#[derive(Args, Debug)]
+pub struct ToolsArgs {
+    #[command(flatten)]
+    pub approval: ApprovalArgs,
+    #[command(flatten)]
+    pub mcp: McpArgs,
+}
+
+/// One tool, as `--json` prints it.
+#[derive(Serialize)]
+struct Listed {
+    name: String,
+    /// `builtin`, or the MCP server it comes from.
+    source: String,
+    description: String,
+    /// What an MCP tool declares (`readOnlyHint` …); `null` when it says
+    /// nothing, and for the built-in tools.
+    read_only: Option<bool>,
+    destructive: Option<bool>,
+    idempotent: Option<bool>,
+    open_world: Option<bool>,
+    requires_approval: bool,
+}
+
+pub(super) async fn run(
+    args: ToolsArgs,
+    out: &mut dyn Write,
+    style: Style,
+    json: bool,
+) -> Result<(), CliError> {
+    let approval = args.approval.tools()?;
+    let servers = args.mcp.connect().await?;
+    let mut listed: Vec<Listed> = toolbox()
+        .iter()
+        .map(|tool| {
+            let spec = tool.spec();
+            Listed {
+                requires_approval: approval.contains(&spec.name),
+                name: spec.name,
+                source: "builtin".into(),
+                description: spec.description,
+                read_only: None,
+                destructive: None,
+                idempotent: None,
+                open_world: None,
+            }
+        })
+        .collect();
+    let policy = mcp::policy();
+    for server in &servers {
+        listed.extend(server.tools().iter().map(|tool| Listed {
+            name: tool.name.clone(),
+            source: server.name().to_owned(),
+            description: tool.description.clone(),
+            read_only: tool.annotations.read_only,
+            destructive: tool.annotations.destructive,
+            idempotent: tool.annotations.idempotent,
+            open_world: tool.annotations.open_world,
+            requires_approval: policy.requires_approval(&tool.name, &tool.annotations),
+        }));
+    }
+    if json {
+        return output::json(out, &serde_json::json!({ "tools": listed }));
+    }
+    let hint = |value: Option<bool>| match value {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "-",
+    };
+    let rows: Vec<Vec<String>> = listed
+        .iter()
+        .map(|tool| {
+            vec![
+                output::plain(&tool.name).into_owned(),
+                output::plain(&tool.source).into_owned(),
+                hint(tool.read_only).into(),
+                hint(tool.destructive).into(),
+                hint(tool.idempotent).into(),
+                hint(tool.open_world).into(),
+                match tool.requires_approval {
+                    true => "asks".into(),
+                    false => "runs".into(),
+                },
+            ]
+        })
+        .collect();
+    columns(
+        out,
+        &[
+            &style.bold("TOOL"),
+            "SOURCE",
+            "READ-ONLY",
+            "DESTRUCTIVE",
+            "IDEMPOTENT",
+            "OPEN-WORLD",
+            "APPROVAL",
+        ],
+        &rows,
+    )
+}
