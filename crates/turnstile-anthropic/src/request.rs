@@ -77,7 +77,7 @@ pub(crate) fn request_body<'a>(
                 blocks.extend(tool_calls.iter().map(|call| Block::ToolUse {
                     id: &call.id,
                     name: &call.name,
-                    input: input(&call.arguments),
+                    arguments: &call.arguments,
                     cached: false,
                 }));
                 ("assistant", blocks)
@@ -155,7 +155,7 @@ enum Block<'a> {
     ToolUse {
         id: &'a str,
         name: &'a str,
-        input: Box<RawValue>,
+        arguments: &'a str,
         cached: bool,
     },
 }
@@ -200,16 +200,9 @@ impl Block<'_> {
             Block::ToolUse {
                 id,
                 name,
-                input,
+                arguments,
                 cached,
-            } => to_raw_value(&ToolUse {
-                kind: "tool_use",
-                id,
-                name,
-                input,
-                cache_control: cached.then(ephemeral),
-            })
-            .unwrap_or_default(),
+            } => tool_use_block(id, name, arguments, *cached),
         }
     }
 }
@@ -220,6 +213,19 @@ fn blocks<'a>(values: Vec<Value>) -> Vec<Block<'a>> {
 
 fn ephemeral() -> Value {
     json!({ "type": "ephemeral" })
+}
+
+/// A tool call's block as JSON text, its input the text the model wrote
+/// (for a request, and for a paused answer sent back).
+pub(crate) fn tool_use_block(id: &str, name: &str, arguments: &str, cached: bool) -> Box<RawValue> {
+    to_raw_value(&ToolUse {
+        kind: "tool_use",
+        id,
+        name,
+        input: &input(arguments),
+        cache_control: cached.then(ephemeral),
+    })
+    .unwrap_or_default()
 }
 
 /// A tool call's input: the model's JSON text when it is an object, else

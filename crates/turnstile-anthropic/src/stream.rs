@@ -20,9 +20,6 @@ use crate::AnthropicConfig;
 
 /// What errors call the stream.
 const STREAM: &str = "anthropic messages stream";
-/// The most a streamed answer may send, all its events together (as much
-/// as a non-streamed answer's body may hold).
-const MAX_STREAM_BYTES: usize = 32 << 20;
 
 /// A streamed answer: its blocks, stop reason and usage.
 pub(crate) struct Streamed {
@@ -43,17 +40,9 @@ pub(crate) async fn read_stream(
     let mut parser = SseParser::new(STREAM);
     let mut assembly = Assembly::default();
     let mut events = Vec::new();
-    let mut received = 0;
     loop {
         let ended = match body.next().await {
             Some(Ok(bytes)) => {
-                received += bytes.len();
-                if received > MAX_STREAM_BYTES {
-                    return Err(ModelError::fatal(format!(
-                        "the {STREAM} exceeds {} MiB",
-                        MAX_STREAM_BYTES >> 20
-                    )));
-                }
                 parser.push(&bytes, &mut events)?;
                 false
             }

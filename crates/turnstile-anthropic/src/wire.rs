@@ -13,6 +13,8 @@ use turnstile_core::message::{Content, Part, Reasoning, ToolCall, Usage};
 use turnstile_core::ModelError;
 use turnstile_model_http::decode_error;
 
+use crate::request::tool_use_block;
+
 /// The provider family of the reasoning this client reads and sends back.
 pub(crate) const REASONING_PROVIDER: &str = "anthropic";
 
@@ -150,10 +152,7 @@ impl AnswerBlock {
                 json!({ "type": "redacted_thinking", "data": data })
             }
             AnswerBlock::ToolUse { id, name, input } => {
-                let head = json!({ "type": "tool_use", "id": id, "name": name }).to_string();
-                // `{…}` without its closing brace, then the input's text.
-                let text = format!("{},\"input\":{input}}}", &head[..head.len() - 1]);
-                return RawValue::from_string(text).unwrap_or_default();
+                return tool_use_block(id, name, input, false);
             }
         };
         serde_json::value::to_raw_value(&value).unwrap_or_default()

@@ -1,7 +1,8 @@
 //! A server-sent-events parser.
 //!
 //! Hand-written on purpose: it bounds every line and event
-//! ([`SseParser::MAX_EVENT_BYTES`]), which eventsource-stream does not
+//! ([`SseParser::MAX_EVENT_BYTES`]) and the whole stream
+//! ([`SseParser::MAX_STREAM_BYTES`]), which eventsource-stream does not
 //! offer, and it has no reconnection semantics, which a non-idempotent POST
 //! must not have. It yields each event's name and `data`.
 
@@ -25,11 +26,16 @@ pub struct SseParser {
     scanned: usize,
     data: Option<String>,
     name: Option<String>,
+    /// Bytes pushed so far.
+    received: usize,
 }
 
 impl SseParser {
     /// The largest line or event accepted.
     pub const MAX_EVENT_BYTES: usize = 8 << 20;
+    /// The most a stream may send, all its events together (as much as a
+    /// model client takes in one non-streamed answer).
+    pub const MAX_STREAM_BYTES: usize = 32 << 20;
 
     /// A parser for a stream that errors call `what`.
     pub fn new(what: &'static str) -> Self {
@@ -39,6 +45,7 @@ impl SseParser {
             scanned: 0,
             data: None,
             name: None,
+            received: 0,
         }
     }
 
@@ -47,8 +54,17 @@ impl SseParser {
     ///
     /// # Errors
     /// A fatal [`ModelError`] for a line or event over
-    /// [`MAX_EVENT_BYTES`](Self::MAX_EVENT_BYTES) or not UTF-8.
+    /// [`MAX_EVENT_BYTES`](Self::MAX_EVENT_BYTES), a stream over
+    /// [`MAX_STREAM_BYTES`](Self::MAX_STREAM_BYTES), or text not UTF-8.
     pub fn push(&mut self, bytes: &[u8], events: &mut Vec<SseEvent>) -> Result<(), ModelError> {
+        self.received += bytes.len();
+        if self.received > Self::MAX_STREAM_BYTES {
+            return Err(ModelError::fatal(format!(
+                "the {} exceeds {} MiB",
+                self.what,
+                Self::MAX_STREAM_BYTES >> 20
+            )));
+        }
         self.buffer.extend_from_slice(bytes);
         let mut start = 0;
         while let Some(offset) = self.buffer[start + self.scanned..]

@@ -31,17 +31,9 @@ pub(crate) async fn read_stream(
     let mut parser = SseParser::new(STREAM);
     let mut assembly = StreamAssembly::default();
     let mut events = Vec::new();
-    let mut received = 0;
     loop {
         let ended = match body.next().await {
             Some(Ok(bytes)) => {
-                received += bytes.len();
-                if received > MAX_STREAM_BYTES {
-                    return Err(ModelError::fatal(format!(
-                        "the {STREAM} exceeds {} MiB",
-                        MAX_STREAM_BYTES >> 20
-                    )));
-                }
                 parser.push(&bytes, &mut events)?;
                 false
             }
@@ -70,9 +62,6 @@ pub(crate) async fn read_stream(
 
 /// What errors call the stream.
 const STREAM: &str = "chat completion stream";
-/// The most a streamed answer may send, all its events together (as much
-/// as a non-streamed answer's body may hold).
-const MAX_STREAM_BYTES: usize = 32 << 20;
 
 /// Whether an event is the stream's last, `[DONE]` (which may lack its
 /// line ends).
