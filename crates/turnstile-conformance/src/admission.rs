@@ -1,11 +1,13 @@
 //! Conversations and ownership changes: claim, recovery claim, abandon.
 
 use turnstile_core::store::{ClaimOutcome, InputHash, RecoveryClaim, RequestStatus, RunStatus};
-use turnstile_core::{ConversationId, Error, Message, Namespace, RequestId, Revision, RunId};
+use turnstile_core::{
+    CheckpointPhase, ConversationId, Error, Message, Namespace, RequestId, Revision, RunId,
+};
 
 use crate::support::{
-    admit, commit_answer, complete_request, new_conversation, new_request, ns, recover, tool_call,
-    tool_turn, SharedStore, Snapshot, TestResult,
+    admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
+    tool_call, tool_turn, SharedStore, Snapshot, TestResult,
 };
 
 pub async fn ensure_conversation_is_idempotent_and_starts_idle(store: SharedStore) -> TestResult {
@@ -375,6 +377,7 @@ pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
         from_run: second.run_id,
         new_run: RunId::new(),
         reject_in_flight: false,
+        resolved_turn: None,
         agent_fingerprint: None,
         budget_change: None,
     };
@@ -388,6 +391,68 @@ pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
     assert!(store.checkpoints(stale.new_run).await?.is_empty());
     let after = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 1).await?;
     assert_eq!(after, before);
+    Ok(())
+}
+
+pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_resolved(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let first = admit(&*store, conversation, "hello").await?;
+    let count = tool_turn(&*store, &first, 1, 1, tool_call("call-1", "{}"), "r1").await?;
+    // Turn 2's tool round in flight: its model answer recorded, no result.
+    let mut start = checkpoint(first.run_id, 1, CheckpointPhase::TurnInFlight, count);
+    start.turn = 2;
+    store.begin_turn(&first, &start).await?;
+    let claim = |resolved_turn| RecoveryClaim {
+        conversation_id: conversation,
+        request_id: first.request_id,
+        expected_revision: first.revision,
+        from_run: first.run_id,
+        new_run: RunId::new(),
+        reject_in_flight: true,
+        resolved_turn,
+        agent_fingerprint: None,
+        budget_change: None,
+    };
+    let runs = [first.run_id];
+    let refused = |turn| {
+        move |result: Result<_, Error>| match result {
+            Err(Error::AmbiguousCheckpoint { run_id, turn: t }) => {
+                assert_eq!((run_id, t), (first.run_id, turn))
+            }
+            other => panic!("expected AmbiguousCheckpoint, got {other:?}"),
+        }
+    };
+    // A model call in flight is refused even for a resolved turn.
+    let before = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
+    refused(2)(store.claim_recovery(&claim(Some(2))).await);
+    let assistant = Message::assistant_with_calls("", vec![tool_call("call-2", "{}")]);
+    let answered = checkpoint(first.run_id, 2, CheckpointPhase::ToolsInFlight, count);
+    store
+        .record_model_response(&first, &answered, &assistant)
+        .await?;
+    let before_round = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
+    assert_ne!(before_round, before);
+
+    // The tool round: refused unresolved or resolved at another turn,
+    // writing nothing; claimed when resolved at its turn.
+    refused(2)(store.claim_recovery(&claim(None)).await);
+    refused(2)(store.claim_recovery(&claim(Some(1))).await);
+    let after = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
+    assert_eq!(after, before_round);
+    let resolved = claim(Some(2));
+    let fence = store.claim_recovery(&resolved).await?;
+    assert_eq!(fence.run_id, resolved.new_run);
+    assert_eq!(fence.revision, Revision(first.revision.0 + 1));
+    let latest = store
+        .latest_checkpoint(fence.run_id)
+        .await?
+        .expect("copied");
+    assert_eq!(
+        (latest.turn, latest.phase),
+        (2, CheckpointPhase::ToolsInFlight)
+    );
     Ok(())
 }
 

@@ -57,8 +57,8 @@ mod stored_name;
 
 pub use admin::StoreAdmin;
 pub use agent::{
-    Agent, AgentLimits, AgentUpgrade, ApprovalPolicy, Budget, Model, RunContext, ScriptedModel,
-    ScriptedReply, Tool, ToolContext, ToolError, Verifier,
+    Agent, AgentLimits, AgentUpgrade, ApprovalPolicy, Budget, Model, Reconciliation, RunContext,
+    ScriptedModel, ScriptedReply, Tool, ToolContext, ToolError, Verifier,
 };
 pub use checkpoint::{CheckpointPhase, LoopCheckpoint};
 pub use error::{BudgetKind, Error, ModelError, StoreError};

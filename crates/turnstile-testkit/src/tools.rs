@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use turnstile::{Tool, ToolContext, ToolError, ToolSpec};
+use turnstile::{Reconciliation, Tool, ToolContext, ToolError, ToolSpec};
 
 use crate::session::PATIENCE;
 
@@ -411,16 +411,23 @@ pub enum Hold {
     Forever,
 }
 
-/// Its side effect is appending the call id to a log file (synced), so
-/// "ran once" is counted outside the database. The call [`Effect::holding`]
-/// names then prints `IN TOOL <call id>` and is held; every call then
-/// sleeps [`Effect::sleeping`] (not at all by default). Answers
-/// `"<name> done"`.
+/// Its side effect is appending the call id (or, [`Effect::logging_keys`],
+/// its idempotency key) to a log file (synced), so "ran once" is counted
+/// outside the database. The call [`Effect::holding`] names then prints
+/// `IN TOOL <call id>` and is held ([`Effect::holding_before`]: before its
+/// effect); every call then sleeps [`Effect::sleeping`] (not at all by
+/// default). Answers `"<name> done"`. [`Effect::reconciling`] makes it
+/// answer `reconcile` from its log; [`Effect::idempotent`] declares it
+/// idempotent.
 pub struct Effect {
     name: String,
     log: PathBuf,
     held: Option<(String, Hold)>,
+    hold_before: bool,
     sleep: Duration,
+    keys: bool,
+    reconciles: bool,
+    idempotent: bool,
 }
 
 impl Effect {
@@ -429,7 +436,11 @@ impl Effect {
             name: name.to_owned(),
             log: log.to_owned(),
             held: None,
+            hold_before: false,
             sleep: Duration::ZERO,
+            keys: false,
+            reconciles: false,
+            idempotent: false,
         }
     }
 
@@ -441,9 +452,58 @@ impl Effect {
         }
     }
 
+    /// Announces and holds the call `call_id` before its effect.
+    pub fn holding_before(self, call_id: Option<&str>, hold: Hold) -> Self {
+        Self {
+            hold_before: true,
+            ..self.holding(call_id, hold)
+        }
+    }
+
     /// Sleeps `sleep` after every effect.
     pub fn sleeping(self, sleep: Duration) -> Self {
         Self { sleep, ..self }
+    }
+
+    /// Logs each call's idempotency key instead of its id.
+    pub fn logging_keys(self) -> Self {
+        Self { keys: true, ..self }
+    }
+
+    /// Reconciles a call in doubt from the log: done (answering as the
+    /// call would have) when its line is there, not done otherwise.
+    pub fn reconciling(self) -> Self {
+        Self {
+            reconciles: true,
+            ..self
+        }
+    }
+
+    /// Declares the tool idempotent ([`Tool::idempotent`]).
+    pub fn idempotent(self) -> Self {
+        Self {
+            idempotent: true,
+            ..self
+        }
+    }
+
+    fn line<'a>(&self, ctx: &'a ToolContext) -> &'a str {
+        match self.keys {
+            true => &ctx.idempotency_key,
+            false => &ctx.call_id,
+        }
+    }
+
+    async fn hold(&self, ctx: &ToolContext, before: bool) {
+        if let Some((call_id, hold)) = &self.held {
+            if *call_id == ctx.call_id && self.hold_before == before {
+                println!("IN TOOL {}", ctx.call_id);
+                match hold {
+                    Hold::For(pause) => tokio::time::sleep(*pause).await,
+                    Hold::Forever => std::future::pending::<()>().await,
+                }
+            }
+        }
     }
 }
 
@@ -458,19 +518,24 @@ impl Tool for Effect {
     }
 
     async fn call(&self, _args: Value, ctx: ToolContext) -> Result<turnstile::Content, ToolError> {
-        append_line(&self.log, &ctx.call_id).map_err(|e| ToolError::new(e.to_string()))?;
-        if let Some((call_id, hold)) = &self.held {
-            if *call_id == ctx.call_id {
-                println!("IN TOOL {}", ctx.call_id);
-                match hold {
-                    Hold::For(pause) => tokio::time::sleep(*pause).await,
-                    Hold::Forever => std::future::pending::<()>().await,
-                }
-            }
-        }
+        self.hold(&ctx, true).await;
+        append_line(&self.log, self.line(&ctx)).map_err(|e| ToolError::new(e.to_string()))?;
+        self.hold(&ctx, false).await;
         if !self.sleep.is_zero() {
             tokio::time::sleep(self.sleep).await;
         }
         Ok(format!("{} done", self.name).into())
+    }
+
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    async fn reconcile(&self, _args: Value, ctx: ToolContext) -> Reconciliation {
+        match (self.reconciles, effects(&self.log, self.line(&ctx))) {
+            (false, _) => Reconciliation::Unknown,
+            (true, 0) => Reconciliation::NotDone,
+            (true, _) => Reconciliation::Done(Ok(format!("{} done", self.name).into())),
+        }
     }
 }

@@ -128,8 +128,8 @@ pub use turnstile_core::{
 };
 // Agents: the model, its tools and what bounds a run.
 pub use turnstile_core::{
-    Agent, AgentLimits, AgentUpgrade, ApprovalPolicy, Budget, Model, RunContext, ScriptedModel,
-    ScriptedReply, Tool, ToolContext, ToolError, Verifier,
+    Agent, AgentLimits, AgentUpgrade, ApprovalPolicy, Budget, Model, Reconciliation, RunContext,
+    ScriptedModel, ScriptedReply, Tool, ToolContext, ToolError, Verifier,
 };
 // The vocabulary: ids, messages, checkpoints, outcomes, events, errors.
 pub use turnstile_core::{

@@ -19,7 +19,7 @@ pub use approval::ApprovalPolicy;
 pub use context::{AgentUpgrade, Budget, RunContext};
 pub use model::{Model, ModelRequest, ModelResponse, TextDeltas};
 pub use scripted::{ScriptedModel, ScriptedReply};
-pub use tool::{Tool, ToolContext, ToolError};
+pub use tool::{Reconciliation, Tool, ToolContext, ToolError};
 pub use verifier::Verifier;
 
 use crate::message::ToolSpec;
@@ -166,6 +166,7 @@ impl Agent {
 
     /// SHA-256 over what defines the agent's plan: model name, system
     /// prompt, tool names and parameter schemas, which calls need approval,
+    /// which tools are idempotent,
     /// plus `extra` (the summary settings). A request admitted with one fingerprint is never continued
     /// by an agent with another.
     pub fn fingerprint(&self) -> String {
@@ -189,6 +190,18 @@ impl Agent {
         // still resume).
         if !self.approvals.is_empty() {
             canonical["approvals"] = self.approvals.fingerprint();
+        }
+        // Likewise for which tools run again when a recovery finds their
+        // call in doubt.
+        let idempotent: Vec<&str> = self
+            .tools
+            .iter()
+            .zip(&self.specs)
+            .filter(|(tool, _)| tool.idempotent())
+            .map(|(_, spec)| spec.name.as_str())
+            .collect();
+        if !idempotent.is_empty() {
+            canonical["idempotent"] = json!(idempotent);
         }
         let digest = Sha256::digest(canonical.to_string().as_bytes());
         digest.iter().map(|b| format!("{b:02x}")).collect()

@@ -22,6 +22,20 @@ pub struct ToolContext {
     pub idempotency_key: String,
 }
 
+impl ToolContext {
+    /// The context of call `call_id` of `request_id`'s turn `turn`, run by
+    /// `run_id`.
+    pub(crate) fn of_call(run_id: RunId, request_id: RequestId, turn: u32, call_id: &str) -> Self {
+        Self {
+            run_id,
+            request_id,
+            turn,
+            call_id: call_id.to_owned(),
+            idempotency_key: format!("{request_id}/{turn}/{call_id}"),
+        }
+    }
+}
+
 /// A tool failed; the message is fed back to the model as an error result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -50,4 +64,44 @@ pub trait Tool: Send + Sync {
         arguments: serde_json::Value,
         context: ToolContext,
     ) -> Result<Content, ToolError>;
+
+    /// Whether a call may simply run again when its run stopped during it:
+    /// its effect happens once however often it runs (it has none, or it
+    /// deduplicates by [`ToolContext::idempotency_key`]). Such a call runs
+    /// again, with the same key, when a recovery under the default
+    /// [`ResumePolicy`](crate::ResumePolicy) finds it in doubt and
+    /// [`Tool::reconcile`] cannot tell. `false` unless a tool says so.
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Asked on recovery about a call that was in flight when its run
+    /// stopped, before anything runs again: did it take effect? Its
+    /// `context` is the one the call ran with (same idempotency key).
+    /// [`Reconciliation::Done`] is journaled as the call's result and
+    /// nothing runs; [`Reconciliation::NotDone`] runs the call once;
+    /// [`Reconciliation::Unknown`], the default, leaves the call to the
+    /// resume policy. Bounded by the agent's tool timeout; a timeout or a
+    /// panic counts as unknown.
+    async fn reconcile(
+        &self,
+        arguments: serde_json::Value,
+        context: ToolContext,
+    ) -> Reconciliation {
+        let _ = (arguments, context);
+        Reconciliation::Unknown
+    }
+}
+
+/// What [`Tool::reconcile`] found out about a call in doubt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reconciliation {
+    /// The call took effect, and this is what it answered (or how it
+    /// failed): journaled as if the call had returned; it does not run.
+    Done(Result<Content, ToolError>),
+    /// The call took no effect: it runs once.
+    NotDone,
+    /// The tool cannot tell: the call is ambiguous, unless the tool is
+    /// [`Tool::idempotent`] or the resume policy retries it.
+    Unknown,
 }

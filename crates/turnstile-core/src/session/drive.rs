@@ -2,6 +2,7 @@
 //! state, and the outcome.
 
 use super::compact;
+use super::reconcile::InDoubt;
 use super::stream::Emitter;
 use super::turns::{first_turn, start_of, RunLoop};
 use super::AgentSession;
@@ -41,6 +42,7 @@ impl AgentSession {
         fence: Fence,
         resumed_from: RunId,
         agent_change: Option<AgentChange>,
+        in_doubt: Option<InDoubt>,
         ctx: &RunContext,
         events: &Emitter,
     ) -> Result<Outcome, Error> {
@@ -64,6 +66,7 @@ impl AgentSession {
         let continues = Continues {
             from: resumed_from,
             agent_change,
+            in_doubt,
         };
         self.drive(fence, Some(continues), seed, messages, ctx, events)
             .await
@@ -129,9 +132,9 @@ impl AgentSession {
         events: &Emitter,
     ) -> Result<Outcome, Error> {
         tracing::Span::current().record("run_id", tracing::field::display(fence.run_id));
-        let (resumed_from, agent_change) = match continues {
-            Some(c) => (Some(c.from), c.agent_change),
-            None => (None, None),
+        let (resumed_from, agent_change, in_doubt) = match continues {
+            Some(c) => (Some(c.from), c.agent_change, c.in_doubt),
+            None => (None, None, None),
         };
         events
             .emit(Event::RunStarted {
@@ -183,6 +186,7 @@ impl AgentSession {
             checkpoint: seed,
             reuse_journal,
             tool_running,
+            in_doubt,
             images: self.policy.images() as usize,
         };
         let (stored, messages) = run.run().await?;
@@ -247,10 +251,12 @@ impl AgentSession {
     }
 }
 
-/// The run a resumed run continues, and the agent change it accepted.
+/// The run a resumed run continues, the agent change it accepted, and what
+/// it found of the call in doubt of a tool round in flight.
 struct Continues {
     from: RunId,
     agent_change: Option<AgentChange>,
+    in_doubt: Option<InDoubt>,
 }
 
 /// Where a run starts.

@@ -9,6 +9,7 @@ mod compact;
 mod drive;
 mod lease;
 mod meta;
+mod reconcile;
 mod resume;
 mod state;
 mod stream;

@@ -5,6 +5,7 @@ use super::stream::Emitter;
 use super::turns::spent_between_turns;
 use super::{AgentSession, ResumePolicy};
 use crate::agent::{AgentUpgrade, RunContext};
+use crate::checkpoint::CheckpointPhase;
 use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::message::Content;
@@ -127,8 +128,9 @@ impl AgentSession {
         // Continued under a budget it has already spent, the request would
         // stop at once: refused before anything is written, so pasting the
         // same resume again never loops.
-        if let Some(checkpoint) = self.store.latest_checkpoint(from_run).await? {
-            if let Some((kind, used, limit)) = spent_between_turns(&self.agent, &ctx, &checkpoint) {
+        let latest = self.store.latest_checkpoint(from_run).await?;
+        if let Some(checkpoint) = &latest {
+            if let Some((kind, used, limit)) = spent_between_turns(&self.agent, &ctx, checkpoint) {
                 return Err(Error::BudgetExceeded {
                     run_id: from_run,
                     revision: admission.revision,
@@ -138,8 +140,18 @@ impl AgentSession {
                 });
             }
         }
+        // A tool round in flight: its call in doubt is reconciled first.
+        let in_doubt = match &latest {
+            Some(checkpoint) if checkpoint.phase == CheckpointPhase::ToolsInFlight => Some(
+                self.in_doubt(request_id, from_run, checkpoint, &ctx)
+                    .await?,
+            ),
+            _ => None,
+        };
         // The store refuses an in-flight turn under `RejectAmbiguous` inside
-        // the claim's own transaction, so the check and the claim cannot race.
+        // the claim's own transaction, so the check and the claim cannot race;
+        // a tool round whose call in doubt is resolved is let through.
+        let resolved_turn = in_doubt.as_ref().filter(|d| d.resolved()).map(|d| d.turn);
         let fence = self
             .store
             .claim_recovery(&RecoveryClaim {
@@ -149,11 +161,12 @@ impl AgentSession {
                 from_run,
                 new_run: RunId::new(),
                 reject_in_flight: policy == ResumePolicy::RejectAmbiguous,
+                resolved_turn,
                 agent_fingerprint: agent_change.as_ref().map(|c| c.to.clone()),
                 budget_change,
             })
             .await?;
-        self.drive_resumed(fence, from_run, agent_change, &ctx, events)
+        self.drive_resumed(fence, from_run, agent_change, in_doubt, &ctx, events)
             .await
     }
 }

@@ -213,6 +213,11 @@ pub struct RecoveryClaim {
     /// if `from_run`'s latest checkpoint has a turn in flight, checked in
     /// the same transaction as the compare-and-swap.
     pub reject_in_flight: bool,
+    /// With `reject_in_flight`: a tool round in flight at this turn is not
+    /// refused, since the caller resolved every call of it in doubt (each
+    /// reconciled, or safe to run again). A model call in flight, or a
+    /// round at another turn, is still refused.
+    pub resolved_turn: Option<u32>,
     /// The new run's agent fingerprint when it differs from the one the
     /// admission holds (an explicit upgrade): the admission takes it and the
     /// new run records both. `None` keeps the admission's.

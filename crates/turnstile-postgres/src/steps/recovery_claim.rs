@@ -105,7 +105,10 @@ pub(crate) async fn claim_recovery_in(
         .await
         .map_err(db("read latest checkpoint"))?;
         if let Some(latest) = latest {
-            if CheckpointPhase::parse(&latest.phase).is_some_and(CheckpointPhase::is_in_flight) {
+            let phase = CheckpointPhase::parse(&latest.phase);
+            let resolved = phase == Some(CheckpointPhase::ToolsInFlight)
+                && claim.resolved_turn.map(i64::from) == Some(latest.turn);
+            if phase.is_some_and(CheckpointPhase::is_in_flight) && !resolved {
                 let key = format!("{}/{}", claim.from_run, latest.turn);
                 return Err(Error::AmbiguousCheckpoint {
                     run_id: claim.from_run,

@@ -64,11 +64,13 @@ pub(crate) async fn claim_recovery_in(
         .as_ref()
         .and_then(|c| budget_json(&c.to));
     let budget_change = budget_change_json(claim.budget_change.as_ref());
+    let resolved_turn = claim.resolved_turn.map(i64::from);
     let now = now_ms();
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO recovery_claims (conversation_id, request_id, from_run, new_run,
-               expected_revision, refuse_phases, now, agent_fingerprint, budget, budget_change)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+               expected_revision, refuse_phases, now, agent_fingerprint, budget, budget_change,
+               resolved_turn)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
            RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
                AS "revision!: i64""#,
         conversation,
@@ -80,7 +82,8 @@ pub(crate) async fn claim_recovery_in(
         now,
         claim.agent_fingerprint,
         budget,
-        budget_change
+        budget_change,
+        resolved_turn
     )
     .fetch_all(&mut *tx)
     .await

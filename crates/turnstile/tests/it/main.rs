@@ -10,6 +10,7 @@ mod crash_torture;
 mod delete_kill;
 mod lease_takeover;
 mod races;
+mod reconcile_crash;
 mod retention_kill;
 mod session_admission;
 mod session_ambiguity;

@@ -24,8 +24,9 @@ use stop::until_deadline;
 pub(in crate::session) use stop::{check_stop, first_turn_may_start, guarded};
 
 use super::compact::Compacted;
+use super::reconcile::InDoubt;
 use super::stream::Emitter;
-use crate::agent::{Agent, ModelRequest, RunContext, ToolContext};
+use crate::agent::{Agent, ModelRequest, RunContext, ToolContext, ToolError};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::BudgetKind;
 use crate::error::{Error, ModelError};
@@ -57,6 +58,9 @@ pub(super) struct RunLoop<'a> {
     /// A tool call is executing, or has run and its result is not journaled
     /// yet: a stop now leaves the turn ambiguous.
     pub tool_running: bool,
+    /// The call in doubt of the round this run took over in flight, as its
+    /// tool reconciled it before the claim.
+    pub in_doubt: Option<InDoubt>,
     /// How many of the context's newest images the model is sent.
     pub images: usize,
 }
@@ -240,9 +244,19 @@ impl RunLoop<'_> {
         let mut answered = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for (index, call) in calls.into_iter().enumerate() {
-            let (result, reused) = match journaled.remove(&call.id) {
-                Some(result) => (result, true),
-                None => {
+            let reconciled = self
+                .in_doubt
+                .as_mut()
+                .and_then(|d| d.take_done(turn, &call.id));
+            let (result, reused) = match (journaled.remove(&call.id), reconciled) {
+                (Some(result), _) => (result, true),
+                // It took effect before the run stopped: journaled, not run.
+                (None, Some(result)) => {
+                    let result = self.journal_result(turn, &call.id, result).await?;
+                    self.tool_running = false;
+                    (result, true)
+                }
+                (None, None) => {
                     let result = match self.answer(index, &call, turn, &decisions).await? {
                         Some(result) => result,
                         None => {
@@ -491,13 +505,8 @@ impl RunLoop<'_> {
         if let Err(why) = check.check(&arguments) {
             return Ok(error_result(why));
         }
-        let context = ToolContext {
-            run_id: self.fence.run_id,
-            request_id: self.fence.request_id,
-            turn,
-            call_id: call.id.clone(),
-            idempotency_key: format!("{}/{turn}/{}", self.fence.request_id, call.id),
-        };
+        let context =
+            ToolContext::of_call(self.fence.run_id, self.fence.request_id, turn, &call.id);
         // Never start a tool once the run is told to stop.
         self.check_stop()?;
         self.tool_running = true;
@@ -514,14 +523,7 @@ impl RunLoop<'_> {
             Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
             Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
             Ok(Err(join)) => error_result(format!("tool task failed: {join}")),
-            Ok(Ok(Err(e))) => error_result(e.0),
-            Ok(Ok(Ok(content))) => match oversize(&content) {
-                Some(why) => error_result(why),
-                None => ToolResult {
-                    content,
-                    is_error: false,
-                },
-            },
+            Ok(Ok(output)) => tool_result(output),
         })
     }
 
@@ -648,6 +650,20 @@ fn rejection(reason: Option<&str>) -> String {
             format!("not run: the tool call was rejected by the approver: {reason}")
         }
         _ => "not run: the tool call was rejected by the approver".to_owned(),
+    }
+}
+
+/// What a tool answered, as the result journaled and fed to the model.
+pub(super) fn tool_result(output: Result<Content, ToolError>) -> ToolResult {
+    match output {
+        Err(e) => error_result(e.0),
+        Ok(content) => match oversize(&content) {
+            Some(why) => error_result(why),
+            None => ToolResult {
+                content,
+                is_error: false,
+            },
+        },
     }
 }
 
