@@ -7,12 +7,27 @@ use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use turnstile_core::agent::ToolError;
 use turnstile_core::message::{Attachment, Content, Part};
 
+/// A tool result's content blocks as parts ([`block_parts`]), then its
+/// `structuredContent` as a JSON part.
+pub(crate) fn result_content(result: &CallToolResult) -> Result<Content, ToolError> {
+    let mut parts = block_parts(&result.content)?;
+    if let Some(structured) = &result.structured_content {
+        let json = serde_json::to_string(structured).unwrap_or_default();
+        parts.push(Part::json(json).map_err(|e| ToolError::new(e.to_string()))?);
+    }
+    Ok(Content::new(parts))
+}
+
+/// Content blocks alone as parts ([`block_parts`]).
+pub(crate) fn blocks_content(blocks: &[ContentBlock]) -> Result<Content, ToolError> {
+    block_parts(blocks).map(Content::new)
+}
+
 /// Text as text; images as images (one whose type is no image's, as a
 /// file); audio as a file; an embedded text
 /// resource as text and a blob as a file (named by its URI); a resource
-/// link as a line naming it; `structuredContent` as a JSON part after the
-/// rest.
-pub(crate) fn result_content(result: &CallToolResult) -> Result<Content, ToolError> {
+/// link as a line naming it.
+fn block_parts(blocks: &[ContentBlock]) -> Result<Vec<Part>, ToolError> {
     let decode = |data: &str, what: &str| {
         BASE64
             .decode(data)
@@ -26,7 +41,7 @@ pub(crate) fn result_content(result: &CallToolResult) -> Result<Content, ToolErr
         })
     };
     let mut parts = Vec::new();
-    for block in &result.content {
+    for block in blocks {
         match block {
             ContentBlock::Text(text) => parts.push(Part::text(text.text.clone())),
             ContentBlock::Image(image) => {
@@ -70,9 +85,5 @@ pub(crate) fn result_content(result: &CallToolResult) -> Result<Content, ToolErr
             _ => parts.push(Part::text("[content of a kind turnstile does not read]")),
         }
     }
-    if let Some(structured) = &result.structured_content {
-        let json = serde_json::to_string(structured).unwrap_or_default();
-        parts.push(Part::json(json).map_err(|e| ToolError::new(e.to_string()))?);
-    }
-    Ok(Content::new(parts))
+    Ok(parts)
 }

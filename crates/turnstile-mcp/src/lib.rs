@@ -13,6 +13,12 @@
 //!   say `readOnlyHint: true`, or that say `destructiveHint: true`, needs
 //!   approval (turnstile's durable approvals) unless the caller says
 //!   otherwise per tool.
+//! - **Calls in doubt.** When a crash leaves a call in doubt, a recovery
+//!   first asks the server through the reconcile convention below, if it
+//!   offers it; otherwise (or when it cannot tell) a tool that says it is
+//!   idempotent or read-only runs again with the same key
+//!   ([`McpPolicy::retry_in_doubt`] overrides), and any other call is
+//!   ambiguous: the default resume policy refuses it.
 //! - **Results become parts.** Text, images, `structuredContent` (a JSON
 //!   part), embedded resources (text, or a file) and resource links (a
 //!   line naming them); `isError` is a failed call, which the model is
@@ -29,3 +35,15 @@ pub use server::{McpError, McpServer, McpToolInfo};
 /// The `_meta` member of every `tools/call` that holds the call's
 /// idempotency key.
 pub const IDEMPOTENCY_KEY_META: &str = "turnstile/idempotency-key";
+
+/// The tool of turnstile's reconcile convention. A server that can tell
+/// whether a call of one of its tools took effect offers a tool of this
+/// name (it is not shown to the model). A recovery calls it, with the
+/// call's key in `_meta` as usual, and the arguments
+/// `{"tool": NAME, "idempotency_key": KEY, "arguments": {…}}`. It answers
+/// with `structuredContent` `{"status": "done"}` and, as its content, what
+/// the call answered (`"failed": true` beside the status when the call
+/// failed): that answer is journaled as the call's result and the call does
+/// not run again; `{"status": "not_done"}`: the call runs once; anything
+/// else, `isError`, or no answer: unknown.
+pub const RECONCILE_TOOL: &str = "turnstile_reconcile";

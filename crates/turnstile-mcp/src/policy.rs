@@ -1,5 +1,6 @@
-//! What a tool declares about itself, and the approval policy turnstile
-//! derives from it.
+//! What a tool declares about itself, and the policy turnstile derives from
+//! it: which calls need approval, and which run again when a crash leaves
+//! them in doubt.
 
 use std::collections::BTreeMap;
 
@@ -25,13 +26,22 @@ impl Annotations {
     pub fn requires_approval(&self) -> bool {
         self.read_only != Some(true) || self.destructive == Some(true)
     }
+
+    /// Whether a call left in doubt by a crash runs again under the default
+    /// recovery policy: when the tool says it is idempotent or read-only.
+    pub fn retries_in_doubt(&self) -> bool {
+        self.idempotent == Some(true) || self.read_only == Some(true)
+    }
 }
 
-/// Which of a server's tools need approval: what their annotations say
-/// ([`Annotations::requires_approval`]) unless overridden here, per tool.
+/// Which of a server's tools need approval, and which run again when a
+/// crash leaves a call in doubt: what their annotations say
+/// ([`Annotations::requires_approval`], [`Annotations::retries_in_doubt`])
+/// unless overridden here, per tool.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct McpPolicy {
     approval: BTreeMap<String, bool>,
+    retry: BTreeMap<String, bool>,
 }
 
 impl McpPolicy {
@@ -45,6 +55,23 @@ impl McpPolicy {
     pub fn without_approval(mut self, tool: impl Into<String>) -> Self {
         self.approval.insert(tool.into(), false);
         self
+    }
+
+    /// Whether a call of `tool` left in doubt by a crash runs again
+    /// (`true`: the tool is treated as idempotent) or is ambiguous
+    /// (`false`), whatever it declares.
+    pub fn retry_in_doubt(mut self, tool: impl Into<String>, retry: bool) -> Self {
+        self.retry.insert(tool.into(), retry);
+        self
+    }
+
+    /// Whether a call of `tool`, which declares `annotations`, runs again
+    /// when a crash leaves it in doubt and the server cannot reconcile it.
+    pub fn retries_in_doubt(&self, tool: &str, annotations: &Annotations) -> bool {
+        self.retry
+            .get(tool)
+            .copied()
+            .unwrap_or_else(|| annotations.retries_in_doubt())
     }
 
     /// Whether calls of `tool`, which declares `annotations`, need
@@ -89,5 +116,24 @@ mod tests {
         assert!(!policy.requires_approval("set_flag", &Annotations::default()));
         assert!(policy.requires_approval("lookup", &read_only));
         assert!(!policy.requires_approval("other", &read_only));
+    }
+
+    #[test]
+    fn only_tools_that_say_they_are_idempotent_or_read_only_run_again_in_doubt() {
+        let says = |read_only, idempotent| Annotations {
+            read_only,
+            idempotent,
+            ..Annotations::default()
+        };
+        assert!(says(Some(true), None).retries_in_doubt());
+        assert!(says(None, Some(true)).retries_in_doubt());
+        assert!(!says(None, None).retries_in_doubt());
+        assert!(!says(Some(false), Some(false)).retries_in_doubt());
+        let policy = McpPolicy::default()
+            .retry_in_doubt("delete_file", true)
+            .retry_in_doubt("lookup", false);
+        assert!(policy.retries_in_doubt("delete_file", &says(None, None)));
+        assert!(!policy.retries_in_doubt("lookup", &says(Some(true), None)));
+        assert!(policy.retries_in_doubt("other", &says(Some(true), None)));
     }
 }

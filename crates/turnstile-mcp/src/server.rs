@@ -17,6 +17,7 @@ use turnstile_core::agent::Agent;
 
 use crate::policy::{Annotations, McpPolicy};
 use crate::tool::McpTool;
+use crate::RECONCILE_TOOL;
 
 /// An MCP server could not be started, connected to or listed.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,8 @@ pub struct McpServer {
     name: String,
     pub(crate) client: RunningService<RoleClient, ()>,
     tools: Vec<McpToolInfo>,
+    /// Whether it offers [`RECONCILE_TOOL`].
+    reconciles: bool,
     /// Held so the process lives as long as the connection (killed on
     /// drop).
     _child: Mutex<Child>,
@@ -150,6 +153,9 @@ impl McpServer {
                 }
             })
             .collect();
+        // The reconcile convention's tool is turnstile's, not the model's.
+        let reconciles = tools.iter().any(|tool| tool.name == RECONCILE_TOOL);
+        tools.retain(|tool| tool.name != RECONCILE_TOOL);
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(pair) = tools.windows(2).find(|pair| pair[0].name == pair[1].name) {
             return Err(McpError(format!(
@@ -162,6 +168,7 @@ impl McpServer {
             name,
             client,
             tools,
+            reconciles,
             _child: Mutex::new(child),
         }))
     }
@@ -171,16 +178,24 @@ impl McpServer {
         &self.name
     }
 
-    /// The tools it offers.
+    /// The tools it offers the model (not [`RECONCILE_TOOL`]).
     pub fn tools(&self) -> &[McpToolInfo] {
         &self.tools
     }
 
+    /// Whether it offers [`RECONCILE_TOOL`], which reconciles its tools'
+    /// calls left in doubt by a crash.
+    pub fn reconciles(&self) -> bool {
+        self.reconciles
+    }
+
     /// `agent` with every tool of this server added, each needing approval
-    /// as `policy` says ([`McpPolicy::requires_approval`]). Which tools
-    /// need approval is part of the agent's fingerprint, so a held request
-    /// continues only with the same policy (or by the agent-upgrade
-    /// opt-in).
+    /// as `policy` says ([`McpPolicy::requires_approval`]), and running
+    /// again when a crash leaves a call in doubt as it says
+    /// ([`McpPolicy::retries_in_doubt`], unless the server reconciles the
+    /// call first). Both are part of the agent's fingerprint, so a held
+    /// request continues only with the same policy (or by the
+    /// agent-upgrade opt-in).
     ///
     /// # Errors
     /// [`McpError`] when the agent already has a tool of one of these names
@@ -198,7 +213,8 @@ impl McpServer {
             )));
         }
         Ok(self.tools.iter().fold(agent, |agent, info| {
-            let tool = Arc::new(McpTool::new(self.clone(), info.clone()));
+            let idempotent = policy.retries_in_doubt(&info.name, &info.annotations);
+            let tool = Arc::new(McpTool::new(self.clone(), info.clone(), idempotent));
             match policy.requires_approval(&info.name, &info.annotations) {
                 true => agent.with_tool_requiring_approval(tool),
                 false => agent.with_tool(tool),

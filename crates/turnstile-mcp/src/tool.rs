@@ -1,28 +1,77 @@
 //! One MCP tool as a turnstile [`Tool`]: its call goes to the server with
-//! the call's idempotency key in `_meta`, its result comes back as parts.
+//! the call's idempotency key in `_meta`, its result comes back as parts;
+//! a call in doubt is reconciled through the server's
+//! [`RECONCILE_TOOL`](crate::RECONCILE_TOOL) when it offers one.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolRequestParams, RequestMetaObject};
+use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
 use rmcp::ServiceError;
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
-use turnstile_core::agent::{Tool, ToolContext, ToolError};
+use turnstile_core::agent::{Reconciliation, Tool, ToolContext, ToolError};
 use turnstile_core::message::{Content, ToolSpec};
 
-use crate::content::result_content;
+use crate::content::{blocks_content, result_content};
 use crate::server::{McpServer, McpToolInfo};
-use crate::IDEMPOTENCY_KEY_META;
+use crate::{IDEMPOTENCY_KEY_META, RECONCILE_TOOL};
 
 pub(crate) struct McpTool {
     server: Arc<McpServer>,
     info: McpToolInfo,
+    /// Whether a call in doubt runs again (the policy's word on it).
+    idempotent: bool,
 }
 
 impl McpTool {
-    pub(crate) fn new(server: Arc<McpServer>, info: McpToolInfo) -> Self {
-        Self { server, info }
+    pub(crate) fn new(server: Arc<McpServer>, info: McpToolInfo, idempotent: bool) -> Self {
+        Self {
+            server,
+            info,
+            idempotent,
+        }
+    }
+
+    /// Sends `tools/call` of `name` with the call's idempotency key.
+    async fn send(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+        context: &ToolContext,
+    ) -> Result<CallToolResult, ToolError> {
+        let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let mut meta = RequestMetaObject::new();
+        meta.insert(
+            IDEMPOTENCY_KEY_META.to_owned(),
+            Value::String(context.idempotency_key.clone()),
+        );
+        params.meta = Some(meta);
+        let server = self.server.name();
+        if self.server.client.is_transport_closed() {
+            return Err(ToolError::new(format!(
+                "the MCP server {server} is gone (it exited or closed the connection before): \
+                 the call was not sent"
+            )));
+        }
+        self.server
+            .client
+            .call_tool(params)
+            .await
+            .map_err(|e| match e {
+                // The server may have acted before it went, or before it
+                // was given up on.
+                ServiceError::TransportClosed
+                | ServiceError::Cancelled { .. }
+                | ServiceError::Timeout { .. }
+                | ServiceError::UnexpectedResponse => ToolError::new(format!(
+                    "the MCP server {server} did not answer the call ({e}): the call may or may \
+                     not have taken effect"
+                )),
+                other => {
+                    ToolError::new(format!("the MCP server {server} failed the call: {other}"))
+                }
+            })
     }
 }
 
@@ -40,48 +89,65 @@ impl Tool for McpTool {
         let Value::Object(arguments) = arguments else {
             return Err(ToolError::new("the arguments must be a JSON object"));
         };
-        let mut params =
-            CallToolRequestParams::new(self.info.name.clone()).with_arguments(arguments);
-        let mut meta = RequestMetaObject::new();
-        meta.insert(
-            IDEMPOTENCY_KEY_META.to_owned(),
-            Value::String(context.idempotency_key.clone()),
-        );
-        params.meta = Some(meta);
-        let server = self.server.name();
-        if self.server.client.is_transport_closed() {
-            return Err(ToolError::new(format!(
-                "the MCP server {server} is gone (it exited or closed the connection before): \
-                 the call was not sent"
-            )));
-        }
-        let result = self
-            .server
-            .client
-            .call_tool(params)
-            .await
-            .map_err(|e| match e {
-                // The server may have acted before it went, or before it
-                // was given up on.
-                ServiceError::TransportClosed
-                | ServiceError::Cancelled { .. }
-                | ServiceError::Timeout { .. }
-                | ServiceError::UnexpectedResponse => ToolError::new(format!(
-                    "the MCP server {server} did not answer the call ({e}): the call may or may \
-                     not have taken effect"
-                )),
-                other => {
-                    ToolError::new(format!("the MCP server {server} failed the call: {other}"))
-                }
-            })?;
+        let result = self.send(&self.info.name, arguments, &context).await?;
         let content = result_content(&result)?;
         if result.is_error == Some(true) {
-            let text = content.text();
-            return Err(ToolError::new(match text.trim().is_empty() {
-                true => format!("the tool failed without saying why (MCP server {server})"),
-                false => text.into_owned(),
-            }));
+            return Err(failure(&content, self.server.name()));
         }
         Ok(content)
     }
+
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    /// Asks the server's [`RECONCILE_TOOL`], when it offers one; anything
+    /// but a clear `done` or `not_done` answer is unknown.
+    async fn reconcile(&self, arguments: Value, context: ToolContext) -> Reconciliation {
+        if !self.server.reconciles() {
+            return Reconciliation::Unknown;
+        }
+        let question = json!({
+            "tool": self.info.name,
+            "idempotency_key": context.idempotency_key,
+            "arguments": arguments,
+        });
+        let Value::Object(question) = question else {
+            return Reconciliation::Unknown;
+        };
+        let answer = match self.send(RECONCILE_TOOL, question, &context).await {
+            Ok(answer) if answer.is_error != Some(true) => answer,
+            Ok(_) | Err(_) => return Reconciliation::Unknown,
+        };
+        let status = answer
+            .structured_content
+            .as_ref()
+            .and_then(|s| s.get("status"))
+            .and_then(Value::as_str);
+        match status {
+            Some("done") => {
+                let failed = answer
+                    .structured_content
+                    .as_ref()
+                    .and_then(|s| s.get("failed"))
+                    .and_then(Value::as_bool)
+                    == Some(true);
+                Reconciliation::Done(match blocks_content(&answer.content) {
+                    Ok(content) if failed => Err(failure(&content, self.server.name())),
+                    answered => answered,
+                })
+            }
+            Some("not_done") => Reconciliation::NotDone,
+            _ => Reconciliation::Unknown,
+        }
+    }
+}
+
+/// A failed call's error, with the server's text when it gave one.
+fn failure(content: &Content, server: &str) -> ToolError {
+    let text = content.text();
+    ToolError::new(match text.trim().is_empty() {
+        true => format!("the tool failed without saying why (MCP server {server})"),
+        false => text.into_owned(),
+    })
 }

@@ -2,7 +2,7 @@
 """The MCP server turnstile-mcp's tests run, on the official `mcp` package 2.3.0.
 
 Transport:
-    python server.py [--effects PATH]                 -> stdio (default)
+    python server.py [--effects PATH] [--reconcile]   -> stdio (default)
     python server.py --http PORT     -> streamable HTTP on http://127.0.0.1:PORT/mcp
 
 Every tool call appends one line to the file named by --effects PATH (or
@@ -14,13 +14,19 @@ call starts, before the tool's effect (so `sleep` is logged even if killed).
 
 Tools with the annotations asked for:
     lookup(key)              readOnlyHint=true
-    delete_file(path)        destructiveHint=true
-    set_flag(name, value)    idempotentHint=true, destructiveHint=false
+    delete_file(path, hold)  destructiveHint=true; holds `hold` seconds after its effect
+    set_flag(name, value, hold) idempotentHint=true, destructiveHint=false; holds likewise
     snapshot()               image content (1x1 PNG, base64) + structuredContent {"width":1,"height":1}
     sleep(seconds)           sleeps, then returns
     fail(message)            returns isError=true
     bundle()                 text + embedded text and blob resources + resource_link content items
     crash(code)              kills the server process mid-call (os._exit), no response
+
+With --reconcile it also offers turnstile's reconcile convention:
+    turnstile_reconcile(tool, idempotency_key, arguments)
+        structuredContent {"status": "done"} with the call's answer as content when
+        the effects log holds a call of `tool` with that key, {"status": "not_done"}
+        otherwise (delete_file and set_flag only; "unknown" for other tools).
 """
 
 from __future__ import annotations
@@ -81,19 +87,49 @@ def lookup(key: str, ctx: Context) -> str:
     return f"value-of-{key}"
 
 
-@mcp.tool(description="Delete a file (pretend).", annotations=ToolAnnotations(destructive_hint=True))
-def delete_file(path: str, ctx: Context) -> str:
-    _record("delete_file", ctx, {"path": path})
+def _deleted(path: str) -> str:
     return f"deleted {path}"
+
+
+def _flag_set(name: str, value: bool) -> str:
+    return f"flag {name}={str(value).lower()}"
+
+
+@mcp.tool(description="Delete a file (pretend).", annotations=ToolAnnotations(destructive_hint=True))
+async def delete_file(path: str, ctx: Context, hold: float = 0) -> str:
+    _record("delete_file", ctx, {"path": path})
+    await asyncio.sleep(hold)
+    return _deleted(path)
 
 
 @mcp.tool(
     description="Set a named flag.",
     annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False),
 )
-def set_flag(name: str, value: bool, ctx: Context) -> str:
+async def set_flag(name: str, value: bool, ctx: Context, hold: float = 0) -> str:
     _record("set_flag", ctx, {"name": name, "value": value})
-    return f"flag {name}={str(value).lower()}"
+    await asyncio.sleep(hold)
+    return _flag_set(name, value)
+
+
+def turnstile_reconcile(tool: str, idempotency_key: str, arguments: dict[str, Any]) -> CallToolResult:
+    """Did the call of `tool` with this idempotency key take effect?"""
+    answers = {
+        "delete_file": lambda: _deleted(arguments.get("path", "")),
+        "set_flag": lambda: _flag_set(arguments.get("name", ""), bool(arguments.get("value"))),
+    }
+    if tool not in answers:
+        return CallToolResult(content=[], structured_content={"status": "unknown"})
+    done = False
+    if EFFECTS_LOG and os.path.exists(EFFECTS_LOG):
+        with open(EFFECTS_LOG, encoding="utf-8") as f:
+            done = any(line.split(" ", 2)[:2] == [tool, idempotency_key] for line in f)
+    if not done:
+        return CallToolResult(content=[], structured_content={"status": "not_done"})
+    return CallToolResult(
+        content=[TextContent(type="text", text=answers[tool]())],
+        structured_content={"status": "done"},
+    )
 
 
 @mcp.tool(description="Return a 1x1 PNG plus its size as structured content.")
@@ -148,7 +184,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT/mcp")
     parser.add_argument("--effects", metavar="PATH", help="the file each call is recorded in")
+    parser.add_argument("--reconcile", action="store_true", help="offer turnstile_reconcile")
     args = parser.parse_args()
+    if args.reconcile:
+        mcp.add_tool(
+            turnstile_reconcile,
+            description="turnstile's reconcile convention.",
+            annotations=ToolAnnotations(read_only_hint=True),
+        )
     if args.effects:
         global EFFECTS_LOG
         EFFECTS_LOG = args.effects

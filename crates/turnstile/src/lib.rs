@@ -153,6 +153,8 @@ pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
 #[cfg(feature = "anthropic")]
 pub use turnstile_anthropic::{AnthropicConfig, AnthropicModel, PromptCache, RetryPolicy};
 #[cfg(feature = "mcp")]
-pub use turnstile_mcp::{Annotations, McpError, McpPolicy, McpServer, McpToolInfo};
+pub use turnstile_mcp::{
+    Annotations, McpError, McpPolicy, McpServer, McpToolInfo, IDEMPOTENCY_KEY_META, RECONCILE_TOOL,
+};
 #[cfg(feature = "openai")]
 pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay};

@@ -1,6 +1,7 @@
 //! `tools`: the tools an agent of these flags has (the command line's own
 //! and those of the `--mcp-stdio` servers), with what each MCP tool
-//! declares about itself and whether its calls wait for approval.
+//! declares about itself, whether its calls wait for approval, and what a
+//! recovery does with a call a crash left in doubt.
 
 use std::io::Write;
 
@@ -36,6 +37,36 @@ struct Listed {
     idempotent: Option<bool>,
     open_world: Option<bool>,
     requires_approval: bool,
+    /// What a recovery does with a call a crash left in doubt: `reconcile`
+    /// (the server is asked), `retry` (it runs again), `ambiguous` (the
+    /// default policy refuses).
+    in_doubt: InDoubt,
+}
+
+#[derive(Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum InDoubt {
+    Reconcile,
+    Retry,
+    Ambiguous,
+}
+
+impl InDoubt {
+    fn of(reconciles: bool, retries: bool) -> Self {
+        match (reconciles, retries) {
+            (true, _) => InDoubt::Reconcile,
+            (false, true) => InDoubt::Retry,
+            (false, false) => InDoubt::Ambiguous,
+        }
+    }
+
+    fn shown(self) -> &'static str {
+        match self {
+            InDoubt::Reconcile => "reconcile",
+            InDoubt::Retry => "runs again",
+            InDoubt::Ambiguous => "ambiguous",
+        }
+    }
 }
 
 pub(super) async fn run(
@@ -52,6 +83,7 @@ pub(super) async fn run(
             let spec = tool.spec();
             Listed {
                 requires_approval: approval.contains(&spec.name),
+                in_doubt: InDoubt::of(false, tool.idempotent()),
                 name: spec.name,
                 source: "builtin".into(),
                 description: spec.description,
@@ -73,6 +105,10 @@ pub(super) async fn run(
             idempotent: tool.annotations.idempotent,
             open_world: tool.annotations.open_world,
             requires_approval: policy.requires_approval(&tool.name, &tool.annotations),
+            in_doubt: InDoubt::of(
+                server.reconciles(),
+                policy.retries_in_doubt(&tool.name, &tool.annotations),
+            ),
         }));
     }
     if json {
@@ -97,6 +133,7 @@ pub(super) async fn run(
                     true => "asks".into(),
                     false => "runs".into(),
                 },
+                tool.in_doubt.shown().into(),
             ]
         })
         .collect();
@@ -110,6 +147,7 @@ pub(super) async fn run(
             "IDEMPOTENT",
             "OPEN-WORLD",
             "APPROVAL",
+            "IN DOUBT",
         ],
         &rows,
     )

@@ -159,6 +159,11 @@ fn tools_lists_each_tool_with_what_it_declares_and_whether_it_asks() {
     assert_eq!(tool("delete_file")["requires_approval"], true);
     assert_eq!(tool("set_flag")["idempotent"], true);
     assert_eq!(tool("set_flag")["requires_approval"], true);
+    // What a recovery does with a call in doubt.
+    assert_eq!(tool("add")["in_doubt"], "ambiguous");
+    assert_eq!(tool("lookup")["in_doubt"], "retry", "read-only");
+    assert_eq!(tool("set_flag")["in_doubt"], "retry", "idempotent");
+    assert_eq!(tool("delete_file")["in_doubt"], "ambiguous");
     assert!(tool("set_flag")["source"]
         .as_str()
         .unwrap()
@@ -173,7 +178,19 @@ fn tools_lists_each_tool_with_what_it_declares_and_whether_it_asks() {
         .find(|line| line.starts_with("delete_file"))
         .unwrap();
     assert!(
-        delete.contains("yes") && delete.ends_with("asks"),
+        delete.contains("yes") && delete.contains("asks") && delete.ends_with("ambiguous"),
         "{delete}"
     );
+
+    // A server that reconciles is asked about every call of its tools.
+    let reconciling = format!("{server} --reconcile");
+    let listed = turnstile(&["tools", "--mcp-stdio", &reconciling, "--json"]);
+    listed.assert_success();
+    let tools = listed.json()["tools"].as_array().unwrap().clone();
+    assert!(
+        tools.iter().all(|t| t["name"] != "turnstile_reconcile"),
+        "the convention's tool is not the model's: {tools:?}"
+    );
+    let delete = tools.iter().find(|t| t["name"] == "delete_file").unwrap();
+    assert_eq!(delete["in_doubt"], "reconcile");
 }
