@@ -217,6 +217,27 @@ pub enum Error {
         /// The revision to resume it at.
         revision: Revision,
     },
+    /// A tool call's outcome is unknown ([`ToolError::in_doubt`]: its
+    /// connection to the service that runs it dropped mid-call, say). The
+    /// run stopped with the call unjournaled and its turn in flight; the
+    /// admission stays held. A recovery asks the tool first
+    /// ([`Tool::reconcile`](crate::Tool::reconcile)); then the resume policy
+    /// decides, as after a crash.
+    ///
+    /// [`ToolError::in_doubt`]: crate::ToolError::in_doubt
+    #[error(
+        "run {run_id} stopped at revision {revision}: tool call {:?} ({}) of turn {} may or \
+         may not have taken effect: {}",
+        call.call_id, call.tool, call.turn, call.message
+    )]
+    ToolInDoubt {
+        /// The stopped run.
+        run_id: RunId,
+        /// The revision to resume it at.
+        revision: Revision,
+        /// The call, and what its tool said.
+        call: Box<CallInDoubt>,
+    },
     /// The model failed; the admission stays held.
     #[error("model failed in run {run_id} at revision {revision}: {source}")]
     Model {
@@ -281,6 +302,9 @@ impl Error {
             }
             | Error::DeadlineExceeded { run_id, revision }
             | Error::Cancelled { run_id, revision }
+            | Error::ToolInDoubt {
+                run_id, revision, ..
+            }
             | Error::Model {
                 run_id, revision, ..
             }
@@ -296,6 +320,19 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// The call of [`Error::ToolInDoubt`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallInDoubt {
+    /// The turn of the call.
+    pub turn: u32,
+    /// The call's id, as the model gave it.
+    pub call_id: String,
+    /// The call's tool.
+    pub tool: String,
+    /// What the tool said.
+    pub message: String,
 }
 
 /// `id (tool), …` for the error line.

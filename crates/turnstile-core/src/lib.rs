@@ -61,7 +61,7 @@ pub use agent::{
     ScriptedModel, ScriptedReply, Tool, ToolContext, ToolError, Verifier,
 };
 pub use checkpoint::{CheckpointPhase, LoopCheckpoint};
-pub use error::{BudgetKind, Error, ModelError, StoreError};
+pub use error::{BudgetKind, CallInDoubt, Error, ModelError, StoreError};
 pub use events::Event;
 pub use ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 pub use message::{

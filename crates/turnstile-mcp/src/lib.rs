@@ -13,6 +13,11 @@
 //!   say `readOnlyHint: true`, or that say `destructiveHint: true`, needs
 //!   approval (turnstile's durable approvals) unless the caller says
 //!   otherwise per tool.
+//! - **Servers that go away.** A call the server did not answer (it
+//!   exited, or the connection dropped) is in doubt
+//!   ([`ToolError::in_doubt`](turnstile_core::agent::ToolError::in_doubt)):
+//!   the run stops with its turn in flight. The next call starts the server
+//!   again, with a growing wait while it keeps going away.
 //! - **Calls in doubt.** When a crash leaves a call in doubt, a recovery
 //!   first asks the server through the reconcile convention below, if it
 //!   offers it; otherwise (or when it cannot tell) a tool that says it is
@@ -24,6 +29,7 @@
 //!   line naming them); `isError` is a failed call, which the model is
 //!   told about.
 
+mod connect;
 mod content;
 mod policy;
 mod server;

@@ -1,23 +1,19 @@
-//! A connection to one MCP server: started as a child process speaking
-//! MCP on its stdin and stdout, its tools listed once at connect.
+//! One MCP server: its tools, listed at connect, and its connection, which
+//! is made again when the server is gone by the time of a call.
 
-use std::collections::VecDeque;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use turnstile_core::agent::Agent;
+use turnstile_core::agent::{Agent, ToolError};
 
+use crate::connect::{Connection, Launch, Offer};
 use crate::policy::{Annotations, McpPolicy};
 use crate::tool::McpTool;
-use crate::RECONCILE_TOOL;
 
 /// An MCP server could not be started, connected to or listed.
 #[derive(Debug, thiserror::Error)]
@@ -37,23 +33,27 @@ pub struct McpToolInfo {
     pub annotations: Annotations,
 }
 
-/// How long the handshake and the tool listing may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
-/// How many of the server's last stderr lines an error quotes.
-const STDERR_LINES: usize = 5;
+/// How many times one call tries to start a server that is gone.
+const RESTART_ATTEMPTS: u32 = 3;
+/// The wait before the first restart after an answered call is none; each
+/// further restart waits twice as long as the last, from this, up to
+/// [`RESTART_MAX_WAIT`].
+const RESTART_FIRST_WAIT: Duration = Duration::from_millis(250);
+const RESTART_MAX_WAIT: Duration = Duration::from_secs(8);
 
 /// A connected MCP server. Calls go through one connection, shared by the
 /// tools [`McpServer::add_to`] adds; the server process is killed when the
-/// last of them is dropped.
+/// last of them is dropped. A server that exited (or closed the
+/// connection) is started again by the next call, with a growing wait
+/// between restarts while it keeps going away, so long as it offers the
+/// same tools.
 pub struct McpServer {
     name: String,
-    pub(crate) client: RunningService<RoleClient, ()>,
-    tools: Vec<McpToolInfo>,
-    /// Whether it offers [`RECONCILE_TOOL`].
-    reconciles: bool,
-    /// Held so the process lives as long as the connection (killed on
-    /// drop).
-    _child: Mutex<Child>,
+    launch: Launch,
+    offer: Offer,
+    connection: Mutex<Arc<Connection>>,
+    /// Restarts since a call was last answered: the next one's wait.
+    restarts: AtomicU32,
 }
 
 impl McpServer {
@@ -68,109 +68,59 @@ impl McpServer {
     /// the tool listing fails or takes over a minute (the server exited, or
     /// does not speak MCP), quoting the server's last stderr lines; or when
     /// it lists a tool name twice.
-    pub async fn stdio(
-        name: impl Into<String>,
-        mut command: Command,
-    ) -> Result<Arc<Self>, McpError> {
+    pub async fn stdio(name: impl Into<String>, command: Command) -> Result<Arc<Self>, McpError> {
         let name = name.into();
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| McpError(format!("cannot start the MCP server {name}: {e}")))?;
-        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-            return Err(McpError(format!(
-                "the MCP server {name} has no stdin or stdout"
-            )));
-        };
-        let last_lines = Arc::new(StdMutex::new(VecDeque::new()));
-        if let Some(stderr) = child.stderr.take() {
-            let server = name.clone();
-            let last_lines = last_lines.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::debug!(server = %server, "{line}");
-                    if let Ok(mut last) = last_lines.lock() {
-                        if last.len() == STDERR_LINES {
-                            last.pop_front();
-                        }
-                        last.push_back(line);
-                    }
-                }
-            });
-        }
-        let connect = async {
-            let client = ().serve((stdout, stdin)).await.map_err(|e| {
-                format!("the MCP server {name} did not complete the MCP handshake: {e}")
-            })?;
-            let tools = client
-                .list_all_tools()
-                .await
-                .map_err(|e| format!("cannot list the tools of the MCP server {name}: {e}"))?;
-            Ok::<_, String>((client, tools))
-        };
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect)
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "the MCP server {name} did not answer the MCP handshake within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                ))
-            });
-        let (client, tools) = match connected {
-            Ok(connected) => connected,
-            Err(what) => {
-                // Its last words, once it has had a moment to say them.
-                let _ = tokio::time::timeout(Duration::from_millis(200), child.wait()).await;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let last = last_lines.lock().map(|l| l.clone()).unwrap_or_default();
-                return Err(McpError(match last.is_empty() {
-                    true => what,
-                    false => format!(
-                        "{what}; its last stderr lines: {}",
-                        Vec::from(last).join(" | ")
-                    ),
-                }));
-            }
-        };
-        let mut tools: Vec<McpToolInfo> = tools
-            .into_iter()
-            .map(|tool| {
-                let hints = tool.annotations.unwrap_or_default();
-                McpToolInfo {
-                    name: tool.name.into_owned(),
-                    description: tool.description.map(|d| d.into_owned()).unwrap_or_default(),
-                    input_schema: Value::Object((*tool.input_schema).clone()),
-                    annotations: Annotations {
-                        read_only: hints.read_only_hint,
-                        destructive: hints.destructive_hint,
-                        idempotent: hints.idempotent_hint,
-                        open_world: hints.open_world_hint,
-                    },
-                }
-            })
-            .collect();
-        // The reconcile convention's tool is turnstile's, not the model's.
-        let reconciles = tools.iter().any(|tool| tool.name == RECONCILE_TOOL);
-        tools.retain(|tool| tool.name != RECONCILE_TOOL);
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
-        if let Some(pair) = tools.windows(2).find(|pair| pair[0].name == pair[1].name) {
-            return Err(McpError(format!(
-                "the MCP server {name} lists the tool {:?} twice",
-                pair[0].name
-            )));
-        }
+        let launch = Launch::of(&command);
+        let (connection, offer) = launch.connect(&name).await?;
         tracing::debug!(server = %name, "MCP server connected");
         Ok(Arc::new(Self {
             name,
-            client,
-            tools,
-            reconciles,
-            _child: Mutex::new(child),
+            launch,
+            offer,
+            connection: Mutex::new(Arc::new(connection)),
+            restarts: AtomicU32::new(0),
         }))
+    }
+
+    /// The live connection. A server that is gone is started again first:
+    /// up to [`RESTART_ATTEMPTS`] times, each after a wait that doubles with
+    /// every restart since a call was last answered.
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, ToolError> {
+        let mut current = self.connection.lock().await;
+        if !current.client.is_transport_closed() {
+            return Ok(current.clone());
+        }
+        let mut why = String::new();
+        for _ in 0..RESTART_ATTEMPTS {
+            let restarts = self.restarts.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(restart_wait(restarts)).await;
+            tracing::info!(server = %self.name, restarts, "restarting the MCP server");
+            match self.launch.connect(&self.name).await {
+                Ok((connection, offer)) if offer == self.offer => {
+                    *current = Arc::new(connection);
+                    return Ok(current.clone());
+                }
+                Ok(_) => {
+                    return Err(ToolError::new(format!(
+                        "the MCP server {} was started again and offers other tools than \
+                         the agent was built with: the call was not sent; start the agent \
+                         again to take its new tools",
+                        self.name
+                    )))
+                }
+                Err(e) => why = e.0,
+            }
+        }
+        Err(ToolError::new(format!(
+            "the MCP server {} is gone and could not be started again ({why}): the call was \
+             not sent",
+            self.name
+        )))
+    }
+
+    /// A call was answered: the server is healthy again.
+    pub(crate) fn answered(&self) {
+        self.restarts.store(0, Ordering::Relaxed);
     }
 
     /// The name it was given.
@@ -178,15 +128,15 @@ impl McpServer {
         &self.name
     }
 
-    /// The tools it offers the model (not [`RECONCILE_TOOL`]).
+    /// The tools it offers the model (not [`RECONCILE_TOOL`](crate::RECONCILE_TOOL)).
     pub fn tools(&self) -> &[McpToolInfo] {
-        &self.tools
+        &self.offer.tools
     }
 
-    /// Whether it offers [`RECONCILE_TOOL`], which reconciles its tools'
+    /// Whether it offers [`RECONCILE_TOOL`](crate::RECONCILE_TOOL), which reconciles its tools'
     /// calls left in doubt by a crash.
     pub fn reconciles(&self) -> bool {
-        self.reconciles
+        self.offer.reconciles
     }
 
     /// `agent` with every tool of this server added, each needing approval
@@ -203,7 +153,7 @@ impl McpServer {
     /// the one its name suggests.
     pub fn add_to(self: &Arc<Self>, agent: Agent, policy: &McpPolicy) -> Result<Agent, McpError> {
         if let Some(taken) = self
-            .tools
+            .tools()
             .iter()
             .find(|info| agent.tool_specs().iter().any(|spec| spec.name == info.name))
         {
@@ -212,7 +162,7 @@ impl McpServer {
                 self.name, taken.name
             )));
         }
-        Ok(self.tools.iter().fold(agent, |agent, info| {
+        Ok(self.tools().iter().fold(agent, |agent, info| {
             let idempotent = policy.retries_in_doubt(&info.name, &info.annotations);
             let tool = Arc::new(McpTool::new(self.clone(), info.clone(), idempotent));
             match policy.requires_approval(&info.name, &info.annotations) {
@@ -227,7 +177,18 @@ impl std::fmt::Debug for McpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("McpServer")
             .field("name", &self.name)
-            .field("tools", &self.tools.len())
+            .field("tools", &self.offer.tools.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The wait before a restart, after `restarts` restarts since a call was
+/// last answered.
+fn restart_wait(restarts: u32) -> Duration {
+    match restarts {
+        0 => Duration::ZERO,
+        n => RESTART_FIRST_WAIT
+            .saturating_mul(1 << (n - 1).min(16))
+            .min(RESTART_MAX_WAIT),
     }
 }

@@ -48,30 +48,27 @@ impl McpTool {
         );
         params.meta = Some(meta);
         let server = self.server.name();
-        if self.server.client.is_transport_closed() {
-            return Err(ToolError::new(format!(
-                "the MCP server {server} is gone (it exited or closed the connection before): \
-                 the call was not sent"
-            )));
-        }
-        self.server
-            .client
-            .call_tool(params)
-            .await
-            .map_err(|e| match e {
-                // The server may have acted before it went, or before it
-                // was given up on.
-                ServiceError::TransportClosed
+        let connection = self.server.connection().await?;
+        let answer = connection.client.call_tool(params).await;
+        match answer {
+            Ok(answer) => {
+                self.server.answered();
+                Ok(answer)
+            }
+            // The server may have acted before it went, or before it was
+            // given up on: the call is in doubt.
+            Err(
+                e @ (ServiceError::TransportClosed
                 | ServiceError::Cancelled { .. }
                 | ServiceError::Timeout { .. }
-                | ServiceError::UnexpectedResponse => ToolError::new(format!(
-                    "the MCP server {server} did not answer the call ({e}): the call may or may \
-                     not have taken effect"
-                )),
-                other => {
-                    ToolError::new(format!("the MCP server {server} failed the call: {other}"))
-                }
-            })
+                | ServiceError::UnexpectedResponse),
+            ) => Err(ToolError::in_doubt(format!(
+                "the MCP server {server} did not answer the call ({e})"
+            ))),
+            Err(other) => Err(ToolError::new(format!(
+                "the MCP server {server} failed the call: {other}"
+            ))),
+        }
     }
 }
 

@@ -14,7 +14,8 @@ call starts, before the tool's effect (so `sleep` is logged even if killed).
 
 Tools with the annotations asked for:
     lookup(key)              readOnlyHint=true
-    delete_file(path, hold)  destructiveHint=true; holds `hold` seconds after its effect
+    delete_file(path, hold, crash) destructiveHint=true; holds `hold` seconds after its
+                             effect, or with `crash` kills the server right after it
     set_flag(name, value, hold) idempotentHint=true, destructiveHint=false; holds likewise
     snapshot()               image content (1x1 PNG, base64) + structuredContent {"width":1,"height":1}
     sleep(seconds)           sleeps, then returns
@@ -96,8 +97,10 @@ def _flag_set(name: str, value: bool) -> str:
 
 
 @mcp.tool(description="Delete a file (pretend).", annotations=ToolAnnotations(destructive_hint=True))
-async def delete_file(path: str, ctx: Context, hold: float = 0) -> str:
+async def delete_file(path: str, ctx: Context, hold: float = 0, crash: bool = False) -> str:
     _record("delete_file", ctx, {"path": path})
+    if crash:
+        os._exit(3)
     await asyncio.sleep(hold)
     return _deleted(path)
 

@@ -133,10 +133,10 @@ pub use turnstile_core::{
 };
 // The vocabulary: ids, messages, checkpoints, outcomes, events, errors.
 pub use turnstile_core::{
-    Attachment, BlobHash, BudgetKind, CheckpointPhase, Content, ConversationId, Error, Event,
-    JsonText, LoopCheckpoint, Message, ModelError, Namespace, Outcome, Part, ProviderMetadata,
-    Reasoning, RequestId, Revision, RunId, StoreError, ToolCall, ToolResult, ToolSpec, Usage,
-    VerificationReport,
+    Attachment, BlobHash, BudgetKind, CallInDoubt, CheckpointPhase, Content, ConversationId, Error,
+    Event, JsonText, LoopCheckpoint, Message, ModelError, Namespace, Outcome, Part,
+    ProviderMetadata, Reasoning, RequestId, Revision, RunId, StoreError, ToolCall, ToolResult,
+    ToolSpec, Usage, VerificationReport,
 };
 // The stores' contracts: durable steps and operations.
 pub use turnstile_core::{Store, StoreAdmin};

@@ -36,15 +36,45 @@ impl ToolContext {
     }
 }
 
-/// A tool failed; the message is fed back to the model as an error result.
+/// A tool failed. Its message is fed back to the model as an error result,
+/// unless the call is in doubt ([`ToolError::in_doubt`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ToolError(pub String);
+#[error("{message}")]
+pub struct ToolError {
+    message: String,
+    in_doubt: bool,
+}
 
 impl ToolError {
     /// A failure with `message` for the model.
     pub fn new(message: impl Into<String>) -> Self {
-        Self(message.into())
+        Self {
+            message: message.into(),
+            in_doubt: false,
+        }
+    }
+
+    /// The call may or may not have taken effect, and nobody can tell now
+    /// (its connection to the service that runs it dropped mid-call, say).
+    /// Not a result for the model: the run stops with
+    /// [`Error::ToolInDoubt`](crate::Error::ToolInDoubt), the call
+    /// unjournaled and its turn in flight, as if the process had died there;
+    /// a recovery asks [`Tool::reconcile`] first.
+    pub fn in_doubt(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            in_doubt: true,
+        }
+    }
+
+    /// What went wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether it is [`ToolError::in_doubt`].
+    pub fn is_in_doubt(&self) -> bool {
+        self.in_doubt
     }
 }
 

@@ -98,6 +98,10 @@ impl AgentSession {
             Ok(Err(_)) | Err(_) => Reconciliation::Unknown,
         };
         let verdict = match reconciliation {
+            Reconciliation::Done(Err(e)) if e.is_in_doubt() => match tool.idempotent() {
+                true => Verdict::Run,
+                false => Verdict::Unknown,
+            },
             Reconciliation::Done(output) => Verdict::Done(tool_result(output)),
             Reconciliation::NotDone => Verdict::Run,
             Reconciliation::Unknown if tool.idempotent() => Verdict::Run,

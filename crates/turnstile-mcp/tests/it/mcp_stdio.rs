@@ -6,9 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::json;
+use turnstile::store::JournalStatus;
 use turnstile::{
     Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Message,
-    Namespace, Part, RequestId, RunContext, ScriptedModel, ScriptedReply, SqliteStore, ToolCall,
+    Namespace, Part, RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply,
+    SqliteStore, ToolCall,
 };
 use turnstile_testkit::mcp::{calls_of, stdio_command};
 
@@ -214,48 +216,125 @@ async fn a_destructive_tool_runs_only_once_approved() {
 }
 
 #[tokio::test]
-async fn a_server_that_dies_mid_call_fails_the_call_saying_it_may_have_run_and_sends_no_more() {
+async fn a_server_that_dies_mid_call_leaves_the_call_in_doubt_and_is_started_again() {
     let dir = tempfile::tempdir().unwrap();
     let effects = dir.path().join("effects.log");
     let server = server(&effects).await;
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptedReply::tool_calls(vec![ToolCall::new("x1", "crash", json!({}))]),
-        ScriptedReply::tool_calls(vec![ToolCall::new("x2", "lookup", json!({ "key": "k" }))]),
-        ScriptedReply::text("it crashed"),
+        ScriptedReply::text("unreachable"),
     ]));
     let policy = McpPolicy::default().without_approval("crash");
     let session = session(server.add_to(Agent::new(model), &policy).unwrap()).await;
+    let request = RequestId::new();
+    let stopped = session
+        .run(request, "crash it", RunContext::default())
+        .await
+        .unwrap_err();
+    // Never a success, nor a result for the model: the run stops with the
+    // call unjournaled and its turn in flight.
+    match &stopped {
+        Error::ToolInDoubt { call, .. } => assert_eq!(
+            (call.call_id.as_str(), call.tool.as_str(), call.turn),
+            ("x1", "crash", 1)
+        ),
+        other => panic!("expected ToolInDoubt, got {other:?}"),
+    }
+    assert!(stopped
+        .to_string()
+        .contains("may or may not have taken effect"));
+    assert_eq!(calls_of(&effects, "crash").len(), 1);
+    let journal = session.store().journal(request, 1).await.unwrap();
+    assert_eq!(journal[0].status, JournalStatus::Requested, "{journal:?}");
+    // The crash tool declares nothing and the server cannot reconcile it:
+    // the default policy refuses, and nothing runs again.
+    let revision = session.admission().await.unwrap().revision;
+    let refused = session
+        .recover_after_owner_exit(
+            request,
+            "crash it",
+            RunContext::default(),
+            revision,
+            ResumePolicy::RejectAmbiguous,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(Error::AmbiguousCheckpoint { turn: 1, .. })),
+        "{refused:?}"
+    );
+    session.abandon(request, revision).await.unwrap();
+
+    // The next call starts the server again.
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![ToolCall::new("l1", "lookup", json!({ "key": "k" }))]),
+        ScriptedReply::text("looked up"),
+    ]));
+    let session = AgentSession::new(
+        server.add_to(Agent::new(model), &policy).unwrap(),
+        session.store().clone(),
+        session.conversation_id(),
+        Namespace::new("mcp-test").unwrap(),
+        ContextPolicy::default(),
+    );
     let outcome = session
-        .run(RequestId::new(), "crash it", RunContext::default())
+        .run(RequestId::new(), "look it up", RunContext::default())
         .await
         .unwrap();
-    assert_eq!(outcome.final_text, "it crashed");
-    let transcript = session
-        .store()
-        .transcript_window(session.conversation_id(), 20)
+    assert_eq!(outcome.final_text, "looked up");
+    assert_eq!(calls_of(&effects, "lookup").len(), 1);
+}
+
+#[tokio::test]
+async fn a_call_whose_server_died_after_its_effect_is_reconciled_by_the_restarted_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.log");
+    let mut command = stdio_command(&effects);
+    command.arg("--reconcile");
+    let server = McpServer::stdio("reconciling", command).await.unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![ToolCall::new(
+            "d1",
+            "delete_file",
+            json!({ "path": "/tmp/x", "crash": true }),
+        )]),
+        ScriptedReply::text("deleted"),
+    ]));
+    let policy = McpPolicy::default().without_approval("delete_file");
+    let session = session(server.add_to(Agent::new(model), &policy).unwrap()).await;
+    let request = RequestId::new();
+    let stopped = session
+        .run(request, "delete it", RunContext::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(stopped, Error::ToolInDoubt { .. }), "{stopped:?}");
+    // In the same process: the recovery's reconcile starts the server
+    // again, which finds the effect in its record.
+    let revision = session.admission().await.unwrap().revision;
+    let outcome = session
+        .recover_after_owner_exit(
+            request,
+            "delete it",
+            RunContext::default(),
+            revision,
+            ResumePolicy::RejectAmbiguous,
+        )
         .await
         .unwrap();
-    let results: Vec<(String, bool)> = transcript
+    assert_eq!(outcome.final_text, "deleted");
+    let answer = outcome
+        .messages
         .iter()
-        .filter_map(|entry| match &entry.message {
-            Message::Tool {
-                content, is_error, ..
-            } => Some((content.text().into_owned(), *is_error)),
+        .find_map(|m| match m {
+            Message::Tool { content, .. } => Some(content.text().into_owned()),
             _ => None,
         })
-        .collect();
-    let (crashed, is_error) = &results[0];
-    assert!(is_error, "never a success");
-    assert!(
-        crashed.contains("may or may not have taken effect"),
-        "{crashed}"
+        .unwrap();
+    assert_eq!(answer, "deleted /tmp/x");
+    assert_eq!(
+        calls_of(&effects, "delete_file"),
+        [(format!("{request}/1/d1"), r#"{"path":"/tmp/x"}"#.to_owned())],
+        "it ran once"
     );
-    assert_eq!(calls_of(&effects, "crash").len(), 1);
-    // A later call is not sent to the server that is gone, and says so.
-    let (later, is_error) = &results[1];
-    assert!(is_error);
-    assert!(later.contains("the call was not sent"), "{later}");
-    assert!(calls_of(&effects, "lookup").is_empty());
 }
 
 #[tokio::test]

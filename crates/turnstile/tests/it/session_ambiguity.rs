@@ -388,3 +388,95 @@ async fn a_takeover_that_stops_before_the_interrupted_call_keeps_the_turn_ambigu
     assert!(matches!(err, Error::AmbiguousCheckpoint { .. }), "{err:?}");
     assert_eq!(stall.calls(), 1, "the interrupted call did not run again");
 }
+
+/// Its first call cannot tell whether it took effect; later calls answer.
+struct InDoubtOnce {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[turnstile::async_trait]
+impl turnstile::Tool for InDoubtOnce {
+    fn spec(&self) -> turnstile::ToolSpec {
+        turnstile::ToolSpec {
+            name: "remote".into(),
+            description: "calls a remote service".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: turnstile::ToolContext,
+    ) -> Result<turnstile::Content, turnstile::ToolError> {
+        match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => Err(turnstile::ToolError::in_doubt("the connection dropped")),
+            _ => Ok("remote done".into()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_call_in_doubt_stops_the_run_with_its_turn_in_flight_and_nothing_for_the_model() {
+    let store = memory_store().await;
+    let remote = std::sync::Arc::new(InDoubtOnce {
+        calls: Default::default(),
+    });
+    let model = scripted(vec![
+        tools_reply(vec![call("r1", "remote")], usage(10, 1)),
+        text_reply("done", usage(5, 5)),
+    ]);
+    let conversation_id = ConversationId::new();
+    let session = session(
+        agent(model.clone(), vec![remote.clone()]),
+        &store,
+        conversation_id,
+    );
+    let request_id = RequestId::new();
+    let err = expect_err(session.run(request_id, "go", RunContext::default()).await);
+    match &err {
+        Error::ToolInDoubt { call, .. } => assert_eq!(
+            (call.call_id.as_str(), call.message.as_str()),
+            ("r1", "the connection dropped")
+        ),
+        other => panic!("expected ToolInDoubt, got {other:?}"),
+    }
+    let (run1, rev1) = err.stopped_run().unwrap();
+    let checkpoint = store.latest_checkpoint(run1).await.unwrap().unwrap();
+    assert_eq!(
+        (checkpoint.turn, checkpoint.phase),
+        (1, CheckpointPhase::ToolsInFlight)
+    );
+    let journal = store.journal(request_id, 1).await.unwrap();
+    assert_eq!(journal[0].status, JournalStatus::Requested);
+    assert_eq!(model.calls(), 1, "the model never heard of it");
+
+    // As after a crash inside the tool.
+    let err = expect_err(
+        session
+            .resume_run(
+                run1,
+                RunContext::default(),
+                rev1,
+                ResumePolicy::RejectAmbiguous,
+            )
+            .await,
+    );
+    assert!(
+        matches!(err, Error::AmbiguousCheckpoint { turn: 1, .. }),
+        "{err:?}"
+    );
+    let outcome = session
+        .resume_run(
+            run1,
+            RunContext::default(),
+            rev1,
+            ResumePolicy::RetryInterruptedTurn,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "done");
+    let results = tool_results(&outcome.messages);
+    assert_eq!(results[0].1, "remote done");
+    assert_eq!(remote.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -29,7 +29,7 @@ use super::stream::Emitter;
 use crate::agent::{Agent, ModelRequest, RunContext, ToolContext, ToolError};
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::BudgetKind;
-use crate::error::{Error, ModelError};
+use crate::error::{CallInDoubt, Error, ModelError};
 use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::ToolResult;
@@ -523,6 +523,19 @@ impl RunLoop<'_> {
             Err(_) => error_result(format!("tool timed out after {} ms", timeout.as_millis())),
             Ok(Err(join)) if join.is_panic() => error_result("tool panicked".to_owned()),
             Ok(Err(join)) => error_result(format!("tool task failed: {join}")),
+            // Never the model's to hear: the turn stays in flight.
+            Ok(Ok(Err(e))) if e.is_in_doubt() => {
+                return Err(Error::ToolInDoubt {
+                    run_id: self.fence.run_id,
+                    revision: self.fence.revision,
+                    call: Box::new(CallInDoubt {
+                        turn,
+                        call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        message: e.message().to_owned(),
+                    }),
+                })
+            }
             Ok(Ok(output)) => tool_result(output),
         })
     }
@@ -656,7 +669,7 @@ fn rejection(reason: Option<&str>) -> String {
 /// What a tool answered, as the result journaled and fed to the model.
 pub(super) fn tool_result(output: Result<Content, ToolError>) -> ToolResult {
     match output {
-        Err(e) => error_result(e.0),
+        Err(e) => error_result(e.message().to_owned()),
         Ok(content) => match oversize(&content) {
             Some(why) => error_result(why),
             None => ToolResult {
