@@ -147,29 +147,65 @@ impl McpServer {
     /// request continues only with the same policy (or by the
     /// agent-upgrade opt-in).
     ///
+    /// A tool whose name the agent already has (its own, or another
+    /// server's) is added under [`McpServer::prefixed`] instead; the server
+    /// is still called with the tool's own name. [`McpServer::exposed`]
+    /// says which name each tool gets.
+    ///
     /// # Errors
-    /// [`McpError`] when the agent already has a tool of one of these names
-    /// (its own, or another server's): a call would go to another tool than
-    /// the one its name suggests.
+    /// [`McpError`] when the prefixed name is taken too.
     pub fn add_to(self: &Arc<Self>, agent: Agent, policy: &McpPolicy) -> Result<Agent, McpError> {
-        if let Some(taken) = self
-            .tools()
-            .iter()
-            .find(|info| agent.tool_specs().iter().any(|spec| spec.name == info.name))
-        {
-            return Err(McpError(format!(
-                "the MCP server {} offers a tool named {:?}, which the agent already has",
-                self.name, taken.name
-            )));
-        }
-        Ok(self.tools().iter().fold(agent, |agent, info| {
+        let taken: Vec<String> = agent.tool_specs().iter().map(|s| s.name.clone()).collect();
+        let exposed = self.exposed(&taken)?;
+        Ok(exposed.into_iter().fold(agent, |agent, (name, info)| {
             let idempotent = policy.retries_in_doubt(&info.name, &info.annotations);
-            let tool = Arc::new(McpTool::new(self.clone(), info.clone(), idempotent));
-            match policy.requires_approval(&info.name, &info.annotations) {
+            let asks = policy.requires_approval(&info.name, &info.annotations);
+            let tool = Arc::new(McpTool::new(self.clone(), name, info.clone(), idempotent));
+            match asks {
                 true => agent.with_tool_requiring_approval(tool),
                 false => agent.with_tool(tool),
             }
         }))
+    }
+
+    /// The name each tool is given beside tools named `taken`: its own, or
+    /// [`McpServer::prefixed`] when its own is taken.
+    ///
+    /// # Errors
+    /// [`McpError`] when a prefixed name is taken too.
+    pub fn exposed(&self, taken: &[String]) -> Result<Vec<(String, &McpToolInfo)>, McpError> {
+        self.tools()
+            .iter()
+            .map(|info| {
+                if !taken.contains(&info.name) {
+                    return Ok((info.name.clone(), info));
+                }
+                let prefixed = self.prefixed(&info.name);
+                match taken.contains(&prefixed) {
+                    true => Err(McpError(format!(
+                        "the MCP server {} offers a tool named {:?}, which the agent already \
+                         has, as it has {prefixed:?}: name the server otherwise",
+                        self.name, info.name
+                    ))),
+                    false => Ok((prefixed, info)),
+                }
+            })
+            .collect()
+    }
+
+    /// `tool` prefixed with the server's name (`SERVER_tool`, each
+    /// character of the name that a tool name may not hold replaced by
+    /// `_`): the name a tool takes when another tool has its own.
+    pub fn prefixed(&self, tool: &str) -> String {
+        let server: String = self
+            .name
+            .chars()
+            .map(|c| match c.is_ascii_alphanumeric() || c == '-' {
+                true => c,
+                false => '_',
+            })
+            .collect();
+        format!("{server}_{tool}")
     }
 }
 

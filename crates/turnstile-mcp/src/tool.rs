@@ -19,15 +19,24 @@ use crate::{IDEMPOTENCY_KEY_META, RECONCILE_TOOL};
 
 pub(crate) struct McpTool {
     server: Arc<McpServer>,
+    /// The name the model calls it by: its own, or prefixed when another
+    /// tool of the agent has its own.
+    exposed: String,
     info: McpToolInfo,
     /// Whether a call in doubt runs again (the policy's word on it).
     idempotent: bool,
 }
 
 impl McpTool {
-    pub(crate) fn new(server: Arc<McpServer>, info: McpToolInfo, idempotent: bool) -> Self {
+    pub(crate) fn new(
+        server: Arc<McpServer>,
+        exposed: String,
+        info: McpToolInfo,
+        idempotent: bool,
+    ) -> Self {
         Self {
             server,
+            exposed,
             info,
             idempotent,
         }
@@ -76,7 +85,7 @@ impl McpTool {
 impl Tool for McpTool {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
-            name: self.info.name.clone(),
+            name: self.exposed.clone(),
             description: self.info.description.clone(),
             parameters: self.info.input_schema.clone(),
         }

@@ -37,8 +37,9 @@ pub(super) fn agent_requiring(
                 false => agent.with_tool(tool),
             }
         });
-    // `--mcp-stdio` servers were checked not to collide with these tools
-    // or each other when they connected (`McpArgs::connect`).
+    // Each `--mcp-stdio` server's tools were checked to get names of their
+    // own beside these tools and each other when they connected
+    // (`McpArgs::connect`).
     mcp.iter()
         .fold(agent, |agent, server| {
             match server.add_to(agent.clone(), &mcp::policy()) {

@@ -1,7 +1,9 @@
 //! `--mcp-stdio 'COMMAND ARGS'`: tools from MCP servers, each started as a
 //! child process speaking MCP on its stdin and stdout. Their tools join the
 //! agent (and so its fingerprint); a tool that does not declare itself
-//! read-only, or declares itself destructive, waits for approval.
+//! read-only, or declares itself destructive, waits for approval. The
+//! servers are named `mcp1`, `mcp2`, … by their place; a tool whose name
+//! another tool has is given its server's name as a prefix (`mcp2_lookup`).
 
 use std::sync::Arc;
 
@@ -23,9 +25,9 @@ pub struct McpArgs {
 }
 
 impl McpArgs {
-    /// Starts and connects every server, in order, and checks that no tool
-    /// name is taken twice (by the command line's own tools or another
-    /// server).
+    /// Starts and connects every server, in order, and checks that every
+    /// tool has a name of its own, prefixed if need be
+    /// ([`McpServer::exposed`]).
     pub(super) async fn connect(&self) -> Result<Vec<Arc<McpServer>>, CliError> {
         let mut servers = Vec::with_capacity(self.stdio.len());
         let mut names: Vec<String> = tools::toolbox().iter().map(|t| t.spec().name).collect();
@@ -39,21 +41,14 @@ impl McpArgs {
                 })?;
             let mut command = tokio::process::Command::new(&words[0]);
             command.args(&words[1..]);
-            // Named by its place and program, never its arguments (which
-            // may hold secrets).
-            let name = format!("{} ({})", n + 1, words[0]);
-            let server = McpServer::stdio(name, command)
+            // Named by its place; errors add its program, never its
+            // arguments (which may hold secrets).
+            let usage = |e| CliError::Usage(format!("--mcp-stdio #{} ({}): {e}", n + 1, words[0]));
+            let server = McpServer::stdio(format!("mcp{}", n + 1), command)
                 .await
-                .map_err(|e| CliError::Usage(format!("--mcp-stdio: {e}")))?;
-            if let Some(taken) = server.tools().iter().find(|t| names.contains(&t.name)) {
-                return Err(CliError::Usage(format!(
-                    "--mcp-stdio: the MCP server {} offers a tool named {:?}, which another \
-                     tool of this agent has",
-                    server.name(),
-                    taken.name
-                )));
-            }
-            names.extend(server.tools().iter().map(|t| t.name.clone()));
+                .map_err(usage)?;
+            let exposed = server.exposed(&names).map_err(usage)?;
+            names.extend(exposed.into_iter().map(|(name, _)| name));
             servers.push(server);
         }
         Ok(servers)

@@ -96,8 +96,12 @@ pub(super) async fn run(
         .collect();
     let policy = mcp::policy();
     for server in &servers {
-        listed.extend(server.tools().iter().map(|tool| Listed {
-            name: tool.name.clone(),
+        let taken: Vec<String> = listed.iter().map(|t| t.name.clone()).collect();
+        let exposed = server
+            .exposed(&taken)
+            .map_err(|e| CliError::Usage(format!("--mcp-stdio: {e}")))?;
+        listed.extend(exposed.into_iter().map(|(name, tool)| Listed {
+            name,
             source: server.name().to_owned(),
             description: tool.description.clone(),
             read_only: tool.annotations.read_only,

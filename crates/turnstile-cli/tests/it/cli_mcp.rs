@@ -85,12 +85,10 @@ fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("none.db");
     let model = scripted(&script(dir.path(), "s.json", json!([{ "text": "hi" }])));
-    let effects = dir.path().join("effects.log");
-    let twice = command_line(&effects);
     for (server, needle) in [
         (
             "/nonexistent/server --flag",
-            "cannot start the MCP server 1 (/nonexistent/server)",
+            "--mcp-stdio #1 (/nonexistent/server): cannot start the MCP server mcp1",
         ),
         ("'unclosed", "is not a command line"),
         ("true", "did not complete the MCP handshake"),
@@ -108,7 +106,22 @@ fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
         run.assert_error(2, needle);
         assert!(!db.exists(), "no database for a bad server");
     }
-    // The same server twice: its tool names would be taken twice.
+}
+
+#[test]
+fn a_second_server_with_the_same_tool_names_gets_its_name_as_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("two.db");
+    let (first, second) = (dir.path().join("first.log"), dir.path().join("second.log"));
+    let servers = [command_line(&first), command_line(&second)];
+    let model = scripted(&script(
+        dir.path(),
+        "s.json",
+        json!([
+            { "tool_calls": [{ "id": "l1", "name": "mcp2_lookup", "arguments": { "key": "k" } }] },
+            { "text": "looked up" }
+        ]),
+    ));
     let run = turnstile(&[
         "run",
         "--db",
@@ -116,13 +129,35 @@ fn an_mcp_server_that_does_not_start_is_a_usage_error_and_writes_nothing() {
         "--model",
         &model,
         "--mcp-stdio",
-        &twice,
+        &servers[0],
         "--mcp-stdio",
-        &twice,
-        "hi",
+        &servers[1],
+        "look it up",
     ]);
-    run.assert_error(2, "which another tool of this agent has");
-    assert!(!db.exists());
+    run.assert_success();
+    // The call went to the second server, under the tool's own name.
+    assert_eq!(calls_of(&second, "lookup").len(), 1);
+    assert!(calls_of(&first, "lookup").is_empty());
+
+    let listed = turnstile(&[
+        "tools",
+        "--mcp-stdio",
+        &servers[0],
+        "--mcp-stdio",
+        &servers[1],
+        "--json",
+    ]);
+    listed.assert_success();
+    let tools = listed.json()["tools"].as_array().unwrap().clone();
+    let source = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {tools:?}"))["source"]
+            .clone()
+    };
+    assert_eq!(source("lookup"), "mcp1");
+    assert_eq!(source("mcp2_lookup"), "mcp2");
 }
 
 #[test]
@@ -167,7 +202,7 @@ fn tools_lists_each_tool_with_what_it_declares_and_whether_it_asks() {
     assert!(tool("set_flag")["source"]
         .as_str()
         .unwrap()
-        .starts_with("1 ("));
+        .starts_with("mcp1"));
 
     let table = turnstile(&["tools", "--mcp-stdio", &server]);
     table.assert_success();

@@ -68,12 +68,15 @@ async fn tools_are_listed_with_what_they_declare_and_the_policy_it_implies() {
     sorted.sort_unstable();
     assert_eq!(names, sorted);
 
-    // A name the agent already has is refused, not silently replaced.
+    // A name the agent already has is prefixed, never silently replaced;
+    // one taken with its prefix too is refused.
     let agent = server.add_to(
         Agent::new(Arc::new(ScriptedModel::new(Vec::new()))),
         &policy,
     );
-    let error = server.add_to(agent.unwrap(), &policy).unwrap_err();
+    let twice = server.add_to(agent.unwrap(), &policy).unwrap();
+    assert_eq!(twice.tool_specs().len(), 2 * server.tools().len());
+    let error = server.add_to(twice, &policy).unwrap_err();
     assert!(
         error.to_string().contains("which the agent already has"),
         "{error}"
@@ -335,6 +338,48 @@ async fn a_call_whose_server_died_after_its_effect_is_reconciled_by_the_restarte
         [(format!("{request}/1/d1"), r#"{"path":"/tmp/x"}"#.to_owned())],
         "it ran once"
     );
+}
+
+#[tokio::test]
+async fn a_tool_name_the_agent_has_takes_the_servers_name_as_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("first.log"), dir.path().join("second.log"));
+    let one = McpServer::stdio("one", stdio_command(&first))
+        .await
+        .unwrap();
+    let two = McpServer::stdio("two", stdio_command(&second))
+        .await
+        .unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![
+            ToolCall::new("a", "lookup", json!({ "key": "k" })),
+            ToolCall::new("b", "two_lookup", json!({ "key": "k" })),
+        ]),
+        ScriptedReply::text("looked up twice"),
+    ]));
+    let agent = one
+        .add_to(Agent::new(model), &McpPolicy::default())
+        .unwrap();
+    let agent = two.add_to(agent, &McpPolicy::default()).unwrap();
+    let names: Vec<&str> = agent.tool_specs().iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"lookup") && names.contains(&"two_lookup"),
+        "{names:?}"
+    );
+    let outcome = session(agent)
+        .await
+        .run(RequestId::new(), "look up", RunContext::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "looked up twice");
+    // Each call reached its own server, under the tool's own name.
+    assert_eq!(calls_of(&first, "lookup").len(), 1);
+    assert_eq!(calls_of(&second, "lookup").len(), 1);
+
+    // A prefixed name that is taken too is refused.
+    let taken = vec!["lookup".to_owned(), "two_lookup".to_owned()];
+    let error = two.exposed(&taken).unwrap_err();
+    assert!(error.to_string().contains("two_lookup"), "{error}");
 }
 
 #[tokio::test]
