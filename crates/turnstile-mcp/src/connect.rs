@@ -1,17 +1,20 @@
-//! Starting an MCP server and connecting to it: the child process, its
-//! stderr, the handshake and the tool listing. Kept apart from
-//! [`McpServer`](crate::McpServer) because a server that died is started
-//! again the same way.
+//! Starting an MCP server, or reaching one over HTTP, and connecting to it:
+//! the child process and its stderr, or the HTTP transport; the handshake
+//! and the tool listing. Kept apart from [`McpServer`](crate::McpServer)
+//! because a server that went away is connected to again the same way.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use http::{HeaderName, HeaderValue};
 use rmcp::model::Tool as RmcpTool;
 use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -26,22 +29,33 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How many of the server's last stderr lines an error quotes.
 const STDERR_LINES: usize = 5;
 
-/// How to start a server again: the command it was given, taken apart
-/// (a `tokio::process::Command` cannot be cloned).
-#[derive(Debug)]
-pub(crate) struct Launch {
+/// How to reach a server again.
+pub(crate) enum Launch {
+    /// A child process speaking on its stdin and stdout.
+    Stdio(StdioCommand),
+    /// A streamable-HTTP endpoint, with the headers every request carries.
+    Http {
+        url: String,
+        headers: HashMap<HeaderName, HeaderValue>,
+    },
+}
+
+/// The command a stdio server was given, taken apart (a
+/// `tokio::process::Command` cannot be cloned).
+pub(crate) struct StdioCommand {
     program: OsString,
     args: Vec<OsString>,
     envs: Vec<(OsString, Option<OsString>)>,
     current_dir: Option<PathBuf>,
 }
 
-/// One live connection: the MCP session and the process it talks to.
+/// One live connection: the MCP session and, for a stdio server, the
+/// process it talks to.
 pub(crate) struct Connection {
     pub client: RunningService<RoleClient, ()>,
     /// Held so the process lives as long as the connection (killed on
     /// drop).
-    _child: Child,
+    _child: Option<Child>,
 }
 
 /// What a server offers: its tools for the model, sorted by name (so the
@@ -54,6 +68,67 @@ pub(crate) struct Offer {
 }
 
 impl Launch {
+    /// Connects, within a minute: the handshake and the tool listing.
+    pub async fn connect(&self, name: &str) -> Result<(Connection, Offer), McpError> {
+        match self {
+            Launch::Stdio(command) => command.connect(name).await,
+            Launch::Http { url, headers } => connect_http(name, url, headers).await,
+        }
+    }
+}
+
+/// Connects to the streamable-HTTP endpoint `url`.
+async fn connect_http(
+    name: &str,
+    url: &str,
+    headers: &HashMap<HeaderName, HeaderValue>,
+) -> Result<(Connection, Offer), McpError> {
+    // rmcp's reqwest takes the process's rustls provider; without one it
+    // would panic. Ring, unless the application installed another.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers.clone());
+    let transport = StreamableHttpClientTransport::from_config(config);
+    let (client, offer) = handshake(name, ().serve(transport)).await?;
+    Ok((
+        Connection {
+            client,
+            _child: None,
+        },
+        offer,
+    ))
+}
+
+/// The handshake `serving` does, then the tool listing, within
+/// [`CONNECT_TIMEOUT`].
+async fn handshake<E: std::fmt::Display>(
+    name: &str,
+    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ()>, E>>,
+) -> Result<(RunningService<RoleClient, ()>, Offer), McpError> {
+    let connect = async {
+        let client = serving.await.map_err(|e| {
+            format!("the MCP server {name} did not complete the MCP handshake: {e}")
+        })?;
+        let tools = client
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("cannot list the tools of the MCP server {name}: {e}"))?;
+        Ok::<_, String>((client, tools))
+    };
+    let (client, tools) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the MCP server {name} did not answer the MCP handshake within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })
+        .map_err(McpError)?;
+    Ok((client, offer(name, tools)?))
+}
+
+impl StdioCommand {
     pub fn of(command: &Command) -> Self {
         let std = command.as_std();
         Self {
@@ -85,7 +160,7 @@ impl Launch {
     /// Starts the server as a child process speaking MCP on its stdin and
     /// stdout, connects (the MCP handshake) and lists its tools. Its
     /// stderr goes to the `tracing` log at debug level, a line at a time.
-    pub async fn connect(&self, name: &str) -> Result<(Connection, Offer), McpError> {
+    async fn connect(&self, name: &str) -> Result<(Connection, Offer), McpError> {
         let mut child = self
             .command()
             .stdin(Stdio::piped())
@@ -116,27 +191,9 @@ impl Launch {
                 }
             });
         }
-        let connect = async {
-            let client = ().serve((stdout, stdin)).await.map_err(|e| {
-                format!("the MCP server {name} did not complete the MCP handshake: {e}")
-            })?;
-            let tools = client
-                .list_all_tools()
-                .await
-                .map_err(|e| format!("cannot list the tools of the MCP server {name}: {e}"))?;
-            Ok::<_, String>((client, tools))
-        };
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect)
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "the MCP server {name} did not answer the MCP handshake within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                ))
-            });
-        let (client, tools) = match connected {
+        let (client, offer) = match handshake(name, ().serve((stdout, stdin))).await {
             Ok(connected) => connected,
-            Err(what) => {
+            Err(McpError(what)) => {
                 // Its last words, once it has had a moment to say them.
                 let _ = tokio::time::timeout(Duration::from_millis(200), child.wait()).await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -150,11 +207,10 @@ impl Launch {
                 }));
             }
         };
-        let offer = offer(name, tools)?;
         Ok((
             Connection {
                 client,
-                _child: child,
+                _child: Some(child),
             },
             offer,
         ))

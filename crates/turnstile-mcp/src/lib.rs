@@ -1,5 +1,6 @@
 //! Tools from MCP servers (cargo feature `mcp`): [`McpServer`] connects to
-//! one, lists its tools as turnstile [`Tool`](turnstile_core::agent::Tool)s
+//! one (started as a child process speaking on its stdin and stdout, or
+//! over streamable HTTP), lists its tools as turnstile [`Tool`](turnstile_core::agent::Tool)s
 //! and adds them to an agent, each gated by the behaviour its annotations
 //! declare ([`Annotations`], [`McpPolicy`]).
 //!

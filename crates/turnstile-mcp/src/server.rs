@@ -5,13 +5,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
 use turnstile_core::agent::{Agent, ToolError};
 
-use crate::connect::{Connection, Launch, Offer};
+use crate::connect::{Connection, Launch, Offer, StdioCommand};
 use crate::policy::{Annotations, McpPolicy};
 use crate::tool::McpTool;
 
@@ -69,8 +70,51 @@ impl McpServer {
     /// does not speak MCP), quoting the server's last stderr lines; or when
     /// it lists a tool name twice.
     pub async fn stdio(name: impl Into<String>, command: Command) -> Result<Arc<Self>, McpError> {
+        Self::connect(name.into(), Launch::Stdio(StdioCommand::of(&command))).await
+    }
+
+    /// Connects to the streamable-HTTP MCP endpoint `url` (`http://` or
+    /// `https://`), every request carrying `headers` (such as
+    /// `Authorization`), and lists its tools as [`McpServer::stdio`] does.
+    /// A connection that drops is made again by the next call, as a stdio
+    /// server is started again.
+    ///
+    /// # Errors
+    /// [`McpError`] for a header that is no valid HTTP header, or when the
+    /// handshake or the tool listing fails or takes over a minute (the
+    /// server is not there, refuses the headers, or does not speak MCP).
+    pub async fn http(
+        name: impl Into<String>,
+        url: &str,
+        headers: &[(String, String)],
+    ) -> Result<Arc<Self>, McpError> {
         let name = name.into();
-        let launch = Launch::of(&command);
+        let headers = headers
+            .iter()
+            .map(|(key, value)| {
+                let key = HeaderName::try_from(key.as_str()).map_err(|_| {
+                    McpError(format!(
+                        "{key:?} is no HTTP header name (MCP server {name})"
+                    ))
+                })?;
+                // The value may be a secret: never quoted.
+                let value = HeaderValue::try_from(value.as_str()).map_err(|_| {
+                    McpError(format!(
+                        "the value of the header {key} is no valid HTTP header value (MCP \
+                         server {name})"
+                    ))
+                })?;
+                Ok((key, value))
+            })
+            .collect::<Result<_, McpError>>()?;
+        let launch = Launch::Http {
+            url: url.to_owned(),
+            headers,
+        };
+        Self::connect(name, launch).await
+    }
+
+    async fn connect(name: String, launch: Launch) -> Result<Arc<Self>, McpError> {
         let (connection, offer) = launch.connect(&name).await?;
         tracing::debug!(server = %name, "MCP server connected");
         Ok(Arc::new(Self {

@@ -3,7 +3,8 @@
 
 Transport:
     python server.py [--effects PATH] [--reconcile]   -> stdio (default)
-    python server.py --http PORT     -> streamable HTTP on http://127.0.0.1:PORT/mcp
+    python server.py --http PORT [--token T]  -> streamable HTTP on http://127.0.0.1:PORT/mcp,
+                                               every request needing `Authorization: Bearer T`
 
 Every tool call appends one line to the file named by --effects PATH (or
 $MCP_EFFECTS_LOG):
@@ -183,11 +184,26 @@ def crash(ctx: Context, code: int = 3) -> str:
     os._exit(code)
 
 
+def _bearer(app: Any, token: str) -> Any:
+    """`app`, answering 401 to an HTTP request without `Authorization: Bearer <token>`."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT/mcp")
     parser.add_argument("--effects", metavar="PATH", help="the file each call is recorded in")
     parser.add_argument("--reconcile", action="store_true", help="offer turnstile_reconcile")
+    parser.add_argument("--token", help="over HTTP, the bearer token every request needs")
     args = parser.parse_args()
     if args.reconcile:
         mcp.add_tool(
@@ -199,7 +215,12 @@ def main() -> None:
         global EFFECTS_LOG
         EFFECTS_LOG = args.effects
     if args.http is not None:
-        mcp.run("streamable-http", host="127.0.0.1", port=args.http)
+        import uvicorn
+
+        app = mcp.streamable_http_app()
+        if args.token:
+            app = _bearer(app, args.token)
+        uvicorn.run(app, host="127.0.0.1", port=args.http, log_level="warning")
     else:
         mcp.run("stdio")
 

@@ -52,3 +52,94 @@ pub fn calls_of(effects: &Path, tool: &str) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// The server serving streamable HTTP on a free loopback port, recording
+/// its calls in `effects`; with `token`, every request needs
+/// `Authorization: Bearer <token>`; with `reconcile`, it offers turnstile's
+/// reconcile convention. Killed on drop.
+pub struct HttpServer {
+    /// `http://127.0.0.1:PORT/mcp`.
+    pub url: String,
+    port: u16,
+    effects: PathBuf,
+    token: Option<String>,
+    reconcile: bool,
+    child: std::process::Child,
+}
+
+impl HttpServer {
+    /// Starts it and waits until it accepts connections.
+    pub fn start(effects: &Path, token: Option<&str>, reconcile: bool) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let child = Self::spawn(port, effects, token, reconcile);
+        let server = Self {
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            port,
+            effects: effects.to_owned(),
+            token: token.map(ToOwned::to_owned),
+            reconcile,
+            child,
+        };
+        server.wait_until_listening();
+        server
+    }
+
+    fn spawn(
+        port: u16,
+        effects: &Path,
+        token: Option<&str>,
+        reconcile: bool,
+    ) -> std::process::Child {
+        let mut command = std::process::Command::new(python());
+        command
+            .arg(script())
+            .arg("--http")
+            .arg(port.to_string())
+            .arg("--effects")
+            .arg(effects);
+        if reconcile {
+            command.arg("--reconcile");
+        }
+        if let Some(token) = token {
+            command.arg("--token").arg(token);
+        }
+        command.spawn().expect("start the MCP HTTP server")
+    }
+
+    fn wait_until_listening(&self) {
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "the MCP HTTP server did not listen within 60 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Kills it with SIGKILL (and reaps it).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port, after [`HttpServer::kill`].
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(
+            self.port,
+            &self.effects,
+            self.token.as_deref(),
+            self.reconcile,
+        );
+        self.wait_until_listening();
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

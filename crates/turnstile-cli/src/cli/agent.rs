@@ -37,7 +37,7 @@ pub(super) fn agent_requiring(
                 false => agent.with_tool(tool),
             }
         });
-    // Each `--mcp-stdio` server's tools were checked to get names of their
+    // Each `--mcp-stdio`/`--mcp-http` server's tools were checked to get names of their
     // own beside these tools and each other when they connected
     // (`McpArgs::connect`).
     mcp.iter()

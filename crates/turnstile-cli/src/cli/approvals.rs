@@ -121,6 +121,9 @@ pub struct NextArgs {
     /// The run's --mcp-stdio servers, for that command.
     #[arg(long = "mcp-stdio", value_name = "COMMAND", requires = "model")]
     pub mcp_stdio: Vec<String>,
+    /// The run's --mcp-http servers, for that command.
+    #[arg(long = "mcp-http", value_name = "URL", requires = "model")]
+    pub mcp_http: Vec<String>,
     /// The run's --require-approval, for that command.
     #[arg(long, value_name = "TOOL[,TOOL]", value_delimiter = ',')]
     pub require_approval: Vec<String>,
@@ -526,6 +529,7 @@ async fn decide(
         reasoning_replay: args.next.reasoning_replay,
         thinking_budget: args.next.thinking_budget,
         mcp_stdio: &args.next.mcp_stdio,
+        mcp_http: &args.next.mcp_http,
         require_approval: &approval,
         lease: None,
     });

@@ -27,6 +27,7 @@ pub(super) struct AgentFlags<'a> {
     pub reasoning_replay: Option<ReplayArg>,
     pub thinking_budget: Option<u32>,
     pub mcp_stdio: &'a [String],
+    pub mcp_http: &'a [String],
     /// Checked, sorted, without repeats.
     pub require_approval: &'a [String],
     pub lease: Option<LeasePolicy>,
@@ -45,6 +46,7 @@ impl<'a> AgentFlags<'a> {
             reasoning_replay: model.reasoning_replay,
             thinking_budget: model.thinking_budget,
             mcp_stdio: &mcp.stdio,
+            mcp_http: &mcp.http,
             require_approval,
             lease: None,
         }
@@ -71,6 +73,9 @@ impl<'a> AgentFlags<'a> {
         }
         for server in self.mcp_stdio {
             words.extend(["--mcp-stdio".into(), quote(server)]);
+        }
+        for server in self.mcp_http {
+            words.extend(["--mcp-http".into(), quote(server)]);
         }
         if !self.require_approval.is_empty() {
             words.extend([
@@ -350,6 +355,7 @@ mod tests {
             reasoning_replay: None,
             thinking_budget: None,
             mcp_stdio: &[],
+            mcp_http: &[],
             require_approval: &tools,
             lease: None,
         };
@@ -396,6 +402,7 @@ mod tests {
             reasoning_replay: None,
             thinking_budget: None,
             mcp_stdio: &[],
+            mcp_http: &[],
             require_approval: &[],
             lease: None,
         }

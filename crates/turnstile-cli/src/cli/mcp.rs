@@ -1,9 +1,11 @@
-//! `--mcp-stdio 'COMMAND ARGS'`: tools from MCP servers, each started as a
-//! child process speaking MCP on its stdin and stdout. Their tools join the
-//! agent (and so its fingerprint); a tool that does not declare itself
+//! `--mcp-stdio 'COMMAND ARGS'` and `--mcp-http 'URL [--headers-env VAR]'`:
+//! tools from MCP servers, each started as a child process speaking MCP on
+//! its stdin and stdout, or reached over streamable HTTP. Their tools join
+//! the agent (and so its fingerprint); a tool that does not declare itself
 //! read-only, or declares itself destructive, waits for approval. The
-//! servers are named `mcp1`, `mcp2`, … by their place; a tool whose name
-//! another tool has is given its server's name as a prefix (`mcp2_lookup`).
+//! servers are named `mcp1`, `mcp2`, … by their place (the stdio ones
+//! first); a tool whose name another tool has is given its server's name as
+//! a prefix (`mcp2_lookup`).
 
 use std::sync::Arc;
 
@@ -22,6 +24,13 @@ pub struct McpArgs {
     /// servers, in the same order.
     #[arg(long = "mcp-stdio", value_name = "COMMAND")]
     pub stdio: Vec<String>,
+    /// An MCP server to take tools from over streamable HTTP: its URL,
+    /// optionally followed by `--headers-env VAR`, an environment variable
+    /// holding the headers every request carries, one `Name: value` per
+    /// line (`Authorization: Bearer …`); the flag names the variable, never
+    /// its value. Repeatable; after the --mcp-stdio servers in the agent.
+    #[arg(long = "mcp-http", value_name = "URL")]
+    pub http: Vec<String>,
 }
 
 impl McpArgs {
@@ -51,8 +60,58 @@ impl McpArgs {
             names.extend(exposed.into_iter().map(|(name, _)| name));
             servers.push(server);
         }
+        for (n, value) in self.http.iter().enumerate() {
+            let n = self.stdio.len() + n + 1;
+            let usage = |e| CliError::Usage(format!("--mcp-http #{n}: {e}"));
+            let (url, headers) = http_flag(value).map_err(usage)?;
+            let server = McpServer::http(format!("mcp{n}"), &url, &headers)
+                .await
+                .map_err(|e| usage(e.to_string()))?;
+            let exposed = server.exposed(&names).map_err(|e| usage(e.to_string()))?;
+            names.extend(exposed.into_iter().map(|(name, _)| name));
+            servers.push(server);
+        }
         Ok(servers)
     }
+}
+
+/// The URL of an `--mcp-http` value and the headers of its
+/// `--headers-env VAR`.
+fn http_flag(value: &str) -> Result<(String, Vec<(String, String)>), String> {
+    let words = shlex::split(value).unwrap_or_default();
+    let (url, headers) = match words.as_slice() {
+        [url] => (url, Vec::new()),
+        [url, flag, var] if flag == "--headers-env" => (url, headers_from_env(var)?),
+        _ => {
+            return Err(format!(
+                "{value:?} is not `URL` or `URL --headers-env VAR`, quoted as a shell would"
+            ))
+        }
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err("the URL must start with http:// or https://".into());
+    }
+    Ok((url.clone(), headers))
+}
+
+/// The headers in the environment variable `var`, one `Name: value` per
+/// line. Errors name the variable and the line, never a value.
+fn headers_from_env(var: &str) -> Result<Vec<(String, String)>, String> {
+    let text = std::env::var(var)
+        .map_err(|_| format!("the environment variable {var} (--headers-env) is not set"))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| match line.split_once(':') {
+            Some((name, value)) if !name.trim().is_empty() => {
+                Ok((name.trim().to_owned(), value.trim().to_owned()))
+            }
+            _ => Err(format!(
+                "line {} of the environment variable {var} is not `Name: value`",
+                i + 1
+            )),
+        })
+        .collect()
 }
 
 /// The policy of the command line: what each tool declares.

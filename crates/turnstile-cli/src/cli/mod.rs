@@ -143,7 +143,7 @@ pub enum Command {
     /// them with a compare-and-swap on their version (exit 5 if it moved).
     Meta(MetaArgs),
     /// The tools an agent of these flags has: the command line's own and
-    /// those of the `--mcp-stdio` servers, with what each MCP tool declares
+    /// those of the `--mcp-stdio` and `--mcp-http` servers, with what each MCP tool declares
     /// (read-only, destructive, idempotent, open-world) and whether its
     /// calls wait for approval.
     Tools(ToolsArgs),

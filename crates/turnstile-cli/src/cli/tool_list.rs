@@ -1,5 +1,5 @@
 //! `tools`: the tools an agent of these flags has (the command line's own
-//! and those of the `--mcp-stdio` servers), with what each MCP tool
+//! and those of the `--mcp-stdio` and `--mcp-http` servers), with what each MCP tool
 //! declares about itself, whether its calls wait for approval, and what a
 //! recovery does with a call a crash left in doubt.
 
@@ -99,7 +99,7 @@ pub(super) async fn run(
         let taken: Vec<String> = listed.iter().map(|t| t.name.clone()).collect();
         let exposed = server
             .exposed(&taken)
-            .map_err(|e| CliError::Usage(format!("--mcp-stdio: {e}")))?;
+            .map_err(|e| CliError::Usage(e.to_string()))?;
         listed.extend(exposed.into_iter().map(|(name, tool)| Listed {
             name,
             source: server.name().to_owned(),

@@ -1,13 +1,13 @@
-//! `--mcp-stdio`: a run takes tools from a real MCP server (the test kit's,
-//! on the official Python SDK); a call the server's own record counts;
+//! `--mcp-stdio` and `--mcp-http`: a run takes tools from a real MCP server
+//! (the test kit's, on the official Python SDK); a call the server's own record counts;
 //! a destructive tool's call waits for approval, and the printed commands
 //! that decide and continue it carry the server (the `resume` starts it
 //! again).
 
 use serde_json::json;
-use turnstile_testkit::mcp::{calls_of, command_line};
+use turnstile_testkit::mcp::{calls_of, command_line, HttpServer};
 
-use crate::cli_support::{pasted, printed, script, scripted, turnstile};
+use crate::cli_support::{command, pasted, printed, script, scripted, turnstile};
 
 #[test]
 fn a_run_takes_tools_from_an_mcp_server_and_a_destructive_call_waits_for_approval() {
@@ -228,4 +228,60 @@ fn tools_lists_each_tool_with_what_it_declares_and_whether_it_asks() {
     );
     let delete = tools.iter().find(|t| t["name"] == "delete_file").unwrap();
     assert_eq!(delete["in_doubt"], "reconcile");
+}
+
+#[test]
+fn a_run_reaches_an_http_server_with_headers_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("http.db");
+    let db = db.to_str().unwrap();
+    let effects = dir.path().join("effects.log");
+    let http = HttpServer::start(&effects, Some("t0ken"), false);
+    let flag = format!("{} --headers-env MCP_TEST_HEADERS", http.url);
+    let model = scripted(&script(
+        dir.path(),
+        "lookup.json",
+        json!([
+            { "tool_calls": [{ "id": "c1", "name": "lookup", "arguments": { "key": "k1" } }] },
+            { "text": "found it" },
+        ]),
+    ));
+    let args = [
+        "run",
+        "--db",
+        db,
+        "--model",
+        &model,
+        "--mcp-http",
+        &flag,
+        "--json",
+        "look it up",
+    ];
+    let run = |headers: Option<&str>| {
+        let mut command = command(&args);
+        match headers {
+            Some(headers) => command.env("MCP_TEST_HEADERS", headers),
+            None => command.env_remove("MCP_TEST_HEADERS"),
+        };
+        let output = command.output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    };
+
+    // No variable, or a wrong token: exit 2, no database, no secret quoted.
+    let (code, stdout) = run(None);
+    assert_eq!(code, Some(2), "{stdout}");
+    assert!(stdout.contains("MCP_TEST_HEADERS"), "{stdout}");
+    let (code, stdout) = run(Some("Authorization: Bearer wr0ng"));
+    assert_eq!(code, Some(2), "{stdout}");
+    assert!(!stdout.contains("wr0ng"), "{stdout}");
+    assert!(!std::path::Path::new(db).exists());
+
+    let (code, stdout) = run(Some("Authorization: Bearer t0ken\n"));
+    assert_eq!(code, Some(0), "{stdout}");
+    let outcome: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(outcome["final_text"], "found it");
+    assert_eq!(calls_of(&effects, "lookup").len(), 1);
 }

@@ -2,4 +2,5 @@
 //! on the official SDK, started as a child process.
 
 mod mcp_crash;
+mod mcp_http;
 mod mcp_stdio;

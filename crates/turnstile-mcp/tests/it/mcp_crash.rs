@@ -1,7 +1,8 @@
 //! MCP calls in doubt after a real SIGKILL of the agent's process. A child
 //! process (this test binary, re-run with `--ignored --exact
 //! mcp_crash_worker`) runs a request on a WAL file database whose one call
-//! goes to a real MCP server; the call needs approval (its tool does not
+//! goes to a real MCP server (its own child over stdio, or one on loopback
+//! over streamable HTTP, which this process runs); the call needs approval (its tool does not
 //! say it is read-only), which this process gives; a second child
 //! continues the request and is killed while the server holds the call,
 //! after its effect. This process then recovers under the default policy,
@@ -19,7 +20,7 @@ use turnstile::{
     Namespace, Outcome, RequestId, ResumePolicy, Revision, RunContext, ScriptedModel,
     ScriptedReply, SqliteStore, Store, ToolCall,
 };
-use turnstile_testkit::mcp::{calls_of, stdio_command};
+use turnstile_testkit::mcp::{calls_of, stdio_command, HttpServer};
 use turnstile_testkit::{process, worker_test};
 
 const INPUT: &str = "do it once";
@@ -34,6 +35,8 @@ struct Scenario {
     tool: String,
     /// Whether the server offers the reconcile convention.
     reconcile: bool,
+    /// The streamable-HTTP endpoint; over stdio when `None`.
+    url: Option<String>,
 }
 
 impl Scenario {
@@ -45,7 +48,16 @@ impl Scenario {
             request: RequestId::new(),
             tool: tool.to_owned(),
             reconcile,
+            url: None,
         }
+    }
+
+    /// The same over streamable HTTP, to a server this process runs.
+    fn over_http(dir: &Path, tool: &str, reconcile: bool) -> (Self, HttpServer) {
+        let scenario = Self::new(dir, tool, reconcile);
+        let http = HttpServer::start(&scenario.effects, None, reconcile);
+        let url = Some(http.url.clone());
+        (Self { url, ..scenario }, http)
     }
 
     /// The call, held by the server for [`HOLD`] seconds after its effect
@@ -59,11 +71,16 @@ impl Scenario {
     }
 
     async fn session(&self) -> (Arc<SqliteStore>, AgentSession) {
-        let mut command = stdio_command(&self.effects);
-        if self.reconcile {
-            command.arg("--reconcile");
-        }
-        let server = McpServer::stdio("test-server", command).await.unwrap();
+        let server = match &self.url {
+            Some(url) => McpServer::http("test-server", url, &[]).await.unwrap(),
+            None => {
+                let mut command = stdio_command(&self.effects);
+                if self.reconcile {
+                    command.arg("--reconcile");
+                }
+                McpServer::stdio("test-server", command).await.unwrap()
+            }
+        };
         let model = Arc::new(ScriptedModel::new(vec![
             ScriptedReply::tool_calls(vec![self.call()]),
             ScriptedReply::text("done"),
@@ -90,6 +107,7 @@ impl Scenario {
             .env("MCP_CRASH_REQUEST", self.request.to_string())
             .env("MCP_CRASH_TOOL", &self.tool)
             .env("MCP_CRASH_RECONCILE", self.reconcile.to_string())
+            .env("MCP_CRASH_URL", self.url.as_deref().unwrap_or_default())
             .env("MCP_CRASH_MODE", mode)
             .env("MCP_CRASH_REVISION", revision.0.to_string())
             .stdout(Stdio::null())
@@ -168,6 +186,7 @@ async fn mcp_crash_worker() {
         request: var("MCP_CRASH_REQUEST").parse().unwrap(),
         tool: var("MCP_CRASH_TOOL"),
         reconcile: var("MCP_CRASH_RECONCILE") == "true",
+        url: Some(var("MCP_CRASH_URL")).filter(|url| !url.is_empty()),
     };
     let revision = Revision(var("MCP_CRASH_REVISION").parse().unwrap());
     let (_store, session) = scenario.session().await;
@@ -204,7 +223,17 @@ fn tool_answer(outcome: &Outcome) -> String {
 #[tokio::test]
 async fn a_destructive_call_in_doubt_is_ambiguous_by_default_and_never_runs_again() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = Scenario::new(dir.path(), "delete_file", false);
+    ambiguous(Scenario::new(dir.path(), "delete_file", false)).await;
+}
+
+#[tokio::test]
+async fn over_http_a_destructive_call_in_doubt_is_ambiguous_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scenario, _http) = Scenario::over_http(dir.path(), "delete_file", false);
+    ambiguous(scenario).await;
+}
+
+async fn ambiguous(scenario: Scenario) {
     scenario.approved_then_killed_mid_call().await;
     let (store, recovered) = scenario.recovered().await;
     assert!(
@@ -223,7 +252,17 @@ async fn a_destructive_call_in_doubt_is_ambiguous_by_default_and_never_runs_agai
 #[tokio::test]
 async fn a_call_the_server_reconciles_as_done_is_journaled_without_running_again() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = Scenario::new(dir.path(), "delete_file", true);
+    reconciled(Scenario::new(dir.path(), "delete_file", true)).await;
+}
+
+#[tokio::test]
+async fn over_http_a_call_the_server_reconciles_as_done_is_journaled_without_running_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scenario, _http) = Scenario::over_http(dir.path(), "delete_file", true);
+    reconciled(scenario).await;
+}
+
+async fn reconciled(scenario: Scenario) {
     scenario.approved_then_killed_mid_call().await;
     let (_store, recovered) = scenario.recovered().await;
     let outcome = recovered.unwrap();
@@ -243,7 +282,17 @@ async fn a_call_the_server_reconciles_as_done_is_journaled_without_running_again
 #[tokio::test]
 async fn an_idempotent_call_in_doubt_runs_again_once_with_the_same_key() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = Scenario::new(dir.path(), "set_flag", false);
+    idempotent(Scenario::new(dir.path(), "set_flag", false)).await;
+}
+
+#[tokio::test]
+async fn over_http_an_idempotent_call_in_doubt_runs_again_once_with_the_same_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scenario, _http) = Scenario::over_http(dir.path(), "set_flag", false);
+    idempotent(scenario).await;
+}
+
+async fn idempotent(scenario: Scenario) {
     scenario.approved_then_killed_mid_call().await;
     let (_store, recovered) = scenario.recovered().await;
     let outcome = recovered.unwrap();
