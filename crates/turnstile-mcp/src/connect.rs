@@ -7,15 +7,16 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use rmcp::model::Tool as RmcpTool;
-use rmcp::service::RunningService;
+use rmcp::service::{MaybeSendFuture, NotificationContext, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -49,10 +50,28 @@ pub(crate) struct StdioCommand {
     current_dir: Option<PathBuf>,
 }
 
+/// Marks the server's tool list stale when the server says it changed
+/// (`notifications/tools/list_changed`); the list is read again before the
+/// next call.
+#[derive(Clone, Default)]
+pub(crate) struct Listener {
+    pub stale: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Listener {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        self.stale.store(true, Ordering::SeqCst);
+        std::future::ready(())
+    }
+}
+
 /// One live connection: the MCP session and, for a stdio server, the
 /// process it talks to.
 pub(crate) struct Connection {
-    pub client: RunningService<RoleClient, ()>,
+    pub client: RunningService<RoleClient, Listener>,
     /// Held so the process lives as long as the connection (killed on
     /// drop).
     _child: Option<Child>,
@@ -69,10 +88,15 @@ pub(crate) struct Offer {
 
 impl Launch {
     /// Connects, within a minute: the handshake and the tool listing.
-    pub async fn connect(&self, name: &str) -> Result<(Connection, Offer), McpError> {
+    /// `listener` hears of changes to the server's tools.
+    pub async fn connect(
+        &self,
+        name: &str,
+        listener: &Listener,
+    ) -> Result<(Connection, Offer), McpError> {
         match self {
-            Launch::Stdio(command) => command.connect(name).await,
-            Launch::Http { url, headers } => connect_http(name, url, headers).await,
+            Launch::Stdio(command) => command.connect(name, listener).await,
+            Launch::Http { url, headers } => connect_http(name, url, headers, listener).await,
         }
     }
 }
@@ -82,6 +106,7 @@ async fn connect_http(
     name: &str,
     url: &str,
     headers: &HashMap<HeaderName, HeaderValue>,
+    listener: &Listener,
 ) -> Result<(Connection, Offer), McpError> {
     // rmcp's reqwest takes the process's rustls provider; without one it
     // would panic. Ring, unless the application installed another.
@@ -90,7 +115,7 @@ async fn connect_http(
     }
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers.clone());
     let transport = StreamableHttpClientTransport::from_config(config);
-    let (client, offer) = handshake(name, ().serve(transport)).await?;
+    let (client, offer) = handshake(name, listener.clone().serve(transport)).await?;
     Ok((
         Connection {
             client,
@@ -104,8 +129,8 @@ async fn connect_http(
 /// [`CONNECT_TIMEOUT`].
 async fn handshake<E: std::fmt::Display>(
     name: &str,
-    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ()>, E>>,
-) -> Result<(RunningService<RoleClient, ()>, Offer), McpError> {
+    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, Listener>, E>>,
+) -> Result<(RunningService<RoleClient, Listener>, Offer), McpError> {
     let connect = async {
         let client = serving.await.map_err(|e| {
             format!("the MCP server {name} did not complete the MCP handshake: {e}")
@@ -160,7 +185,11 @@ impl StdioCommand {
     /// Starts the server as a child process speaking MCP on its stdin and
     /// stdout, connects (the MCP handshake) and lists its tools. Its
     /// stderr goes to the `tracing` log at debug level, a line at a time.
-    async fn connect(&self, name: &str) -> Result<(Connection, Offer), McpError> {
+    async fn connect(
+        &self,
+        name: &str,
+        listener: &Listener,
+    ) -> Result<(Connection, Offer), McpError> {
         let mut child = self
             .command()
             .stdin(Stdio::piped())
@@ -191,7 +220,8 @@ impl StdioCommand {
                 }
             });
         }
-        let (client, offer) = match handshake(name, ().serve((stdout, stdin))).await {
+        let serving = listener.clone().serve((stdout, stdin));
+        let (client, offer) = match handshake(name, serving).await {
             Ok(connected) => connected,
             Err(McpError(what)) => {
                 // Its last words, once it has had a moment to say them.
@@ -215,6 +245,26 @@ impl StdioCommand {
             offer,
         ))
     }
+}
+
+/// Lists the server's tools again on `client`.
+pub(crate) async fn relist(
+    name: &str,
+    client: &RunningService<RoleClient, Listener>,
+) -> Result<Offer, McpError> {
+    let tools = tokio::time::timeout(CONNECT_TIMEOUT, client.list_all_tools())
+        .await
+        .map_err(|_| {
+            McpError(format!(
+                "the MCP server {name} did not list its tools in time"
+            ))
+        })?
+        .map_err(|e| {
+            McpError(format!(
+                "cannot list the tools of the MCP server {name}: {e}"
+            ))
+        })?;
+    offer(name, tools)
 }
 
 /// The listed tools as turnstile sees them.

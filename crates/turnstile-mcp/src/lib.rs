@@ -19,6 +19,10 @@
 //!   ([`ToolError::in_doubt`](turnstile_core::agent::ToolError::in_doubt)):
 //!   the run stops with its turn in flight. The next call starts the server
 //!   again, with a growing wait while it keeps going away.
+//! - **Changed tools.** A server's `notifications/tools/list_changed` has
+//!   its list read again before the next call
+//!   ([`McpServer::refresh`]); an agent keeps the tools it was built
+//!   with, and a call of one the server no longer offers is not sent.
 //! - **Calls in doubt.** When a crash leaves a call in doubt, a recovery
 //!   first asks the server through the reconcile convention below, if it
 //!   offers it; otherwise (or when it cannot tell) a tool that says it is

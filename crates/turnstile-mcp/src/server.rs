@@ -2,7 +2,7 @@
 //! is made again when the server is gone by the time of a call.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 
 use turnstile_core::agent::{Agent, ToolError};
 
-use crate::connect::{Connection, Launch, Offer, StdioCommand};
+use crate::connect::{relist, Connection, Launch, Listener, Offer, StdioCommand};
 use crate::policy::{Annotations, McpPolicy};
 use crate::tool::McpTool;
 
@@ -51,7 +51,10 @@ const RESTART_MAX_WAIT: Duration = Duration::from_secs(8);
 pub struct McpServer {
     name: String,
     launch: Launch,
-    offer: Offer,
+    /// What it offers now: read again when it says its tools changed.
+    offer: StdMutex<Offer>,
+    /// Set when it said its tools changed, until they are read again.
+    listener: Listener,
     connection: Mutex<Arc<Connection>>,
     /// Restarts since a call was last answered: the next one's wait.
     restarts: AtomicU32,
@@ -115,12 +118,14 @@ impl McpServer {
     }
 
     async fn connect(name: String, launch: Launch) -> Result<Arc<Self>, McpError> {
-        let (connection, offer) = launch.connect(&name).await?;
+        let listener = Listener::default();
+        let (connection, offer) = launch.connect(&name, &listener).await?;
         tracing::debug!(server = %name, "MCP server connected");
         Ok(Arc::new(Self {
             name,
             launch,
-            offer,
+            offer: StdMutex::new(offer),
+            listener,
             connection: Mutex::new(Arc::new(connection)),
             restarts: AtomicU32::new(0),
         }))
@@ -139,8 +144,8 @@ impl McpServer {
             let restarts = self.restarts.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(restart_wait(restarts)).await;
             tracing::info!(server = %self.name, restarts, "restarting the MCP server");
-            match self.launch.connect(&self.name).await {
-                Ok((connection, offer)) if offer == self.offer => {
+            match self.launch.connect(&self.name, &self.listener).await {
+                Ok((connection, offer)) if offer == self.offer() => {
                     *current = Arc::new(connection);
                     return Ok(current.clone());
                 }
@@ -172,15 +177,71 @@ impl McpServer {
         &self.name
     }
 
-    /// The tools it offers the model (not [`RECONCILE_TOOL`](crate::RECONCILE_TOOL)).
-    pub fn tools(&self) -> &[McpToolInfo] {
-        &self.offer.tools
+    /// The tools it offers the model (not [`RECONCILE_TOOL`](crate::RECONCILE_TOOL)),
+    /// as last listed.
+    pub fn tools(&self) -> Vec<McpToolInfo> {
+        self.offer().tools
+    }
+
+    fn offer(&self) -> Offer {
+        match self.offer.lock() {
+            Ok(offer) => offer.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Whether the server said its tools changed
+    /// (`notifications/tools/list_changed`) since they were last listed.
+    pub fn tools_changed(&self) -> bool {
+        self.listener.stale.load(Ordering::SeqCst)
+    }
+
+    /// Lists the tools again when the server said they changed, and says
+    /// whether they did. An agent built before keeps its tools (and its
+    /// fingerprint): its calls of a tool that changed or went away are not
+    /// sent. Build the agent again ([`McpServer::add_to`]) to take the new
+    /// list; a request held under the old agent then continues only with
+    /// the agent-upgrade opt-in, since its fingerprint differs.
+    ///
+    /// # Errors
+    /// [`McpError`] when the server is gone or does not list its tools.
+    pub async fn refresh(&self) -> Result<bool, McpError> {
+        if !self.listener.stale.swap(false, Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let connection = self.connection.lock().await.clone();
+        let offer = match relist(&self.name, &connection.client).await {
+            Ok(offer) => offer,
+            Err(e) => {
+                self.listener.stale.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        let mut current = match self.offer.lock() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let changed = *current != offer;
+        if changed {
+            tracing::info!(server = %self.name, "the MCP server's tools changed");
+            *current = offer;
+        }
+        Ok(changed)
+    }
+
+    /// Whether `info` is what the server offers now under its name: its
+    /// list read again first if the server said it changed.
+    pub(crate) async fn still_offers(&self, info: &McpToolInfo) -> bool {
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(server = %self.name, error = %e, "could not list the tools again");
+        }
+        self.offer().tools.contains(info)
     }
 
     /// Whether it offers [`RECONCILE_TOOL`](crate::RECONCILE_TOOL), which reconciles its tools'
     /// calls left in doubt by a crash.
     pub fn reconciles(&self) -> bool {
-        self.offer.reconciles
+        self.offer().reconciles
     }
 
     /// `agent` with every tool of this server added, each needing approval
@@ -217,9 +278,9 @@ impl McpServer {
     ///
     /// # Errors
     /// [`McpError`] when a prefixed name is taken too.
-    pub fn exposed(&self, taken: &[String]) -> Result<Vec<(String, &McpToolInfo)>, McpError> {
+    pub fn exposed(&self, taken: &[String]) -> Result<Vec<(String, McpToolInfo)>, McpError> {
         self.tools()
-            .iter()
+            .into_iter()
             .map(|info| {
                 if !taken.contains(&info.name) {
                     return Ok((info.name.clone(), info));
@@ -257,7 +318,7 @@ impl std::fmt::Debug for McpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("McpServer")
             .field("name", &self.name)
-            .field("tools", &self.offer.tools.len())
+            .field("tools", &self.tools().len())
             .finish_non_exhaustive()
     }
 }

@@ -95,6 +95,15 @@ impl Tool for McpTool {
         let Value::Object(arguments) = arguments else {
             return Err(ToolError::new("the arguments must be a JSON object"));
         };
+        if !self.server.still_offers(&self.info).await {
+            return Err(ToolError::new(format!(
+                "the MCP server {} no longer offers the tool {:?} as the agent was built with \
+                 (its tools changed): the call was not sent; build the agent again to take \
+                 its tools as they are now",
+                self.server.name(),
+                self.info.name
+            )));
+        }
         let result = self.send(&self.info.name, arguments, &context).await?;
         let content = result_content(&result)?;
         if result.is_error == Some(true) {

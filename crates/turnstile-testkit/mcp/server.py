@@ -23,6 +23,8 @@ Tools with the annotations asked for:
     fail(message)            returns isError=true
     bundle()                 text + embedded text and blob resources + resource_link content items
     crash(code)              kills the server process mid-call (os._exit), no response
+    grow()                   adds the read-only tool `extra` and removes `sleep`, then sends
+                             notifications/tools/list_changed
 
 With --reconcile it also offers turnstile's reconcile convention:
     turnstile_reconcile(tool, idempotency_key, arguments)
@@ -175,6 +177,21 @@ def bundle(ctx: Context) -> CallToolResult:
             ResourceLink(type="resource_link", uri="file:///tmp/big.bin", name="big.bin", mime_type="application/octet-stream"),
         ]
     )
+
+
+def extra(ctx: Context) -> str:
+    _record("extra", ctx, {})
+    return "extra"
+
+
+@mcp.tool(description="Add the tool `extra` and say the tools changed.")
+async def grow(ctx: Context) -> str:
+    _record("grow", ctx, {})
+    if all(tool.name != "extra" for tool in await mcp.list_tools()):
+        mcp.add_tool(extra, description="Added by grow.", annotations=ToolAnnotations(read_only_hint=True))
+        mcp.remove_tool("sleep")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
 
 
 @mcp.tool(description="Kill the server process mid-call (no response is sent).")

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::json;
 use turnstile::store::JournalStatus;
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Message,
-    Namespace, Part, RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply,
+    Agent, AgentSession, AgentUpgrade, ContextPolicy, ConversationId, Error, McpPolicy, McpServer,
+    Message, Namespace, Part, RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply,
     SqliteStore, ToolCall,
 };
 use turnstile_testkit::mcp::{calls_of, stdio_command};
@@ -63,7 +63,8 @@ async fn tools_are_listed_with_what_they_declare_and_the_policy_it_implies() {
     assert!(policy.requires_approval("set_flag", &set_flag.annotations));
 
     // Listed sorted by name, whatever the server's order.
-    let names: Vec<&str> = server.tools().iter().map(|t| t.name.as_str()).collect();
+    let tools = server.tools();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
     let mut sorted = names.clone();
     sorted.sort_unstable();
     assert_eq!(names, sorted);
@@ -380,6 +381,107 @@ async fn a_tool_name_the_agent_has_takes_the_servers_name_as_a_prefix() {
     let taken = vec!["lookup".to_owned(), "two_lookup".to_owned()];
     let error = two.exposed(&taken).unwrap_err();
     assert!(error.to_string().contains("two_lookup"), "{error}");
+}
+
+#[tokio::test]
+async fn a_changed_tool_list_is_read_again_and_a_held_request_continues_only_as_an_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.log");
+    let server = server(&effects).await;
+    let script = || {
+        Arc::new(ScriptedModel::new(vec![
+            ScriptedReply::tool_calls(vec![
+                ToolCall::new("g1", "grow", json!({})),
+                ToolCall::new("d1", "delete_file", json!({ "path": "/tmp/x" })),
+            ]),
+            ScriptedReply::text("grown and deleted"),
+        ]))
+    };
+    let policy = McpPolicy::default().without_approval("grow");
+    let before = server.add_to(Agent::new(script()), &policy).unwrap();
+    let sleeper = server
+        .add_to(
+            Agent::new(Arc::new(ScriptedModel::new(vec![
+                ScriptedReply::tool_calls(vec![ToolCall::new(
+                    "s1",
+                    "sleep",
+                    json!({ "seconds": 0 }),
+                )]),
+                ScriptedReply::text("slept"),
+            ]))),
+            &McpPolicy::default().without_approval("sleep"),
+        )
+        .unwrap();
+    let session = session(before.clone()).await;
+    let request = RequestId::new();
+    // `grow` adds a tool and says so; the delete waits for approval.
+    let error = session
+        .run(request, "grow, then delete", RunContext::default())
+        .await
+        .unwrap_err();
+    let Error::AwaitingApproval { revision, .. } = error else {
+        panic!("expected a stop for approval, got {error:?}");
+    };
+    let waited = std::time::Instant::now();
+    while !server.tools_changed() {
+        assert!(waited.elapsed() < std::time::Duration::from_secs(10));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(server.refresh().await.unwrap(), "the list changed");
+    assert!(!server.refresh().await.unwrap(), "read once");
+    assert!(server.tools().iter().any(|t| t.name == "extra"));
+    assert!(server.tools().iter().all(|t| t.name != "sleep"));
+
+    // An agent built before keeps its tools: a call of one the server no
+    // longer offers is not sent, and the model is told why.
+    let outcome = self::session(sleeper)
+        .await
+        .run(RequestId::new(), "sleep", RunContext::default())
+        .await
+        .unwrap();
+    let told = outcome
+        .messages
+        .iter()
+        .find_map(|m| match m {
+            Message::Tool { content, .. } => Some(content.text().into_owned()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        told.contains("no longer offers the tool \"sleep\""),
+        "{told}"
+    );
+    assert!(calls_of(&effects, "sleep").is_empty());
+
+    // An agent built now has the new tool, and another fingerprint: the
+    // held request continues under it only as an upgrade.
+    let after = server.add_to(Agent::new(script()), &policy).unwrap();
+    assert_ne!(after.fingerprint(), before.fingerprint());
+    let upgraded = AgentSession::new(
+        after,
+        session.store().clone(),
+        session.conversation_id(),
+        Namespace::new("mcp-test").unwrap(),
+        ContextPolicy::default(),
+    );
+    let revision = upgraded.approve(request, "d1", revision).await.unwrap();
+    let refused = upgraded
+        .continue_after_approval(request, RunContext::default(), revision)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::ConfigurationMismatch { .. })),
+        "{refused:?}"
+    );
+    let outcome = upgraded
+        .continue_after_approval(
+            request,
+            RunContext::default().with_agent_upgrade(AgentUpgrade::Accept),
+            revision,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "grown and deleted");
+    assert_eq!(calls_of(&effects, "delete_file").len(), 1);
 }
 
 #[tokio::test]
