@@ -1,8 +1,11 @@
 //! Conversations and ownership changes: claim, recovery claim, abandon.
 
-use turnstile_core::store::{ClaimOutcome, InputHash, RecoveryClaim, RequestStatus, RunStatus};
+use turnstile_core::store::{
+    ClaimOutcome, InputHash, RecoveryClaim, RequestStatus, ResolvedRound, RunStatus,
+};
 use turnstile_core::{
     CheckpointPhase, ConversationId, Error, Message, Namespace, RequestId, Revision, RunId,
+    ToolResult,
 };
 
 use crate::support::{
@@ -377,7 +380,7 @@ pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
         from_run: second.run_id,
         new_run: RunId::new(),
         reject_in_flight: false,
-        resolved_turn: None,
+        resolved: None,
         agent_fingerprint: None,
         budget_change: None,
     };
@@ -404,14 +407,14 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     let mut start = checkpoint(first.run_id, 1, CheckpointPhase::TurnInFlight, count);
     start.turn = 2;
     store.begin_turn(&first, &start).await?;
-    let claim = |resolved_turn| RecoveryClaim {
+    let claim = |resolved: Option<(u32, u32)>| RecoveryClaim {
         conversation_id: conversation,
         request_id: first.request_id,
         expected_revision: first.revision,
         from_run: first.run_id,
         new_run: RunId::new(),
         reject_in_flight: true,
-        resolved_turn,
+        resolved: resolved.map(|(turn, answered)| ResolvedRound { turn, answered }),
         agent_fingerprint: None,
         budget_change: None,
     };
@@ -426,22 +429,33 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     };
     // A model call in flight is refused even for a resolved turn.
     let before = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
-    refused(2)(store.claim_recovery(&claim(Some(2))).await);
-    let assistant = Message::assistant_with_calls("", vec![tool_call("call-2", "{}")]);
+    refused(2)(store.claim_recovery(&claim(Some((2, 0)))).await);
+    let calls = vec![tool_call("call-2", "{}"), tool_call("call-3", "{}")];
+    let assistant = Message::assistant_with_calls("", calls);
     let answered = checkpoint(first.run_id, 2, CheckpointPhase::ToolsInFlight, count);
     store
         .record_model_response(&first, &answered, &assistant)
         .await?;
+    let result = ToolResult {
+        content: "r2".into(),
+        is_error: false,
+    };
+    store
+        .record_tool_result(&first, 2, "call-2", &result)
+        .await?;
     let before_round = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
     assert_ne!(before_round, before);
 
-    // The tool round: refused unresolved or resolved at another turn,
-    // writing nothing; claimed when resolved at its turn.
+    // The tool round, one call answered: refused unresolved, resolved at
+    // another turn, or read with another number of answered calls (the
+    // run being continued went on meanwhile), writing nothing; claimed
+    // when resolved as it is.
     refused(2)(store.claim_recovery(&claim(None)).await);
-    refused(2)(store.claim_recovery(&claim(Some(1))).await);
+    refused(2)(store.claim_recovery(&claim(Some((1, 1)))).await);
+    refused(2)(store.claim_recovery(&claim(Some((2, 0)))).await);
     let after = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
     assert_eq!(after, before_round);
-    let resolved = claim(Some(2));
+    let resolved = claim(Some((2, 1)));
     let fence = store.claim_recovery(&resolved).await?;
     assert_eq!(fence.run_id, resolved.new_run);
     assert_eq!(fence.revision, Revision(first.revision.0 + 1));

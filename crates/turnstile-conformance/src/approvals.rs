@@ -472,7 +472,7 @@ pub async fn recovery_claim_with_another_fingerprint_records_the_agent_change(
             from_run: first.run_id,
             new_run: RunId::new(),
             reject_in_flight: true,
-            resolved_turn: None,
+            resolved: None,
             agent_fingerprint: Some("fp-2".into()),
             budget_change: None,
         })

@@ -59,7 +59,7 @@ pub async fn recovery_claim_with_a_budget_change_records_it_and_the_request_keep
             from_run: first.run_id,
             new_run: RunId::new(),
             reject_in_flight: false,
-            resolved_turn: None,
+            resolved: None,
             agent_fingerprint: None,
             budget_change: Some(change),
         })
@@ -91,7 +91,7 @@ pub async fn recovery_claim_with_a_budget_change_records_it_and_the_request_keep
             from_run: plain.run_id,
             new_run: RunId::new(),
             reject_in_flight: false,
-            resolved_turn: None,
+            resolved: None,
             agent_fingerprint: None,
             budget_change: Some(BudgetChange {
                 from: budget(5),

@@ -72,7 +72,7 @@ pub async fn concurrent_recovery_claims_at_one_revision_admit_exactly_one(
                 from_run: stalled.run_id,
                 new_run: RunId::new(),
                 reject_in_flight: false,
-                resolved_turn: None,
+                resolved: None,
                 agent_fingerprint: None,
                 budget_change: None,
             };

@@ -246,7 +246,7 @@ pub async fn recover(store: &dyn Store, fence: &Fence) -> Result<Fence, Error> {
             from_run: fence.run_id,
             new_run: RunId::new(),
             reject_in_flight: false,
-            resolved_turn: None,
+            resolved: None,
             agent_fingerprint: None,
             budget_change: None,
         })

@@ -3,6 +3,7 @@
 //! them in doubt.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// A tool's annotations, as its server declares them (`None` when it says
 /// nothing). They are hints: a server may be wrong, so the policy derived
@@ -42,6 +43,7 @@ impl Annotations {
 pub struct McpPolicy {
     approval: BTreeMap<String, bool>,
     retry: BTreeMap<String, bool>,
+    call_timeout: Option<Duration>,
 }
 
 impl McpPolicy {
@@ -55,6 +57,23 @@ impl McpPolicy {
     pub fn without_approval(mut self, tool: impl Into<String>) -> Self {
         self.approval.insert(tool.into(), false);
         self
+    }
+
+    /// A call the server has not answered within `limit` is in doubt: the
+    /// run stops with its turn in flight, as if the server had gone away
+    /// mid-call. By default nine tenths of the agent's tool timeout as it
+    /// is when the tools are added, so that a slow call is in doubt rather
+    /// than the timed-out error result the agent gives any tool (keep
+    /// `limit` below the tool timeout for the same reason).
+    pub fn call_timeout(mut self, limit: Duration) -> Self {
+        self.call_timeout = Some(limit);
+        self
+    }
+
+    /// How long a call may go unanswered before it is in doubt, for an
+    /// agent whose tool timeout is `tool_timeout`.
+    pub fn timeout(&self, tool_timeout: Duration) -> Duration {
+        self.call_timeout.unwrap_or(tool_timeout * 9 / 10)
     }
 
     /// Whether a call of `tool` left in doubt by a crash runs again

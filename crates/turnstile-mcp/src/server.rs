@@ -100,13 +100,14 @@ impl McpServer {
                         "{key:?} is no HTTP header name (MCP server {name})"
                     ))
                 })?;
-                // The value may be a secret: never quoted.
-                let value = HeaderValue::try_from(value.as_str()).map_err(|_| {
+                // The value may be a secret: never quoted, nor logged.
+                let mut value = HeaderValue::try_from(value.as_str()).map_err(|_| {
                     McpError(format!(
                         "the value of the header {key} is no valid HTTP header value (MCP \
                          server {name})"
                     ))
                 })?;
+                value.set_sensitive(true);
                 Ok((key, value))
             })
             .collect::<Result<_, McpError>>()?;
@@ -114,7 +115,9 @@ impl McpServer {
             url: url.to_owned(),
             headers,
         };
-        Self::connect(name, launch).await
+        Self::connect(name, launch)
+            .await
+            .map_err(|McpError(e)| McpError(e.replace(url, &redacted(url))))
     }
 
     async fn connect(name: String, launch: Launch) -> Result<Arc<Self>, McpError> {
@@ -157,7 +160,7 @@ impl McpServer {
                         self.name
                     )))
                 }
-                Err(e) => why = e.0,
+                Err(e) => why = self.redact(&e.0),
             }
         }
         Err(ToolError::new(format!(
@@ -165,6 +168,15 @@ impl McpServer {
              not sent",
             self.name
         )))
+    }
+
+    /// `text` with the server's URL, if it has one, as [`redacted`]: no user
+    /// info, no query.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        match &self.launch {
+            Launch::Http { url, .. } => text.replace(url.as_str(), &redacted(url)),
+            Launch::Stdio(_) => text.to_owned(),
+        }
     }
 
     /// A call was answered: the server is healthy again.
@@ -262,10 +274,11 @@ impl McpServer {
     pub fn add_to(self: &Arc<Self>, agent: Agent, policy: &McpPolicy) -> Result<Agent, McpError> {
         let taken: Vec<String> = agent.tool_specs().iter().map(|s| s.name.clone()).collect();
         let exposed = self.exposed(&taken)?;
+        let timeout = policy.timeout(agent.limits().tool_timeout);
         Ok(exposed.into_iter().fold(agent, |agent, (name, info)| {
             let idempotent = policy.retries_in_doubt(&info.name, &info.annotations);
             let asks = policy.requires_approval(&info.name, &info.annotations);
-            let tool = Arc::new(McpTool::new(self.clone(), name, info.clone(), idempotent));
+            let tool = Arc::new(McpTool::new(self.clone(), name, info, idempotent, timeout));
             match asks {
                 true => agent.with_tool_requiring_approval(tool),
                 false => agent.with_tool(tool),
@@ -279,23 +292,30 @@ impl McpServer {
     /// # Errors
     /// [`McpError`] when a prefixed name is taken too.
     pub fn exposed(&self, taken: &[String]) -> Result<Vec<(String, McpToolInfo)>, McpError> {
-        self.tools()
-            .into_iter()
-            .map(|info| {
-                if !taken.contains(&info.name) {
-                    return Ok((info.name.clone(), info));
+        let tools = self.tools();
+        // Taken: the agent's names, this server's own, and those given.
+        let mut names: Vec<String> = taken.to_vec();
+        names.extend(tools.iter().map(|info| info.name.clone()));
+        let mut exposed = Vec::with_capacity(tools.len());
+        for info in tools {
+            let name = match taken.contains(&info.name) {
+                false => info.name.clone(),
+                true => {
+                    let prefixed = self.prefixed(&info.name);
+                    if names.contains(&prefixed) {
+                        return Err(McpError(format!(
+                            "the MCP server {} offers a tool named {:?}, which the agent \
+                             already has, as it has {prefixed:?}: name the server otherwise",
+                            self.name, info.name
+                        )));
+                    }
+                    names.push(prefixed.clone());
+                    prefixed
                 }
-                let prefixed = self.prefixed(&info.name);
-                match taken.contains(&prefixed) {
-                    true => Err(McpError(format!(
-                        "the MCP server {} offers a tool named {:?}, which the agent already \
-                         has, as it has {prefixed:?}: name the server otherwise",
-                        self.name, info.name
-                    ))),
-                    false => Ok((prefixed, info)),
-                }
-            })
-            .collect()
+            };
+            exposed.push((name, info));
+        }
+        Ok(exposed)
     }
 
     /// `tool` prefixed with the server's name (`SERVER_tool`, each
@@ -331,5 +351,19 @@ fn restart_wait(restarts: u32) -> Duration {
         n => RESTART_FIRST_WAIT
             .saturating_mul(1 << (n - 1).min(16))
             .min(RESTART_MAX_WAIT),
+    }
+}
+
+/// `url` without its user info and query, which may hold secrets.
+pub(crate) fn redacted(url: &str) -> String {
+    match url.parse::<http::Uri>() {
+        Ok(uri) => format!(
+            "{}://{}{}{}",
+            uri.scheme_str().unwrap_or("http"),
+            uri.host().unwrap_or_default(),
+            uri.port().map(|p| format!(":{p}")).unwrap_or_default(),
+            uri.path()
+        ),
+        Err(_) => "(a URL that does not parse)".to_owned(),
     }
 }

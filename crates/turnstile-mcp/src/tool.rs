@@ -4,6 +4,7 @@
 //! [`RECONCILE_TOOL`](crate::RECONCILE_TOOL) when it offers one.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
@@ -25,6 +26,8 @@ pub(crate) struct McpTool {
     info: McpToolInfo,
     /// Whether a call in doubt runs again (the policy's word on it).
     idempotent: bool,
+    /// How long a call may go unanswered before it is in doubt.
+    timeout: Duration,
 }
 
 impl McpTool {
@@ -33,49 +36,77 @@ impl McpTool {
         exposed: String,
         info: McpToolInfo,
         idempotent: bool,
+        timeout: Duration,
     ) -> Self {
         Self {
             server,
             exposed,
             info,
             idempotent,
+            timeout,
         }
     }
 
-    /// Sends `tools/call` of `name` with the call's idempotency key.
+    /// Sends `tools/call` of `name`, with the call's idempotency key in
+    /// `_meta` when `key` is given, and waits for the answer at most
+    /// `limit` (the wait for a connection not counted: a call not sent yet
+    /// is not in doubt).
     async fn send(
         &self,
         name: &str,
         arguments: Map<String, Value>,
-        context: &ToolContext,
+        key: Option<&str>,
+        limit: Option<Duration>,
     ) -> Result<CallToolResult, ToolError> {
         let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        let mut meta = RequestMetaObject::new();
-        meta.insert(
-            IDEMPOTENCY_KEY_META.to_owned(),
-            Value::String(context.idempotency_key.clone()),
-        );
-        params.meta = Some(meta);
+        if let Some(key) = key {
+            let mut meta = RequestMetaObject::new();
+            meta.insert(
+                IDEMPOTENCY_KEY_META.to_owned(),
+                Value::String(key.to_owned()),
+            );
+            params.meta = Some(meta);
+        }
         let server = self.server.name();
         let connection = self.server.connection().await?;
-        let answer = connection.client.call_tool(params).await;
+        let call = connection.client.call_tool(params);
+        let answer = match limit {
+            None => call.await,
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    return Err(ToolError::in_doubt(format!(
+                        "the MCP server {server} did not answer the call within {} ms",
+                        limit.as_millis()
+                    )))
+                }
+            },
+        };
         match answer {
             Ok(answer) => {
                 self.server.answered();
                 Ok(answer)
             }
+            // Refused before it was looked at.
+            Err(e) if e.auth_challenge().is_some() => Err(ToolError::new(format!(
+                "the MCP server {server} refused the call as unauthorized: check the headers \
+                 it is given"
+            ))),
             // The server may have acted before it went, or before it was
             // given up on: the call is in doubt.
             Err(
                 e @ (ServiceError::TransportClosed
+                | ServiceError::TransportSend(_)
                 | ServiceError::Cancelled { .. }
                 | ServiceError::Timeout { .. }
                 | ServiceError::UnexpectedResponse),
             ) => Err(ToolError::in_doubt(format!(
-                "the MCP server {server} did not answer the call ({e})"
+                "the MCP server {server} did not answer the call ({})",
+                self.server.redact(&e.to_string())
             ))),
             Err(other) => Err(ToolError::new(format!(
-                "the MCP server {server} failed the call: {other}"
+                "the MCP server {server} failed the call: {}",
+                self.server.redact(&other.to_string())
             ))),
         }
     }
@@ -104,7 +135,14 @@ impl Tool for McpTool {
                 self.info.name
             )));
         }
-        let result = self.send(&self.info.name, arguments, &context).await?;
+        let result = self
+            .send(
+                &self.info.name,
+                arguments,
+                Some(&context.idempotency_key),
+                Some(self.timeout),
+            )
+            .await?;
         let content = result_content(&result)?;
         if result.is_error == Some(true) {
             return Err(failure(&content, self.server.name()));
@@ -130,7 +168,12 @@ impl Tool for McpTool {
         let Value::Object(question) = question else {
             return Reconciliation::Unknown;
         };
-        let answer = match self.send(RECONCILE_TOOL, question, &context).await {
+        // Without the call's key in `_meta`: a server that deduplicates by
+        // it must not take the question for the call.
+        let answer = match self
+            .send(RECONCILE_TOOL, question, None, Some(self.timeout))
+            .await
+        {
             Ok(answer) if answer.is_error != Some(true) => answer,
             Ok(_) | Err(_) => return Reconciliation::Unknown,
         };

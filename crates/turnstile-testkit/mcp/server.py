@@ -234,10 +234,19 @@ def main() -> None:
     if args.http is not None:
         import uvicorn
 
+        import socket
+
         app = mcp.streamable_http_app()
         if args.token:
             app = _bearer(app, args.token)
-        uvicorn.run(app, host="127.0.0.1", port=args.http, log_level="warning")
+        # Bound here, so the line below tells the test the port is this
+        # process's (a bind that fails exits before it).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", args.http))
+        print("LISTENING", flush=True)
+        config = uvicorn.Config(app, log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
     else:
         mcp.run("stdio")
 

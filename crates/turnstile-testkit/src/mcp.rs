@@ -75,7 +75,7 @@ impl HttpServer {
             .expect("a free loopback port")
             .port();
         let child = Self::spawn(port, effects, token, reconcile);
-        let server = Self {
+        let mut server = Self {
             url: format!("http://127.0.0.1:{port}/mcp"),
             port,
             effects: effects.to_owned(),
@@ -106,17 +106,30 @@ impl HttpServer {
         if let Some(token) = token {
             command.arg("--token").arg(token);
         }
-        command.spawn().expect("start the MCP HTTP server")
+        command
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the MCP HTTP server")
     }
 
-    fn wait_until_listening(&self) {
+    /// Waits for the server to say it bound its port (a port another
+    /// process took makes it exit instead).
+    fn wait_until_listening(&mut self) {
+        use std::io::BufRead;
+        let stdout = self.child.stdout.take().expect("the server's stdout");
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        match lines.next() {
+            Some(Ok(line)) if line == "LISTENING" => {}
+            other => panic!("the MCP HTTP server did not bind its port: {other:?}"),
+        }
+        // Bound; accepting once uvicorn has started.
         let started = std::time::Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 started.elapsed() < std::time::Duration::from_secs(60),
                 "the MCP HTTP server did not listen within 60 s"
             );
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
 

@@ -796,7 +796,7 @@ impl Racers {
             from_run,
             new_run: RunId::new(),
             reject_in_flight,
-            resolved_turn: None,
+            resolved: None,
             agent_fingerprint: None,
             budget_change: None,
         };

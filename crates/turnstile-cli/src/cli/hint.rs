@@ -11,7 +11,7 @@ use turnstile::LeasePolicy;
 use super::args::SessionArgs;
 use super::budget_args::raise;
 use super::exit::{CliError, NextSteps};
-use super::mcp::McpArgs;
+use super::mcp::{self, McpArgs};
 use super::model::{ModelArgs, ModelSpec, ReplayArg};
 pub(super) use super::text::quote;
 
@@ -75,7 +75,7 @@ impl<'a> AgentFlags<'a> {
             words.extend(["--mcp-stdio".into(), quote(server)]);
         }
         for server in self.mcp_http {
-            words.extend(["--mcp-http".into(), quote(server)]);
+            words.extend(["--mcp-http".into(), quote(&mcp::redacted_http_flag(server))]);
         }
         if !self.require_approval.is_empty() {
             words.extend([

@@ -82,10 +82,11 @@ fn http_flag(value: &str) -> Result<(String, Vec<(String, String)>), String> {
     let (url, headers) = match words.as_slice() {
         [url] => (url, Vec::new()),
         [url, flag, var] if flag == "--headers-env" => (url, headers_from_env(var)?),
+        // The value is not quoted back: its URL may hold a secret.
         _ => {
-            return Err(format!(
-                "{value:?} is not `URL` or `URL --headers-env VAR`, quoted as a shell would"
-            ))
+            return Err(
+                "the value is not `URL` or `URL --headers-env VAR`, quoted as a shell would".into(),
+            )
         }
     };
     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -117,4 +118,17 @@ fn headers_from_env(var: &str) -> Result<Vec<(String, String)>, String> {
 /// The policy of the command line: what each tool declares.
 pub(super) fn policy() -> McpPolicy {
     McpPolicy::default()
+}
+
+/// An `--mcp-http` value as a printed command repeats it: its URL's
+/// password redacted, as `--base-url`'s is (secrets belong in
+/// `--headers-env`).
+pub(super) fn redacted_http_flag(value: &str) -> String {
+    match shlex::split(value) {
+        Some(mut words) if !words.is_empty() => {
+            words[0] = turnstile::redacted_url(&words[0]);
+            shlex::try_join(words.iter().map(String::as_str)).unwrap_or_default()
+        }
+        _ => String::new(),
+    }
 }

@@ -63,7 +63,7 @@ impl InDoubt {
     fn shown(self) -> &'static str {
         match self {
             InDoubt::Reconcile => "reconcile",
-            InDoubt::Retry => "runs again",
+            InDoubt::Retry => "retry",
             InDoubt::Ambiguous => "ambiguous",
         }
     }

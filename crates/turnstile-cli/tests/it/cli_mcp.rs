@@ -264,9 +264,10 @@ fn a_run_reaches_an_http_server_with_headers_from_the_environment() {
             None => command.env_remove("MCP_TEST_HEADERS"),
         };
         let output = command.output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
         (
             output.status.code(),
-            String::from_utf8(output.stdout).unwrap(),
+            String::from_utf8(output.stdout).unwrap() + &stderr,
         )
     };
 
@@ -279,9 +280,10 @@ fn a_run_reaches_an_http_server_with_headers_from_the_environment() {
     assert!(!stdout.contains("wr0ng"), "{stdout}");
     assert!(!std::path::Path::new(db).exists());
 
-    let (code, stdout) = run(Some("Authorization: Bearer t0ken\n"));
-    assert_eq!(code, Some(0), "{stdout}");
-    let outcome: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let (code, output) = run(Some("Authorization: Bearer t0ken\n"));
+    assert_eq!(code, Some(0), "{output}");
+    assert!(!output.contains("t0ken"), "{output}");
+    let outcome: serde_json::Value = serde_json::from_str(&output).unwrap();
     assert_eq!(outcome["final_text"], "found it");
     assert_eq!(calls_of(&effects, "lookup").len(), 1);
 }

@@ -107,12 +107,15 @@ pub trait Tool: Send + Sync {
 
     /// Asked on recovery about a call that was in flight when its run
     /// stopped, before anything runs again: did it take effect? Its
-    /// `context` is the one the call ran with (same idempotency key).
+    /// `context` has the call's idempotency key, turn and id, and the run
+    /// being continued (which may not be the run that started the call).
     /// [`Reconciliation::Done`] is journaled as the call's result and
     /// nothing runs; [`Reconciliation::NotDone`] runs the call once;
     /// [`Reconciliation::Unknown`], the default, leaves the call to the
-    /// resume policy. Bounded by the agent's tool timeout; a timeout or a
-    /// panic counts as unknown.
+    /// resume policy. Bounded by the agent's tool timeout; a timeout, a
+    /// panic, or a done call that failed in doubt
+    /// ([`ToolError::in_doubt`]) counts as unknown. Not asked after an
+    /// agent upgrade: the call is then ambiguous as before.
     async fn reconcile(
         &self,
         arguments: serde_json::Value,

@@ -213,7 +213,11 @@ impl Default for ContextPolicy {
 /// What resuming does with a turn that was in flight when its run stopped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ResumePolicy {
-    /// Refuse with [`Error::AmbiguousCheckpoint`]: nothing is re-executed.
+    /// Refuse with [`Error::AmbiguousCheckpoint`], unless the tool of the
+    /// call in doubt settles it: [`Tool::reconcile`](crate::Tool::reconcile)
+    /// answers done (journaled, nothing runs) or not done (it runs once), or
+    /// the tool is [`Tool::idempotent`](crate::Tool::idempotent) (it runs
+    /// again with the same key). Nothing else is re-executed.
     #[default]
     RejectAmbiguous,
     /// Re-run the interrupted turn. A recorded model answer is reused; tool

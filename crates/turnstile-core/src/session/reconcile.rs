@@ -17,13 +17,15 @@ use crate::checkpoint::LoopCheckpoint;
 use crate::error::Error;
 use crate::ids::{RequestId, RunId};
 use crate::message::{Message, ToolCall, ToolResult};
-use crate::store::{ApprovalStatus, JournalStatus};
+use crate::store::{ApprovalStatus, JournalStatus, ResolvedRound};
 
 /// What is known of a tool round in flight.
 #[derive(Debug)]
 pub(super) struct InDoubt {
     /// The round's turn.
     pub turn: u32,
+    /// How many of its calls were answered when it was read.
+    pub answered: u32,
     /// The call that may have run, and what its tool said; `None` when no
     /// call of the round can have run unjournaled.
     pub call: Option<(String, Verdict)>,
@@ -41,9 +43,16 @@ pub(super) enum Verdict {
 }
 
 impl InDoubt {
-    /// Whether the round may go on without a policy that retries it.
-    pub fn resolved(&self) -> bool {
-        !matches!(self.call, Some((_, Verdict::Unknown)))
+    /// The round as the claim checks it, when it may go on without a
+    /// policy that retries it.
+    pub fn resolved(&self) -> Option<ResolvedRound> {
+        match self.call {
+            Some((_, Verdict::Unknown)) => None,
+            _ => Some(ResolvedRound {
+                turn: self.turn,
+                answered: self.answered,
+            }),
+        }
     }
 
     /// The reconciled result of `call_id` at `turn`, taken: journaled in
@@ -70,18 +79,23 @@ impl AgentSession {
         ctx: &RunContext,
     ) -> Result<InDoubt, Error> {
         let turn = checkpoint.turn;
-        let call = match self.call_in_doubt(request_id, checkpoint).await? {
-            Some(call) => call,
-            None => return Ok(InDoubt { turn, call: None }),
+        let (answered, call) = self.call_in_doubt(request_id, checkpoint).await?;
+        let nothing = InDoubt {
+            turn,
+            answered,
+            call: None,
+        };
+        let Some(call) = call else {
+            return Ok(nothing);
         };
         let Some((tool, check)) = self.agent.tool(&call.name) else {
             // Answered "unknown tool" without running.
-            return Ok(InDoubt { turn, call: None });
+            return Ok(nothing);
         };
         let arguments: serde_json::Value = match serde_json::from_str(&call.arguments) {
             Ok(arguments) if check.check(&arguments).is_ok() => arguments,
             // Answered with the reason, without running.
-            _ => return Ok(InDoubt { turn, call: None }),
+            _ => return Ok(nothing),
         };
         let context = ToolContext::of_call(from_run, request_id, turn, &call.id);
         let tool = tool.clone();
@@ -117,17 +131,19 @@ impl AgentSession {
         );
         Ok(InDoubt {
             turn,
+            answered,
             call: Some((call.id, verdict)),
         })
     }
 
-    /// The first call of the round with no journaled result that does not
-    /// wait for a decision (and is within the per-turn limit).
+    /// How many calls of the round are answered, and the first with no
+    /// journaled result that does not wait for a decision (and is within
+    /// the per-turn limit).
     async fn call_in_doubt(
         &self,
         request_id: RequestId,
         checkpoint: &LoopCheckpoint,
-    ) -> Result<Option<ToolCall>, Error> {
+    ) -> Result<(u32, Option<ToolCall>), Error> {
         let turn = checkpoint.turn;
         let messages = self
             .store
@@ -153,10 +169,15 @@ impl AgentSession {
             Some(decision) => decision.status != ApprovalStatus::Approved,
             None => self.agent.requires_approval(&call.name, &call.arguments),
         };
-        Ok(tool_calls
+        let count = journal
+            .iter()
+            .filter(|e| e.status != JournalStatus::Requested)
+            .count();
+        let call = tool_calls
             .into_iter()
             .take(limit)
-            .find(|call| !answered(call) && !waits(call)))
+            .find(|call| !answered(call) && !waits(call));
+        Ok((u32::try_from(count).unwrap_or(u32::MAX), call))
     }
 }
 

@@ -140,18 +140,24 @@ impl AgentSession {
                 });
             }
         }
-        // A tool round in flight: its call in doubt is reconciled first.
+        // A tool round in flight: its call in doubt is reconciled first, by
+        // the agent that ran it (an upgraded agent may have other tools or
+        // rules, so which call was in doubt is not for it to say).
         let in_doubt = match &latest {
-            Some(checkpoint) if checkpoint.phase == CheckpointPhase::ToolsInFlight => Some(
-                self.in_doubt(request_id, from_run, checkpoint, &ctx)
-                    .await?,
-            ),
+            Some(checkpoint)
+                if checkpoint.phase == CheckpointPhase::ToolsInFlight && agent_change.is_none() =>
+            {
+                Some(
+                    self.in_doubt(request_id, from_run, checkpoint, &ctx)
+                        .await?,
+                )
+            }
             _ => None,
         };
         // The store refuses an in-flight turn under `RejectAmbiguous` inside
         // the claim's own transaction, so the check and the claim cannot race;
-        // a tool round whose call in doubt is resolved is let through.
-        let resolved_turn = in_doubt.as_ref().filter(|d| d.resolved()).map(|d| d.turn);
+        // a resolved tool round is let through if it is still as read.
+        let resolved = in_doubt.as_ref().and_then(|d| d.resolved());
         let fence = self
             .store
             .claim_recovery(&RecoveryClaim {
@@ -161,7 +167,7 @@ impl AgentSession {
                 from_run,
                 new_run: RunId::new(),
                 reject_in_flight: policy == ResumePolicy::RejectAmbiguous,
-                resolved_turn,
+                resolved,
                 agent_fingerprint: agent_change.as_ref().map(|c| c.to.clone()),
                 budget_change,
             })

@@ -28,8 +28,8 @@ pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
 pub use records::{
     ActiveAdmission, Admission, AgentChange, BudgetChange, ClaimContext, ClaimOutcome,
     Conversation, Fence, InputHash, JournalEntry, JournalStatus, NewRequest, RecoveryClaim,
-    RequestRecord, RequestStatus, RunRecord, RunStatus, StoredOutcome, StoredSummary,
-    SummaryCommit, SummaryPass, SummaryProgress, TranscriptEntry,
+    RequestRecord, RequestStatus, ResolvedRound, RunRecord, RunStatus, StoredOutcome,
+    StoredSummary, SummaryCommit, SummaryPass, SummaryProgress, TranscriptEntry,
 };
 
 use crate::checkpoint::LoopCheckpoint;

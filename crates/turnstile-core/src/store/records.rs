@@ -213,11 +213,13 @@ pub struct RecoveryClaim {
     /// if `from_run`'s latest checkpoint has a turn in flight, checked in
     /// the same transaction as the compare-and-swap.
     pub reject_in_flight: bool,
-    /// With `reject_in_flight`: a tool round in flight at this turn is not
-    /// refused, since the caller resolved every call of it in doubt (each
-    /// reconciled, or safe to run again). A model call in flight, or a
-    /// round at another turn, is still refused.
-    pub resolved_turn: Option<u32>,
+    /// With `reject_in_flight`: a tool round in flight that the caller
+    /// resolved (its call in doubt reconciled, or safe to run again) is not
+    /// refused, so long as it is still as the caller read it. A model call
+    /// in flight, a round at another turn, or one with another number of
+    /// answered calls (the run being continued went on meanwhile) is still
+    /// refused.
+    pub resolved: Option<ResolvedRound>,
     /// The new run's agent fingerprint when it differs from the one the
     /// admission holds (an explicit upgrade): the admission takes it and the
     /// new run records both. `None` keeps the admission's.
@@ -226,6 +228,16 @@ pub struct RecoveryClaim {
     /// request takes `to` and the new run records the change. `None` keeps
     /// the request's budget.
     pub budget_change: Option<BudgetChange>,
+}
+
+/// A tool round in flight as a recovery read and resolved it
+/// ([`RecoveryClaim::resolved`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResolvedRound {
+    /// The round's turn.
+    pub turn: u32,
+    /// How many of its calls were answered (journaled with a result).
+    pub answered: u32,
 }
 
 /// Lifecycle of a request.

@@ -485,6 +485,34 @@ async fn a_changed_tool_list_is_read_again_and_a_held_request_continues_only_as_
 }
 
 #[tokio::test]
+async fn a_call_unanswered_within_the_policys_timeout_is_in_doubt() {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.log");
+    let server = server(&effects).await;
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool_calls(vec![ToolCall::new("s1", "sleep", json!({ "seconds": 30 }))]),
+        ScriptedReply::text("slept"),
+    ]));
+    let policy = McpPolicy::default()
+        .without_approval("sleep")
+        .call_timeout(std::time::Duration::from_millis(500));
+    let session = session(server.add_to(Agent::new(model), &policy).unwrap()).await;
+    let started = std::time::Instant::now();
+    let stopped = session
+        .run(RequestId::new(), "sleep", RunContext::default())
+        .await
+        .unwrap_err();
+    match &stopped {
+        Error::ToolInDoubt { call, .. } => {
+            assert!(call.message.contains("within 500 ms"), "{stopped}")
+        }
+        other => panic!("expected ToolInDoubt, got {other:?}"),
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(calls_of(&effects, "sleep").len(), 1);
+}
+
+#[tokio::test]
 async fn a_command_that_is_no_mcp_server_is_refused_with_its_name() {
     let error = McpServer::stdio("not-mcp", tokio::process::Command::new("true"))
         .await

@@ -106,8 +106,15 @@ pub(crate) async fn claim_recovery_in(
         .map_err(db("read latest checkpoint"))?;
         if let Some(latest) = latest {
             let phase = CheckpointPhase::parse(&latest.phase);
-            let resolved = phase == Some(CheckpointPhase::ToolsInFlight)
-                && claim.resolved_turn.map(i64::from) == Some(latest.turn);
+            let resolved = match claim.resolved {
+                Some(round)
+                    if phase == Some(CheckpointPhase::ToolsInFlight)
+                        && i64::from(round.turn) == latest.turn =>
+                {
+                    answered(&mut *conn, claim, latest.turn).await? == i64::from(round.answered)
+                }
+                _ => false,
+            };
             if phase.is_some_and(CheckpointPhase::is_in_flight) && !resolved {
                 let key = format!("{}/{}", claim.from_run, latest.turn);
                 return Err(Error::AmbiguousCheckpoint {
@@ -163,4 +170,18 @@ pub(crate) async fn claim_recovery_in(
     .await
     .map_err(db("start resumed run"))?;
     Ok(fence(fence_at(claim.conversation_id, claimed.revision)?))
+}
+
+/// How many calls of the request's tool round at `turn` are answered.
+async fn answered(conn: &mut PgConnection, claim: &RecoveryClaim, turn: i64) -> Result<i64, Error> {
+    sqlx::query_scalar!(
+        r#"SELECT COUNT(*) AS "n!: i64" FROM tool_calls
+           WHERE conversation_id = $1 AND request_id = $2 AND turn = $3 AND status <> 'requested'"#,
+        claim.conversation_id.as_uuid(),
+        claim.request_id.as_uuid(),
+        turn
+    )
+    .fetch_one(conn)
+    .await
+    .map_err(db("count answered calls"))
 }

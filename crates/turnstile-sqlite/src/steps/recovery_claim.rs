@@ -64,13 +64,14 @@ pub(crate) async fn claim_recovery_in(
         .as_ref()
         .and_then(|c| budget_json(&c.to));
     let budget_change = budget_change_json(claim.budget_change.as_ref());
-    let resolved_turn = claim.resolved_turn.map(i64::from);
+    let resolved_turn = claim.resolved.map(|r| i64::from(r.turn));
+    let resolved_answered = claim.resolved.map(|r| i64::from(r.answered));
     let now = now_ms();
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO recovery_claims (conversation_id, request_id, from_run, new_run,
                expected_revision, refuse_phases, now, agent_fingerprint, budget, budget_change,
-               resolved_turn)
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+               resolved_turn, resolved_answered)
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
            RETURNING (SELECT revision FROM admissions WHERE conversation_id = ?1)
                AS "revision!: i64""#,
         conversation,
@@ -83,7 +84,8 @@ pub(crate) async fn claim_recovery_in(
         claim.agent_fingerprint,
         budget,
         budget_change,
-        resolved_turn
+        resolved_turn,
+        resolved_answered
     )
     .fetch_all(&mut *tx)
     .await

@@ -5,18 +5,19 @@
 -- one) and a copy of the latest checkpoint of the run it continues (one
 -- small row, no messages copied). The latest checkpoint of `from_run` in one of `refuse_phases` (a
 -- JSON array of phase names, NULL for none) refuses the claim: a turn was
--- in flight; unless it is a tool round at `resolved_turn`, whose calls in
--- doubt the caller resolved.
+-- in flight; unless it is a tool round at `resolved_turn` with
+-- `resolved_answered` calls answered, as the caller read and resolved it.
 CREATE VIEW recovery_claims (
     conversation_id, request_id, from_run, new_run, expected_revision, refuse_phases, now,
-    -- the turn of a tool round in flight the claim does not refuse, or NULL
-    resolved_turn,
+    -- the turn of a tool round in flight the claim does not refuse, or NULL,
+    -- and how many of its calls were answered when the caller read it
+    resolved_turn, resolved_answered,
     -- the new run's agent fingerprint when it changes the agent, or NULL
     agent_fingerprint,
     -- when the run changes the request's budget: the new budget and the
     -- change (JSON), or NULL
     budget, budget_change
-) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
 
 CREATE TRIGGER recovery_claim INSTEAD OF INSERT ON recovery_claims
 BEGIN
@@ -31,7 +32,10 @@ BEGIN
     FROM (SELECT turn, phase FROM loop_checkpoints WHERE run_id = NEW.from_run
           ORDER BY turn DESC LIMIT 1) AS latest
     WHERE latest.phase IN (SELECT value FROM json_each(NEW.refuse_phases))
-      AND NOT (latest.phase = 'tools_in_flight' AND latest.turn IS NEW.resolved_turn);
+      AND NOT (latest.phase = 'tools_in_flight' AND latest.turn IS NEW.resolved_turn
+               AND (SELECT COUNT(*) FROM tool_calls
+                    WHERE request_id = NEW.request_id AND turn = NEW.resolved_turn
+                      AND status <> 'requested') = NEW.resolved_answered);
     -- Write. The new run first: it records the fingerprint the admission held.
     INSERT INTO runs (run_id, request_id, resumed_from, status, started_at, agent_fingerprint,
         replaced_fingerprint, budget_change)

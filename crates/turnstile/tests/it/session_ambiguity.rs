@@ -480,3 +480,121 @@ async fn a_call_in_doubt_stops_the_run_with_its_turn_in_flight_and_nothing_for_t
     assert_eq!(results[0].1, "remote done");
     assert_eq!(remote.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// Its first call cannot tell whether it took effect; asked afterwards, it
+/// knows it did.
+struct InDoubtThenDone {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[turnstile::async_trait]
+impl turnstile::Tool for InDoubtThenDone {
+    fn spec(&self) -> turnstile::ToolSpec {
+        turnstile::ToolSpec {
+            name: "remote".into(),
+            description: "calls a remote service".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: turnstile::ToolContext,
+    ) -> Result<turnstile::Content, turnstile::ToolError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(turnstile::ToolError::in_doubt("the connection dropped"))
+    }
+
+    async fn reconcile(
+        &self,
+        _: serde_json::Value,
+        _: turnstile::ToolContext,
+    ) -> turnstile::Reconciliation {
+        turnstile::Reconciliation::Done(Ok("remote done".into()))
+    }
+}
+
+#[tokio::test]
+async fn a_reconciled_call_between_a_journaled_one_a_waiting_one_and_one_not_started() {
+    let store = memory_store().await;
+    let count = CountingTool::new("count");
+    let gated = CountingTool::new("gated");
+    let remote = std::sync::Arc::new(InDoubtThenDone {
+        calls: Default::default(),
+    });
+    let model = scripted(vec![
+        tools_reply(
+            vec![
+                call("g1", "gated"),
+                call("c1", "count"),
+                call("r1", "remote"),
+                call("c2", "count"),
+            ],
+            usage(10, 1),
+        ),
+        text_reply("done", usage(5, 5)),
+    ]);
+    let conversation_id = ConversationId::new();
+    let agent = agent(model.clone(), vec![count.clone(), remote.clone()])
+        .with_tool_requiring_approval(gated.clone());
+    let session = session(agent, &store, conversation_id);
+    let request_id = RequestId::new();
+    // g1 waits for approval, c1 runs, r1 is in doubt: the run stops there.
+    let err = expect_err(session.run(request_id, "go", RunContext::default()).await);
+    assert!(matches!(err, Error::ToolInDoubt { .. }), "{err:?}");
+    assert_eq!(
+        (
+            count.calls(),
+            remote.calls.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (1, 1)
+    );
+
+    // The default policy asks r1's tool (not g1's: it never ran): done.
+    // r1 is journaled as its tool says, c2 runs, and g1 still waits.
+    let revision = session.admission().await.unwrap().revision;
+    let err = expect_err(
+        session
+            .recover_after_owner_exit(
+                request_id,
+                "go",
+                RunContext::default(),
+                revision,
+                ResumePolicy::RejectAmbiguous,
+            )
+            .await,
+    );
+    let Error::AwaitingApproval {
+        revision, pending, ..
+    } = err
+    else {
+        panic!("expected a stop for approval, got {err:?}");
+    };
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].call_id, "g1");
+    assert_eq!(
+        (
+            count.calls(),
+            remote.calls.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (2, 1)
+    );
+    let journal = store.journal(request_id, 1).await.unwrap();
+    let status = |id: &str| journal.iter().find(|e| e.call_id == id).unwrap().status;
+    assert_eq!(status("r1"), JournalStatus::Completed);
+    assert_eq!(status("c2"), JournalStatus::Completed);
+
+    let revision = session.approve(request_id, "g1", revision).await.unwrap();
+    let outcome = session
+        .continue_after_approval(request_id, RunContext::default(), revision)
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "done");
+    let results = tool_results(&outcome.messages);
+    let ids: Vec<&str> = results.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(ids, ["g1", "c1", "r1", "c2"]);
+    assert_eq!(results[2].1, "remote done");
+    assert_eq!((gated.calls(), count.calls()), (1, 2));
+    assert_eq!(remote.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
