@@ -118,8 +118,9 @@ impl BareInsert {
         Self::with_pool(store_like_options(path, durability)).await
     }
 
-    /// The same on a private in-memory database opened like
-    /// `SqliteStore::in_memory` (shared cache, in-memory journal).
+    /// The same on a private in-memory database with an in-memory journal
+    /// (shared cache, so that the pool's connections see one database;
+    /// `SqliteStore::in_memory` holds its database in its one connection).
     pub async fn in_memory() -> Self {
         let uri = format!(
             "sqlite:file:bench-{}?mode=memory&cache=shared",

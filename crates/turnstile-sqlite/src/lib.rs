@@ -141,9 +141,6 @@ pub struct SqliteStore {
     /// cannot write): there is no log to fold at close.
     look_only: bool,
     part_limits: PartLimits,
-    /// Keeps a named in-memory database alive while any clone of the store
-    /// lives, whatever the pools do with their connections.
-    _memory_keeper: Option<std::sync::Arc<open::MemoryKeeper>>,
 }
 
 impl SqliteStore {

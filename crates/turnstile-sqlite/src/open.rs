@@ -3,11 +3,12 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqliteOwnedBuf, SqliteSynchronous,
+};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tracing::instrument;
 
@@ -23,11 +24,14 @@ use turnstile_core::StoreError;
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
-/// An idle connection that pins a shared-cache in-memory database.
-#[derive(Debug)]
-pub(super) struct MemoryKeeper {
-    _connection: tokio::sync::Mutex<SqliteConnection>,
-}
+/// The image of a new in-memory database with the current schema and
+/// steps, built once per process by the migrations themselves: every
+/// in-memory store starts as a copy of it instead of replaying them.
+static MEMORY_TEMPLATE: tokio::sync::OnceCell<Vec<u8>> = tokio::sync::OnceCell::const_new();
+
+/// The image of a new database file with the current schema and steps, as
+/// [`MEMORY_TEMPLATE`], with the incremental auto-vacuum new files get.
+static FILE_TEMPLATE: tokio::sync::OnceCell<Vec<u8>> = tokio::sync::OnceCell::const_new();
 
 impl SqliteStore {
     /// Opens (creating if needed) a database file with the default options:
@@ -60,7 +64,13 @@ impl SqliteStore {
                 });
             }
         }
-        let created = !options.existing_only && create_owner_only(path)?;
+        // A new file starts as a copy of a database this process migrated
+        // once; under a quota it is migrated as before, so a quota too small
+        // for the schema is still told so.
+        let copied = !options.existing_only
+            && options.max_database_bytes.is_none()
+            && create_from_template(path).await?;
+        let created = copied || (!options.existing_only && create_owner_only(path)?);
         // Openers racing on a new file can meet a lock that SQLite reports
         // without waiting for the busy timeout (the switch to WAL), or a
         // migration another opener just applied (SQLite's migrator takes no
@@ -69,7 +79,7 @@ impl SqliteStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::open_once(path, &options, look_only).await {
+            match Self::open_once(path, &options, look_only, copied).await {
                 Err(Error::Store(e)) if e.is_busy() && attempt < OPEN_ATTEMPTS => {
                     tracing::debug!(attempt, error = %e, "opening raced another opener; retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(10 * attempt)).await;
@@ -99,10 +109,13 @@ impl SqliteStore {
         }
     }
 
+    /// `copied`: the file was just created as a copy of [`FILE_TEMPLATE`],
+    /// migrated and with its steps installed already.
     async fn open_once(
         path: &Path,
         options: &SqliteOptions,
         look_only: bool,
+        copied: bool,
     ) -> Result<Self, Error> {
         // SQLite takes the timeout in milliseconds as an `int`.
         let busy_timeout = options.busy_timeout.min(MAX_BUSY_TIMEOUT);
@@ -159,7 +172,9 @@ impl SqliteStore {
             .saturating_add(Duration::from_secs(5));
         // A look-only open found this build's schema (checked above) and
         // can write nothing: there is nothing to migrate or install.
-        if !look_only {
+        // Nor on a copy of this build's template: migrated and installed.
+        let current_copy = copied && found == Some(supported);
+        if !look_only && !current_copy {
             migrate(&connect, empty, found, options.existing_only).await?;
         }
         let writer = WriteConnection::open(connect.clone(), wait).await?;
@@ -171,36 +186,25 @@ impl SqliteStore {
             path: Some(path.to_owned()),
             look_only,
             part_limits: options.part_limits,
-            _memory_keeper: None,
         })
     }
 
-    /// A private in-memory database for tests and harnesses. It lives exactly
-    /// as long as the store (and its clones): a pinned connection keeps it, so
-    /// it never vanishes mid-test.
+    /// A private in-memory database for tests and harnesses, on one
+    /// connection of its own: it lives exactly as long as the store (and its
+    /// clones). It starts as a copy of a database this process migrated
+    /// once, so opening one replays no migration. It holds up to 1 GiB
+    /// (SQLite's limit for a database in memory; a write past it is told
+    /// the database is full).
     ///
     /// # Errors
     /// [`Error::Store`] if SQLite cannot create it.
     pub async fn in_memory() -> Result<Self, Error> {
-        // A uniquely named shared-cache database: the keeper and the store see
-        // the same data, and no two stores ever share one.
-        let uri = format!(
-            "sqlite:file:turnstile-{}?mode=memory&cache=shared",
-            uuid::Uuid::new_v4()
-        );
-        let connect = SqliteConnectOptions::from_str(&uri)
-            .map_err(db("in-memory uri"))?
-            .journal_mode(SqliteJournalMode::Memory)
-            .foreign_keys(true);
-        let keeper = connect
-            .connect()
-            .await
-            .map_err(db("open in-memory keeper"))?;
-        migrate(&connect, false, None, false).await?;
-        // One connection serves reads and writes: shared-cache databases lock
-        // whole tables, so a separate reader would only wait on the writer.
-        // Reads and writes wait for it as long as sqlx's pool waited.
-        let writer = WriteConnection::open(connect, Duration::from_secs(30)).await?;
+        let template = MEMORY_TEMPLATE.get_or_try_init(memory_template).await?;
+        let connect = memory_options()?;
+        let conn = memory_copy(&connect, template).await?;
+        // One connection serves reads and writes. Reads and writes wait for
+        // it as long as sqlx's pool waited.
+        let writer = WriteConnection::in_memory(conn, connect, Duration::from_secs(30));
         Ok(Self {
             group: GroupWriter::spawn(writer.clone()),
             reader: ReadConnections::Writer(writer.clone()),
@@ -208,9 +212,6 @@ impl SqliteStore {
             path: None,
             look_only: false,
             part_limits: PartLimits::default(),
-            _memory_keeper: Some(Arc::new(MemoryKeeper {
-                _connection: tokio::sync::Mutex::new(keeper),
-            })),
         })
     }
 
@@ -218,6 +219,57 @@ impl SqliteStore {
     pub fn supported_schema_version() -> i64 {
         MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
     }
+}
+
+/// How an in-memory database is connected to.
+pub(super) fn memory_options() -> Result<SqliteConnectOptions, Error> {
+    Ok(SqliteConnectOptions::from_str("sqlite::memory:")
+        .map_err(db("in-memory options"))?
+        .journal_mode(SqliteJournalMode::Memory)
+        .foreign_keys(true))
+}
+
+/// A new in-memory database with the current schema and steps, migrated
+/// the slow way, as an image.
+async fn memory_template() -> Result<Vec<u8>, Error> {
+    template(memory_options()?).await
+}
+
+/// The same for a new file: with incremental auto-vacuum (see [`migrate`]).
+async fn file_template() -> Result<Vec<u8>, Error> {
+    template(memory_options()?.auto_vacuum(SqliteAutoVacuum::Incremental)).await
+}
+
+/// A database in memory of `options`, migrated, as an image.
+async fn template(options: SqliteConnectOptions) -> Result<Vec<u8>, Error> {
+    let mut conn = options
+        .connect()
+        .await
+        .map_err(db("open in-memory template"))?;
+    migrate_on(&mut conn, None, false).await?;
+    let image = conn
+        .serialize(None)
+        .await
+        .map_err(db("copy in-memory template"))?;
+    let image = image.to_vec();
+    conn.close().await.map_err(db("close in-memory template"))?;
+    Ok(image)
+}
+
+/// A connection to a new in-memory database holding a copy of `image`.
+pub(super) async fn memory_copy(
+    connect: &SqliteConnectOptions,
+    image: &[u8],
+) -> Result<SqliteConnection, Error> {
+    let mut conn = connect
+        .connect()
+        .await
+        .map_err(db("open in-memory database"))?;
+    let copy = SqliteOwnedBuf::try_from(image).map_err(db("copy in-memory database"))?;
+    conn.deserialize(None, copy, false)
+        .await
+        .map_err(db("copy in-memory database"))?;
+    Ok(conn)
 }
 
 /// Applies the embedded migrations and installs the durable steps
@@ -416,6 +468,40 @@ fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
 /// Creates a missing database file with mode 0600 before SQLite opens it;
 /// SQLite gives its -wal and -shm files the same mode.
 /// Returns whether it created it.
+/// Creates `path`, readable and writable by its owner only, holding a copy
+/// of [`FILE_TEMPLATE`]; `false` when it exists already. The copy is written
+/// beside it and linked into place whole, so an opener racing this one sees
+/// either no file or the whole database, never a part of it.
+async fn create_from_template(path: &Path) -> Result<bool, Error> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Ok(false);
+    }
+    let image = FILE_TEMPLATE.get_or_try_init(file_template).await?;
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(format!(".new-{}", uuid::Uuid::new_v4()));
+    let staged = std::path::PathBuf::from(staged);
+    let written = (|| {
+        use std::io::Write;
+        let mut open = std::fs::OpenOptions::new();
+        open.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+        let mut file = open.open(&staged)?;
+        file.write_all(image)?;
+        file.sync_all()
+    })();
+    let linked = written.and_then(|()| std::fs::hard_link(&staged, path));
+    let _ = std::fs::remove_file(&staged);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Error::Store(StoreError::new(
+            format!("create database file {}: {e}", path.display()),
+            Some(Box::new(e)),
+        ))),
+    }
+}
+
 fn create_owner_only(path: &Path) -> Result<bool, Error> {
     let mut open = std::fs::OpenOptions::new();
     open.write(true).create_new(true);

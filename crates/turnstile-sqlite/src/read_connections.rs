@@ -7,8 +7,7 @@
 //! thread and a task hand-off: about 10 context switches against 4. Here a
 //! read waits for one of at most `max` connections, each opened when first
 //! needed, and gives it back when its guard drops. An in-memory database
-//! reads on its writer connection: shared-cache databases lock whole
-//! tables, so a second connection would only wait on the writer's locks.
+//! reads on its writer connection, the one connection that holds it.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;

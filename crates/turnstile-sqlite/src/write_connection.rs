@@ -15,6 +15,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::codec::db;
+use super::open::memory_copy;
 use turnstile_core::Error;
 use turnstile_core::StoreError;
 
@@ -27,6 +28,9 @@ pub(super) struct Owned {
     conn: Arc<Mutex<Option<SqliteConnection>>>,
     /// To open a replacement for a connection left inside a transaction.
     connect: SqliteConnectOptions,
+    /// The database lives in the connection itself (in memory): a
+    /// replacement gets a copy of it.
+    in_memory: bool,
     /// How long a write waits for the connection before it is told busy.
     wait: Duration,
 }
@@ -41,8 +45,23 @@ impl WriteConnection {
         Ok(Self(Arc::new(Owned {
             conn: Arc::new(Mutex::new(Some(conn))),
             connect,
+            in_memory: false,
             wait,
         })))
+    }
+
+    /// The writer of an in-memory database: `conn`, which holds it.
+    pub(super) fn in_memory(
+        conn: SqliteConnection,
+        connect: SqliteConnectOptions,
+        wait: Duration,
+    ) -> Self {
+        Self(Arc::new(Owned {
+            conn: Arc::new(Mutex::new(Some(conn))),
+            connect,
+            in_memory: true,
+            wait,
+        }))
     }
 
     /// Closes the writer once the writes ahead have let it go; a later
@@ -99,12 +118,22 @@ impl WriteConnection {
             return Ok(());
         }
         tracing::warn!("replacing the writer connection, left inside a transaction");
-        let fresh = tokio::time::timeout(owned.wait, owned.connect.connect())
+        let reopen = async {
+            match owned.in_memory {
+                // SQLite rolled the transaction back: what the database
+                // holds is whole; the replacement takes a copy of it.
+                true => {
+                    let image = conn.serialize(None).await.map_err(db("copy writer"))?;
+                    memory_copy(&owned.connect, &image).await
+                }
+                false => owned.connect.connect().await.map_err(db("reopen writer")),
+            }
+        };
+        let fresh = tokio::time::timeout(owned.wait, reopen)
             .await
             .map_err(|_| {
                 Error::Store(StoreError::new("reopening the writer took too long", None).busy())
-            })?
-            .map_err(db("reopen writer"))?;
+            })??;
         let stale = std::mem::replace(&mut **conn, fresh);
         drop(stale);
         Ok(())
@@ -122,5 +151,61 @@ impl Deref for Held {
 impl DerefMut for Held {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
         &mut self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::{Connection, Executor};
+
+    use super::*;
+    use crate::open::memory_options;
+
+    /// A writer whose database lives in it, left inside a transaction
+    /// SQLite rolled back by itself (a full database), is replaced by a
+    /// connection holding a copy of what the database held: nothing is
+    /// lost, and the replacement takes transactions again.
+    #[tokio::test]
+    async fn an_in_memory_writer_left_inside_a_transaction_is_replaced_by_a_copy() {
+        let connect = memory_options().unwrap();
+        let conn = connect.connect().await.unwrap();
+        let writer = WriteConnection::in_memory(conn, connect, Duration::from_secs(5));
+        let mut held = writer.take().await.unwrap();
+        held.execute("CREATE TABLE t (x BLOB NOT NULL); INSERT INTO t VALUES (x'01')")
+            .await
+            .unwrap();
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(&mut *held)
+            .await
+            .unwrap();
+        sqlx::query(&format!("PRAGMA max_page_count = {pages}"))
+            .execute(&mut *held)
+            .await
+            .unwrap();
+        {
+            let mut tx = held.begin().await.unwrap();
+            let full = sqlx::query("INSERT INTO t VALUES (zeroblob(1000000))")
+                .execute(&mut *tx)
+                .await
+                .unwrap_err();
+            assert!(full.to_string().contains("full"), "{full}");
+        }
+        assert!(
+            held.is_in_transaction(),
+            "the stuck state this test is about"
+        );
+        writer.repair(&mut held).await.unwrap();
+        assert!(!held.is_in_transaction());
+        let rows: Vec<Vec<u8>> = sqlx::query_scalar("SELECT x FROM t")
+            .fetch_all(&mut *held)
+            .await
+            .unwrap();
+        assert_eq!(rows, vec![vec![1u8]]);
+        let mut tx = held.begin().await.unwrap();
+        sqlx::query("INSERT INTO t VALUES (x'02')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
     }
 }
