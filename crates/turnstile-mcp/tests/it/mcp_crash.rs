@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Message,
-    Namespace, Outcome, RequestId, ResumePolicy, Revision, RunContext, ScriptedModel,
-    ScriptedReply, SqliteStore, Store, ToolCall,
+    Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Namespace,
+    Outcome, RequestId, ResumePolicy, Revision, RunContext, ScriptedModel, ScriptedReply,
+    SqliteStore, Store, ToolCall,
 };
 use turnstile_testkit::mcp::{calls_of, stdio_command, HttpServer};
+use turnstile_testkit::session::tool_results;
 use turnstile_testkit::{process, worker_test};
 
 const INPUT: &str = "do it once";
@@ -210,14 +211,7 @@ async fn mcp_crash_worker() {
 }
 
 fn tool_answer(outcome: &Outcome) -> String {
-    outcome
-        .messages
-        .iter()
-        .find_map(|m| match m {
-            Message::Tool { content, .. } => Some(content.text().into_owned()),
-            _ => None,
-        })
-        .expect("a tool message")
+    tool_results(&outcome.messages).remove(0).1
 }
 
 #[tokio::test]

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Message,
-    Namespace, RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore,
-    ToolCall,
+    Agent, AgentSession, ContextPolicy, ConversationId, Error, McpPolicy, McpServer, Namespace,
+    RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, ToolCall,
 };
 use turnstile_testkit::mcp::{calls_of, HttpServer};
+use turnstile_testkit::session::tool_results;
 
 const TOKEN: &str = "s3cret-token";
 
@@ -137,14 +137,7 @@ async fn an_http_server_killed_mid_call_leaves_it_in_doubt_and_reconciles_it_onc
         .await
         .unwrap();
     assert_eq!(outcome.final_text, "deleted");
-    let answer = outcome
-        .messages
-        .iter()
-        .find_map(|m| match m {
-            Message::Tool { content, .. } => Some(content.text().into_owned()),
-            _ => None,
-        })
-        .unwrap();
+    let answer = tool_results(&outcome.messages).remove(0).1;
     assert_eq!(answer, "deleted /tmp/x");
     assert_eq!(calls_of(&effects, "delete_file").len(), 1, "it ran once");
 }

@@ -13,6 +13,7 @@ use turnstile::{
     SqliteStore, ToolCall,
 };
 use turnstile_testkit::mcp::{calls_of, stdio_command};
+use turnstile_testkit::session::tool_results;
 
 async fn server(effects: &Path) -> Arc<McpServer> {
     McpServer::stdio("test-server", stdio_command(effects))
@@ -325,14 +326,7 @@ async fn a_call_whose_server_died_after_its_effect_is_reconciled_by_the_restarte
         .await
         .unwrap();
     assert_eq!(outcome.final_text, "deleted");
-    let answer = outcome
-        .messages
-        .iter()
-        .find_map(|m| match m {
-            Message::Tool { content, .. } => Some(content.text().into_owned()),
-            _ => None,
-        })
-        .unwrap();
+    let answer = tool_results(&outcome.messages).remove(0).1;
     assert_eq!(answer, "deleted /tmp/x");
     assert_eq!(
         calls_of(&effects, "delete_file"),
@@ -439,14 +433,7 @@ async fn a_changed_tool_list_is_read_again_and_a_held_request_continues_only_as_
         .run(RequestId::new(), "sleep", RunContext::default())
         .await
         .unwrap();
-    let told = outcome
-        .messages
-        .iter()
-        .find_map(|m| match m {
-            Message::Tool { content, .. } => Some(content.text().into_owned()),
-            _ => None,
-        })
-        .unwrap();
+    let told = tool_results(&outcome.messages).remove(0).1;
     assert!(
         told.contains("no longer offers the tool \"sleep\""),
         "{told}"

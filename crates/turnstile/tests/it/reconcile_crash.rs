@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use turnstile::store::JournalStatus;
 use turnstile::{
-    Agent, AgentSession, ContextPolicy, ConversationId, Error, Message, Namespace, Outcome,
-    RequestId, ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store,
-    ToolCall,
+    Agent, AgentSession, ContextPolicy, ConversationId, Error, Namespace, Outcome, RequestId,
+    ResumePolicy, RunContext, ScriptedModel, ScriptedReply, SqliteStore, Store, ToolCall,
 };
+use turnstile_testkit::session::tool_results;
 use turnstile_testkit::tools::{self, Effect, Hold};
 use turnstile_testkit::{process, worker_test};
 
@@ -185,16 +185,9 @@ async fn reconcile_worker() {
     panic!("the child was not killed: {result:?}");
 }
 
-/// The tool message the request committed for `c1`.
+/// The text of the tool message the request committed for `c1`.
 fn tool_answer(outcome: &Outcome) -> String {
-    outcome
-        .messages
-        .iter()
-        .find_map(|m| match m {
-            Message::Tool { content, .. } => Some(content.text().into_owned()),
-            _ => None,
-        })
-        .expect("a tool message")
+    tool_results(&outcome.messages).remove(0).1
 }
 
 #[tokio::test]

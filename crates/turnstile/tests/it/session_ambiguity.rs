@@ -2,6 +2,8 @@
 //! continue it, `RetryInterruptedTurn` re-runs the turn without executing
 //! journaled tool calls again.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -390,12 +392,27 @@ async fn a_takeover_that_stops_before_the_interrupted_call_keeps_the_turn_ambigu
 }
 
 /// Its first call cannot tell whether it took effect; later calls answer.
-struct InDoubtOnce {
-    calls: std::sync::atomic::AtomicUsize,
+/// Asked afterwards, it knows the first took effect if it `reconciles`.
+struct Remote {
+    calls: AtomicUsize,
+    reconciles: bool,
+}
+
+impl Remote {
+    fn new(reconciles: bool) -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            reconciles,
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
 }
 
 #[turnstile::async_trait]
-impl turnstile::Tool for InDoubtOnce {
+impl turnstile::Tool for Remote {
     fn spec(&self) -> turnstile::ToolSpec {
         turnstile::ToolSpec {
             name: "remote".into(),
@@ -409,9 +426,20 @@ impl turnstile::Tool for InDoubtOnce {
         _: serde_json::Value,
         _: turnstile::ToolContext,
     ) -> Result<turnstile::Content, turnstile::ToolError> {
-        match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+        match self.calls.fetch_add(1, Ordering::SeqCst) {
             0 => Err(turnstile::ToolError::in_doubt("the connection dropped")),
             _ => Ok("remote done".into()),
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        _: serde_json::Value,
+        _: turnstile::ToolContext,
+    ) -> turnstile::Reconciliation {
+        match self.reconciles {
+            true => turnstile::Reconciliation::Done(Ok("remote done".into())),
+            false => turnstile::Reconciliation::Unknown,
         }
     }
 }
@@ -419,9 +447,7 @@ impl turnstile::Tool for InDoubtOnce {
 #[tokio::test]
 async fn a_call_in_doubt_stops_the_run_with_its_turn_in_flight_and_nothing_for_the_model() {
     let store = memory_store().await;
-    let remote = std::sync::Arc::new(InDoubtOnce {
-        calls: Default::default(),
-    });
+    let remote = Remote::new(false);
     let model = scripted(vec![
         tools_reply(vec![call("r1", "remote")], usage(10, 1)),
         text_reply("done", usage(5, 5)),
@@ -478,41 +504,7 @@ async fn a_call_in_doubt_stops_the_run_with_its_turn_in_flight_and_nothing_for_t
     assert_eq!(outcome.final_text, "done");
     let results = tool_results(&outcome.messages);
     assert_eq!(results[0].1, "remote done");
-    assert_eq!(remote.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
-}
-
-/// Its first call cannot tell whether it took effect; asked afterwards, it
-/// knows it did.
-struct InDoubtThenDone {
-    calls: std::sync::atomic::AtomicUsize,
-}
-
-#[turnstile::async_trait]
-impl turnstile::Tool for InDoubtThenDone {
-    fn spec(&self) -> turnstile::ToolSpec {
-        turnstile::ToolSpec {
-            name: "remote".into(),
-            description: "calls a remote service".into(),
-            parameters: serde_json::json!({"type": "object"}),
-        }
-    }
-
-    async fn call(
-        &self,
-        _: serde_json::Value,
-        _: turnstile::ToolContext,
-    ) -> Result<turnstile::Content, turnstile::ToolError> {
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Err(turnstile::ToolError::in_doubt("the connection dropped"))
-    }
-
-    async fn reconcile(
-        &self,
-        _: serde_json::Value,
-        _: turnstile::ToolContext,
-    ) -> turnstile::Reconciliation {
-        turnstile::Reconciliation::Done(Ok("remote done".into()))
-    }
+    assert_eq!(remote.calls(), 2);
 }
 
 #[tokio::test]
@@ -520,9 +512,7 @@ async fn a_reconciled_call_between_a_journaled_one_a_waiting_one_and_one_not_sta
     let store = memory_store().await;
     let count = CountingTool::new("count");
     let gated = CountingTool::new("gated");
-    let remote = std::sync::Arc::new(InDoubtThenDone {
-        calls: Default::default(),
-    });
+    let remote = Remote::new(true);
     let model = scripted(vec![
         tools_reply(
             vec![
@@ -543,13 +533,7 @@ async fn a_reconciled_call_between_a_journaled_one_a_waiting_one_and_one_not_sta
     // g1 waits for approval, c1 runs, r1 is in doubt: the run stops there.
     let err = expect_err(session.run(request_id, "go", RunContext::default()).await);
     assert!(matches!(err, Error::ToolInDoubt { .. }), "{err:?}");
-    assert_eq!(
-        (
-            count.calls(),
-            remote.calls.load(std::sync::atomic::Ordering::SeqCst)
-        ),
-        (1, 1)
-    );
+    assert_eq!((count.calls(), remote.calls()), (1, 1));
 
     // The default policy asks r1's tool (not g1's: it never ran): done.
     // r1 is journaled as its tool says, c2 runs, and g1 still waits.
@@ -573,13 +557,7 @@ async fn a_reconciled_call_between_a_journaled_one_a_waiting_one_and_one_not_sta
     };
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].call_id, "g1");
-    assert_eq!(
-        (
-            count.calls(),
-            remote.calls.load(std::sync::atomic::Ordering::SeqCst)
-        ),
-        (2, 1)
-    );
+    assert_eq!((count.calls(), remote.calls()), (2, 1));
     let journal = store.journal(request_id, 1).await.unwrap();
     let status = |id: &str| journal.iter().find(|e| e.call_id == id).unwrap().status;
     assert_eq!(status("r1"), JournalStatus::Completed);
@@ -596,5 +574,64 @@ async fn a_reconciled_call_between_a_journaled_one_a_waiting_one_and_one_not_sta
     assert_eq!(ids, ["g1", "c1", "r1", "c2"]);
     assert_eq!(results[2].1, "remote done");
     assert_eq!((gated.calls(), count.calls()), (1, 2));
-    assert_eq!(remote.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(remote.calls(), 1);
+}
+
+#[tokio::test]
+async fn after_an_agent_upgrade_a_call_in_doubt_is_not_reconciled_and_stays_ambiguous() {
+    let store = memory_store().await;
+    let remote = Remote::new(true);
+    let script = || {
+        scripted(vec![
+            tools_reply(vec![call("r1", "remote")], usage(10, 1)),
+            text_reply("done", usage(5, 5)),
+        ])
+    };
+    let conversation_id = ConversationId::new();
+    let before = session(
+        agent(script(), vec![remote.clone()]),
+        &store,
+        conversation_id,
+    );
+    let request_id = RequestId::new();
+    let err = expect_err(before.run(request_id, "go", RunContext::default()).await);
+    assert!(matches!(err, Error::ToolInDoubt { .. }), "{err:?}");
+    let revision = before.admission().await.unwrap().revision;
+
+    // Another agent (its system prompt changed), accepted as an upgrade:
+    // which call was in doubt is not its to say.
+    let upgraded = session(
+        agent(script(), vec![remote.clone()]).with_system_prompt("another plan"),
+        &store,
+        conversation_id,
+    );
+    let upgrade = RunContext::default().with_agent_upgrade(turnstile::AgentUpgrade::Accept);
+    let err = expect_err(
+        upgraded
+            .recover_after_owner_exit(
+                request_id,
+                "go",
+                upgrade,
+                revision,
+                ResumePolicy::RejectAmbiguous,
+            )
+            .await,
+    );
+    assert!(
+        matches!(err, Error::AmbiguousCheckpoint { turn: 1, .. }),
+        "{err:?}"
+    );
+    // The agent that ran it reconciles it.
+    let outcome = before
+        .recover_after_owner_exit(
+            request_id,
+            "go",
+            RunContext::default(),
+            revision,
+            ResumePolicy::RejectAmbiguous,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.final_text, "done");
+    assert_eq!(remote.calls(), 1);
 }
