@@ -469,9 +469,12 @@ fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
 /// SQLite gives its -wal and -shm files the same mode.
 /// Returns whether it created it.
 /// Creates `path`, readable and writable by its owner only, holding a copy
-/// of [`FILE_TEMPLATE`]; `false` when it exists already. The copy is written
-/// beside it and linked into place whole, so an opener racing this one sees
-/// either no file or the whole database, never a part of it.
+/// of [`FILE_TEMPLATE`]; `false` when it exists already, or when the copy
+/// cannot be made (a file system without hard links, a full disk): the
+/// file is then created and migrated as before, which says what is wrong.
+/// The copy is written beside it and linked into place whole, so an opener
+/// racing this one sees either no file or the whole database, never a part
+/// of it.
 async fn create_from_template(path: &Path) -> Result<bool, Error> {
     if std::fs::symlink_metadata(path).is_ok() {
         return Ok(false);
@@ -494,11 +497,12 @@ async fn create_from_template(path: &Path) -> Result<bool, Error> {
     let _ = std::fs::remove_file(&staged);
     match linked {
         Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(Error::Store(StoreError::new(
-            format!("create database file {}: {e}", path.display()),
-            Some(Box::new(e)),
-        ))),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                tracing::debug!(error = %e, "a new database file could not be copied; migrating it");
+            }
+            Ok(false)
+        }
     }
 }
 
