@@ -118,9 +118,11 @@ impl BareInsert {
         Self::with_pool(store_like_options(path, durability)).await
     }
 
-    /// The same on a private in-memory database with an in-memory journal
-    /// (shared cache, so that the pool's connections see one database;
-    /// `SqliteStore::in_memory` holds its database in its one connection).
+    /// The same on a private in-memory database with an in-memory journal,
+    /// shared-cache so that the pool's connections see one database.
+    /// `SqliteStore::in_memory` holds its database in its one connection
+    /// (a `memdb` copy): the in-memory floors are SQLite's plain memory
+    /// database, not the store's.
     pub async fn in_memory() -> Self {
         let uri = format!(
             "sqlite:file:bench-{}?mode=memory&cache=shared",

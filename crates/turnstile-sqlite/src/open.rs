@@ -2,7 +2,6 @@
 //! embedded migrations and the installation of the durable steps.
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
@@ -193,15 +192,17 @@ impl SqliteStore {
     /// connection of its own: it lives exactly as long as the store (and its
     /// clones). It starts as a copy of a database this process migrated
     /// once, so opening one replays no migration. It holds up to 1 GiB
-    /// (SQLite's limit for a database in memory; a write past it is told
-    /// the database is full).
+    /// (the default limit of SQLite's `memdb`, which holds a copied
+    /// database; a write past it is told the database is full).
     ///
     /// # Errors
     /// [`Error::Store`] if SQLite cannot create it.
     pub async fn in_memory() -> Result<Self, Error> {
         let template = MEMORY_TEMPLATE.get_or_try_init(memory_template).await?;
-        let connect = memory_options()?;
-        let conn = memory_copy(&connect, template).await?;
+        let connect = memory_options();
+        let copy =
+            SqliteOwnedBuf::try_from(&template[..]).map_err(db("copy in-memory database"))?;
+        let conn = memory_copy(&connect, copy).await?;
         // One connection serves reads and writes. Reads and writes wait for
         // it as long as sqlx's pool waited.
         let writer = WriteConnection::in_memory(conn, connect, Duration::from_secs(30));
@@ -221,23 +222,24 @@ impl SqliteStore {
     }
 }
 
-/// How an in-memory database is connected to.
-pub(super) fn memory_options() -> Result<SqliteConnectOptions, Error> {
-    Ok(SqliteConnectOptions::from_str("sqlite::memory:")
-        .map_err(db("in-memory options"))?
+/// How an in-memory database is connected to: each connection a private
+/// database of its own (not sqlx's `sqlite::memory:`, a shared-cache
+/// database every connection of one options value joins).
+pub(super) fn memory_options() -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
         .journal_mode(SqliteJournalMode::Memory)
-        .foreign_keys(true))
+        .foreign_keys(true)
 }
 
 /// A new in-memory database with the current schema and steps, migrated
 /// the slow way, as an image.
 async fn memory_template() -> Result<Vec<u8>, Error> {
-    template(memory_options()?).await
+    template(memory_options()).await
 }
 
 /// The same for a new file: with incremental auto-vacuum (see [`migrate`]).
 async fn file_template() -> Result<Vec<u8>, Error> {
-    template(memory_options()?.auto_vacuum(SqliteAutoVacuum::Incremental)).await
+    template(memory_options().auto_vacuum(SqliteAutoVacuum::Incremental)).await
 }
 
 /// A database in memory of `options`, migrated, as an image.
@@ -256,17 +258,16 @@ async fn template(options: SqliteConnectOptions) -> Result<Vec<u8>, Error> {
     Ok(image)
 }
 
-/// A connection to a new in-memory database holding a copy of `image`.
+/// A connection to a new in-memory database holding `image`.
 pub(super) async fn memory_copy(
     connect: &SqliteConnectOptions,
-    image: &[u8],
+    image: SqliteOwnedBuf,
 ) -> Result<SqliteConnection, Error> {
     let mut conn = connect
         .connect()
         .await
         .map_err(db("open in-memory database"))?;
-    let copy = SqliteOwnedBuf::try_from(image).map_err(db("copy in-memory database"))?;
-    conn.deserialize(None, copy, false)
+    conn.deserialize(None, image, false)
         .await
         .map_err(db("copy in-memory database"))?;
     Ok(conn)
@@ -465,21 +466,32 @@ fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
     ))
 }
 
-/// Creates a missing database file with mode 0600 before SQLite opens it;
-/// SQLite gives its -wal and -shm files the same mode.
-/// Returns whether it created it.
 /// Creates `path`, readable and writable by its owner only, holding a copy
 /// of [`FILE_TEMPLATE`]; `false` when it exists already, or when the copy
 /// cannot be made (a file system without hard links, a full disk): the
 /// file is then created and migrated as before, which says what is wrong.
-/// The copy is written beside it and linked into place whole, so an opener
-/// racing this one sees either no file or the whole database, never a part
-/// of it.
+/// Nor beside a `-wal` or `-journal` left by a database that was there:
+/// SQLite deletes those for an empty file, but would replay them into a
+/// copy. The copy is written beside the path (`NAME.new-UUID`, which a
+/// crash before the link leaves behind, to be deleted) and linked into
+/// place whole, so an opener racing this one sees either no file or the
+/// whole database, never a part of it.
 async fn create_from_template(path: &Path) -> Result<bool, Error> {
-    if std::fs::symlink_metadata(path).is_ok() {
+    let beside = |suffix: &str| {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        std::fs::symlink_metadata(file).is_ok()
+    };
+    if beside("") || beside("-wal") || beside("-journal") {
         return Ok(false);
     }
-    let image = FILE_TEMPLATE.get_or_try_init(file_template).await?;
+    let image = match FILE_TEMPLATE.get_or_try_init(file_template).await {
+        Ok(image) => image,
+        Err(e) => {
+            tracing::debug!(error = %e, "no template for a new database file; migrating it");
+            return Ok(false);
+        }
+    };
     let mut staged = path.as_os_str().to_owned();
     staged.push(format!(".new-{}", uuid::Uuid::new_v4()));
     let staged = std::path::PathBuf::from(staged);
@@ -506,6 +518,9 @@ async fn create_from_template(path: &Path) -> Result<bool, Error> {
     }
 }
 
+/// Creates a missing database file with mode 0600 before SQLite opens it;
+/// SQLite gives its -wal and -shm files the same mode.
+/// Returns whether it created it.
 fn create_owner_only(path: &Path) -> Result<bool, Error> {
     let mut open = std::fs::OpenOptions::new();
     open.write(true).create_new(true);

@@ -123,8 +123,12 @@ impl WriteConnection {
                 // SQLite rolled the transaction back: what the database
                 // holds is whole; the replacement takes a copy of it.
                 true => {
+                    // As a statement of its own, which sqlx does not count:
+                    // should SQLite not have rolled back, nothing half
+                    // written is copied.
+                    let _ = sqlx::query("ROLLBACK").execute(&mut **conn).await;
                     let image = conn.serialize(None).await.map_err(db("copy writer"))?;
-                    memory_copy(&owned.connect, &image).await
+                    memory_copy(&owned.connect, image).await
                 }
                 false => owned.connect.connect().await.map_err(db("reopen writer")),
             }
@@ -159,7 +163,7 @@ mod tests {
     use sqlx::{Connection, Executor};
 
     use super::*;
-    use crate::open::memory_options;
+    use crate::open::{memory_copy, memory_options};
 
     /// A writer whose database lives in it, left inside a transaction
     /// SQLite rolled back by itself (a full database), is replaced by a
@@ -167,13 +171,17 @@ mod tests {
     /// lost, and the replacement takes transactions again.
     #[tokio::test]
     async fn an_in_memory_writer_left_inside_a_transaction_is_replaced_by_a_copy() {
-        let connect = memory_options().unwrap();
-        let conn = connect.connect().await.unwrap();
-        let writer = WriteConnection::in_memory(conn, connect, Duration::from_secs(5));
-        let mut held = writer.take().await.unwrap();
-        held.execute("CREATE TABLE t (x BLOB NOT NULL); INSERT INTO t VALUES (x'01')")
+        // Held as the store holds it: a copy of a database's image.
+        let connect = memory_options();
+        let mut template = connect.connect().await.unwrap();
+        template
+            .execute("CREATE TABLE t (x BLOB NOT NULL); INSERT INTO t VALUES (x'01')")
             .await
             .unwrap();
+        let image = template.serialize(None).await.unwrap();
+        let conn = memory_copy(&connect, image).await.unwrap();
+        let writer = WriteConnection::in_memory(conn, connect, Duration::from_secs(5));
+        let mut held = writer.take().await.unwrap();
         let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
             .fetch_one(&mut *held)
             .await

@@ -11,5 +11,6 @@ mod durability;
 mod faults;
 mod fork_cost;
 mod message_meta;
+mod new_file;
 mod stuck_order;
 mod unreferenced_blobs;
