@@ -148,7 +148,7 @@ impl McpServer {
             tokio::time::sleep(restart_wait(restarts)).await;
             tracing::info!(server = %self.name, restarts, "restarting the MCP server");
             match self.launch.connect(&self.name, &self.listener).await {
-                Ok((connection, offer)) if offer == self.offer() => {
+                Ok((connection, offer)) if self.with_offer(|current| *current == offer) => {
                     *current = Arc::new(connection);
                     return Ok(current.clone());
                 }
@@ -192,13 +192,14 @@ impl McpServer {
     /// The tools it offers the model (not [`RECONCILE_TOOL`](crate::RECONCILE_TOOL)),
     /// as last listed.
     pub fn tools(&self) -> Vec<McpToolInfo> {
-        self.offer().tools
+        self.with_offer(|offer| offer.tools.clone())
     }
 
-    fn offer(&self) -> Offer {
+    /// `f` of what it offers now, read under the lock (nothing copied).
+    fn with_offer<T>(&self, f: impl FnOnce(&Offer) -> T) -> T {
         match self.offer.lock() {
-            Ok(offer) => offer.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+            Ok(offer) => f(&offer),
+            Err(poisoned) => f(&poisoned.into_inner()),
         }
     }
 
@@ -247,13 +248,13 @@ impl McpServer {
         if let Err(e) = self.refresh().await {
             tracing::warn!(server = %self.name, error = %e, "could not list the tools again");
         }
-        self.offer().tools.contains(info)
+        self.with_offer(|offer| offer.tools.contains(info))
     }
 
     /// Whether it offers [`RECONCILE_TOOL`](crate::RECONCILE_TOOL), which reconciles its tools'
     /// calls left in doubt by a crash.
     pub fn reconciles(&self) -> bool {
-        self.offer().reconciles
+        self.with_offer(|offer| offer.reconciles)
     }
 
     /// `agent` with every tool of this server added, each needing approval

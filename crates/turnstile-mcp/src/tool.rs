@@ -48,15 +48,14 @@ impl McpTool {
     }
 
     /// Sends `tools/call` of `name`, with the call's idempotency key in
-    /// `_meta` when `key` is given, and waits for the answer at most
-    /// `limit` (the wait for a connection not counted: a call not sent yet
-    /// is not in doubt).
+    /// `_meta` when `key` is given, and waits for the answer at most the
+    /// call timeout (the wait for a connection not counted: a call not sent
+    /// yet is not in doubt).
     async fn send(
         &self,
         name: &str,
         arguments: Map<String, Value>,
         key: Option<&str>,
-        limit: Option<Duration>,
     ) -> Result<CallToolResult, ToolError> {
         let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
         if let Some(key) = key {
@@ -70,17 +69,11 @@ impl McpTool {
         let server = self.server.name();
         let connection = self.server.connection().await?;
         let call = connection.client.call_tool(params);
-        let answer = match limit {
-            None => call.await,
-            Some(limit) => match tokio::time::timeout(limit, call).await {
-                Ok(answer) => answer,
-                Err(_) => {
-                    return Err(ToolError::in_doubt(format!(
-                        "the MCP server {server} did not answer the call within {} ms",
-                        limit.as_millis()
-                    )))
-                }
-            },
+        let Ok(answer) = tokio::time::timeout(self.timeout, call).await else {
+            return Err(ToolError::in_doubt(format!(
+                "the MCP server {server} did not answer the call within {} ms",
+                self.timeout.as_millis()
+            )));
         };
         match answer {
             Ok(answer) => {
@@ -136,12 +129,7 @@ impl Tool for McpTool {
             )));
         }
         let result = self
-            .send(
-                &self.info.name,
-                arguments,
-                Some(&context.idempotency_key),
-                Some(self.timeout),
-            )
+            .send(&self.info.name, arguments, Some(&context.idempotency_key))
             .await?;
         let content = result_content(&result)?;
         if result.is_error == Some(true) {
@@ -170,10 +158,7 @@ impl Tool for McpTool {
         };
         // Without the call's key in `_meta`: a server that deduplicates by
         // it must not take the question for the call.
-        let answer = match self
-            .send(RECONCILE_TOOL, question, None, Some(self.timeout))
-            .await
-        {
+        let answer = match self.send(RECONCILE_TOOL, question, None).await {
             Ok(answer) if answer.is_error != Some(true) => answer,
             Ok(_) | Err(_) => return Reconciliation::Unknown,
         };
