@@ -9,7 +9,7 @@ CREATE TABLE conversations (
     -- +1 per committed request.
     version     INTEGER NOT NULL DEFAULT 0,
     created_at  INTEGER NOT NULL
-, title TEXT, owner TEXT, metadata TEXT NOT NULL DEFAULT '{}', meta_version INTEGER NOT NULL DEFAULT 0, meta_updated_at INTEGER) WITHOUT ROWID;
+, title TEXT, owner TEXT, metadata TEXT NOT NULL DEFAULT '{}', meta_version INTEGER NOT NULL DEFAULT 0, meta_updated_at INTEGER, key INTEGER) WITHOUT ROWID;
 
 CREATE TABLE admissions (
     conversation_id    BLOB PRIMARY KEY NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
@@ -99,16 +99,6 @@ CREATE TABLE tool_calls (
     completed_at  INTEGER, result_parts TEXT,
     PRIMARY KEY (request_id, turn, call_id)
 ) WITHOUT ROWID;
-
-CREATE TABLE transcript (
-    conversation_id  BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
-    seq              INTEGER NOT NULL,
-    request_id       BLOB NOT NULL,
-    role             TEXT NOT NULL,
-    content          TEXT NOT NULL,
-    meta             TEXT,
-    UNIQUE (conversation_id, seq)
-);
 
 CREATE INDEX requests_by_conversation ON requests (conversation_id, created_at);
 
@@ -257,32 +247,6 @@ BEGIN
     WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
 END;
 
-CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON transcript
-WHEN instr(NEW.meta, '"sha256"') > 0
-BEGIN
-    SELECT RAISE(ABORT, 'turnstile: blob missing')
-    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
-                  WHERE value ->> '$.sha256' IS NOT NULL
-                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
-    UPDATE blobs SET refs = refs + named.n
-    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
-          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
-          GROUP BY 1) AS named
-    WHERE blobs.sha256 = named.sha256;
-END;
-
-CREATE TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
-WHEN instr(OLD.meta, '"sha256"') > 0
-BEGIN
-    UPDATE blobs SET refs = refs - named.n
-    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
-          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
-          GROUP BY 1) AS named
-    WHERE blobs.sha256 = named.sha256;
-    DELETE FROM blobs
-    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
-END;
-
 CREATE TRIGGER tool_result_takes_blobs AFTER UPDATE OF result_parts ON tool_calls
 WHEN instr(NEW.result_parts, '"sha256"') > 0 OR instr(OLD.result_parts, '"sha256"') > 0
 BEGIN
@@ -316,4 +280,48 @@ BEGIN
     DELETE FROM blobs
     WHERE refs <= 0
       AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.result_parts));
+END;
+
+CREATE UNIQUE INDEX conversations_by_key ON conversations (key);
+
+CREATE TRIGGER conversation_has_key BEFORE INSERT ON conversations
+WHEN NEW.key IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: conversation without key');
+END;
+
+CREATE TABLE "transcript" (
+    conversation_key  INTEGER NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
+    seq               INTEGER NOT NULL,
+    request_id        BLOB NOT NULL,
+    role              TEXT NOT NULL,
+    content           TEXT NOT NULL,
+    meta              TEXT,
+    UNIQUE (conversation_key, seq)
+);
+
+CREATE TRIGGER transcript_takes_blobs AFTER INSERT ON transcript
+WHEN instr(NEW.meta, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+END;
+
+CREATE TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
+WHEN instr(OLD.meta, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
 END;

@@ -93,7 +93,8 @@ async fn delete_in(
         r#"WITH reqs(id) AS (SELECT request_id FROM requests WHERE conversation_id = ?1),
                 rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs))
            SELECT
-             (SELECT COUNT(*) FROM transcript WHERE conversation_id = ?1) AS "transcript!: i64",
+             (SELECT COUNT(*) FROM transcript
+              WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)) AS "transcript!: i64",
              (SELECT COUNT(*) FROM reqs) AS "requests!: i64",
              (SELECT COUNT(*) FROM rns) AS "runs!: i64",
              (SELECT COUNT(*) FROM loop_checkpoints

@@ -61,7 +61,7 @@ async fn fork_in(
     let (source, target) = (from.as_uuid(), new_id.as_uuid());
     let length = sqlx::query_scalar!(
         r#"SELECT COALESCE(MAX(seq) + 1, 0) AS "length!: i64" FROM transcript
-           WHERE conversation_id = ?1"#,
+           WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)"#,
         source
     )
     .fetch_one(&mut *tx)
@@ -92,9 +92,11 @@ async fn fork_in(
     let ns = namespace.as_str();
     // Its version counts the requests whose entries it holds.
     sqlx::query!(
-        "INSERT INTO conversations (id, namespace, version, created_at)
-         SELECT ?1, ?2, COUNT(DISTINCT request_id), ?4 FROM transcript
-         WHERE conversation_id = ?3 AND seq < ?5",
+        "INSERT INTO conversations (id, namespace, version, created_at, key)
+         SELECT ?1, ?2, COUNT(DISTINCT request_id), ?4,
+             (SELECT COALESCE(MAX(key), 0) + 1 FROM conversations)
+         FROM transcript
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?3) AND seq < ?5",
         target,
         ns,
         source,
@@ -113,9 +115,12 @@ async fn fork_in(
     .await
     .map_err(db("create the fork's admission"))?;
     let copied = sqlx::query!(
-        "INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-         SELECT ?1, seq, request_id, role, content, meta FROM transcript
-         WHERE conversation_id = ?2 AND seq < ?3 ORDER BY seq",
+        "INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
+         SELECT (SELECT key FROM conversations WHERE id = ?1), seq, request_id, role, content,
+             meta
+         FROM transcript
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?2) AND seq < ?3
+         ORDER BY seq",
         target,
         source,
         through

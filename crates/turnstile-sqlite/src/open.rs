@@ -32,6 +32,12 @@ static MEMORY_TEMPLATE: tokio::sync::OnceCell<Vec<u8>> = tokio::sync::OnceCell::
 /// [`MEMORY_TEMPLATE`], with the incremental auto-vacuum new files get.
 static FILE_TEMPLATE: tokio::sync::OnceCell<Vec<u8>> = tokio::sync::OnceCell::const_new();
 
+/// The page size of every new database, in memory or in a file (an
+/// existing one keeps its own). A 500-byte message's transcript row fits 15
+/// to an 8 KiB page and 7 to a 4 KiB one, so text takes 1.12× its bytes
+/// instead of 1.20× (`docs/performance.md`, "Where the bytes go").
+const NEW_DATABASE_PAGE_SIZE: u32 = 8192;
+
 impl SqliteStore {
     /// Opens (creating if needed) a database file with the default options:
     /// WAL, `synchronous=FULL`, a 30 s busy timeout, foreign keys on.
@@ -156,7 +162,7 @@ impl SqliteStore {
         let empty = is_empty(&mut probe).await?;
         let connect = match options.max_database_bytes {
             Some(bytes) => {
-                let pages = max_page_count(&mut probe, bytes).await?;
+                let pages = max_page_count(&mut probe, bytes, empty).await?;
                 connect.pragma("max_page_count", pages.to_string())
             }
             None => connect,
@@ -234,12 +240,17 @@ pub(super) fn memory_options() -> SqliteConnectOptions {
 /// A new in-memory database with the current schema and steps, migrated
 /// the slow way, as an image.
 async fn memory_template() -> Result<Vec<u8>, Error> {
-    template(memory_options()).await
+    template(memory_options().page_size(NEW_DATABASE_PAGE_SIZE)).await
 }
 
 /// The same for a new file: with incremental auto-vacuum (see [`migrate`]).
 async fn file_template() -> Result<Vec<u8>, Error> {
-    template(memory_options().auto_vacuum(SqliteAutoVacuum::Incremental)).await
+    template(
+        memory_options()
+            .page_size(NEW_DATABASE_PAGE_SIZE)
+            .auto_vacuum(SqliteAutoVacuum::Incremental),
+    )
+    .await
 }
 
 /// A database in memory of `options`, migrated, as an image.
@@ -297,7 +308,10 @@ async fn migrate(
     existing_only: bool,
 ) -> Result<(), Error> {
     let connect = match empty {
-        true => connect.clone().auto_vacuum(SqliteAutoVacuum::Incremental),
+        true => connect
+            .clone()
+            .page_size(NEW_DATABASE_PAGE_SIZE)
+            .auto_vacuum(SqliteAutoVacuum::Incremental),
         false => connect.clone(),
     };
     let mut conn = connect
@@ -361,12 +375,20 @@ async fn check_schema(conn: &mut SqliteConnection) -> Result<Option<i64>, Error>
 /// The size quota in whole pages of the database (the page size a new
 /// database will get, for a new file); at least one page, as 0 would mean no
 /// quota to SQLite.
-async fn max_page_count(conn: &mut SqliteConnection, bytes: u64) -> Result<u64, Error> {
-    // A PRAGMA: a runtime query (the offline query macros cannot describe it).
-    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db("read page size"))?;
+async fn max_page_count(
+    conn: &mut SqliteConnection,
+    bytes: u64,
+    empty: bool,
+) -> Result<u64, Error> {
+    let page_size = match empty {
+        true => i64::from(NEW_DATABASE_PAGE_SIZE),
+        // A PRAGMA: a runtime query (the offline query macros cannot
+        // describe it).
+        false => sqlx::query_scalar("PRAGMA page_size")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("read page size"))?,
+    };
     let page_size = u64::try_from(page_size).unwrap_or(0).max(512);
     // SQLite's largest page count.
     Ok((bytes / page_size).clamp(1, 0xffff_fffe))

@@ -72,7 +72,8 @@ pub(super) async fn load_transcript_window(
     let uuid = conversation_id.as_uuid();
     let limit = i64::from(limit);
     let rows = sqlx::query!(
-        "SELECT seq, request_id, role, content, meta FROM transcript WHERE conversation_id = ?1
+        "SELECT seq, request_id, role, content, meta FROM transcript
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
          ORDER BY seq DESC LIMIT ?2",
         uuid,
         limit
@@ -108,7 +109,8 @@ pub(super) async fn load_transcript_range(
     let (from, to) = (to_i64(from), to_i64(to));
     let rows = sqlx::query!(
         "SELECT seq, request_id, role, content, meta FROM transcript
-         WHERE conversation_id = ?1 AND seq >= ?2 AND seq < ?3 ORDER BY seq",
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1) AND seq >= ?2 AND seq < ?3
+         ORDER BY seq",
         uuid,
         from,
         to
@@ -515,7 +517,7 @@ pub(super) async fn load_claim_context(
                   (SELECT json_group_array(json_array(seq, hex(request_id), CAST(role AS TEXT),
                               CAST(content AS TEXT), CAST(meta AS TEXT)) ORDER BY seq)
                    FROM (SELECT seq, request_id, role, content, meta FROM transcript
-                         WHERE conversation_id = ?1 ORDER BY seq DESC
+                         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1) ORDER BY seq DESC
                          LIMIT CASE WHEN (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
                                       AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
                                       AND EXISTS (SELECT 1 FROM admissions

@@ -104,7 +104,7 @@ pub(super) async fn record_summary_pass_in(
                AND (SELECT COALESCE(MAX(through_seq) + 1, 0) FROM summaries
                     WHERE conversation_id = ?6) = ?1
                AND (SELECT COALESCE(MAX(seq), -1) FROM transcript
-                    WHERE conversation_id = ?6) >= ?2",
+                    WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?6)) >= ?2",
         from,
         through,
         version,

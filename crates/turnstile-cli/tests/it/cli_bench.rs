@@ -243,7 +243,7 @@ async fn a_db_run_keeps_a_database_with_every_message() {
         .unwrap();
     let row = sqlx::query(
         "SELECT COUNT(*), COUNT(DISTINCT content), MIN(length(content)), MAX(length(content)),
-                COUNT(DISTINCT conversation_id)
+                COUNT(DISTINCT conversation_key)
          FROM transcript",
     )
     .fetch_one(&mut conn)

@@ -622,7 +622,8 @@ async fn prune_deletes_what_no_replay_needs_shrinks_the_file_and_keeps_active_wo
         size_after + 700_000 < size_before,
         "{size_before} → {size_after}"
     );
-    assert!(report["pages_freed"].as_u64().unwrap() > 150, "{report:#}");
+    // Over 600 KB in 8 KiB pages.
+    assert!(report["pages_freed"].as_u64().unwrap() > 75, "{report:#}");
     eprintln!("prune: {size_before} → {size_after} bytes");
 
     // The active request's work is intact, and it still finishes.
@@ -790,7 +791,7 @@ async fn doctor_reports_a_healthy_database() {
         report["supported_schema_version"],
         SqliteStore::supported_schema_version()
     );
-    assert_eq!(report["page_size"], 4096);
+    assert_eq!(report["page_size"], 8192);
     assert_eq!(report["auto_vacuum"], "incremental");
     assert_eq!(report["journal_mode"], "wal");
     assert_eq!(report["held_admissions"], 0);

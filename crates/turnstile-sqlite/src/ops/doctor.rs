@@ -111,9 +111,11 @@ fn empty_report(location: String, (database_bytes, wal_bytes): (u64, u64)) -> Do
 }
 
 /// The page figures of `doctor` and of [`StorageReport`](turnstile_core::admin::StorageReport).
+// The page count first: it reads the database header, and a copied
+// in-memory database answers the default page size until something has.
 pub(super) const PAGE_PRAGMAS: [(&str, &str); 3] = [
-    ("page_size", "PRAGMA page_size"),
     ("page_count", "PRAGMA page_count"),
+    ("page_size", "PRAGMA page_size"),
     ("freelist_count", "PRAGMA freelist_count"),
 ];
 

@@ -299,7 +299,9 @@ async fn prune_conversations(
                 rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs))
            SELECT
              (SELECT COUNT(*) FROM transcript
-              WHERE conversation_id IN (SELECT id FROM doomed)) AS "transcript!: i64",
+              WHERE conversation_key IN (SELECT key FROM conversations
+                                         WHERE id IN (SELECT id FROM doomed)))
+                 AS "transcript!: i64",
              (SELECT COUNT(*) FROM reqs) AS "requests!: i64",
              (SELECT COUNT(*) FROM rns) AS "runs!: i64",
              (SELECT COUNT(*) FROM loop_checkpoints

@@ -23,7 +23,7 @@ pub(super) async fn storage(store: &SqliteStore) -> Result<StorageReport, Error>
     if let Some(error) = errors.into_iter().next() {
         return Err(Error::Store(turnstile_core::StoreError::new(error, None)));
     }
-    let [page_size, page_count, freelist_count] = pages;
+    let [page_count, page_size, freelist_count] = pages;
     let (database_bytes, wal_bytes) = store_file_sizes(store);
     Ok(StorageReport {
         bytes_in_use: page_count.saturating_sub(freelist_count) * page_size,

@@ -49,20 +49,23 @@ BEGIN
     SET status = 'completed', committed_run_id = NEW.run_id,
         conversation_version = (SELECT version FROM conversations WHERE id = NEW.conversation_id),
         first_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
-                     WHERE conversation_id = NEW.conversation_id),
+                     WHERE conversation_key = (SELECT key FROM conversations
+                                               WHERE id = NEW.conversation_id)),
         end_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
-                   WHERE conversation_id = NEW.conversation_id)
+                   WHERE conversation_key = (SELECT key FROM conversations
+                                             WHERE id = NEW.conversation_id))
                   + (SELECT COUNT(*) FROM run_messages WHERE request_id = NEW.request_id) + 1,
         completed_at = NEW.now
     WHERE request_id = NEW.request_id;
     -- In `seq` order, which the (request, seq) index gives without a sort.
-    INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-    SELECT NEW.conversation_id, r.first_seq + m.seq, m.request_id, m.role, m.content, m.meta
+    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
+    SELECT (SELECT key FROM conversations WHERE id = NEW.conversation_id), r.first_seq + m.seq,
+        m.request_id, m.role, m.content, m.meta
     FROM requests r JOIN run_messages m ON m.request_id = r.request_id
     WHERE r.request_id = NEW.request_id
     ORDER BY m.seq;
-    INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-    VALUES (NEW.conversation_id,
+    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
+    VALUES ((SELECT key FROM conversations WHERE id = NEW.conversation_id),
         (SELECT first_seq FROM requests WHERE request_id = NEW.request_id) + NEW.final_seq,
         NEW.request_id, NEW.answer_role, NEW.answer_content, NEW.answer_meta);
     DELETE FROM run_messages WHERE request_id = NEW.request_id;

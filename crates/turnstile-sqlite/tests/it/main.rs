@@ -13,4 +13,5 @@ mod fork_cost;
 mod message_meta;
 mod new_file;
 mod stuck_order;
+mod transcript_keys;
 mod unreferenced_blobs;

@@ -1036,8 +1036,8 @@ async fn foreign_append(path: &Path, conversation_id: ConversationId) {
         .await
         .unwrap();
     sqlx::query(
-        "INSERT INTO transcript (conversation_id, seq, request_id, role, content)
-         VALUES (?1, 8, ?2, 'user', 'foreign')",
+        "INSERT INTO transcript (conversation_key, seq, request_id, role, content)
+         VALUES ((SELECT key FROM conversations WHERE id = ?1), 8, ?2, 'user', 'foreign')",
     )
     .bind(id)
     .bind(uuid::Uuid::new_v4())

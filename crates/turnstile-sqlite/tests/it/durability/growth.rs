@@ -21,7 +21,7 @@ use turnstile_conformance::support::{
 };
 
 /// Steps of each workload: turns of one request, or committed requests.
-const STEPS: u32 = 200;
+const STEPS: u32 = 400;
 /// Bytes of text of every message a step writes (two per step).
 const MESSAGE_BYTES: usize = 500;
 /// What the issue allows: growth in bytes per byte of message text.
