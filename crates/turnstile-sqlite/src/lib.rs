@@ -22,6 +22,7 @@ mod deletion;
 mod fork;
 mod leases;
 mod meta;
+mod migrate;
 mod open;
 mod ops;
 mod read_connections;
@@ -57,6 +58,8 @@ use turnstile_core::store::{ExpiredLease, PartLimits};
 use turnstile_core::{Error, StoreError};
 use writer::{Batchable, Isolation};
 
+pub use migrate::{MigrationEvent, MigrationObserver};
+
 /// How hard a commit insists on reaching the disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
@@ -88,11 +91,11 @@ pub struct SqliteOptions {
     /// quota).
     ///
     /// SQLite counts the quota in whole pages (`PRAGMA max_page_count`): it
-    /// is rounded down to the database's page size (4 KiB unless the file
-    /// was created otherwise). It never shrinks an existing database: a file
+    /// is rounded down to the database's page size (8 KiB for a database
+    /// this version creates; an older file keeps the size it was made with). It never shrinks an existing database: a file
     /// already past the quota opens and reads as before, and only writes
     /// that need a new page fail. The write-ahead log is not counted. A new
-    /// database needs about 100 KiB for its schema; a smaller quota makes
+    /// database needs about 300 KiB for its schema; a smaller quota makes
     /// opening it fail with the same error, and the file that open created
     /// is removed.
     pub max_database_bytes: Option<u64>,
@@ -113,6 +116,12 @@ pub struct SqliteOptions {
     /// a limit is refused with [`Error::InvalidInput`] and nothing is
     /// written.
     pub part_limits: PartLimits,
+    /// Told of each migration that opening an older database applies, as
+    /// it starts and once it has committed (`turnstile` prints them on
+    /// stderr). Each migration is one transaction: one killed midway
+    /// leaves the database as it was before it, and the next open applies
+    /// it again. Not told of a new database's schema.
+    pub on_migration: Option<MigrationObserver>,
 }
 
 impl Default for SqliteOptions {
@@ -124,6 +133,7 @@ impl Default for SqliteOptions {
             max_database_bytes: None,
             existing_only: false,
             part_limits: PartLimits::default(),
+            on_migration: None,
         }
     }
 }

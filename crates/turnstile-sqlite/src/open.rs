@@ -12,6 +12,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tracing::instrument;
 
 use super::codec::{self, db};
+use super::migrate::{self, MigrationObserver};
 use super::read_connections::ReadConnections;
 use super::steps;
 use super::write_connection::WriteConnection;
@@ -180,7 +181,7 @@ impl SqliteStore {
         // Nor on a copy of this build's template: migrated and installed.
         let current_copy = copied && found == Some(supported);
         if !look_only && !current_copy {
-            migrate(&connect, empty, found, options.existing_only).await?;
+            migrate(&connect, empty, found, options).await?;
         }
         let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = ReadConnections::open(connect, options.readers, wait);
@@ -259,7 +260,7 @@ async fn template(options: SqliteConnectOptions) -> Result<Vec<u8>, Error> {
         .connect()
         .await
         .map_err(db("open in-memory template"))?;
-    migrate_on(&mut conn, None, false).await?;
+    migrate_on(&mut conn, None, false, None).await?;
     let image = conn
         .serialize(None)
         .await
@@ -301,11 +302,13 @@ pub(super) async fn memory_copy(
 ///
 /// `found` is the schema version the database had when it was checked;
 /// `existing_only` opens for tools that only look, which installs no steps.
+/// The observer of `options` is told of the migrations of a database that
+/// had a schema, not of a new one's.
 async fn migrate(
     connect: &SqliteConnectOptions,
     empty: bool,
     found: Option<i64>,
-    existing_only: bool,
+    options: &SqliteOptions,
 ) -> Result<(), Error> {
     let connect = match empty {
         true => connect
@@ -318,7 +321,8 @@ async fn migrate(
         .connect()
         .await
         .map_err(db("open migration connection"))?;
-    let migrated = migrate_on(&mut conn, found, existing_only).await;
+    let observer = options.on_migration.as_ref().filter(|_| found.is_some());
+    let migrated = migrate_on(&mut conn, found, options.existing_only, observer).await;
     conn.close()
         .await
         .map_err(db("close migration connection"))?;
@@ -329,12 +333,15 @@ async fn migrate_on(
     conn: &mut SqliteConnection,
     found: Option<i64>,
     existing_only: bool,
+    observer: Option<&MigrationObserver>,
 ) -> Result<(), Error> {
     let supported = SqliteStore::supported_schema_version();
     if found.is_some_and(|found| found < supported) {
         steps::drop_before_migrating(conn, supported).await?;
     }
-    MIGRATOR.run_direct(conn).await.map_err(migrate_error)?;
+    migrate::run(&MIGRATOR, conn, observer)
+        .await
+        .map_err(migrate_error)?;
     steps::install(conn, existing_only).await
 }
 

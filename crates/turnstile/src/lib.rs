@@ -84,7 +84,7 @@
 //!
 //! | feature | adds | crate |
 //! |---|---|---|
-//! | `sqlite` (default) | [`SqliteStore`], [`SqliteOptions`], [`Durability`] | `turnstile-sqlite` |
+//! | `sqlite` (default) | [`SqliteStore`], [`SqliteOptions`], [`Durability`], [`MigrationObserver`], [`MigrationEvent`] | `turnstile-sqlite` |
 //! | `postgres` | `PostgresStore`, `PostgresOptions` | `turnstile-postgres` |
 //! | `openai` (default) | [`OpenAiModel`], [`OpenAiConfig`] | `turnstile-openai` |
 //! | `anthropic` | `AnthropicModel`, `AnthropicConfig`, `PromptCache`, `RetryPolicy` | `turnstile-anthropic` |
@@ -148,7 +148,9 @@ pub use turnstile_core::async_trait;
 #[cfg(feature = "postgres")]
 pub use turnstile_postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
-pub use turnstile_sqlite::{Durability, SqliteOptions, SqliteStore};
+pub use turnstile_sqlite::{
+    Durability, MigrationEvent, MigrationObserver, SqliteOptions, SqliteStore,
+};
 
 #[cfg(feature = "anthropic")]
 pub use turnstile_anthropic::{AnthropicConfig, AnthropicModel, PromptCache, RetryPolicy};

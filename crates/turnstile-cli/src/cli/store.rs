@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::access::Access;
 use super::db::DbLocation;
 use super::exit::CliError;
-use turnstile::{SqliteOptions, SqliteStore, StoreAdmin};
+use turnstile::{MigrationEvent, MigrationObserver, SqliteOptions, SqliteStore, StoreAdmin};
 
 /// Closes the store after a command, whatever the command's result, so the
 /// database file alone is complete when the process exits. A close kept
@@ -73,9 +73,45 @@ async fn open_file(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, Cli
         existing_only: access == Access::Read,
         max_database_bytes: limits.max_db_bytes,
         busy_timeout: limits.busy_timeout.unwrap_or(defaults.busy_timeout),
+        on_migration: Some(migration_progress(db)),
         ..defaults
     };
     Ok(Arc::new(SqliteStore::open_with(db, options).await?))
+}
+
+/// Prints each migration that opening an older database applies on
+/// stderr as it starts, and the time they all took once the last has
+/// committed: a large database's can take a while, and a person waiting
+/// should know on what.
+fn migration_progress(db: &Path) -> MigrationObserver {
+    let db = super::output::plain(&db.display().to_string()).into_owned();
+    let first_started = std::sync::OnceLock::new();
+    MigrationObserver::new(move |event| match event {
+        MigrationEvent::Started {
+            version,
+            description,
+            index,
+            pending,
+        } => {
+            first_started.get_or_init(std::time::Instant::now);
+            super::report(&format!(
+                "turnstile: migrating {db} ({index} of {pending}): schema {version}, {description}…"
+            ));
+        }
+        MigrationEvent::Applied {
+            version,
+            index,
+            pending,
+            ..
+        } if index == pending => {
+            let took = first_started.get().map(|t| t.elapsed()).unwrap_or_default();
+            super::report(&format!(
+                "turnstile: migrated {db} to schema {version} in {:.1} s",
+                took.as_secs_f64()
+            ));
+        }
+        _ => {}
+    })
 }
 
 /// Whether a file starts as every SQLite database does, or is empty (a

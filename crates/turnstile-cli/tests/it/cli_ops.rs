@@ -1193,3 +1193,63 @@ fn every_command_defaults_to_one_namespace_and_ls_help_groups_the_conversation_f
         assert!(at > heading, "{flag} filters conversations only: {text}");
     }
 }
+
+/// A write command on a database of an older schema migrates it first and
+/// says so on stderr, one line as each migration starts and one when all
+/// are done; the next command has nothing to migrate and says nothing.
+#[test]
+fn a_command_on_an_older_database_prints_each_migration_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("old.db");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../turnstile-sqlite/tests/fixtures/schema4.db"),
+        &db,
+    )
+    .unwrap();
+    let db = db.to_str().unwrap();
+    // The fixture's held request (schema 4, conversation …0b, revision 1).
+    let abandon = [
+        "abandon",
+        "--db",
+        db,
+        "--namespace",
+        "compat",
+        "--conversation",
+        "00000000-0000-4000-8000-00000000000b",
+        "--revision",
+        "1",
+        "00000000-0000-4000-8000-0000000000b1",
+    ];
+    let run = turnstile(&abandon);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("abandoned"), "{run:#?}");
+    let latest = SqliteStore::supported_schema_version();
+    let pending = latest - 4;
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len() as i64, pending + 1, "{}", run.stderr);
+    assert!(
+        lines[0].starts_with(&format!(
+            "turnstile: migrating {db} (1 of {pending}): schema 5, "
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        lines[lines.len() - 2].starts_with(&format!(
+            "turnstile: migrating {db} ({pending} of {pending}): schema {latest}, "
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        lines[lines.len() - 1]
+            .starts_with(&format!("turnstile: migrated {db} to schema {latest} in ")),
+        "{}",
+        run.stderr
+    );
+
+    // Migrated: the same command now finds the request released, and
+    // prints no migration.
+    let again = turnstile(&abandon);
+    again.assert_error(5, "is not active");
+}
