@@ -9,10 +9,9 @@
 -- raw at 8 KiB against 1.12× for this layout, measured in
 -- docs/performance.md).
 --
--- A conversation's key is given when it is created (one more than the
--- largest, read from `conversations_by_key`); a deleted conversation's
--- transcript goes with it through the foreign key, so a reused key never
--- finds rows of another conversation.
+-- A conversation's key is given when it is created: one more than the
+-- largest any conversation or transcript row holds (the steps say how). A
+-- deleted conversation's transcript goes with it through the foreign key.
 -- The steps are views whose triggers name the transcript; a database
 -- migrated from before `step_set` still holds those its migrations made.
 -- They go first (every view of the schema is a step, and these are all the
@@ -41,6 +40,11 @@ WHEN NEW.key IS NULL
 BEGIN
     SELECT RAISE(ABORT, 'turnstile: conversation without key');
 END;
+
+-- Rows whose conversation is gone (deleted with foreign keys off) have no
+-- key to go under: deleted through the table, so the blobs they name lose
+-- their references as the triggers count them.
+DELETE FROM transcript WHERE conversation_id NOT IN (SELECT id FROM conversations);
 
 CREATE TABLE transcript_by_key (
     conversation_key  INTEGER NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,

@@ -94,7 +94,8 @@ async fn fork_in(
     sqlx::query!(
         "INSERT INTO conversations (id, namespace, version, created_at, key)
          SELECT ?1, ?2, COUNT(DISTINCT request_id), ?4,
-             (SELECT COALESCE(MAX(key), 0) + 1 FROM conversations)
+             max((SELECT COALESCE(MAX(key), 0) FROM conversations),
+                 (SELECT COALESCE(MAX(conversation_key), 0) FROM transcript)) + 1
          FROM transcript
          WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?3) AND seq < ?5",
         target,

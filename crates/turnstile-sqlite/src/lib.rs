@@ -92,9 +92,12 @@ pub struct SqliteOptions {
     ///
     /// SQLite counts the quota in whole pages (`PRAGMA max_page_count`): it
     /// is rounded down to the database's page size (8 KiB for a database
-    /// this version creates; an older file keeps the size it was made with). It never shrinks an existing database: a file
-    /// already past the quota opens and reads as before, and only writes
-    /// that need a new page fail. The write-ahead log is not counted. A new
+    /// this version creates; an older file keeps the size it was made
+    /// with). It never shrinks an existing database: a file already past
+    /// the quota opens and reads as before, and only writes that need a
+    /// new page fail. Migrating an older database is not held to it (a
+    /// migration that copies a table needs room for both copies for a
+    /// moment). The write-ahead log is not counted. A new
     /// database needs about 300 KiB for its schema; a smaller quota makes
     /// opening it fail with the same error, and the file that open created
     /// is removed.

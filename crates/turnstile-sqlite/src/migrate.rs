@@ -57,6 +57,23 @@ impl fmt::Debug for MigrationObserver {
     }
 }
 
+/// Why [`run`] stopped: sqlx's error, and the version of the migration it
+/// was applying (none when it failed before applying any).
+#[derive(Debug)]
+pub(super) struct Failed {
+    pub(super) error: MigrateError,
+    pub(super) applying: Option<i64>,
+}
+
+impl From<MigrateError> for Failed {
+    fn from(error: MigrateError) -> Self {
+        Self {
+            error,
+            applying: None,
+        }
+    }
+}
+
 /// Applies every migration of `migrator` that `conn` has not applied, in
 /// order, telling `observer`. Refuses, as sqlx does, a database marked
 /// dirty by a failed migration, one that applied a migration this build
@@ -66,10 +83,10 @@ pub(super) async fn run(
     migrator: &Migrator,
     conn: &mut SqliteConnection,
     observer: Option<&MigrationObserver>,
-) -> Result<(), MigrateError> {
+) -> Result<(), Failed> {
     conn.ensure_migrations_table().await?;
     if let Some(version) = conn.dirty_version().await? {
-        return Err(MigrateError::Dirty(version));
+        return Err(MigrateError::Dirty(version).into());
     }
     let applied: HashMap<i64, Vec<u8>> = conn
         .list_applied_migrations()
@@ -81,7 +98,7 @@ pub(super) async fn run(
         .keys()
         .find(|v| !migrator.iter().any(|m| m.version == **v))
     {
-        return Err(MigrateError::VersionMissing(missing));
+        return Err(MigrateError::VersionMissing(missing).into());
     }
     let mut pending = Vec::new();
     for migration in migrator
@@ -90,7 +107,7 @@ pub(super) async fn run(
     {
         match applied.get(&migration.version) {
             Some(checksum) if *checksum != *migration.checksum => {
-                return Err(MigrateError::VersionMismatch(migration.version));
+                return Err(MigrateError::VersionMismatch(migration.version).into());
             }
             Some(_) => {}
             None => pending.push(migration),
@@ -111,7 +128,10 @@ pub(super) async fn run(
             pending: count,
         });
         let started = Instant::now();
-        conn.apply(migration).await?;
+        conn.apply(migration).await.map_err(|error| Failed {
+            error,
+            applying: Some(version),
+        })?;
         tell(MigrationEvent::Applied {
             version,
             description,

@@ -161,6 +161,11 @@ impl SqliteStore {
             });
         }
         let empty = is_empty(&mut probe).await?;
+        // An existing database migrates past its quota: a migration that
+        // copies a table needs room for both copies for a moment, and the
+        // quota is for what the store writes, not for upgrading a file that
+        // fits it. A new one's schema is held to it.
+        let unbounded = connect.clone();
         let connect = match options.max_database_bytes {
             Some(bytes) => {
                 let pages = max_page_count(&mut probe, bytes, empty).await?;
@@ -181,7 +186,8 @@ impl SqliteStore {
         // Nor on a copy of this build's template: migrated and installed.
         let current_copy = copied && found == Some(supported);
         if !look_only && !current_copy {
-            migrate(&connect, empty, found, options).await?;
+            let migrating = if empty { &connect } else { &unbounded };
+            migrate(migrating, empty, found, options).await?;
         }
         let writer = WriteConnection::open(connect.clone(), wait).await?;
         let reader = ReadConnections::open(connect, options.readers, wait);
@@ -339,9 +345,17 @@ async fn migrate_on(
     if found.is_some_and(|found| found < supported) {
         steps::drop_before_migrating(conn, supported).await?;
     }
-    migrate::run(&MIGRATOR, conn, observer)
-        .await
-        .map_err(migrate_error)?;
+    if let Err(failed) = migrate::run(&MIGRATOR, conn, observer).await {
+        // Another opener that applied the same migration first makes this
+        // one's SQL fail, and a retry finds it applied; a migration that
+        // fails where nobody else applied it fails again, so it is not
+        // retried.
+        let now = check_schema(conn).await.ok().flatten();
+        let raced = failed
+            .applying
+            .is_some_and(|version| now.is_some_and(|now| now >= version));
+        return Err(migrate_error(failed.error, raced));
+    }
     steps::install(conn, existing_only).await
 }
 
@@ -408,18 +422,13 @@ const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// How often an opener retries after racing another opener.
 const OPEN_ATTEMPTS: u64 = 10;
 
-/// A migration that failed while running its SQL on a database whose
-/// schema check passed is taken as a race with another opener, and retried
-/// by [`SqliteStore::open_with`]; except on a full database (or a quota
-/// below the schema's size), which no retry mends. A migration the
-/// database disagrees with (a changed or missing version, a dirty one) is
-/// not a race: no retry mends it either.
-fn migrate_error(e: sqlx::migrate::MigrateError) -> Error {
-    use sqlx::migrate::MigrateError;
-    let raced = matches!(
-        e,
-        MigrateError::Execute(_) | MigrateError::ExecuteMigration(..)
-    );
+/// A migration that failed while another opener applied it (`raced`) is
+/// taken as a race, and retried by
+/// [`SqliteStore::open_with`]; except on a full database (or a quota below
+/// the schema's size), which no retry mends. A migration the database
+/// disagrees with (a changed or missing version, a dirty one) is not a
+/// race: no retry mends it either.
+fn migrate_error(e: sqlx::migrate::MigrateError, raced: bool) -> Error {
     let error = codec::classified(format!("migrate: {e}"), Box::new(e));
     Error::Store(if raced && !error.is_full() {
         error.busy()

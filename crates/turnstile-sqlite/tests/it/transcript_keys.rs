@@ -1,7 +1,9 @@
 //! The transcript names its conversation by an integer key (migration
-//! 0017), and new databases get 8 KiB pages: a key given again after the
-//! conversation that had it was deleted finds no rows of that one, and
-//! every way a database comes to be has the page size it should.
+//! 0017), and new databases get 8 KiB pages: a new conversation never finds
+//! rows of another, whether that one was deleted through the store (its
+//! key may be given again, its rows went with it) or behind the store's
+//! back (its rows stay, and no new key reaches them), and every way a
+//! database comes to be has the page size it should.
 
 use std::path::Path;
 
@@ -81,6 +83,47 @@ async fn a_key_given_again_after_its_conversation_was_deleted_finds_none_of_its_
 }
 
 #[tokio::test]
+async fn a_conversation_removed_behind_the_stores_back_leaves_its_rows_to_nobody() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("orphans.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let removed = new_conversation(&store).await.expect("conversation");
+    complete_request(&store, removed, "orphaned question", 0, "orphaned answer")
+        .await
+        .expect("request");
+    let removed_key = key_of(&path, removed).await;
+    // A shell with foreign keys off (sqlite3's default): no cascade.
+    let mut shell = SqliteConnectOptions::new()
+        .filename(&path)
+        .foreign_keys(false)
+        .connect()
+        .await
+        .expect("raw connection");
+    sqlx::query("DELETE FROM conversations WHERE id = ?1")
+        .bind(removed.as_uuid())
+        .execute(&mut shell)
+        .await
+        .expect("delete");
+    shell.close().await.expect("close");
+    assert_eq!(scalar(&path, "SELECT COUNT(*) FROM transcript").await, 2);
+
+    let next = new_conversation(&store).await.expect("conversation");
+    assert!(key_of(&path, next).await > removed_key);
+    assert_eq!(store.transcript_window(next, 100).await.expect("read"), []);
+    complete_request(&store, next, "new question", 0, "new answer")
+        .await
+        .expect("request");
+    let seqs: Vec<u64> = store
+        .transcript_window(next, 100)
+        .await
+        .expect("read")
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [0, 1]);
+}
+
+#[tokio::test]
 async fn new_databases_get_8_kib_pages_and_an_existing_one_keeps_its_own() {
     let dir = tempfile::tempdir().expect("temp dir");
     // A new file copied from the template, and one migrated under a quota.
@@ -99,7 +142,7 @@ async fn new_databases_get_8_kib_pages_and_an_existing_one_keeps_its_own() {
     let store = SqliteStore::open_with(&migrated, options)
         .await
         .expect("open");
-    // The quota counts 8 KiB pages: 4 MiB is 512 of them.
+    // A new file under a quota is migrated (not copied), at 8 KiB too.
     assert_eq!(scalar(&migrated, "PRAGMA page_size").await, 8192);
     store.close().await.expect("close");
     assert_eq!(scalar(&copied, "PRAGMA page_size").await, 8192);

@@ -31,7 +31,7 @@ fn fixture() -> PathBuf {
 }
 
 /// A copy of the fixture in `dir`.
-fn copy_of_fixture(dir: &Path) -> std::io::Result<PathBuf> {
+pub(super) fn copy_of_fixture(dir: &Path) -> std::io::Result<PathBuf> {
     let path = dir.join("schema4.db");
     std::fs::copy(fixture(), &path)?;
     Ok(path)
@@ -123,7 +123,7 @@ fn this_builds_migrations() -> Vec<i64> {
     versions
 }
 
-async fn applied_migrations(path: &Path) -> Result<Vec<i64>, sqlx::Error> {
+pub(super) async fn applied_migrations(path: &Path) -> Result<Vec<i64>, sqlx::Error> {
     let pool = super::raw_pool(path).await?;
     let versions =
         sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
@@ -248,12 +248,15 @@ async fn a_schema_4_database_is_migrated_in_place_and_every_row_survives_and_rep
             .filter(|c| old.is_none_or(|(_, o)| !o.contains(c)))
             .collect();
         for column in added {
-            // Keys the migration gave: checked through `moved` above, and
-            // every conversation's is its own.
+            // Keys the migration gave: the transcript's are checked through
+            // `moved` above; every conversation has one (distinct, by the
+            // unique index).
             if matches!(
                 (table.as_str(), column.as_str()),
                 ("conversations", "key") | ("transcript", "conversation_key")
             ) {
+                let keys = snapshot(&path, &[(table.clone(), vec![column.clone()])]).await?;
+                assert!(keys[0].1.iter().all(|k| k != "NULL"), "{keys:?}");
                 continue;
             }
             let set = snapshot(&path, &[(table.clone(), vec![column.clone()])]).await?;

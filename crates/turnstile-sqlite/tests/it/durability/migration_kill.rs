@@ -4,22 +4,31 @@
 //! The test grows a copy of the schema-4 fixture's transcript to 100,000
 //! rows of 1 KB, re-runs its own test binary as a child that opens it (so
 //! it migrates, printing each migration as it starts), and SIGKILLs the
-//! child as soon as migration 0017, which copies the transcript, starts.
+//! child once migration 0017, which copies the transcript, has written
+//! [`KILL_AT_LOG_BYTES`] of its copy to the write-ahead log.
+//!
+//! The same database opened under a size quota it fits migrates past the
+//! quota: for a moment the copy needs room for both tables.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::Row;
 use turnstile::{MigrationEvent, MigrationObserver, SqliteOptions, SqliteStore};
 use turnstile_conformance::support::TestResult;
 
+use super::compat::{applied_migrations, copy_of_fixture};
+
 const CHILD_DB: &str = "TURNSTILE_TEST_MIGRATING_DB";
 /// The migration the child is killed in: it copies the whole transcript.
 const KILLED_IN: i64 = 17;
 const ROWS: i64 = 100_000;
+/// The copy's write-ahead log when the child is killed: under a quarter of
+/// the about 200 MB it reaches.
+const KILL_AT_LOG_BYTES: u64 = 40 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_killed_midway_leaves_the_database_as_before_it_and_the_next_open_applies_it(
@@ -28,11 +37,7 @@ async fn a_migration_killed_midway_leaves_the_database_as_before_it_and_the_next
         return child(&path).await;
     }
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("old.db");
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/schema4.db"),
-        &path,
-    )?;
+    let path = copy_of_fixture(dir.path())?;
     grow_transcript(&path).await?;
     let before = transcript_by_conversation(&path, "t.conversation_id").await?;
     assert_eq!(before.iter().map(|(_, n, _)| n).sum::<i64>(), ROWS + 10);
@@ -61,23 +66,38 @@ async fn a_migration_killed_midway_leaves_the_database_as_before_it_and_the_next
     loop {
         match lines.recv_timeout(Duration::from_secs(120)) {
             Ok(line) if line == started => break,
-            Ok(line) => assert!(
-                !line.starts_with(&format!("MIGRATION APPLIED {KILLED_IN}")),
-                "the migration finished before the kill"
-            ),
+            Ok(_) => {}
             Err(e) => {
                 child.kill().ok();
                 panic!("the child never started migration {KILLED_IN}: {e}");
             }
         }
     }
+    // Midway through the copy: its pages are going to the log.
+    let log = path.with_extension("db-wal");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::metadata(&log).map_or(0, |m| m.len()) < KILL_AT_LOG_BYTES {
+        assert!(
+            child.try_wait()?.is_none(),
+            "the child exited before its copy reached the kill point"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the copy never reached the kill point"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
     child.kill()?;
     child.wait()?;
+    assert!(
+        !lines.try_iter().any(|l| l.starts_with("MIGRATION APPLIED")),
+        "a migration committed after migration {KILLED_IN} started"
+    );
 
     // As before migration 0017: the migrations before it applied, the
     // transcript in its old table with every row.
     assert_eq!(
-        applied_versions(&path).await?,
+        applied_migrations(&path).await?,
         (1..KILLED_IN).collect::<Vec<_>>()
     );
     assert_eq!(integrity(&path).await?, "ok");
@@ -90,10 +110,41 @@ async fn a_migration_killed_midway_leaves_the_database_as_before_it_and_the_next
     let store = SqliteStore::open(&path).await?;
     store.close().await?;
     assert_eq!(
-        applied_versions(&path).await?,
+        applied_migrations(&path).await?,
         (1..=SqliteStore::supported_schema_version()).collect::<Vec<_>>()
     );
     assert_eq!(integrity(&path).await?, "ok");
+    assert_eq!(
+        transcript_by_conversation(
+            &path,
+            "(SELECT c.id FROM conversations c WHERE c.key = t.conversation_key)"
+        )
+        .await?,
+        before
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_database_under_a_quota_it_fits_migrates_past_the_quota_and_keeps_every_row() -> TestResult
+{
+    let dir = tempfile::tempdir()?;
+    let path = copy_of_fixture(dir.path())?;
+    grow_transcript(&path).await?;
+    let before = transcript_by_conversation(&path, "t.conversation_id").await?;
+    let size = std::fs::metadata(&path)?.len();
+    // Room for a few more pages, not for a second copy of the transcript.
+    let options = SqliteOptions {
+        max_database_bytes: Some(size + (1 << 20)),
+        ..SqliteOptions::default()
+    };
+    let store = SqliteStore::open_with(&path, options).await?;
+    store.close().await?;
+    assert!(std::fs::metadata(&path)?.len() > size + (1 << 20));
+    assert_eq!(
+        applied_migrations(&path).await?,
+        (1..=SqliteStore::supported_schema_version()).collect::<Vec<_>>()
+    );
     assert_eq!(
         transcript_by_conversation(
             &path,
@@ -165,16 +216,6 @@ async fn transcript_by_conversation(
         .into_iter()
         .map(|r| (r.get("conversation"), r.get("n"), r.get("digest")))
         .collect())
-}
-
-async fn applied_versions(path: &Path) -> Result<Vec<i64>, sqlx::Error> {
-    let pool = super::raw_pool(path).await?;
-    let versions =
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-            .fetch_all(&pool)
-            .await?;
-    pool.close().await;
-    Ok(versions)
 }
 
 async fn integrity(path: &Path) -> Result<String, sqlx::Error> {
