@@ -55,11 +55,17 @@ CREATE TABLE transcript_by_key (
     meta              TEXT,
     UNIQUE (conversation_key, seq)
 );
--- In the old table's order, so the copy appends.
+-- In the old table's order, so the copy appends. The store runs the copy
+-- in batches of rowids (`?1` to `?2`) inside this migration's transaction,
+-- telling how many rows are done (`src/migrate.rs`); applied whole, with
+-- nothing bound, it copies every row at once.
+-- turnstile: batched copy of transcript
 INSERT INTO transcript_by_key (conversation_key, seq, request_id, role, content, meta)
 SELECT c.key, t.seq, t.request_id, t.role, t.content, t.meta
 FROM transcript t JOIN conversations c ON c.id = t.conversation_id
+WHERE t.rowid BETWEEN COALESCE(?1, -9223372036854775808) AND COALESCE(?2, 9223372036854775807)
 ORDER BY t.rowid;
+-- turnstile: end of batched copy
 -- Dropping a table fires none of its triggers, so the blobs' reference
 -- counts stand as they were: the copy's rows name the same blobs.
 DROP TABLE transcript;

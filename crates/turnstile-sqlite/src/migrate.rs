@@ -3,17 +3,19 @@
 //! opened the database should know what it is waiting for.
 //!
 //! This is sqlx's `Migrator::run_direct` with a call before and after each
-//! migration, which sqlx does not offer; each migration is still applied by
-//! sqlx (`Migrate::apply`: its SQL and its `_sqlx_migrations` row in one
-//! transaction), so a migration killed at any point leaves the database
-//! as it was before that migration, and the next open applies it again.
+//! migration, which sqlx does not offer. A migration is applied as sqlx's
+//! `Migrate::apply` does, its SQL and its `_sqlx_migrations` row in one
+//! transaction, so one killed at any point leaves the database as it was
+//! before it, and the next open applies it again. A migration that copies a
+//! table marks the copy (see [`BATCH_START`]), and its copy runs in batches
+//! of rowids inside that transaction, telling how many rows are done.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::migrate::{Migrate, MigrateError, Migrator};
+use sqlx::migrate::{Migrate, MigrateError, Migration, Migrator};
 use sqlx::SqliteConnection;
 
 /// A migration an open is about to apply, or has applied; see
@@ -27,6 +29,15 @@ pub enum MigrationEvent {
         description: String,
         index: usize,
         pending: usize,
+    },
+    /// Its copy of `table` has copied `rows` of its `of` rows (told after
+    /// each batch, inside the migration's transaction: none of it is
+    /// committed before [`MigrationEvent::Applied`]).
+    Copied {
+        version: i64,
+        table: String,
+        rows: u64,
+        of: u64,
     },
     /// It committed, `elapsed` after it started.
     Applied {
@@ -128,7 +139,11 @@ pub(super) async fn run(
             pending: count,
         });
         let started = Instant::now();
-        conn.apply(migration).await.map_err(|error| Failed {
+        let applied = match batched(&migration.sql) {
+            Some(copy) => apply_in_batches(conn, migration, copy, &tell).await,
+            None => conn.apply(migration).await.map(drop),
+        };
+        applied.map_err(|error| Failed {
             error,
             applying: Some(version),
         })?;
@@ -141,4 +156,162 @@ pub(super) async fn run(
         });
     }
     Ok(())
+}
+
+/// The line that starts a migration's batched copy, followed by the table
+/// it copies from. The statement after it, up to [`BATCH_END`], copies the
+/// rows of that table whose rowid lies between `?1` and `?2`, and every row
+/// when nothing is bound (as when sqlx applies the file whole).
+const BATCH_START: &str = "-- turnstile: batched copy of ";
+const BATCH_END: &str = "-- turnstile: end of batched copy";
+/// Rowids per batch: about that many rows, each batch well under a second.
+const BATCH_ROWIDS: i64 = 50_000;
+
+/// A migration's SQL split around its batched copy.
+struct BatchedCopy<'a> {
+    before: &'a str,
+    table: &'a str,
+    copy: &'a str,
+    after: &'a str,
+}
+
+/// The batched copy of `sql`, if it marks one.
+fn batched(sql: &str) -> Option<BatchedCopy<'_>> {
+    let start = sql.find(BATCH_START)?;
+    let line_end = start + sql[start..].find('\n')?;
+    let table = sql[start + BATCH_START.len()..line_end].trim();
+    let named = !table.is_empty() && table.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+    let end = line_end + sql[line_end..].find(BATCH_END)?;
+    let rest = end + sql[end..].find('\n').map_or(sql.len() - end, |i| i + 1);
+    named.then(|| BatchedCopy {
+        before: &sql[..start],
+        table,
+        copy: &sql[line_end + 1..end],
+        after: &sql[rest..],
+    })
+}
+
+/// Applies `migration` as `Migrate::apply` does, in one transaction with
+/// its `_sqlx_migrations` row, its copy in batches of [`BATCH_ROWIDS`].
+async fn apply_in_batches(
+    conn: &mut SqliteConnection,
+    migration: &Migration,
+    copy: BatchedCopy<'_>,
+    tell: &impl Fn(MigrationEvent),
+) -> Result<(), MigrateError> {
+    let started = Instant::now();
+    sqlx::query("BEGIN").execute(&mut *conn).await?;
+    if let Err(e) = copy_and_record(conn, migration, copy, tell).await {
+        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        return Err(e);
+    }
+    sqlx::query("COMMIT").execute(&mut *conn).await?;
+    let nanos = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+    sqlx::query("UPDATE _sqlx_migrations SET execution_time = ?1 WHERE version = ?2")
+        .bind(nanos)
+        .bind(migration.version)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The work of [`apply_in_batches`], inside its transaction.
+async fn copy_and_record(
+    conn: &mut SqliteConnection,
+    migration: &Migration,
+    copy: BatchedCopy<'_>,
+    tell: &impl Fn(MigrationEvent),
+) -> Result<(), MigrateError> {
+    let version = migration.version;
+    let failed = |e| MigrateError::ExecuteMigration(e, version);
+    sqlx::query(copy.before)
+        .execute(&mut *conn)
+        .await
+        .map_err(failed)?;
+    // The table's name is the migration's own text, checked by `batched`.
+    let extent = format!(
+        "SELECT COUNT(*), MIN(rowid), MAX(rowid) FROM {}",
+        copy.table
+    );
+    let (of, low, high): (i64, Option<i64>, Option<i64>) = sqlx::query_as(&extent)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(failed)?;
+    let of = u64::try_from(of).unwrap_or(0);
+    let mut rows = 0;
+    if let (Some(low), Some(high)) = (low, high) {
+        let mut from = low;
+        loop {
+            let to = from.saturating_add(BATCH_ROWIDS - 1).min(high);
+            rows += sqlx::query(copy.copy)
+                .bind(from)
+                .bind(to)
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?
+                .rows_affected();
+            tell(MigrationEvent::Copied {
+                version,
+                table: copy.table.to_owned(),
+                rows,
+                of,
+            });
+            if to >= high {
+                break;
+            }
+            from = to + 1;
+        }
+    }
+    sqlx::query(copy.after)
+        .execute(&mut *conn)
+        .await
+        .map_err(failed)?;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (?1, ?2, TRUE, ?3, -1)",
+    )
+    .bind(version)
+    .bind(&*migration.description)
+    .bind(&*migration.checksum)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transcript_migration_splits_around_its_copy_and_loses_no_text() {
+        let sql = include_str!("../migrations/0017_transcript_by_conversation_key.sql");
+        let copy = batched(sql).expect("a batched copy");
+        assert_eq!(copy.table, "transcript");
+        assert!(copy
+            .copy
+            .trim_start()
+            .starts_with("INSERT INTO transcript_by_key"));
+        assert!(copy.copy.contains("BETWEEN COALESCE(?1"));
+        assert!(copy.before.contains("CREATE TABLE transcript_by_key"));
+        assert!(copy.after.starts_with("-- Dropping a table"));
+        assert_eq!(
+            [copy.before, copy.copy, copy.after].concat().len()
+                + BATCH_START.len()
+                + "transcript\n".len()
+                + BATCH_END.len()
+                + 1,
+            sql.len()
+        );
+    }
+
+    #[test]
+    fn sql_without_markers_or_with_a_strange_table_name_is_applied_whole() {
+        assert!(batched("CREATE TABLE t (x);").is_none());
+        let named = |table: &str| {
+            format!("{BATCH_START}{table}\nINSERT INTO a SELECT * FROM b;\n{BATCH_END}\n")
+        };
+        assert!(batched(&named("b")).is_some());
+        assert!(batched(&named("b; DROP TABLE a")).is_none());
+        assert!(batched(&format!("{BATCH_START}b\nINSERT INTO a SELECT * FROM b;\n")).is_none());
+    }
 }

@@ -80,12 +80,13 @@ async fn open_file(db: &Path, access: Access) -> Result<Arc<dyn StoreAdmin>, Cli
 }
 
 /// Prints each migration that opening an older database applies on
-/// stderr as it starts, and the time they all took once the last has
-/// committed: a large database's can take a while, and a person waiting
-/// should know on what.
+/// stderr as it starts, a line per tenth of a table it copies, and the time
+/// they all took once the last has committed: a large database's can take
+/// a while, and a person waiting should know on what.
 fn migration_progress(db: &Path) -> MigrationObserver {
     let db = super::output::plain(&db.display().to_string()).into_owned();
     let first_started = std::sync::OnceLock::new();
+    let tenths_told = std::sync::atomic::AtomicU64::new(0);
     MigrationObserver::new(move |event| match event {
         MigrationEvent::Started {
             version,
@@ -94,9 +95,20 @@ fn migration_progress(db: &Path) -> MigrationObserver {
             pending,
         } => {
             first_started.get_or_init(std::time::Instant::now);
+            tenths_told.store(0, std::sync::atomic::Ordering::Relaxed);
             super::report(&format!(
                 "turnstile: migrating {db} ({index} of {pending}): schema {version}, {description}…"
             ));
+        }
+        MigrationEvent::Copied {
+            table, rows, of, ..
+        } => {
+            let tenths = (rows * 10).checked_div(*of).unwrap_or(10);
+            if tenths > tenths_told.swap(tenths, std::sync::atomic::Ordering::Relaxed) {
+                super::report(&format!(
+                    "turnstile: migrating {db}: {table}, {rows} of {of} rows copied"
+                ));
+            }
         }
         MigrationEvent::Applied {
             version,
