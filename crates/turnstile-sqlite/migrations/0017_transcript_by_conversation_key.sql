@@ -12,6 +12,7 @@
 -- A conversation's key is given when it is created: one more than the
 -- largest any conversation or transcript row holds (the steps say how). A
 -- deleted conversation's transcript goes with it through the foreign key.
+--
 -- The steps are views whose triggers name the transcript; a database
 -- migrated from before `step_set` still holds those its migrations made.
 -- They go first (every view of the schema is a step, and these are all the

@@ -347,13 +347,14 @@ async fn migrate_on(
     }
     if let Err(failed) = migrate::run(&MIGRATOR, conn, observer).await {
         // Another opener that applied the same migration first makes this
-        // one's SQL fail, and a retry finds it applied; a migration that
-        // fails where nobody else applied it fails again, so it is not
-        // retried.
+        // one's SQL fail, and one applying it now holds the lock this one
+        // needs: a retry finds it applied. A migration that fails where
+        // nobody else applied it fails again, so it is not retried.
         let now = check_schema(conn).await.ok().flatten();
-        let raced = failed
-            .applying
-            .is_some_and(|version| now.is_some_and(|now| now >= version));
+        let raced = locked_out(&failed.error)
+            || failed
+                .applying
+                .is_some_and(|version| now.is_some_and(|now| now >= version));
         return Err(migrate_error(failed.error, raced));
     }
     steps::install(conn, existing_only).await
@@ -421,6 +422,16 @@ const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// How often an opener retries after racing another opener.
 const OPEN_ATTEMPTS: u64 = 10;
+
+/// Whether a migration failed on a lock another connection held
+/// (`SQLITE_BUSY`, `SQLITE_LOCKED`, any extended code).
+fn locked_out(error: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    let (MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _)) = error else {
+        return false;
+    };
+    matches!(codec::primary_code(e), Some(5 | 6))
+}
 
 /// A migration that failed while another opener applied it (`raced`) is
 /// taken as a race, and retried by
