@@ -97,20 +97,7 @@ async fn a_migration_killed_midway_leaves_the_database_as_before_it_and_the_next
     // The next open applies it; every row is there, under its conversation.
     let store = SqliteStore::open(&path).await?;
     store.close().await?;
-    assert_eq!(
-        applied_migrations(&path).await?,
-        (1..=SqliteStore::supported_schema_version()).collect::<Vec<_>>()
-    );
-    assert_eq!(integrity(&path).await?, "ok");
-    assert_eq!(
-        transcript_by_conversation(
-            &path,
-            "(SELECT c.id FROM conversations c WHERE c.key = t.conversation_key)"
-        )
-        .await?,
-        before
-    );
-    Ok(())
+    assert_fully_migrated(&path, &before).await
 }
 
 #[tokio::test]
@@ -129,13 +116,20 @@ async fn a_database_under_a_quota_it_fits_migrates_past_the_quota_and_keeps_ever
     let store = SqliteStore::open_with(&path, options).await?;
     store.close().await?;
     assert!(std::fs::metadata(&path)?.len() > size + (1 << 20));
+    assert_fully_migrated(&path, &before).await
+}
+
+/// Every migration applied, the file whole, and every transcript row of
+/// `before` under its conversation, now named by its key.
+async fn assert_fully_migrated(path: &Path, before: &[(String, i64, String)]) -> TestResult {
     assert_eq!(
-        applied_migrations(&path).await?,
+        applied_migrations(path).await?,
         (1..=SqliteStore::supported_schema_version()).collect::<Vec<_>>()
     );
+    assert_eq!(integrity(path).await?, "ok");
     assert_eq!(
         transcript_by_conversation(
-            &path,
+            path,
             "(SELECT c.id FROM conversations c WHERE c.key = t.conversation_key)"
         )
         .await?,
