@@ -106,7 +106,7 @@ impl SqliteStore {
                     if options.existing_only
                         && !look_only
                         && !writable(path)
-                        && wal_beside(path).exists() =>
+                        && beside(path, "-wal").exists() =>
                 {
                     return Err(unreadable_with_log(path, e));
                 }
@@ -463,9 +463,7 @@ async fn has_whole_schema(path: &Path) -> bool {
 /// beside it. Best effort: the error that led here is the one reported.
 fn remove_new_file(path: &Path) {
     for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut file = path.as_os_str().to_owned();
-        file.push(suffix);
-        let _ = std::fs::remove_file(file);
+        let _ = std::fs::remove_file(beside(path, suffix));
     }
 }
 
@@ -481,9 +479,7 @@ pub(crate) fn only_readable(path: &Path) -> bool {
     // A rollback journal beside it (a database in another journal mode,
     // cut off mid-transaction) is a hot journal an immutable read would
     // ignore: such a file is opened the usual way.
-    let mut journal = path.as_os_str().to_owned();
-    journal.push("-journal");
-    !writable(path) && !wal_beside(path).exists() && !Path::new(&journal).exists()
+    !writable(path) && !beside(path, "-wal").exists() && !beside(path, "-journal").exists()
 }
 
 /// Whether this process may write the file: opening it for writing
@@ -492,10 +488,12 @@ fn writable(path: &Path) -> bool {
     std::fs::OpenOptions::new().write(true).open(path).is_ok()
 }
 
-fn wal_beside(path: &Path) -> std::path::PathBuf {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    wal.into()
+/// The file SQLite (or this store) keeps beside a database: its path with
+/// `suffix` appended (`-wal`, `-shm`, `-journal`).
+pub(crate) fn beside(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut file = path.as_os_str().to_owned();
+    file.push(suffix);
+    file.into()
 }
 
 /// A look at a file this process cannot write, with a `-wal` file beside
@@ -509,7 +507,7 @@ fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
              who may write the database and its directory, or once its writer has closed it \
              (which folds the log into the file)",
             path.display(),
-            wal_beside(path).display(),
+            beside(path, "-wal").display(),
         ),
         Some(Box::new(error)),
     ))
@@ -526,12 +524,8 @@ fn unreadable_with_log(path: &Path, error: StoreError) -> Error {
 /// place whole, so an opener racing this one sees either no file or the
 /// whole database, never a part of it.
 async fn create_from_template(path: &Path) -> Result<bool, Error> {
-    let beside = |suffix: &str| {
-        let mut file = path.as_os_str().to_owned();
-        file.push(suffix);
-        std::fs::symlink_metadata(file).is_ok()
-    };
-    if beside("") || beside("-wal") || beside("-journal") {
+    let taken = |suffix| std::fs::symlink_metadata(beside(path, suffix)).is_ok();
+    if taken("") || taken("-wal") || taken("-journal") {
         return Ok(false);
     }
     let image = match FILE_TEMPLATE.get_or_try_init(file_template).await {
@@ -541,9 +535,7 @@ async fn create_from_template(path: &Path) -> Result<bool, Error> {
             return Ok(false);
         }
     };
-    let mut staged = path.as_os_str().to_owned();
-    staged.push(format!(".new-{}", uuid::Uuid::new_v4()));
-    let staged = std::path::PathBuf::from(staged);
+    let staged = beside(path, &format!(".new-{}", uuid::Uuid::new_v4()));
     let written = (|| {
         use std::io::Write;
         let mut open = std::fs::OpenOptions::new();

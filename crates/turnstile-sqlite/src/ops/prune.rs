@@ -378,9 +378,7 @@ pub(super) fn store_file_sizes(store: &SqliteStore) -> (u64, u64) {
 /// Sizes of a database file and its write-ahead log (0 when missing).
 pub(super) fn file_sizes(path: &Path) -> (u64, u64) {
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    (size(path), size(Path::new(&wal)))
+    (size(path), size(&crate::open::beside(path, "-wal")))
 }
 
 async fn free_pages(conn: &mut sqlx::SqliteConnection) -> Result<u64, Error> {
