@@ -125,18 +125,6 @@ CREATE TABLE summaries (
     UNIQUE (conversation_id, through_seq)
 );
 
-CREATE TRIGGER checkpoint_reaches_admission AFTER INSERT ON loop_checkpoints
-BEGIN
-    UPDATE admissions
-    SET input_tokens = NEW.input_tokens, output_tokens = NEW.output_tokens,
-        cache_read_tokens = NEW.cache_read_tokens, cache_write_tokens = NEW.cache_write_tokens,
-        updated_at = NEW.created_at
-    WHERE conversation_id = (SELECT q.conversation_id FROM runs r
-                             JOIN requests q ON q.request_id = r.request_id
-                             WHERE r.run_id = NEW.run_id)
-      AND run_id = NEW.run_id;
-END;
-
 CREATE TRIGGER tool_result_reaches_admission AFTER UPDATE OF status ON tool_calls
 WHEN NEW.completed_at IS NOT NULL
 BEGIN

@@ -38,7 +38,11 @@ BEGIN
     UPDATE admissions
     SET active_request_id = NEW.request_id, input_sha256 = NEW.input_sha256,
         run_id = NEW.run_id, agent_fingerprint = NEW.agent_fingerprint,
-        input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
+        -- the first turn's checkpoint's usage, when there is one
+        input_tokens = IIF(NEW.phase IS NULL, 0, NEW.input_tokens),
+        output_tokens = IIF(NEW.phase IS NULL, 0, NEW.output_tokens),
+        cache_read_tokens = IIF(NEW.phase IS NULL, 0, NEW.cache_read_tokens),
+        cache_write_tokens = IIF(NEW.phase IS NULL, 0, NEW.cache_write_tokens),
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
         revision = revision + 1, updated_at = NEW.now

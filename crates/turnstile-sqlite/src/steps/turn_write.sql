@@ -33,7 +33,7 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM admissions
                       WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
                         AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
-    -- Write. The admission takes the last row's usage and time (0004's trigger).
+    -- Write.
     INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
         created_at)
@@ -41,9 +41,16 @@ BEGIN
         value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
         value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', NEW.now
     FROM json_each(NEW.checkpoints) ORDER BY key;
-    -- A write without a checkpoint is activity all the same.
-    UPDATE admissions SET updated_at = NEW.now
-    WHERE NEW.checkpoints IS NULL AND conversation_id = NEW.conversation_id;
+    -- The admission takes the last checkpoint's usage, and the time: a write
+    -- without a checkpoint is activity all the same.
+    UPDATE admissions
+    SET input_tokens = COALESCE(NEW.checkpoints ->> '$[#-1].input', input_tokens),
+        output_tokens = COALESCE(NEW.checkpoints ->> '$[#-1].output', output_tokens),
+        cache_read_tokens = COALESCE(NEW.checkpoints ->> '$[#-1].cache_read', cache_read_tokens),
+        cache_write_tokens = COALESCE(NEW.checkpoints ->> '$[#-1].cache_write',
+                                      cache_write_tokens),
+        updated_at = NEW.now
+    WHERE conversation_id = NEW.conversation_id;
     INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
     SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
         value ->> '$.detail'
