@@ -9,7 +9,7 @@ CREATE TABLE conversations (
     -- +1 per committed request.
     version     INTEGER NOT NULL DEFAULT 0,
     created_at  INTEGER NOT NULL
-, title TEXT, owner TEXT, metadata TEXT NOT NULL DEFAULT '{}', meta_version INTEGER NOT NULL DEFAULT 0, meta_updated_at INTEGER, key INTEGER) WITHOUT ROWID;
+, title TEXT, owner TEXT, metadata TEXT NOT NULL DEFAULT '{}', meta_version INTEGER NOT NULL DEFAULT 0, meta_updated_at INTEGER, key INTEGER, transcript_length INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 
 CREATE TABLE admissions (
     conversation_id    BLOB PRIMARY KEY NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
@@ -48,17 +48,6 @@ CREATE TABLE runs (
     started_at    INTEGER NOT NULL,
     ended_at      INTEGER
 , agent_fingerprint TEXT, replaced_fingerprint TEXT, budget_change TEXT) WITHOUT ROWID;
-
-CREATE TABLE run_messages (
-    request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
-    seq         INTEGER NOT NULL,
-    run_id      BLOB NOT NULL,
-    turn        INTEGER NOT NULL,
-    role        TEXT NOT NULL,
-    content     TEXT NOT NULL,
-    meta        TEXT,
-    UNIQUE (request_id, seq)
-);
 
 CREATE TABLE loop_checkpoints (
     run_id              BLOB NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -209,32 +198,6 @@ CREATE TABLE blob_bytes (
     bytes   BLOB NOT NULL
 );
 
-CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages
-WHEN instr(NEW.meta, '"sha256"') > 0
-BEGIN
-    SELECT RAISE(ABORT, 'turnstile: blob missing')
-    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
-                  WHERE value ->> '$.sha256' IS NOT NULL
-                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
-    UPDATE blobs SET refs = refs + named.n
-    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
-          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
-          GROUP BY 1) AS named
-    WHERE blobs.sha256 = named.sha256;
-END;
-
-CREATE TRIGGER run_message_drops_blobs AFTER DELETE ON run_messages
-WHEN instr(OLD.meta, '"sha256"') > 0
-BEGIN
-    UPDATE blobs SET refs = refs - named.n
-    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
-          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
-          GROUP BY 1) AS named
-    WHERE blobs.sha256 = named.sha256;
-    DELETE FROM blobs
-    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
-END;
-
 CREATE TRIGGER tool_result_takes_blobs AFTER UPDATE OF result_parts ON tool_calls
 WHEN instr(NEW.result_parts, '"sha256"') > 0 OR instr(OLD.result_parts, '"sha256"') > 0
 BEGIN
@@ -303,6 +266,41 @@ BEGIN
 END;
 
 CREATE TRIGGER transcript_drops_blobs AFTER DELETE ON transcript
+WHEN instr(OLD.meta, '"sha256"') > 0
+BEGIN
+    UPDATE blobs SET refs = refs - named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(OLD.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+    DELETE FROM blobs
+    WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;
+
+CREATE TABLE "run_messages" (
+    request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    role        TEXT NOT NULL,
+    content     TEXT NOT NULL,
+    meta        TEXT,
+    UNIQUE (request_id, seq)
+);
+
+CREATE TRIGGER run_message_takes_blobs AFTER INSERT ON run_messages
+WHEN instr(NEW.meta, '"sha256"') > 0
+BEGIN
+    SELECT RAISE(ABORT, 'turnstile: blob missing')
+    WHERE EXISTS (SELECT 1 FROM json_each(NEW.meta, '$.parts')
+                  WHERE value ->> '$.sha256' IS NOT NULL
+                    AND value ->> '$.sha256' NOT IN (SELECT sha256 FROM blobs));
+    UPDATE blobs SET refs = refs + named.n
+    FROM (SELECT value ->> '$.sha256' AS sha256, count(*) AS n
+          FROM json_each(NEW.meta, '$.parts') WHERE value ->> '$.sha256' IS NOT NULL
+          GROUP BY 1) AS named
+    WHERE blobs.sha256 = named.sha256;
+END;
+
+CREATE TRIGGER run_message_drops_blobs AFTER DELETE ON run_messages
 WHEN instr(OLD.meta, '"sha256"') > 0
 BEGIN
     UPDATE blobs SET refs = refs - named.n

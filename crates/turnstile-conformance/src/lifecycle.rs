@@ -1,7 +1,7 @@
 //! A request from claim to commit, and what the read API shows after.
 
 use turnstile_core::store::{InputHash, JournalStatus, RequestStatus, RunStatus};
-use turnstile_core::{CheckpointPhase, Error, Message, Revision, ToolCall};
+use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, Revision, ToolCall};
 
 use crate::support::{
     admit, commit_answer, complete_request, new_conversation, ns, tool_call, tool_turn,
@@ -134,6 +134,71 @@ pub async fn successive_commits_append_to_the_transcript_in_order(
     let admission = store.admission(conversation).await?;
     assert_eq!((admission.revision, admission.active), (Revision(6), None));
     assert_eq!(store.conversation(&ns(), conversation).await?.version, 3);
+    Ok(())
+}
+
+/// A held request's messages are its own until its commit: no read of the
+/// conversation's transcript shows them, a fork copies none, and an
+/// abandon keeps them as the abandoned request's messages while the next
+/// request's entries follow the committed ones.
+pub async fn a_held_requests_messages_are_in_no_transcript_read_until_its_commit(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    complete_request(&*store, conversation, "first", 0, "first answer").await?;
+    let committed = store.transcript_window(conversation, 100).await?;
+    assert_eq!(committed.len(), 2);
+
+    let held = admit(&*store, conversation, "second").await?;
+    let count = tool_turn(&*store, &held, 1, 1, tool_call("c1", "{}"), "r1").await?;
+    assert_eq!(
+        store.request_messages(held.request_id, count).await?.len(),
+        3
+    );
+    assert_eq!(store.transcript_window(conversation, 100).await?, committed);
+    assert_eq!(
+        store.transcript_range(conversation, 0, 100).await?,
+        committed
+    );
+    assert!(store.transcript_range(conversation, 2, 5).await?.is_empty());
+    // A fork takes the committed entries, and no further.
+    let fork = store
+        .fork_conversation(&ns(), conversation, 2, ConversationId::new())
+        .await?;
+    assert_eq!(fork.entries, 2);
+    assert_eq!(
+        store.transcript_window(fork.conversation_id, 100).await?,
+        committed
+    );
+    assert!(matches!(
+        store
+            .fork_conversation(&ns(), conversation, 3, ConversationId::new())
+            .await,
+        Err(Error::InvalidInput(_))
+    ));
+
+    store
+        .abandon(conversation, held.request_id, held.revision)
+        .await?;
+    assert_eq!(store.transcript_window(conversation, 100).await?, committed);
+    let kept = store.request_messages(held.request_id, u64::MAX).await?;
+    let roles: Vec<_> = kept.iter().map(Message::role).collect();
+    assert_eq!(roles, ["user", "assistant", "tool"]);
+
+    let (_, next) = complete_request(&*store, conversation, "third", 0, "third answer").await?;
+    assert_eq!((next.first_seq, next.end_seq), (2, 4));
+    let (_, forked) = complete_request(
+        &*store,
+        fork.conversation_id,
+        "on the fork",
+        0,
+        "fork answer",
+    )
+    .await?;
+    assert_eq!((forked.first_seq, forked.end_seq), (2, 4));
+    let transcript = store.transcript_window(conversation, 100).await?;
+    let texts: Vec<_> = transcript.iter().map(|e| e.message.text()).collect();
+    assert_eq!(texts, ["first", "first answer", "third", "third answer"]);
     Ok(())
 }
 

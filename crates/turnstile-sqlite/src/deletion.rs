@@ -94,7 +94,9 @@ async fn delete_in(
                 rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs))
            SELECT
              (SELECT COUNT(*) FROM transcript
-              WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)) AS "transcript!: i64",
+              WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
+                AND seq < (SELECT transcript_length FROM conversations WHERE id = ?1))
+                 AS "transcript!: i64",
              (SELECT COUNT(*) FROM reqs) AS "requests!: i64",
              (SELECT COUNT(*) FROM rns) AS "runs!: i64",
              (SELECT COUNT(*) FROM loop_checkpoints
@@ -103,8 +105,12 @@ async fn delete_in(
               WHERE request_id IN (SELECT id FROM reqs)) AS "verification_reports!: i64",
              (SELECT COUNT(*) FROM tool_calls
               WHERE request_id IN (SELECT id FROM reqs)) AS "tool_calls!: i64",
-             (SELECT COUNT(*) FROM run_messages
-              WHERE request_id IN (SELECT id FROM reqs)) AS "run_messages!: i64",
+             -- the held request's messages, after the committed entries
+             (SELECT COUNT(*) FROM run_messages WHERE request_id IN (SELECT id FROM reqs))
+             + (SELECT COUNT(*) FROM transcript
+                WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
+                  AND seq >= (SELECT transcript_length FROM conversations WHERE id = ?1))
+                 AS "run_messages!: i64",
              (SELECT COUNT(*) FROM approvals
               WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = ?1) AS "summaries!: i64""#,

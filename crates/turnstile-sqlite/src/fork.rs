@@ -60,8 +60,8 @@ async fn fork_in(
     crate::admission::load_conversation(&mut *tx, namespace, from).await?;
     let (source, target) = (from.as_uuid(), new_id.as_uuid());
     let length = sqlx::query_scalar!(
-        r#"SELECT COALESCE(MAX(seq) + 1, 0) AS "length!: i64" FROM transcript
-           WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)"#,
+        r#"SELECT COALESCE((SELECT transcript_length FROM conversations WHERE id = ?1), 0)
+               AS "length!: i64""#,
         source
     )
     .fetch_one(&mut *tx)
@@ -92,10 +92,10 @@ async fn fork_in(
     let ns = namespace.as_str();
     // Its version counts the requests whose entries it holds.
     sqlx::query!(
-        "INSERT INTO conversations (id, namespace, version, created_at, key)
+        "INSERT INTO conversations (id, namespace, version, created_at, key, transcript_length)
          SELECT ?1, ?2, COUNT(DISTINCT request_id), ?4,
              max((SELECT COALESCE(MAX(key), 0) FROM conversations),
-                 (SELECT COALESCE(MAX(conversation_key), 0) FROM transcript)) + 1
+                 (SELECT COALESCE(MAX(conversation_key), 0) FROM transcript)) + 1, ?5
          FROM transcript
          WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?3) AND seq < ?5",
         target,

@@ -74,6 +74,7 @@ pub(super) async fn load_transcript_window(
     let rows = sqlx::query!(
         "SELECT seq, request_id, role, content, meta FROM transcript
          WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
+           AND seq < (SELECT transcript_length FROM conversations WHERE id = ?1)
          ORDER BY seq DESC LIMIT ?2",
         uuid,
         limit
@@ -109,7 +110,8 @@ pub(super) async fn load_transcript_range(
     let (from, to) = (to_i64(from), to_i64(to));
     let rows = sqlx::query!(
         "SELECT seq, request_id, role, content, meta FROM transcript
-         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1) AND seq >= ?2 AND seq < ?3
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
+           AND seq >= ?2 AND seq < min(?3, (SELECT transcript_length FROM conversations WHERE id = ?1))
          ORDER BY seq",
         uuid,
         from,
@@ -200,8 +202,16 @@ pub(super) async fn load_request_messages(
     let uuid = request_id.as_uuid();
     let count = to_i64(count);
     let rows = sqlx::query!(
-        "SELECT seq, role, content, meta FROM run_messages
-         WHERE request_id = ?1 AND seq < ?2 ORDER BY seq",
+        r#"SELECT seq, role, content, meta, 'run_messages' AS "table!: String" FROM run_messages
+         WHERE request_id = ?1 AND seq < ?2
+         UNION ALL
+         SELECT t.seq - c.transcript_length, t.role, t.content, t.meta, 'transcript'
+         FROM admissions a
+         JOIN conversations c ON c.id = a.conversation_id
+         JOIN transcript t ON t.conversation_key = c.key AND t.seq >= c.transcript_length
+             AND t.seq < c.transcript_length + ?2
+         WHERE a.active_request_id = ?1 AND t.request_id = ?1
+         ORDER BY 1"#,
         uuid,
         count
     )
@@ -212,8 +222,14 @@ pub(super) async fn load_request_messages(
         .enumerate()
         .map(|(i, r)| {
             let key = format!("{request_id}/{}", r.seq);
+            // Its messages are in the transcript while it is held, and in
+            // `run_messages` once it is abandoned.
             let row = Row {
-                table: "run_messages",
+                table: if r.table == "transcript" {
+                    "transcript"
+                } else {
+                    "run_messages"
+                },
                 key: &key,
             };
             // A gap means a message of the request is missing: never
@@ -517,7 +533,9 @@ pub(super) async fn load_claim_context(
                   (SELECT json_group_array(json_array(seq, hex(request_id), CAST(role AS TEXT),
                               CAST(content AS TEXT), CAST(meta AS TEXT)) ORDER BY seq)
                    FROM (SELECT seq, request_id, role, content, meta FROM transcript
-                         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1) ORDER BY seq DESC
+                         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
+                           AND seq < (SELECT transcript_length FROM conversations WHERE id = ?1)
+                         ORDER BY seq DESC
                          LIMIT CASE WHEN (SELECT namespace = ?3 FROM conversations WHERE id = ?1)
                                       AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ?2)
                                       AND EXISTS (SELECT 1 FROM admissions

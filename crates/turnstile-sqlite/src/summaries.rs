@@ -103,8 +103,7 @@ pub(super) async fn record_summary_pass_in(
                AND (SELECT version FROM conversations WHERE id = ?6) = ?3
                AND (SELECT COALESCE(MAX(through_seq) + 1, 0) FROM summaries
                     WHERE conversation_id = ?6) = ?1
-               AND (SELECT COALESCE(MAX(seq), -1) FROM transcript
-                    WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?6)) >= ?2",
+               AND (SELECT transcript_length FROM conversations WHERE id = ?6) > ?2",
         from,
         through,
         version,

@@ -28,11 +28,12 @@
 //!   recover of an idle (completed) request and resume of its run (both
 //!   replay), recover with another input, recover / resume / run / abandon /
 //!   recovery_usage of an abandoned request, resume of a superseded run.
-//! - damaged rows met through the session (`DAMAGES`): corrupt JSON in both
-//!   JSON columns (`transcript.meta`, `run_messages.meta`: not JSON, not an
-//!   object, wrong field type, cut short, missing), unknown enum tags in
-//!   every enum column (message roles, checkpoint phases, request, run and
-//!   journal statuses, wrong case included), a foreign agent fingerprint, a
+//! - damaged rows met through the session (`DAMAGES`): corrupt JSON in
+//!   `transcript.meta`, of a committed entry and of a held request's
+//!   message (not JSON, not an object, wrong field type, cut short,
+//!   missing), unknown enum tags in every enum column (message roles,
+//!   checkpoint phases, request, run and journal statuses, wrong case
+//!   included), a foreign agent fingerprint, a
 //!   malformed admission run id, negative revision and conversation
 //!   version, an invalid stored namespace, a malformed input hash; plus
 //!   journal arguments that are not JSON (opaque text by contract) and a new
@@ -953,30 +954,30 @@ const DAMAGES: &[Damage] = &[
     },
     Damage {
         name: "pending message meta is not JSON",
-        table: "run_messages",
+        table: "transcript",
         column: "meta",
-        key: "seq = 1",
+        key: HELD_MESSAGE_1,
         bad: "'{not json'",
         entries: &[Entry::Resume, Entry::Recover],
-        expect: Expect::Corrupt("run_messages"),
+        expect: Expect::Corrupt("transcript"),
     },
     Damage {
         name: "pending message meta is cut short",
-        table: "run_messages",
+        table: "transcript",
         column: "meta",
-        key: "seq = 1",
+        key: HELD_MESSAGE_1,
         bad: r#"'{"tool_calls":[{"id":"c1"'"#,
         entries: &[Entry::Resume],
-        expect: Expect::Corrupt("run_messages"),
+        expect: Expect::Corrupt("transcript"),
     },
     Damage {
         name: "pending message role is unknown",
-        table: "run_messages",
+        table: "transcript",
         column: "role",
-        key: "seq = 0",
+        key: HELD_MESSAGE_0,
         bad: "'wizard'",
         entries: &[Entry::Recover],
-        expect: Expect::Corrupt("run_messages"),
+        expect: Expect::Corrupt("transcript"),
     },
     Damage {
         name: "checkpoint phase is unknown",
@@ -1105,6 +1106,12 @@ const DAMAGES: &[Damage] = &[
         expect: Expect::NamespaceMismatch,
     },
 ];
+
+/// The held request's messages follow its conversation's committed entries.
+const HELD_MESSAGE_0: &str = "request_id = (SELECT active_request_id FROM admissions)
+     AND seq = (SELECT transcript_length FROM conversations)";
+const HELD_MESSAGE_1: &str = "request_id = (SELECT active_request_id FROM admissions)
+     AND seq = (SELECT transcript_length FROM conversations) + 1";
 
 const HELD_REQUEST_C1: &str =
     "request_id = (SELECT active_request_id FROM admissions) AND call_id = 'c1'";

@@ -122,7 +122,8 @@ async fn request_rows(db: &Path, request: &str) -> Vec<String> {
     let mut rows = Vec::new();
     for sql in [
         "SELECT hex(run_id) || status FROM runs WHERE request_id = ?1 ORDER BY run_id",
-        "SELECT seq || role || length(content) FROM run_messages WHERE request_id = ?1 ORDER BY seq",
+        // A held request's messages, after its conversation's committed entries.
+        "SELECT seq || role || length(content) FROM transcript WHERE request_id = ?1 ORDER BY seq",
         "SELECT call_id || status FROM tool_calls WHERE request_id = ?1 ORDER BY turn, call_id",
         "SELECT turn || phase FROM loop_checkpoints
          WHERE run_id IN (SELECT run_id FROM runs WHERE request_id = ?1) ORDER BY run_id, turn",

@@ -289,8 +289,7 @@ async fn conversation_summary(
 ) -> Result<Option<ConversationSummary>, Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT c.namespace, c.version, c.created_at, a.revision, a.updated_at,
-                  (SELECT COALESCE(MAX(t.seq) + 1, 0) FROM transcript t WHERE t.conversation_key = c.key)
-                      AS "transcript_entries!: i64"
+                  c.transcript_length AS "transcript_entries!: i64"
            FROM conversations c JOIN admissions a ON a.conversation_id = c.id
            WHERE c.id = ?1"#,
         id

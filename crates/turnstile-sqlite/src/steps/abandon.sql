@@ -1,5 +1,7 @@
 -- An abandon: the compare-and-swap on the active admission, its run
--- abandoned, the admission released, the request id burned.
+-- abandoned, the admission released, the request id burned, and its
+-- messages moved from the transcript's uncommitted tail to `run_messages`,
+-- where they stay readable until the request is pruned.
 CREATE VIEW abandons (conversation_id, request_id, expected_revision, now)
 AS SELECT NULL, NULL, NULL, NULL WHERE 0;
 
@@ -25,4 +27,13 @@ BEGIN
       AND active_request_id = NEW.request_id;
     UPDATE requests SET status = 'abandoned', completed_at = NEW.now
     WHERE request_id = NEW.request_id;
+    INSERT INTO run_messages (request_id, seq, role, content, meta)
+    SELECT t.request_id, t.seq - c.transcript_length, t.role, t.content, t.meta
+    FROM conversations c
+    JOIN transcript t ON t.conversation_key = c.key AND t.seq >= c.transcript_length
+    WHERE c.id = NEW.conversation_id
+    ORDER BY t.seq;
+    DELETE FROM transcript
+    WHERE conversation_key = (SELECT key FROM conversations WHERE id = NEW.conversation_id)
+      AND seq >= (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id);
 END;

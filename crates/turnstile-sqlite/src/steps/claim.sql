@@ -1,6 +1,8 @@
 -- A new request's claim of an idle admission: the compare-and-swap, the
 -- request (with its deadline and budget), its first run, its input as its
--- first message and, when the loop starts at once, the first turn's
+-- first message (in the transcript, right after the conversation's
+-- committed entries, which no read shows before the commit moves the
+-- transcript's length past it) and, when the loop starts at once, the first turn's
 -- write-ahead checkpoint. The message and the checkpoint are plain columns (a NULL
 -- `phase`: no checkpoint); verification reports a JSON array.
 --
@@ -54,9 +56,10 @@ BEGIN
         NEW.deadline_at, NEW.budget);
     INSERT INTO runs (run_id, request_id, status, started_at)
     VALUES (NEW.run_id, NEW.request_id, 'running', NEW.now);
-    INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
-    VALUES (NEW.request_id, 0, NEW.run_id, 0, NEW.input_role, NEW.input_content,
-        NEW.input_meta);
+    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
+    SELECT key, transcript_length, NEW.request_id, NEW.input_role, NEW.input_content,
+        NEW.input_meta
+    FROM conversations WHERE id = NEW.conversation_id;
     -- The run is new: nothing to replace.
     INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,

@@ -1,9 +1,9 @@
 -- A request's commit, fenced: the committed turn's checkpoint (phase
--- `completed`, the outcome's totals), the admission released, the
--- conversation version bumped, the request completed with where its
--- messages start and end in the transcript, the pending messages and then
--- the final answer (at `first_seq + final_seq`) moved to the transcript in
--- order, the run completed.
+-- `completed`, the outcome's totals), the admission released, the request
+-- completed with where its messages start and end in the transcript (they
+-- are there already, after the committed entries), the final answer
+-- appended (at `first_seq + final_seq`), the conversation's version bumped
+-- and its transcript's length moved past the answer, the run completed.
 CREATE VIEW commits (
     conversation_id, request_id, run_id, revision, now,
     -- the committed turn's checkpoint
@@ -43,32 +43,26 @@ BEGIN
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
       AND run_id = NEW.run_id;
-    UPDATE conversations SET version = version + 1 WHERE id = NEW.conversation_id;
-    -- The request's messages start after the transcript's current end.
     UPDATE requests
     SET status = 'completed', committed_run_id = NEW.run_id,
-        conversation_version = (SELECT version FROM conversations WHERE id = NEW.conversation_id),
-        first_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
-                     WHERE conversation_key = (SELECT key FROM conversations
-                                               WHERE id = NEW.conversation_id)),
-        end_seq = (SELECT COALESCE(MAX(seq) + 1, 0) FROM transcript
-                   WHERE conversation_key = (SELECT key FROM conversations
-                                             WHERE id = NEW.conversation_id))
-                  + (SELECT COUNT(*) FROM run_messages WHERE request_id = NEW.request_id) + 1,
+        conversation_version = (SELECT version + 1 FROM conversations
+                                WHERE id = NEW.conversation_id),
+        first_seq = (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id),
+        end_seq = (SELECT c.transcript_length + COUNT(t.seq) + 1
+                   FROM conversations c
+                   LEFT JOIN transcript t
+                       ON t.conversation_key = c.key AND t.seq >= c.transcript_length
+                   WHERE c.id = NEW.conversation_id),
         completed_at = NEW.now
     WHERE request_id = NEW.request_id;
-    -- In `seq` order, which the (request, seq) index gives without a sort.
-    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
-    SELECT (SELECT key FROM conversations WHERE id = NEW.conversation_id), r.first_seq + m.seq,
-        m.request_id, m.role, m.content, m.meta
-    FROM requests r JOIN run_messages m ON m.request_id = r.request_id
-    WHERE r.request_id = NEW.request_id
-    ORDER BY m.seq;
     INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
     VALUES ((SELECT key FROM conversations WHERE id = NEW.conversation_id),
         (SELECT first_seq FROM requests WHERE request_id = NEW.request_id) + NEW.final_seq,
         NEW.request_id, NEW.answer_role, NEW.answer_content, NEW.answer_meta);
-    DELETE FROM run_messages WHERE request_id = NEW.request_id;
+    UPDATE conversations
+    SET version = version + 1,
+        transcript_length = (SELECT end_seq FROM requests WHERE request_id = NEW.request_id)
+    WHERE id = NEW.conversation_id;
     UPDATE runs SET status = 'completed', ended_at = NEW.now WHERE run_id = NEW.run_id;
 END;
 

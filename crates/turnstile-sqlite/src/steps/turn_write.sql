@@ -14,7 +14,7 @@ CREATE VIEW turn_writes (
     reports,
     -- the turn the messages, calls and journal compaction belong to
     turn,
-    -- messages appended at `first_seq`..
+    -- messages appended as the request's `first_seq`.. (its input is 0)
     first_seq, messages,
     -- tool calls to journal as requested
     calls,
@@ -56,10 +56,14 @@ BEGIN
         value ->> '$.detail'
     FROM json_each(NEW.reports) WHERE true
     ON CONFLICT (request_id, seq) DO NOTHING;
-    INSERT INTO run_messages (request_id, seq, run_id, turn, role, content, meta)
-    SELECT NEW.request_id, NEW.first_seq + key, NEW.run_id, NEW.turn, value ->> '$.role',
-        value ->> '$.content', NULLIF(json_remove(value, '$.role', '$.content'), '{}')
-    FROM json_each(NEW.messages);
+    -- The request's messages follow the conversation's committed entries.
+    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
+    SELECT c.key, c.transcript_length + NEW.first_seq + m.key, NEW.request_id,
+        m.value ->> '$.role', m.value ->> '$.content',
+        NULLIF(json_remove(m.value, '$.role', '$.content'), '{}')
+    FROM conversations c, json_each(NEW.messages) m
+    WHERE c.id = NEW.conversation_id
+    ORDER BY m.key;
     INSERT INTO tool_calls (request_id, turn, call_id, position, run_id, name, arguments,
         status, created_at)
     SELECT NEW.request_id, NEW.turn, value ->> '$.id', key, NEW.run_id, value ->> '$.name',

@@ -1019,8 +1019,10 @@ async fn raw_execute(path: &Path, sql: &str) {
     conn.close().await.unwrap();
 }
 
-/// Appends a transcript row and bumps the conversation version behind
-/// turnstile's back.
+/// Commits a transcript entry behind turnstile's back: the held request's
+/// messages, which follow the committed entries, move up one place, the
+/// entry takes the first, and the conversation's version and transcript
+/// length move past it.
 async fn foreign_append(path: &Path, conversation_id: ConversationId) {
     use sqlx::{ConnectOptions, Connection};
     let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
@@ -1030,17 +1032,30 @@ async fn foreign_append(path: &Path, conversation_id: ConversationId) {
         .unwrap();
     let id = conversation_id.as_uuid();
     let mut tx = conn.begin().await.unwrap();
-    sqlx::query("UPDATE conversations SET version = version + 1 WHERE id = ?1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    // Through negative numbers: no two rows ever hold one place.
+    for shift in [
+        "UPDATE transcript SET seq = -seq - 2
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
+           AND seq >= (SELECT transcript_length FROM conversations WHERE id = ?1)",
+        "UPDATE transcript SET seq = -seq - 1
+         WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1) AND seq < 0",
+    ] {
+        sqlx::query(shift).bind(id).execute(&mut *tx).await.unwrap();
+    }
     sqlx::query(
         "INSERT INTO transcript (conversation_key, seq, request_id, role, content)
-         VALUES ((SELECT key FROM conversations WHERE id = ?1), 8, ?2, 'user', 'foreign')",
+         SELECT key, transcript_length, ?2, 'user', 'foreign' FROM conversations WHERE id = ?1",
     )
     .bind(id)
     .bind(uuid::Uuid::new_v4())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE conversations SET version = version + 1, transcript_length = transcript_length + 1
+         WHERE id = ?1",
+    )
+    .bind(id)
     .execute(&mut *tx)
     .await
     .unwrap();

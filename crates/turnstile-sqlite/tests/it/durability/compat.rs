@@ -81,20 +81,51 @@ async fn snapshot(path: &Path, shape: &[(String, Vec<String>)]) -> Result<Snapsh
         let present = now.iter().find(|(t, _)| t == table).map(|(_, c)| c);
         let row = columns
             .iter()
+            .filter(|c| !dropped(table, c))
             .map(|c| match present.is_some_and(|p| p.contains(c)) {
                 true => format!("quote(\"{c}\")"),
                 false => format!("quote({})", moved(table, c)),
             })
             .collect::<Vec<_>>()
             .join(" || ',' || ");
-        let rows: Vec<String> =
-            sqlx::query_scalar(&format!("SELECT {row} FROM \"{table}\" ORDER BY 1"))
-                .fetch_all(&pool)
-                .await?;
+        let rows: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT {row} FROM {} ORDER BY 1",
+            rows_of(table, &now)
+        ))
+        .fetch_all(&pool)
+        .await?;
         snapshot.push((table.clone(), rows));
     }
     pool.close().await;
     Ok(snapshot)
+}
+
+/// Where the rows of an older schema's table are read from now. Since
+/// migration 0019 a held request's messages are not in `run_messages` but
+/// in the transcript, after its conversation's committed entries.
+fn rows_of(table: &str, now: &[(String, Vec<String>)]) -> String {
+    let split = now.iter().any(|(t, columns)| {
+        t == "conversations" && columns.iter().any(|c| c == "transcript_length")
+    });
+    match (table, split) {
+        ("transcript", true) => "(SELECT * FROM transcript
+              WHERE seq < (SELECT c.transcript_length FROM conversations c
+                           WHERE c.key = transcript.conversation_key)) AS transcript"
+            .into(),
+        ("run_messages", true) => "(SELECT request_id, seq, role, content, meta FROM run_messages
+              UNION ALL
+              SELECT t.request_id, t.seq - c.transcript_length, t.role, t.content, t.meta
+              FROM transcript t JOIN conversations c ON c.key = t.conversation_key
+              WHERE t.seq >= c.transcript_length) AS run_messages"
+            .into(),
+        _ => format!("\"{table}\""),
+    }
+}
+
+/// Columns a migration dropped: which run and turn wrote a pending message
+/// was never read, and went in 0019.
+fn dropped(table: &str, column: &str) -> bool {
+    matches!((table, column), ("run_messages", "run_id" | "turn"))
 }
 
 /// Where a column of an older schema that a migration replaced is read
@@ -250,10 +281,12 @@ async fn a_schema_4_database_is_migrated_in_place_and_every_row_survives_and_rep
         for column in added {
             // Keys the migration gave: the transcript's are checked through
             // `moved` above; every conversation has one (distinct, by the
-            // unique index).
+            // unique index). The transcript's length too: the rows before
+            // and after it compared above as the transcript and the
+            // pending messages.
             if matches!(
                 (table.as_str(), column.as_str()),
-                ("conversations", "key") | ("transcript", "conversation_key")
+                ("conversations", "key" | "transcript_length") | ("transcript", "conversation_key")
             ) {
                 let keys = snapshot(&path, &[(table.clone(), vec![column.clone()])]).await?;
                 assert!(keys[0].1.iter().all(|k| k != "NULL"), "{keys:?}");

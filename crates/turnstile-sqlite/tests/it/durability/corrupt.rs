@@ -204,15 +204,20 @@ async fn transcript_row_with_a_malformed_request_id_is_corrupt() -> TestResult {
 
 #[tokio::test]
 async fn undecodable_or_missing_pending_message_is_corrupt() -> TestResult {
+    // The held request's messages follow its conversation's committed
+    // entries (none: they start at 0).
     for &(column, seq, value) in BAD_MESSAGES {
-        let case = format!("run_messages {column} = {value:?} at seq {seq}");
+        let case = format!("pending message {column} = {value:?} at seq {seq}");
         let mut f = Fixture::new().await?;
-        let sql = format!("UPDATE run_messages SET {column} = ?1 WHERE seq = {seq}");
-        f.damage(&sql, value).await?;
         let request = f.open.request_id;
+        let sql = format!(
+            "UPDATE transcript SET {column} = ?1 WHERE request_id = x'{}' AND seq = {seq}",
+            request.as_uuid().simple()
+        );
+        f.damage(&sql, value).await?;
         let key = corrupt(
             f.store.request_messages(request, 10).await,
-            "run_messages",
+            "transcript",
             &case,
         );
         assert_eq!(key, format!("{request}/{seq}"), "{case}");
@@ -223,11 +228,15 @@ async fn undecodable_or_missing_pending_message_is_corrupt() -> TestResult {
 
     // A hole in the pending sequence is never papered over.
     let mut f = Fixture::new().await?;
-    f.exec("DELETE FROM run_messages WHERE seq = 1").await?;
     let request = f.open.request_id;
+    f.exec(&format!(
+        "DELETE FROM transcript WHERE request_id = x'{}' AND seq = 1",
+        request.as_uuid().simple()
+    ))
+    .await?;
     let key = corrupt(
         f.store.request_messages(request, 10).await,
-        "run_messages",
+        "transcript",
         "hole",
     );
     assert_eq!(key, format!("{request}/2"));
