@@ -205,7 +205,8 @@ CREATE TABLE public.conversations (
     metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
     meta_version bigint DEFAULT 0 NOT NULL,
     meta_updated_at bigint,
-    meta_updated_by uuid
+    meta_updated_by uuid,
+    transcript_length bigint DEFAULT 0 NOT NULL
 );
 
 
@@ -292,8 +293,6 @@ CREATE TABLE public.run_messages (
     conversation_id uuid NOT NULL,
     request_id uuid NOT NULL,
     seq bigint NOT NULL,
-    run_id uuid NOT NULL,
-    turn bigint NOT NULL,
     role text NOT NULL,
     content bytea NOT NULL,
     meta text

@@ -69,14 +69,19 @@ pub(crate) async fn delete_in(
     )?;
     let c = sqlx::query!(
         r#"SELECT
-             (SELECT COUNT(*) FROM transcript WHERE conversation_id = $1) AS "transcript!",
+             (SELECT COUNT(*) FROM transcript t JOIN conversations c USING (conversation_id)
+              WHERE t.conversation_id = $1 AND t.seq < c.transcript_length) AS "transcript!",
              (SELECT COUNT(*) FROM requests WHERE conversation_id = $1) AS "requests!",
              (SELECT COUNT(*) FROM runs WHERE conversation_id = $1) AS "runs!",
              (SELECT COUNT(*) FROM loop_checkpoints WHERE conversation_id = $1) AS "loop_checkpoints!",
              (SELECT COUNT(*) FROM verification_reports
               WHERE conversation_id = $1) AS "verification_reports!",
              (SELECT COUNT(*) FROM tool_calls WHERE conversation_id = $1) AS "tool_calls!",
-             (SELECT COUNT(*) FROM run_messages WHERE conversation_id = $1) AS "run_messages!",
+             -- the held request's messages, after the committed entries
+             (SELECT COUNT(*) FROM run_messages WHERE conversation_id = $1)
+             + (SELECT COUNT(*) FROM transcript t JOIN conversations c USING (conversation_id)
+                WHERE t.conversation_id = $1 AND t.seq >= c.transcript_length)
+                 AS "run_messages!",
              (SELECT COUNT(*) FROM approvals WHERE conversation_id = $1) AS "approvals!",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = $1) AS "summaries!",
              (SELECT COUNT(*) FROM request_ids WHERE conversation_id = $1) AS "request_ids!""#,

@@ -43,8 +43,7 @@ pub(crate) async fn fork_in(
         Some(_) => {}
     }
     let length = sqlx::query_scalar!(
-        r#"SELECT COALESCE(MAX(seq) + 1, 0) AS "length!" FROM transcript
-           WHERE conversation_id = $1"#,
+        r#"SELECT transcript_length AS "length!" FROM conversations WHERE conversation_id = $1"#,
         from.as_uuid()
     )
     .fetch_one(&mut *conn)
@@ -90,8 +89,9 @@ pub(crate) async fn fork_in(
     // Its version counts the requests whose entries it holds.
     sqlx::query!(
         "WITH created AS (
-             INSERT INTO conversations (conversation_id, namespace, version, created_at)
-             SELECT $1, $2, COUNT(DISTINCT request_id), $4 FROM transcript
+             INSERT INTO conversations (conversation_id, namespace, version, created_at,
+                 transcript_length)
+             SELECT $1, $2, COUNT(DISTINCT request_id), $4, $5 FROM transcript
              WHERE conversation_id = $3 AND seq < $5
              RETURNING conversation_id, version
          ), admission AS (

@@ -69,7 +69,9 @@ pub(crate) async fn load_transcript_window(
     limit: u32,
 ) -> Result<Vec<TranscriptEntry>, Error> {
     let rows = sqlx::query!(
-        "SELECT seq, request_id, role, content, meta FROM transcript WHERE conversation_id = $1
+        "SELECT seq, request_id, role, content, meta FROM transcript
+         WHERE conversation_id = $1
+           AND seq < (SELECT transcript_length FROM conversations WHERE conversation_id = $1)
          ORDER BY seq DESC LIMIT $2",
         conversation_id.as_uuid(),
         i64::from(limit)
@@ -102,7 +104,10 @@ pub(crate) async fn load_transcript_range(
 ) -> Result<Vec<TranscriptEntry>, Error> {
     let rows = sqlx::query!(
         "SELECT seq, request_id, role, content, meta FROM transcript
-         WHERE conversation_id = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
+         WHERE conversation_id = $1 AND seq >= $2
+           AND seq < LEAST($3, (SELECT transcript_length FROM conversations
+                                WHERE conversation_id = $1))
+         ORDER BY seq",
         conversation_id.as_uuid(),
         to_i64(from),
         to_i64(to)
@@ -178,10 +183,22 @@ pub(crate) async fn load_request_messages(
     count: u64,
 ) -> Result<Vec<Message>, Error> {
     let rows = sqlx::query!(
-        "SELECT m.seq, m.role, m.content, m.meta
+        r#"SELECT m.seq AS "seq!", m.role AS "role!", m.content AS "content!", m.meta,
+                  'run_messages' AS "table!"
          FROM request_ids k JOIN run_messages m
              ON m.conversation_id = k.conversation_id AND m.request_id = k.request_id
-         WHERE k.request_id = $1 AND m.seq < $2 ORDER BY m.seq",
+         WHERE k.request_id = $1 AND m.seq < $2
+         UNION ALL
+         SELECT t.seq - c.transcript_length, t.role, t.content, t.meta, 'transcript'
+         FROM request_ids k
+         JOIN admissions a
+             ON a.conversation_id = k.conversation_id AND a.active_request_id = k.request_id
+         JOIN conversations c ON c.conversation_id = k.conversation_id
+         JOIN transcript t ON t.conversation_id = k.conversation_id
+             AND t.seq >= c.transcript_length AND t.seq - c.transcript_length < $2
+             AND t.request_id = k.request_id
+         WHERE k.request_id = $1
+         ORDER BY 1"#,
         request_id.as_uuid(),
         to_i64(count)
     )
@@ -192,8 +209,14 @@ pub(crate) async fn load_request_messages(
         .enumerate()
         .map(|(i, r)| {
             let key = format!("{request_id}/{}", r.seq);
+            // Its messages are in the transcript while it is held, and in
+            // `run_messages` once it is abandoned.
             let row = Row {
-                table: "run_messages",
+                table: if r.table == "transcript" {
+                    "transcript"
+                } else {
+                    "run_messages"
+                },
                 key: &key,
             };
             // A gap means a message of the request is missing: never
@@ -441,7 +464,8 @@ pub(crate) async fn load_claim_context(
                AND k.request_id IS NULL
            LEFT JOIN LATERAL (
                SELECT seq, request_id, role, content, meta FROM transcript
-               WHERE conversation_id = $1 AND c.namespace = $3 AND k.request_id IS NULL
+               WHERE conversation_id = $1 AND seq < c.transcript_length
+                 AND c.namespace = $3 AND k.request_id IS NULL
                  AND a.revision IS NOT NULL AND a.active_request_id IS NULL
                ORDER BY seq DESC LIMIT $4
            ) t ON true

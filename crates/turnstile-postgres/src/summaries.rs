@@ -93,7 +93,7 @@ pub(crate) async fn record_summary_pass_in(
            AND (SELECT version FROM conversations WHERE conversation_id = $6) = $3
            AND (SELECT COALESCE(MAX(through_seq) + 1, 0) FROM summaries
                 WHERE conversation_id = $6) = $1
-           AND (SELECT COALESCE(MAX(seq), -1) FROM transcript WHERE conversation_id = $6) >= $2",
+           AND (SELECT transcript_length FROM conversations WHERE conversation_id = $6) > $2",
         to_i64(pass.from_seq),
         to_i64(pass.through_seq),
         to_i64(pass.transcript_version),

@@ -209,7 +209,7 @@ pub(super) async fn load_request_messages(
          FROM admissions a
          JOIN conversations c ON c.id = a.conversation_id
          JOIN transcript t ON t.conversation_key = c.key AND t.seq >= c.transcript_length
-             AND t.seq < c.transcript_length + ?2
+             AND t.seq - c.transcript_length < ?2
          WHERE a.active_request_id = ?1 AND t.request_id = ?1
          ORDER BY 1"#,
         uuid,

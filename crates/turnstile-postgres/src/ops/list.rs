@@ -214,8 +214,7 @@ async fn conversation_summary(
 ) -> Result<Option<ConversationSummary>, Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT c.namespace, c.version, c.created_at, a.revision, a.updated_at,
-                  (SELECT COALESCE(MAX(t.seq) + 1, 0) FROM transcript t
-                   WHERE t.conversation_id = c.conversation_id) AS "transcript_entries!"
+                  c.transcript_length AS "transcript_entries!"
            FROM conversations c JOIN admissions a ON a.conversation_id = c.conversation_id
            WHERE c.conversation_id = $1"#,
         id

@@ -2,7 +2,9 @@
 //! fences on the expected active revision (the compare-and-swap) and
 //! writes the release: the admission idle, its run and its request
 //! abandoned, by a token of the call so that a retry whose first attempt
-//! committed knows it.
+//! committed knows it, and the request's messages moved from the
+//! transcript, where they followed the committed entries, to
+//! `run_messages`.
 //!
 //! Refusal: a moved admission is explained by reading it (`diagnose`).
 
@@ -48,6 +50,15 @@ pub(crate) async fn abandon(
            ), request AS (
                UPDATE requests SET status = 'abandoned', completed_at = $1, abandoned_by = $5
                WHERE conversation_id = $2 AND request_id = $4 AND EXISTS (SELECT 1 FROM released)
+           ), unheld AS (
+               DELETE FROM transcript t USING conversations c
+               WHERE t.conversation_id = $2 AND c.conversation_id = $2
+                 AND t.seq >= c.transcript_length AND EXISTS (SELECT 1 FROM released)
+               RETURNING t.seq - c.transcript_length AS seq, t.role, t.content, t.meta
+           ), kept AS (
+               -- the abandoned request's messages, until it is pruned
+               INSERT INTO run_messages (conversation_id, request_id, seq, role, content, meta)
+               SELECT $2, $4, seq, role, content, meta FROM unheld
            )
            SELECT revision AS "revision!" FROM released"#,
         now_ms(),

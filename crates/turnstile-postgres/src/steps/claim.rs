@@ -145,9 +145,10 @@ async fn claim_statement(
                INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
                SELECT $6, $3, $1, 'running', $5 FROM claimed
            ), input AS (
-               INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role,
-                   content, meta)
-               SELECT $6, $1, 0, $3, 0, $8, $9, $10 FROM claimed
+               -- after the committed entries, which no read passes
+               INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+               SELECT $6, c.transcript_length, $1, $8, $9, $10
+               FROM claimed, conversations c WHERE c.conversation_id = $6
            ), first_turn AS (
                INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
                    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,

@@ -41,9 +41,9 @@ pub(crate) async fn commit(
     let turn = [checkpoint];
     let reports = ReportColumns::of(&turn);
     // The fence is the release itself. The committed turn's `completed`
-    // checkpoint holds the outcome's totals; the pending messages leave
-    // `run_messages` and enter the transcript after its current end, with
-    // the final answer, in one pass.
+    // checkpoint holds the outcome's totals; the request's messages are in
+    // the transcript already, after its committed entries: the final answer
+    // follows them, and the transcript's length moves past it.
     let placed = sqlx::query!(
         r#"WITH released AS (
                UPDATE admissions
@@ -76,33 +76,30 @@ pub(crate) async fn commit(
                FROM released f, UNNEST($18::bigint[], $19::bigint[], $20::boolean[],
                    $21::bytea[]) AS r(seq, turn, passed, detail)
                ON CONFLICT DO NOTHING
-           ), placed AS (
-               UPDATE conversations c SET version = c.version + 1
-               FROM released r WHERE c.conversation_id = r.conversation_id
-               RETURNING c.version,
-                   (SELECT COALESCE(MAX(t.seq) + 1, 0) FROM transcript t
-                    WHERE t.conversation_id = $2) AS first_seq
            ), pending AS (
-               DELETE FROM run_messages
-               WHERE conversation_id = $2 AND request_id = $5 AND EXISTS (SELECT 1 FROM released)
-               RETURNING seq, role, content, meta
-           ), moved AS (
+               SELECT COUNT(t.seq) AS n FROM conversations c
+               LEFT JOIN transcript t
+                   ON t.conversation_id = c.conversation_id AND t.seq >= c.transcript_length
+               WHERE c.conversation_id = $2
+           ), placed AS (
+               UPDATE conversations c
+               SET version = c.version + 1, transcript_length = c.transcript_length + p.n + 1
+               FROM released r, pending p WHERE c.conversation_id = r.conversation_id
+               RETURNING c.version, c.transcript_length - p.n - 1 AS first_seq
+           ), answer AS (
                INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-               SELECT $2, p.first_seq + m.seq, $5, m.role, m.content, m.meta
-               FROM placed p, (SELECT seq, role, content, meta FROM pending
-                               UNION ALL
-                               SELECT $6::bigint, $7::text, $8::bytea, $9::text) AS m
+               SELECT $2, p.first_seq + $6, $5, $7, $8, $9 FROM placed p
            ), request AS (
                UPDATE requests q SET status = 'completed', committed_run_id = $4,
                    conversation_version = p.version, first_seq = p.first_seq,
-                   end_seq = p.first_seq + (SELECT COUNT(*) FROM pending) + 1, completed_at = $1
+                   end_seq = p.first_seq + (SELECT n FROM pending) + 1, completed_at = $1
                FROM placed p WHERE q.conversation_id = $2 AND q.request_id = $5
            ), run AS (
                UPDATE runs SET status = 'completed', ended_at = $1
                WHERE conversation_id = $2 AND run_id = $4 AND EXISTS (SELECT 1 FROM released)
            )
            SELECT p.version AS "version!", p.first_seq AS "first_seq!",
-                  (SELECT COUNT(*) FROM pending) AS "pending!"
+                  (SELECT n FROM pending) AS "pending!"
            FROM placed p"#,
         now,
         fence.conversation_id.as_uuid(),

@@ -39,8 +39,8 @@ pub(crate) struct Step<'a> {
     pub failure: Option<&'a str>,
 }
 
+/// Messages appended to the request's, the first of them its `first_seq`th.
 pub(crate) struct Appended<'a> {
-    pub turn: u32,
     pub first_seq: u64,
     pub messages: &'a [Message],
 }
@@ -82,7 +82,6 @@ pub(crate) async fn record_model_response(
         &Step {
             checkpoints: &[checkpoint],
             messages: Some(Appended {
-                turn: checkpoint.turn,
                 first_seq: checkpoint.message_count,
                 messages: std::slice::from_ref(assistant),
             }),
@@ -126,7 +125,6 @@ pub(crate) async fn finish_turn(
         &Step {
             checkpoints,
             messages: (!stored).then_some(Appended {
-                turn: checkpoint.turn,
                 first_seq,
                 messages,
             }),
@@ -161,8 +159,10 @@ pub(crate) async fn fail_run(
 /// Whether the request has a pending message at `seq`.
 async fn message_stored(conn: &mut PgConnection, fence: &Fence, seq: u64) -> Result<bool, Error> {
     sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM run_messages
-               WHERE conversation_id = $1 AND request_id = $2 AND seq = $3) AS "stored!""#,
+        r#"SELECT EXISTS (SELECT 1 FROM transcript t
+               JOIN conversations c ON c.conversation_id = t.conversation_id
+               WHERE t.conversation_id = $1 AND t.request_id = $2
+                 AND t.seq = c.transcript_length + $3) AS "stored!""#,
         fence.conversation_id.as_uuid(),
         fence.request_id.as_uuid(),
         to_i64(seq)
@@ -252,28 +252,29 @@ pub(crate) async fn write_step(
                    AS r(seq, turn, passed, detail)
                ON CONFLICT DO NOTHING
            ), messages AS (
-               INSERT INTO run_messages (conversation_id, request_id, seq, run_id, turn, role,
-                   content, meta)
-               SELECT f.conversation_id, $4, $23 + m.position - 1, $3, $24, m.role, m.content,
-                   NULLIF(m.meta, '')
-               FROM fence f, UNNEST($25::text[], $26::bytea[], $27::text[])
+               -- the request's messages follow the conversation's committed entries
+               INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
+               SELECT f.conversation_id, c.transcript_length + $23 + m.position - 1, $4, m.role,
+                   m.content, NULLIF(m.meta, '')
+               FROM fence f JOIN conversations c ON c.conversation_id = f.conversation_id,
+                   UNNEST($24::text[], $25::bytea[], $26::text[])
                    WITH ORDINALITY AS m(role, content, meta, position)
            ), calls AS (
                INSERT INTO tool_calls (conversation_id, request_id, turn, call_id, position,
                    run_id, name, arguments, status, created_at)
-               SELECT f.conversation_id, $4, $28, c.id, c.position - 1, $3, c.name, c.arguments,
+               SELECT f.conversation_id, $4, $27, c.id, c.position - 1, $3, c.name, c.arguments,
                    'requested', $9
-               FROM fence f, UNNEST($29::bytea[], $30::bytea[], $31::bytea[])
+               FROM fence f, UNNEST($28::bytea[], $29::bytea[], $30::bytea[])
                    WITH ORDINALITY AS c(id, name, arguments, position)
            ), compacted AS (
                UPDATE tool_calls t SET arguments = NULL, result = NULL, result_parts = NULL
                FROM fence f
                WHERE t.conversation_id = f.conversation_id AND t.request_id = $4
-                 AND t.turn = $32
+                 AND t.turn = $31
            ), failed AS (
-               UPDATE runs r SET status = 'failed', error = $33::bytea, ended_at = $9
+               UPDATE runs r SET status = 'failed', error = $32::bytea, ended_at = $9
                FROM fence f
-               WHERE r.conversation_id = f.conversation_id AND r.run_id = $3 AND $33::bytea IS NOT NULL
+               WHERE r.conversation_id = f.conversation_id AND r.run_id = $3 AND $32::bytea IS NOT NULL
            )
            SELECT COUNT(*) AS "fenced!" FROM fence"#,
         fence.conversation_id.as_uuid(),
@@ -299,7 +300,6 @@ pub(crate) async fn write_step(
         &reports.passed,
         &reports.details as &[&[u8]],
         to_i64(appended.map_or(0, |m| m.first_seq)),
-        i64::from(appended.map_or(0, |m| m.turn)),
         &messages.roles,
         &messages.contents() as &[&[u8]],
         &messages.metas,

@@ -197,11 +197,19 @@ pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
 /// crashed when (the PostgreSQL stand-in for SQLite's integrity check): a
 /// description of each rule broken, none when all hold.
 pub async fn consistency_violations(conn: &mut sqlx::PgConnection) -> Vec<String> {
-    let rules: [(&str, &str); 10] = [
+    let rules: [(&str, &str); 11] = [
         (
             "transcript seqs are 0.. without gaps",
             "SELECT conversation_id::text FROM transcript GROUP BY conversation_id
              HAVING MIN(seq) <> 0 OR MAX(seq) + 1 <> COUNT(*)",
+        ),
+        (
+            "the entries after a transcript's length are its held request's messages",
+            "SELECT t.conversation_id::text FROM transcript t
+             JOIN conversations c ON c.conversation_id = t.conversation_id
+             JOIN admissions a ON a.conversation_id = t.conversation_id
+             WHERE t.seq >= c.transcript_length
+               AND t.request_id IS DISTINCT FROM a.active_request_id",
         ),
         (
             "conversation version = completed requests",
