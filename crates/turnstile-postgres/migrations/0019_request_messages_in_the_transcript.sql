@@ -15,6 +15,13 @@ UPDATE conversations c SET transcript_length = t.length
 FROM (SELECT conversation_id, MAX(seq) + 1 AS length FROM transcript GROUP BY conversation_id) t
 WHERE c.conversation_id = t.conversation_id;
 
+-- `run_messages` is to hold abandoned requests' messages only; which run
+-- and turn wrote each was never read, and an abandon moving a request's
+-- messages from the transcript does not know it. (Before the move below:
+-- its deletes queue deferred blob triggers, and a table with pending
+-- trigger events cannot be altered.)
+ALTER TABLE run_messages DROP COLUMN run_id, DROP COLUMN turn;
+
 -- The held requests' messages move to the transcript (their blobs are
 -- counted there before they are let go here).
 INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
@@ -25,8 +32,3 @@ JOIN run_messages m
     ON m.conversation_id = a.conversation_id AND m.request_id = a.active_request_id;
 DELETE FROM run_messages m USING admissions a
 WHERE m.conversation_id = a.conversation_id AND m.request_id = a.active_request_id;
-
--- What is left are abandoned requests' messages; which run and turn wrote
--- each was never read, and an abandon moving a request's messages from the
--- transcript no longer knows it.
-ALTER TABLE run_messages DROP COLUMN run_id, DROP COLUMN turn;

@@ -63,8 +63,7 @@ pub(crate) async fn fork_in(
     check_fork_cut(from, through_seq, key.u64("seq", length)?, &boundary)?;
     let through = to_i64(through_seq);
     let existing = sqlx::query_scalar!(
-        r#"SELECT (SELECT COUNT(*) FROM transcript WHERE conversation_id = $1) AS "entries!"
-           FROM conversations WHERE conversation_id = $1"#,
+        r#"SELECT transcript_length AS "entries!" FROM conversations WHERE conversation_id = $1"#,
         new_id.as_uuid()
     )
     .fetch_optional(&mut *conn)

@@ -326,7 +326,7 @@ impl Store for PostgresStore {
     ) -> Result<Revision, Error> {
         // One token per call, the same across its attempts.
         let token = uuid::Uuid::new_v4();
-        autocommit!(self, |conn, retry| abandon::abandon(
+        transaction!(self, |conn, retry| abandon::abandon(
             conn,
             conversation_id,
             request_id,

@@ -40,7 +40,7 @@ pub(super) async fn storage(store: &PostgresStore) -> Result<StorageReport, Erro
 
 /// The invariants `doctor` checks, each a query counting the rows that
 /// break it.
-const INVARIANTS: [(&str, &str); 5] = [
+const INVARIANTS: [(&str, &str); 6] = [
     (
         "held admissions whose request is missing or not active",
         "SELECT COUNT(*) FROM admissions a LEFT JOIN requests r
@@ -62,6 +62,14 @@ const INVARIANTS: [(&str, &str); 5] = [
         "SELECT COUNT(*) FROM requests r LEFT JOIN runs ru
              ON ru.conversation_id = r.conversation_id AND ru.run_id = r.committed_run_id
          WHERE r.status = 'completed' AND ru.run_id IS NULL",
+    ),
+    (
+        "transcript entries after the committed ones that are not the held request's",
+        "SELECT COUNT(*) FROM transcript t
+         JOIN conversations c ON c.conversation_id = t.conversation_id
+         JOIN admissions a ON a.conversation_id = t.conversation_id
+         WHERE t.seq >= c.transcript_length
+           AND t.request_id IS DISTINCT FROM a.active_request_id",
     ),
     (
         "conversations whose transcript has a gap",

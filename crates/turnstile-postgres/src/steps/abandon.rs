@@ -1,10 +1,10 @@
-//! The abandon of an active admission by its request: one statement that
-//! fences on the expected active revision (the compare-and-swap) and
-//! writes the release: the admission idle, its run and its request
-//! abandoned, by a token of the call so that a retry whose first attempt
-//! committed knows it, and the request's messages moved from the
-//! transcript, where they followed the committed entries, to
-//! `run_messages`.
+//! The abandon of an active admission by its request, in one transaction:
+//! a statement that fences on the expected active revision (the
+//! compare-and-swap) and writes the release (the admission idle, its run
+//! and its request abandoned, by a token of the call so that a retry whose
+//! first attempt committed knows it), then one that moves the request's
+//! messages from the transcript, where they followed the committed
+//! entries, to `run_messages`.
 //!
 //! Refusal: a moved admission is explained by reading it (`diagnose`).
 
@@ -17,9 +17,9 @@ use turnstile_core::backend::Wanted;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::Error;
 
-/// The abandon: one statement that releases the admission and marks its
-/// run and request abandoned, by `token` (one per call, the same for all
-/// its attempts).
+/// The abandon: the release, which marks the run and request abandoned by
+/// `token` (one per call, the same for all its attempts), and the move of
+/// the request's messages. Runs inside a transaction.
 pub(crate) async fn abandon(
     conn: &mut PgConnection,
     conversation_id: ConversationId,
@@ -50,15 +50,6 @@ pub(crate) async fn abandon(
            ), request AS (
                UPDATE requests SET status = 'abandoned', completed_at = $1, abandoned_by = $5
                WHERE conversation_id = $2 AND request_id = $4 AND EXISTS (SELECT 1 FROM released)
-           ), unheld AS (
-               DELETE FROM transcript t USING conversations c
-               WHERE t.conversation_id = $2 AND c.conversation_id = $2
-                 AND t.seq >= c.transcript_length AND EXISTS (SELECT 1 FROM released)
-               RETURNING t.seq - c.transcript_length AS seq, t.role, t.content, t.meta
-           ), kept AS (
-               -- the abandoned request's messages, until it is pruned
-               INSERT INTO run_messages (conversation_id, request_id, seq, role, content, meta)
-               SELECT $2, $4, seq, role, content, meta FROM unheld
            )
            SELECT revision AS "revision!" FROM released"#,
         now_ms(),
@@ -71,6 +62,24 @@ pub(crate) async fn abandon(
     .await
     .map_err(db("abandon"))?;
     if let Some(revision) = released {
+        // A statement of its own, in the same transaction: its snapshot is
+        // taken after the release got the admission's lock, so it sees the
+        // messages of a turn write that committed while the release waited.
+        sqlx::query!(
+            "WITH unheld AS (
+                 DELETE FROM transcript t USING conversations c
+                 WHERE t.conversation_id = $1 AND c.conversation_id = $1
+                   AND t.seq >= c.transcript_length
+                 RETURNING t.seq - c.transcript_length AS seq, t.role, t.content, t.meta
+             )
+             INSERT INTO run_messages (conversation_id, request_id, seq, role, content, meta)
+             SELECT $1, $2, seq, role, content, meta FROM unheld",
+            conversation,
+            request
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(db("keep the abandoned request's messages"))?;
         return fence_at(conversation_id, revision);
     }
     if retry {

@@ -1,6 +1,7 @@
 //! The commit of a request by its run's owner: one statement whose fence is
-//! the admission's release itself, and which appends the request's
-//! messages to the transcript, bumps the conversation version, stores the
+//! the admission's release itself, and which appends the final answer to
+//! the request's messages in the transcript and moves the transcript's
+//! committed length past it, bumps the conversation version, stores the
 //! outcome for replay and completes the run. There is no moment where the
 //! answer is committed but the conversation is still held. A retry whose
 //! first attempt committed finds the outcome stored, and returns it.

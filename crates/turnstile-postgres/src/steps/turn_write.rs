@@ -156,7 +156,8 @@ pub(crate) async fn fail_run(
     .await
 }
 
-/// Whether the request has a pending message at `seq`.
+/// Whether the request has its `seq`th message, in the transcript after
+/// the committed entries.
 async fn message_stored(conn: &mut PgConnection, fence: &Fence, seq: u64) -> Result<bool, Error> {
     sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM transcript t
@@ -169,7 +170,7 @@ async fn message_stored(conn: &mut PgConnection, fence: &Fence, seq: u64) -> Res
     )
     .fetch_one(&mut *conn)
     .await
-    .map_err(db("read run messages"))
+    .map_err(db("read the request's messages"))
 }
 
 /// A retry whose first attempt was still running on the server, and

@@ -4,11 +4,13 @@
 //! this binary to execute one ignored worker test, named by its module path
 //! (`turnstile_testkit::worker_test!`). `races` is a binary of its own.
 
+mod abandon_race;
 mod conformance;
 mod connect;
 mod crash_torture;
 mod fork_cost;
 mod lease_takeover;
+mod migrate_0019;
 mod server_crash;
 mod sessions;
 mod stuck_order;

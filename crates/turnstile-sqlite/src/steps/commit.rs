@@ -1,8 +1,9 @@
 //! The commit of a request by its run's owner (`commit.sql`): one `INSERT`
 //! into the `commits` view, alone or as a row of `commit_batches`, whose
 //! trigger fences on the owner's run and revision and writes, in one
-//! statement, the request's messages appended to the transcript, the
-//! conversation version bumped, the outcome stored for replay, the
+//! statement, the final answer appended to the request's messages in the
+//! transcript and its committed length moved past it, the conversation
+//! version bumped, the outcome stored for replay, the
 //! admission released and the run completed. There is no moment where the
 //! answer is committed but the conversation is still held.
 //!
