@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use sqlx::Connection;
 use turnstile::{Message, PostgresStore, Store};
 use turnstile_conformance::support::{admit, complete_request, new_conversation};
+use turnstile_testkit::postgres::durability::inspect_pool;
 use turnstile_testkit::postgres::{database_url, fresh_options};
 
 #[tokio::test]
@@ -23,13 +23,7 @@ async fn an_abandon_that_waited_for_a_turn_write_moves_its_messages_too() {
 
     // The owner's step in progress, as a turn write does it: the admission
     // locked, a message appended after the held request's input.
-    let mut owner = sqlx::PgConnection::connect(database_url())
-        .await
-        .expect("connect");
-    sqlx::query(&format!("SET search_path TO {schema}"))
-        .execute(&mut owner)
-        .await
-        .expect("search path");
+    let owner = inspect_pool(database_url(), &schema);
     let mut step = owner.begin().await.expect("begin");
     sqlx::query("SELECT 1 FROM admissions WHERE conversation_id = $1 FOR UPDATE")
         .bind(conversation.as_uuid())
@@ -76,6 +70,6 @@ async fn an_abandon_that_waited_for_a_turn_write_moves_its_messages_too() {
         .await
         .expect("the next request commits after the committed entries");
     assert_eq!((next.first_seq, next.end_seq), (2, 4));
-    owner.close().await.expect("close");
+    owner.close().await;
     store.close().await;
 }

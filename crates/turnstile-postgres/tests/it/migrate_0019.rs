@@ -3,11 +3,12 @@
 //! transcript's tail, the image keeps its one reference, and the request
 //! goes on (here: it is abandoned, and its messages stay its own).
 
-use sqlx::Connection;
+use sqlx::PgPool;
 use turnstile::{Attachment, Message, Part, PostgresStore, Revision, Store};
 use turnstile_conformance::support::{
     admitted, complete_request, new_conversation, new_request, tool_call, tool_turn,
 };
+use turnstile_testkit::postgres::durability::inspect_pool;
 use turnstile_testkit::postgres::{database_url, fresh_options};
 
 /// The database as the build before 0019 left it: the held request's
@@ -59,21 +60,11 @@ async fn a_held_request_with_an_image_moves_to_the_transcript_tail_and_goes_on()
         .expect("transcript");
     store.close().await;
 
-    let mut conn = sqlx::PgConnection::connect(database_url())
-        .await
-        .expect("connect");
-    sqlx::query(&format!("SET search_path TO {schema}"))
-        .execute(&mut conn)
-        .await
-        .expect("search path");
+    let pool = inspect_pool(database_url(), &schema);
     for sql in UNDO_0019 {
-        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+        sqlx::query(sql).execute(&pool).await.expect(sql);
     }
-    let moved_back: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM run_messages")
-        .fetch_one(&mut conn)
-        .await
-        .expect("count");
-    assert_eq!(moved_back, 3);
+    assert_eq!(run_messages(&pool).await, 3);
 
     let store = PostgresStore::connect_with(options)
         .await
@@ -92,11 +83,7 @@ async fn a_held_request_with_an_image_moves_to_the_transcript_tail_and_goes_on()
             .expect("transcript"),
         committed
     );
-    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM run_messages")
-        .fetch_one(&mut conn)
-        .await
-        .expect("count");
-    assert_eq!(left, 0);
+    assert_eq!(run_messages(&pool).await, 0);
     let loaded = store.blob(photo.sha256()).await.expect("blob");
     assert_eq!(loaded.as_deref(), Some(&[7u8; 3000][..]));
 
@@ -119,6 +106,13 @@ async fn a_held_request_with_an_image_moves_to_the_transcript_tail_and_goes_on()
         .await
         .expect("the next request");
     assert_eq!((next.first_seq, next.end_seq), (2, 4));
-    conn.close().await.expect("close");
+    pool.close().await;
     store.close().await;
+}
+
+async fn run_messages(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM run_messages")
+        .fetch_one(pool)
+        .await
+        .expect("count")
 }
