@@ -91,11 +91,22 @@ uuid_id!(
     Uuid::new_v4()
 );
 uuid_id!(
-    /// One execution attempt of a request. Time-ordered (UUID v7).
+    /// One execution attempt of a request. A fresh one is time-ordered
+    /// (UUID v7); a request's first run carries the request's own id
+    /// ([`RunId::first_of`]).
     RunId,
     "run id",
     Uuid::now_v7()
 );
+
+impl RunId {
+    /// The id of `request`'s first run: the request's own id. A store may
+    /// keep such a run in the request's own row (SQLite does), so a request
+    /// that runs once writes one row for its bookkeeping.
+    pub fn first_of(request: RequestId) -> Self {
+        Self(request.as_uuid())
+    }
+}
 
 /// Tenant / isolation scope: 1–128 bytes of `[A-Za-z0-9_.-]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -121,7 +121,7 @@ impl AgentSession {
                 true => Some(self.window_prefix(std::mem::take(&mut context.window))),
                 false => None,
             };
-            let run_id = RunId::new();
+            let run_id = RunId::first_of(request_id);
             let claim = NewRequest {
                 conversation_id: self.conversation_id,
                 request_id,

@@ -169,7 +169,8 @@ pub(super) async fn list_runs(
 ) -> Result<Vec<RunSummary>, Error> {
     let mut tx = snapshot(store).await?;
     let k = keys(filter);
-    // Run ids are time-ordered UUIDv7: newest first is descending id.
+    // Newest first by start: a request's first run carries the request's
+    // id (`RunId::first_of`), not a time-ordered one.
     let ids: Vec<Uuid> = if filter.stuck_only {
         stuck_keys(&mut tx, &k)
             .await?
@@ -182,7 +183,7 @@ pub(super) async fn list_runs(
              JOIN conversations c ON c.conversation_id = ru.conversation_id
              WHERE ($1::text IS NULL OR c.namespace = $1)
                AND ($2::uuid IS NULL OR ru.conversation_id = $2)
-             ORDER BY ru.run_id DESC LIMIT $3",
+             ORDER BY ru.started_at DESC, ru.run_id DESC LIMIT $3",
             k.namespace,
             k.conversation,
             k.limit
@@ -253,9 +254,9 @@ async fn request_summary(
                   r.conversation_version, r.created_at, r.completed_at,
                   (SELECT COUNT(*) FROM runs ru WHERE ru.conversation_id = r.conversation_id
                        AND ru.request_id = r.request_id) AS "runs!",
-                  (SELECT MAX(ru.run_id::text) FROM runs ru
-                   WHERE ru.conversation_id = r.conversation_id AND ru.request_id = r.request_id)
-                      AS "newest_run?"
+                  (SELECT ru.run_id::text FROM runs ru
+                   WHERE ru.conversation_id = r.conversation_id AND ru.request_id = r.request_id
+                   ORDER BY ru.started_at DESC, ru.run_id DESC LIMIT 1) AS "newest_run?"
            FROM request_ids k
            JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
            JOIN conversations c ON c.conversation_id = r.conversation_id
