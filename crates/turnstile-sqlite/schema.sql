@@ -37,7 +37,8 @@ CREATE TABLE requests (
     end_seq               INTEGER,
     created_at            INTEGER NOT NULL,
     completed_at          INTEGER
-, deadline_at INTEGER, budget TEXT) WITHOUT ROWID;
+, deadline_at INTEGER, budget TEXT, run_status TEXT
+    CHECK (run_status IN ('running', 'completed', 'failed', 'superseded', 'abandoned')), run_error TEXT, run_ended_at INTEGER, turn INTEGER, phase TEXT, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER, tool_calls_count INTEGER, reports_count INTEGER, message_count INTEGER, checkpoint_at INTEGER) WITHOUT ROWID;
 
 CREATE TABLE runs (
     run_id        BLOB PRIMARY KEY NOT NULL,
@@ -48,22 +49,6 @@ CREATE TABLE runs (
     started_at    INTEGER NOT NULL,
     ended_at      INTEGER
 , agent_fingerprint TEXT, replaced_fingerprint TEXT, budget_change TEXT) WITHOUT ROWID;
-
-CREATE TABLE loop_checkpoints (
-    run_id              BLOB NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-    turn                INTEGER NOT NULL,
-    phase               TEXT NOT NULL,
-    input_tokens        INTEGER NOT NULL,
-    output_tokens       INTEGER NOT NULL,
-    cache_read_tokens   INTEGER NOT NULL,
-    cache_write_tokens  INTEGER NOT NULL,
-    tool_calls_count    INTEGER NOT NULL,
-    -- The request's first `reports_count` verification reports.
-    reports_count       INTEGER NOT NULL,
-    message_count       INTEGER NOT NULL,
-    created_at          INTEGER NOT NULL,
-    PRIMARY KEY (run_id, turn)
-) WITHOUT ROWID;
 
 CREATE TABLE verification_reports (
     request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
@@ -310,4 +295,31 @@ BEGIN
     WHERE blobs.sha256 = named.sha256;
     DELETE FROM blobs
     WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
+END;
+
+CREATE TABLE "loop_checkpoints" (
+    run_id              BLOB NOT NULL,
+    turn                INTEGER NOT NULL,
+    phase               TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    cache_read_tokens   INTEGER NOT NULL,
+    cache_write_tokens  INTEGER NOT NULL,
+    tool_calls_count    INTEGER NOT NULL,
+    -- The request's first `reports_count` verification reports.
+    reports_count       INTEGER NOT NULL,
+    message_count       INTEGER NOT NULL,
+    created_at          INTEGER NOT NULL,
+    PRIMARY KEY (run_id, turn)
+) WITHOUT ROWID;
+
+CREATE TRIGGER run_drops_checkpoints AFTER DELETE ON runs
+BEGIN
+    DELETE FROM loop_checkpoints WHERE run_id = OLD.run_id;
+END;
+
+CREATE TRIGGER request_drops_checkpoints AFTER DELETE ON requests
+WHEN OLD.run_status IS NOT NULL
+BEGIN
+    DELETE FROM loop_checkpoints WHERE run_id = OLD.request_id;
 END;

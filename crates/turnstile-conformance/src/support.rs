@@ -34,13 +34,16 @@ pub fn new_request(
     expected_revision: Revision,
     input: &str,
 ) -> NewRequest {
+    // A first run with the request's id, as the engine's; a few claims
+    // elsewhere give theirs an id of its own.
+    let request_id = RequestId::new();
     NewRequest {
         conversation_id,
-        request_id: RequestId::new(),
+        request_id,
         input_sha256: InputHash::of(input),
         input: Message::user(input),
         expected_revision,
-        run_id: RunId::new(),
+        run_id: RunId::first_of(request_id),
         agent_fingerprint: "fp".into(),
         first_turn: None,
         deadline_at: None,

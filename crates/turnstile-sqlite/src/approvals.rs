@@ -94,9 +94,10 @@ pub(super) async fn decide_approval_in(
            AND EXISTS (SELECT 1 FROM tool_calls t
                        WHERE t.request_id = approvals.request_id AND t.turn = approvals.turn
                          AND t.call_id = approvals.call_id AND t.status = 'requested')
-           AND EXISTS (SELECT 1 FROM admissions a JOIN runs r ON r.run_id = a.run_id
+           AND EXISTS (SELECT 1 FROM admissions a
                        WHERE a.conversation_id = ?6 AND a.active_request_id = ?4
-                         AND a.revision = ?7 AND r.status = 'failed')",
+                         AND a.revision = ?7
+                         AND (SELECT status FROM all_runs WHERE run_id = a.run_id) = 'failed')",
         status,
         reason,
         now,
@@ -119,7 +120,7 @@ pub(super) async fn decide_approval_in(
         };
         let run = admission.active.as_ref().map(|a| a.run_id.as_uuid());
         let stopped = sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1 AND status = 'failed')
+            r#"SELECT EXISTS (SELECT 1 FROM all_runs WHERE run_id = ?1 AND status = 'failed')
                    AS "stopped!: bool""#,
             run
         )

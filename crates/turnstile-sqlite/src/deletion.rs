@@ -91,7 +91,11 @@ async fn delete_in(
     )?;
     let counts = sqlx::query!(
         r#"WITH reqs(id) AS (SELECT request_id FROM requests WHERE conversation_id = ?1),
-                rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs))
+                -- a folded run (`claim.sql`) has its request's id
+                rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs)
+                            UNION ALL
+                            SELECT request_id FROM requests
+                            WHERE conversation_id = ?1 AND run_status IS NOT NULL)
            SELECT
              (SELECT COUNT(*) FROM transcript
               WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
@@ -99,7 +103,7 @@ async fn delete_in(
                  AS "transcript!: i64",
              (SELECT COUNT(*) FROM reqs) AS "requests!: i64",
              (SELECT COUNT(*) FROM rns) AS "runs!: i64",
-             (SELECT COUNT(*) FROM loop_checkpoints
+             (SELECT COUNT(*) FROM all_checkpoints
               WHERE run_id IN (SELECT id FROM rns)) AS "loop_checkpoints!: i64",
              (SELECT COUNT(*) FROM verification_reports
               WHERE request_id IN (SELECT id FROM reqs)) AS "verification_reports!: i64",
@@ -131,7 +135,9 @@ async fn delete_in(
     sqlx::query!(
         "INSERT INTO deleted_runs (run_id, conversation_id)
          SELECT run_id, ?1 FROM runs
-         WHERE request_id IN (SELECT request_id FROM requests WHERE conversation_id = ?1)",
+         WHERE request_id IN (SELECT request_id FROM requests WHERE conversation_id = ?1)
+         UNION ALL
+         SELECT request_id, ?1 FROM requests WHERE conversation_id = ?1 AND run_status IS NOT NULL",
         uuid
     )
     .execute(&mut *tx)

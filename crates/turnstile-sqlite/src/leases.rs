@@ -54,9 +54,9 @@ pub(super) async fn load_expired_leases(
                   a.run_id AS "run_id!", a.revision, a.lease_expires_at AS "lease_expires_at!"
            FROM admissions a
            JOIN conversations c ON c.id = a.conversation_id
-           JOIN runs ru ON ru.run_id = a.run_id
            WHERE a.lease_expires_at IS NOT NULL AND a.active_request_id IS NOT NULL
-             AND a.lease_expires_at < ?1 AND ru.status = 'running'
+             AND a.lease_expires_at < ?1
+             AND (SELECT status FROM all_runs WHERE run_id = a.run_id) = 'running'
            ORDER BY a.lease_expires_at LIMIT ?2"#,
         now,
         limit

@@ -26,7 +26,7 @@ pub(super) async fn load_run(
     let Some(row) = sqlx::query!(
         "SELECT request_id, resumed_from, status, error, started_at, ended_at, agent_fingerprint,
              replaced_fingerprint, budget_change
-         FROM runs WHERE run_id = ?1",
+         FROM all_runs WHERE run_id = ?1",
         uuid
     )
     .fetch_optional(&mut *conn)
@@ -147,8 +147,8 @@ pub(super) async fn load_checkpoints(
     let rows = sqlx::query!(
         "SELECT c.turn, c.phase, c.input_tokens, c.output_tokens, c.cache_read_tokens,
                 c.cache_write_tokens, c.tool_calls_count, c.reports_count, c.message_count,
-                c.created_at, r.request_id
-         FROM loop_checkpoints c JOIN runs r ON r.run_id = c.run_id
+                c.created_at, (SELECT request_id FROM all_runs WHERE run_id = ?1) AS request_id
+         FROM all_checkpoints c
          WHERE c.run_id = ?1 ORDER BY c.turn DESC LIMIT ?2",
         uuid,
         limit
@@ -301,12 +301,25 @@ pub(super) async fn load_request(
         RequestColumns,
         r#"SELECT r.conversation_id, r.input_sha256, r.status, r.committed_run_id,
                   r.conversation_version, r.first_seq, r.end_seq, r.created_at, r.completed_at,
-                  r.deadline_at, r.budget, c.turn AS "turn?", c.phase AS "phase?", c.input_tokens AS "input_tokens?",
-                  c.output_tokens AS "output_tokens?", c.cache_read_tokens AS "cache_read_tokens?",
-                  c.cache_write_tokens AS "cache_write_tokens?",
-                  c.tool_calls_count AS "tool_calls_count?", c.reports_count AS "reports_count?"
+                  r.deadline_at, r.budget,
+                  IIF(r.committed_run_id = r.request_id, r.turn, c.turn) AS "turn?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.phase, c.phase) AS "phase?: String",
+                  IIF(r.committed_run_id = r.request_id, r.input_tokens, c.input_tokens)
+                      AS "input_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.output_tokens, c.output_tokens)
+                      AS "output_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.cache_read_tokens, c.cache_read_tokens)
+                      AS "cache_read_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.cache_write_tokens,
+                      c.cache_write_tokens) AS "cache_write_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.tool_calls_count, c.tool_calls_count)
+                      AS "tool_calls_count?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.reports_count, c.reports_count)
+                      AS "reports_count?: i64"
            FROM requests r
+           -- A folded committing run's checkpoint is in the row itself.
            LEFT JOIN loop_checkpoints c ON c.run_id = r.committed_run_id
+               AND r.committed_run_id <> r.request_id
                AND c.turn = (SELECT MAX(turn) FROM loop_checkpoints WHERE run_id = r.committed_run_id)
            WHERE r.request_id = ?1"#,
         uuid
@@ -522,12 +535,20 @@ pub(super) async fn load_claim_context(
                   r.created_at AS "request_created_at?: i64",
                   r.completed_at AS "completed_at?: i64",
                   r.deadline_at AS "deadline_at?: i64", r.budget AS "budget?: String",
-                  k.turn AS "turn?: i64", k.phase AS "phase?: String",
-                  k.input_tokens AS "input_tokens?: i64", k.output_tokens AS "output_tokens?: i64",
-                  k.cache_read_tokens AS "cache_read_tokens?: i64",
-                  k.cache_write_tokens AS "cache_write_tokens?: i64",
-                  k.tool_calls_count AS "tool_calls_count?: i64",
-                  k.reports_count AS "reports_count?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.turn, k.turn) AS "turn?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.phase, k.phase) AS "phase?: String",
+                  IIF(r.committed_run_id = r.request_id, r.input_tokens, k.input_tokens)
+                      AS "input_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.output_tokens, k.output_tokens)
+                      AS "output_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.cache_read_tokens, k.cache_read_tokens)
+                      AS "cache_read_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.cache_write_tokens,
+                      k.cache_write_tokens) AS "cache_write_tokens?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.tool_calls_count, k.tool_calls_count)
+                      AS "tool_calls_count?: i64",
+                  IIF(r.committed_run_id = r.request_id, r.reports_count, k.reports_count)
+                      AS "reports_count?: i64",
                   (SELECT conversation_id FROM deleted_requests WHERE request_id = ?2)
                       AS "deleted_in?: Vec<u8>",
                   (SELECT json_group_array(json_array(seq, hex(request_id), CAST(role AS TEXT),
@@ -546,7 +567,9 @@ pub(super) async fn load_claim_context(
            LEFT JOIN conversations c ON c.id = ?1
            LEFT JOIN requests r ON r.request_id = ?2
            LEFT JOIN admissions a ON a.conversation_id = c.id AND r.request_id IS NULL
+           -- A folded committing run's checkpoint is in the row itself.
            LEFT JOIN loop_checkpoints k ON k.run_id = r.committed_run_id
+               AND r.committed_run_id <> r.request_id
                AND k.turn = (SELECT MAX(turn) FROM loop_checkpoints WHERE run_id = r.committed_run_id)"#,
         conversation,
         request,

@@ -153,7 +153,7 @@ fn shared_statements(logs: &LogBuffer) -> Vec<(String, usize, usize)> {
 /// How many checkpoint rows a run has, read on a connection of its own.
 async fn checkpoint_rows(path: &Path, fence: &Fence) -> Result<i64, sqlx::Error> {
     let mut reader = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
-    sqlx::query_scalar("SELECT COUNT(*) FROM loop_checkpoints WHERE run_id = ?1")
+    sqlx::query_scalar("SELECT COUNT(*) FROM all_checkpoints WHERE run_id = ?1")
         .bind(fence.run_id.as_uuid())
         .fetch_one(&mut reader)
         .await
@@ -195,7 +195,7 @@ async fn a_crowd_of_steps_commits_together_and_a_fenced_step_fails_alone() -> Te
     let mut reader = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
     for fence in &live {
         let (turn, phase): (i64, String) = sqlx::query_as(
-            "SELECT turn, phase FROM loop_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
+            "SELECT turn, phase FROM all_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
         )
         .bind(fence.run_id.as_uuid())
         .fetch_one(&mut reader)
@@ -203,7 +203,7 @@ async fn a_crowd_of_steps_commits_together_and_a_fenced_step_fails_alone() -> Te
         assert_eq!((turn, phase.as_str()), (1, "turn_in_flight"));
     }
     let zombie_rows: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM loop_checkpoints WHERE run_id = ?1")
+        sqlx::query_scalar("SELECT COUNT(*) FROM all_checkpoints WHERE run_id = ?1")
             .bind(zombie.run_id.as_uuid())
             .fetch_one(&mut reader)
             .await?;
@@ -262,7 +262,7 @@ async fn a_store_error_in_a_crowd_rolls_back_its_transaction_and_the_rest_goes_o
         .collect();
     let mut raw = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
     sqlx::query(&format!(
-        "CREATE TRIGGER fault BEFORE INSERT ON loop_checkpoints WHEN NEW.run_id = x'{run}' \
+        "CREATE TRIGGER fault BEFORE UPDATE OF phase ON requests WHEN NEW.request_id = x'{run}' \
          BEGIN SELECT RAISE(ABORT, 'injected'); END"
     ))
     .execute(&mut raw)

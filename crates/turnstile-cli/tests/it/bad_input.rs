@@ -981,7 +981,8 @@ const DAMAGES: &[Damage] = &[
     },
     Damage {
         name: "checkpoint phase is unknown",
-        table: "loop_checkpoints",
+        // The run's latest checkpoint: its folded run's, in the request's row.
+        table: "requests",
         column: "phase",
         key: "phase = 'tools_in_flight'",
         bad: "'sideways'",
@@ -990,7 +991,8 @@ const DAMAGES: &[Damage] = &[
     },
     Damage {
         name: "checkpoint phase in the wrong case",
-        table: "loop_checkpoints",
+        // The run's latest checkpoint: its folded run's, in the request's row.
+        table: "requests",
         column: "phase",
         key: "phase = 'tools_in_flight'",
         bad: "'TOOLS_IN_FLIGHT'",
@@ -999,7 +1001,8 @@ const DAMAGES: &[Damage] = &[
     },
     Damage {
         name: "committed checkpoint phase is unknown",
-        table: "loop_checkpoints",
+        // The run's latest checkpoint: its folded run's, in the request's row.
+        table: "requests",
         column: "phase",
         key: "phase = 'completed'",
         bad: "'done-ish'",
@@ -1035,9 +1038,10 @@ const DAMAGES: &[Damage] = &[
     },
     Damage {
         name: "run status is unknown",
-        table: "runs",
-        column: "status",
-        key: "status = 'running'",
+        // The folded first run, in the request's row.
+        table: "requests",
+        column: "run_status",
+        key: "run_status = 'running'",
         bad: "'sleepwalking'",
         entries: &[Entry::Resume],
         expect: Expect::Corrupt("runs"),

@@ -96,8 +96,10 @@ async fn counts(db: &Path) -> BTreeMap<&'static str, i64> {
         ("admissions", "SELECT COUNT(*) FROM admissions"),
         ("transcript", "SELECT COUNT(*) FROM transcript"),
         ("requests", "SELECT COUNT(*) FROM requests"),
-        ("runs", "SELECT COUNT(*) FROM runs"),
-        ("loop_checkpoints", "SELECT COUNT(*) FROM loop_checkpoints"),
+        // Folded runs and checkpoints too (a request's first run is in
+        // its row).
+        ("runs", "SELECT COUNT(*) FROM all_runs"),
+        ("loop_checkpoints", "SELECT COUNT(*) FROM all_checkpoints"),
         (
             "verification_reports",
             "SELECT COUNT(*) FROM verification_reports",
@@ -121,12 +123,12 @@ async fn request_rows(db: &Path, request: &str) -> Vec<String> {
     let mut conn = connect(db).await;
     let mut rows = Vec::new();
     for sql in [
-        "SELECT hex(run_id) || status FROM runs WHERE request_id = ?1 ORDER BY run_id",
+        "SELECT hex(run_id) || status FROM all_runs WHERE request_id = ?1 ORDER BY run_id",
         // A held request's messages, after its conversation's committed entries.
         "SELECT seq || role || length(content) FROM transcript WHERE request_id = ?1 ORDER BY seq",
         "SELECT call_id || status FROM tool_calls WHERE request_id = ?1 ORDER BY turn, call_id",
-        "SELECT turn || phase FROM loop_checkpoints
-         WHERE run_id IN (SELECT run_id FROM runs WHERE request_id = ?1) ORDER BY run_id, turn",
+        "SELECT turn || phase FROM all_checkpoints
+         WHERE run_id IN (SELECT run_id FROM all_runs WHERE request_id = ?1) ORDER BY run_id, turn",
     ] {
         let found: Vec<String> = sqlx::query_scalar(sql)
             .bind(id)

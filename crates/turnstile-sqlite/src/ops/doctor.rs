@@ -182,7 +182,7 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
     let counts = sqlx::query!(
         r#"SELECT COUNT(*) AS "held!: i64",
                   COALESCE(SUM(NOT awaiting
-                               AND (ru.status IS NULL OR ru.status <> 'running'
+                               AND (a.run_status IS NULL OR a.run_status <> 'running'
                                     OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
                                             ELSE a.lease_expires_at < ?2 END)), 0)
                       AS "stuck!: i64",
@@ -190,9 +190,9 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
            FROM (SELECT a.*, EXISTS (SELECT 1 FROM approvals ap
                           JOIN tool_calls t ON t.request_id = ap.request_id AND t.turn = ap.turn
                               AND t.call_id = ap.call_id AND t.status = 'requested'
-                          WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
-                 FROM admissions a WHERE a.active_request_id IS NOT NULL) a
-           LEFT JOIN runs ru ON ru.run_id = a.run_id"#,
+                          WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting,
+                     (SELECT status FROM all_runs WHERE run_id = a.run_id) AS run_status
+                 FROM admissions a WHERE a.active_request_id IS NOT NULL) a"#,
         cutoff,
         now
     )

@@ -147,7 +147,7 @@ pub(super) async fn list_requests(
     Ok(summaries)
 }
 
-/// Runs, newest first (run ids are time-ordered UUIDv7): status, error,
+/// Runs, newest first by start (a first run carries its request's id): status, error,
 /// checkpoints, and the admission while the run owns it.
 ///
 /// # Errors
@@ -171,8 +171,14 @@ pub(super) async fn list_runs(
     } else if let Some(id) = filter.conversation_id {
         let id = id.as_uuid();
         sqlx::query_scalar!(
-            "SELECT ru.run_id FROM requests r JOIN runs ru ON ru.request_id = r.request_id
-             WHERE r.conversation_id = ?1 ORDER BY ru.run_id DESC LIMIT ?2",
+            "SELECT run_id FROM (
+                 SELECT r.request_id AS run_id, r.created_at AS started_at FROM requests r
+                 WHERE r.conversation_id = ?1 AND r.run_status IS NOT NULL
+                 UNION ALL
+                 SELECT ru.run_id, ru.started_at FROM requests r
+                 JOIN runs ru ON ru.request_id = r.request_id
+                 WHERE r.conversation_id = ?1)
+             ORDER BY started_at DESC, run_id DESC LIMIT ?2",
             id,
             limit
         )
@@ -182,10 +188,16 @@ pub(super) async fn list_runs(
     } else if let Some(namespace) = &filter.namespace {
         let namespace = namespace.as_str();
         sqlx::query_scalar!(
-            "SELECT ru.run_id FROM conversations c
-             JOIN requests r ON r.conversation_id = c.id
-             JOIN runs ru ON ru.request_id = r.request_id
-             WHERE c.namespace = ?1 ORDER BY ru.run_id DESC LIMIT ?2",
+            "SELECT run_id FROM (
+                 SELECT r.request_id AS run_id, r.created_at AS started_at FROM conversations c
+                 JOIN requests r ON r.conversation_id = c.id
+                 WHERE c.namespace = ?1 AND r.run_status IS NOT NULL
+                 UNION ALL
+                 SELECT ru.run_id, ru.started_at FROM conversations c
+                 JOIN requests r ON r.conversation_id = c.id
+                 JOIN runs ru ON ru.request_id = r.request_id
+                 WHERE c.namespace = ?1)
+             ORDER BY started_at DESC, run_id DESC LIMIT ?2",
             namespace,
             limit
         )
@@ -193,9 +205,9 @@ pub(super) async fn list_runs(
         .await
         .map_err(db("list runs"))?
     } else {
-        // The primary key order: no sort.
         sqlx::query_scalar!(
-            "SELECT run_id FROM runs ORDER BY run_id DESC LIMIT ?1",
+            r#"SELECT run_id AS "run_id!: Vec<u8>" FROM all_runs
+               ORDER BY started_at DESC, run_id DESC LIMIT ?1"#,
             limit
         )
         .fetch_all(&mut *tx)
@@ -251,9 +263,8 @@ async fn stuck_keys(
         r#"SELECT a.conversation_id, a.active_request_id AS "request_id!", a.run_id
            FROM admissions a
            JOIN conversations c ON c.id = a.conversation_id
-           LEFT JOIN runs ru ON ru.run_id = a.run_id
            WHERE a.active_request_id IS NOT NULL
-             AND (ru.status IS NULL OR ru.status <> 'running'
+             AND (NOT EXISTS (SELECT 1 FROM all_runs WHERE run_id = a.run_id AND status = 'running')
                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < ?1
                           ELSE a.lease_expires_at < ?5 END)
              AND NOT EXISTS (SELECT 1 FROM approvals ap
@@ -327,8 +338,12 @@ async fn request_summary(
     let Some(row) = sqlx::query!(
         r#"SELECT r.conversation_id, c.namespace, r.status, r.committed_run_id,
                   r.conversation_version, r.created_at, r.completed_at,
-                  (SELECT COUNT(*) FROM runs WHERE request_id = r.request_id) AS "runs!: i64",
-                  (SELECT MAX(run_id) FROM runs WHERE request_id = r.request_id) AS "newest_run?: Vec<u8>"
+                  (SELECT COUNT(*) FROM runs WHERE request_id = r.request_id)
+                      + (r.run_status IS NOT NULL) AS "runs!: i64",
+                  -- Runs after a folded first one are in `runs`, time-ordered.
+                  COALESCE((SELECT MAX(run_id) FROM runs WHERE request_id = r.request_id),
+                           IIF(r.run_status IS NOT NULL, r.request_id, NULL))
+                      AS "newest_run?: Vec<u8>"
            FROM requests r JOIN conversations c ON c.id = r.conversation_id
            WHERE r.request_id = ?1"#,
         id
@@ -389,10 +404,9 @@ async fn run_summary(
     let Some(row) = sqlx::query!(
         "SELECT ru.request_id, r.conversation_id, c.namespace, ru.resumed_from, ru.status,
                 ru.error, ru.started_at, ru.ended_at
-         FROM runs ru
+         FROM (SELECT * FROM all_runs WHERE run_id = ?1) ru
          JOIN requests r ON r.request_id = ru.request_id
-         JOIN conversations c ON c.id = r.conversation_id
-         WHERE ru.run_id = ?1",
+         JOIN conversations c ON c.id = r.conversation_id",
         id
     )
     .fetch_optional(&mut *conn)
@@ -438,12 +452,13 @@ async fn held_admission(
 ) -> Result<Option<HeldAdmission>, Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT a.revision, a.active_request_id AS "request_id!", a.run_id, a.updated_at,
-                  a.lease_expires_at, ru.status AS "run_status?",
+                  a.lease_expires_at,
+                  (SELECT status FROM all_runs WHERE run_id = a.run_id) AS "run_status?: String",
                   EXISTS (SELECT 1 FROM approvals ap
                           JOIN tool_calls t ON t.request_id = ap.request_id AND t.turn = ap.turn
                               AND t.call_id = ap.call_id AND t.status = 'requested'
                           WHERE ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS "awaiting_approval!: bool"
-           FROM admissions a LEFT JOIN runs ru ON ru.run_id = a.run_id
+           FROM admissions a
            WHERE a.conversation_id = ?1 AND a.active_request_id IS NOT NULL"#,
         conversation
     )
@@ -499,7 +514,7 @@ async fn run_status(
     run_id: RunId,
 ) -> Result<Option<RunStatus>, Error> {
     let uuid = run_id.as_uuid();
-    let status = sqlx::query_scalar!("SELECT status FROM runs WHERE run_id = ?1", uuid)
+    let status = sqlx::query_scalar!("SELECT status FROM all_runs WHERE run_id = ?1", uuid)
         .fetch_optional(&mut *conn)
         .await
         .map_err(db("load run status"))?;
@@ -524,8 +539,8 @@ async fn run_position(
     let uuid = run_id.as_uuid();
     let row = sqlx::query!(
         r#"SELECT turn, phase, created_at,
-                  (SELECT COUNT(*) FROM loop_checkpoints WHERE run_id = ?1) AS "rows!: i64"
-           FROM loop_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1"#,
+                  (SELECT COUNT(*) FROM all_checkpoints WHERE run_id = ?1) AS "rows!: i64"
+           FROM all_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1"#,
         uuid
     )
     .fetch_optional(&mut *conn)

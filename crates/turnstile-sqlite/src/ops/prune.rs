@@ -182,8 +182,10 @@ async fn prune_requests(
 
     let earlier_runs_checkpoints = sqlx::query!(
         "DELETE FROM loop_checkpoints
-         WHERE run_id IN (SELECT run_id FROM runs
-                          WHERE request_id IN (SELECT unhex(value) FROM json_each(?1)))
+         WHERE (run_id IN (SELECT run_id FROM runs
+                           WHERE request_id IN (SELECT unhex(value) FROM json_each(?1)))
+                -- a folded run's earlier turns (`claim.sql`)
+                OR run_id IN (SELECT unhex(value) FROM json_each(?1)))
            AND run_id NOT IN (SELECT unhex(value) FROM json_each(?2))",
         requests,
         committing_runs
@@ -197,7 +199,7 @@ async fn prune_requests(
     let superseded_checkpoints = sqlx::query!(
         "DELETE FROM loop_checkpoints AS c
          WHERE c.run_id IN (SELECT unhex(value) FROM json_each(?1))
-           AND c.turn < (SELECT MAX(k.turn) FROM loop_checkpoints k WHERE k.run_id = c.run_id)",
+           AND c.turn < (SELECT MAX(k.turn) FROM all_checkpoints k WHERE k.run_id = c.run_id)",
         committing_runs
     )
     .execute(&mut *tx)
@@ -248,13 +250,43 @@ async fn prune_requests(
     .await
     .map_err(db("prune runs"))?
     .rows_affected();
+    // A folded run that did not commit leaves its request's row, with its
+    // checkpoint.
+    let folded_checkpoints = sqlx::query!(
+        "UPDATE requests
+         SET turn = NULL, phase = NULL, input_tokens = NULL, output_tokens = NULL,
+             cache_read_tokens = NULL, cache_write_tokens = NULL, tool_calls_count = NULL,
+             reports_count = NULL, message_count = NULL, checkpoint_at = NULL
+         WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))
+           AND request_id NOT IN (SELECT unhex(value) FROM json_each(?2))
+           AND phase IS NOT NULL",
+        requests,
+        committing_runs
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("prune checkpoints of folded runs"))?
+    .rows_affected();
+    let folded_runs = sqlx::query!(
+        "UPDATE requests SET run_status = NULL, run_error = NULL, run_ended_at = NULL
+         WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))
+           AND request_id NOT IN (SELECT unhex(value) FROM json_each(?2))
+           AND run_status IS NOT NULL",
+        requests,
+        committing_runs
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("prune folded runs"))?
+    .rows_affected();
     finish(tx, dry_run).await?;
-    deleted.loop_checkpoints += earlier_runs_checkpoints + superseded_checkpoints;
+    deleted.loop_checkpoints +=
+        earlier_runs_checkpoints + superseded_checkpoints + folded_checkpoints;
     deleted.tool_calls += tool_calls;
     deleted.approvals += approvals;
     deleted.run_messages += run_messages;
     deleted.verification_reports += verification_reports;
-    deleted.runs += runs;
+    deleted.runs += runs + folded_runs;
     Ok(rows.len() as i64)
 }
 
@@ -296,7 +328,12 @@ async fn prune_conversations(
         r#"WITH doomed(id) AS (SELECT unhex(value) FROM json_each(?1)),
                 reqs(id) AS (SELECT request_id FROM requests
                              WHERE conversation_id IN (SELECT id FROM doomed)),
-                rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs))
+                -- a folded run (`claim.sql`) has its request's id
+                rns(id) AS (SELECT run_id FROM runs WHERE request_id IN (SELECT id FROM reqs)
+                            UNION ALL
+                            SELECT request_id FROM requests
+                            WHERE conversation_id IN (SELECT id FROM doomed)
+                              AND run_status IS NOT NULL)
            SELECT
              (SELECT COUNT(*) FROM transcript
               WHERE conversation_key IN (SELECT key FROM conversations
@@ -304,7 +341,7 @@ async fn prune_conversations(
                  AS "transcript!: i64",
              (SELECT COUNT(*) FROM reqs) AS "requests!: i64",
              (SELECT COUNT(*) FROM rns) AS "runs!: i64",
-             (SELECT COUNT(*) FROM loop_checkpoints
+             (SELECT COUNT(*) FROM all_checkpoints
               WHERE run_id IN (SELECT id FROM rns)) AS "loop_checkpoints!: i64",
              (SELECT COUNT(*) FROM verification_reports
               WHERE request_id IN (SELECT id FROM reqs)) AS "verification_reports!: i64",

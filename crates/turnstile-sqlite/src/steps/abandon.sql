@@ -17,6 +17,10 @@ BEGIN
     UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, NEW.now)
     WHERE run_id = (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id)
       AND status IN ('running', 'failed');
+    UPDATE requests
+    SET run_status = 'abandoned', run_ended_at = COALESCE(run_ended_at, NEW.now)
+    WHERE request_id = NEW.request_id AND run_status IN ('running', 'failed')
+      AND request_id = (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id);
     UPDATE admissions
     SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL, agent_fingerprint = NULL,
         input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,

@@ -50,12 +50,26 @@ BEGIN
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
       AND active_request_id IS NULL;
+    -- A run with the request's id is folded into the request's row, its
+    -- checkpoint too; a run with an id of its own has a `runs` row.
+    INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
+        deadline_at, budget, run_status, turn, phase, input_tokens,
+        output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+        message_count, checkpoint_at)
+    SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
+        NEW.deadline_at, NEW.budget, 'running', NEW.turn, NEW.phase,
+        NEW.input_tokens, NEW.output_tokens, NEW.cache_read_tokens, NEW.cache_write_tokens,
+        NEW.tool_calls_count, NEW.reports_count, NEW.message_count,
+        IIF(NEW.phase IS NULL, NULL, NEW.now)
+    WHERE NEW.run_id = NEW.request_id;
     INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
         deadline_at, budget)
-    VALUES (NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
-        NEW.deadline_at, NEW.budget);
+    SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
+        NEW.deadline_at, NEW.budget
+    WHERE NEW.run_id <> NEW.request_id;
     INSERT INTO runs (run_id, request_id, status, started_at)
-    VALUES (NEW.run_id, NEW.request_id, 'running', NEW.now);
+    SELECT NEW.run_id, NEW.request_id, 'running', NEW.now
+    WHERE NEW.run_id <> NEW.request_id;
     INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
     SELECT key, transcript_length, NEW.request_id, NEW.input_role, NEW.input_content,
         NEW.input_meta
@@ -67,7 +81,7 @@ BEGIN
     SELECT NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
         NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
         NEW.message_count, NEW.now
-    WHERE NEW.phase IS NOT NULL;
+    WHERE NEW.phase IS NOT NULL AND NEW.run_id <> NEW.request_id;
     INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
     SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
         value ->> '$.detail'

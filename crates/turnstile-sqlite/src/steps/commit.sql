@@ -23,13 +23,24 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM admissions
                       WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
                         AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
-    -- Write.
+    -- Write. The committed turn's checkpoint: a folded run's (`claim.sql`) in
+    -- the request's row, the one there before moving first when it is of an
+    -- earlier turn; a run of its own's in `loop_checkpoints`.
     INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
         created_at)
-    VALUES (NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+    SELECT request_id, turn, phase, input_tokens, output_tokens, cache_read_tokens,
+        cache_write_tokens, tool_calls_count, reports_count, message_count, checkpoint_at
+    FROM requests
+    WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id AND phase IS NOT NULL
+      AND turn < NEW.turn;
+    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    SELECT NEW.run_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
         NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
-        NEW.message_count, NEW.now);
+        NEW.message_count, NEW.now
+    WHERE NEW.run_id <> NEW.request_id;
     INSERT INTO verification_reports (request_id, seq, turn, passed, detail)
     SELECT NEW.request_id, value ->> '$.seq', value ->> '$.turn', value ->> '$.passed',
         value ->> '$.detail'
@@ -45,6 +56,21 @@ BEGIN
       AND run_id = NEW.run_id;
     UPDATE requests
     SET status = 'completed', committed_run_id = NEW.run_id,
+        run_status = IIF(NEW.run_id = NEW.request_id, 'completed', run_status),
+        run_ended_at = IIF(NEW.run_id = NEW.request_id, NEW.now, run_ended_at),
+        turn = IIF(NEW.run_id = NEW.request_id, NEW.turn, turn),
+        phase = IIF(NEW.run_id = NEW.request_id, NEW.phase, phase),
+        input_tokens = IIF(NEW.run_id = NEW.request_id, NEW.input_tokens, input_tokens),
+        output_tokens = IIF(NEW.run_id = NEW.request_id, NEW.output_tokens, output_tokens),
+        cache_read_tokens = IIF(NEW.run_id = NEW.request_id, NEW.cache_read_tokens,
+                                cache_read_tokens),
+        cache_write_tokens = IIF(NEW.run_id = NEW.request_id, NEW.cache_write_tokens,
+                                 cache_write_tokens),
+        tool_calls_count = IIF(NEW.run_id = NEW.request_id, NEW.tool_calls_count,
+                               tool_calls_count),
+        reports_count = IIF(NEW.run_id = NEW.request_id, NEW.reports_count, reports_count),
+        message_count = IIF(NEW.run_id = NEW.request_id, NEW.message_count, message_count),
+        checkpoint_at = IIF(NEW.run_id = NEW.request_id, NEW.now, checkpoint_at),
         conversation_version = (SELECT version + 1 FROM conversations
                                 WHERE id = NEW.conversation_id),
         first_seq = (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id),

@@ -121,7 +121,7 @@ pub(crate) async fn claim_recovery_in(
 async fn in_flight(tx: &mut SqliteConnection, claim: &RecoveryClaim) -> Error {
     let from_run = claim.from_run.as_uuid();
     let latest = sqlx::query_scalar!(
-        "SELECT turn FROM loop_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
+        "SELECT turn FROM all_checkpoints WHERE run_id = ?1 ORDER BY turn DESC LIMIT 1",
         from_run
     )
     .fetch_one(&mut *tx)

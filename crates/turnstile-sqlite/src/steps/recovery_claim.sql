@@ -29,7 +29,7 @@ BEGIN
                         AND active_request_id = NEW.request_id AND run_id = NEW.from_run);
     -- Check.
     SELECT RAISE(ABORT, 'turnstile: turn in flight')
-    FROM (SELECT turn, phase FROM loop_checkpoints WHERE run_id = NEW.from_run
+    FROM (SELECT turn, phase FROM all_checkpoints WHERE run_id = NEW.from_run
           ORDER BY turn DESC LIMIT 1) AS latest
     WHERE latest.phase IN (SELECT value FROM json_each(NEW.refuse_phases))
       AND NOT (latest.phase = 'tools_in_flight' AND latest.turn IS NEW.resolved_turn
@@ -51,10 +51,14 @@ BEGIN
       AND run_id = NEW.from_run;
     UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, NEW.now)
     WHERE run_id = NEW.from_run AND status IN ('running', 'failed');
+    UPDATE requests
+    SET run_status = 'superseded', run_ended_at = COALESCE(run_ended_at, NEW.now)
+    WHERE request_id = NEW.request_id AND NEW.from_run = NEW.request_id
+      AND run_status IN ('running', 'failed');
     INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
         created_at)
     SELECT NEW.new_run, turn, phase, input_tokens, output_tokens, cache_read_tokens,
         cache_write_tokens, tool_calls_count, reports_count, message_count, NEW.now
-    FROM loop_checkpoints WHERE run_id = NEW.from_run ORDER BY turn DESC LIMIT 1;
+    FROM all_checkpoints WHERE run_id = NEW.from_run ORDER BY turn DESC LIMIT 1;
 END;

@@ -33,14 +33,43 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM admissions
                       WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
                         AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
-    -- Write.
+    -- Write. A folded run (`claim.sql`) keeps its latest turn's checkpoint in
+    -- the request's row and the earlier turns' in `loop_checkpoints`; a run
+    -- of its own keeps them all there. The row's checkpoint moves first when
+    -- this write brings a later turn.
+    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        created_at)
+    SELECT request_id, turn, phase, input_tokens, output_tokens, cache_read_tokens,
+        cache_write_tokens, tool_calls_count, reports_count, message_count, checkpoint_at
+    FROM requests
+    WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id AND phase IS NOT NULL
+      AND turn < (SELECT MAX(value ->> '$.turn') FROM json_each(NEW.checkpoints));
     INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
         created_at)
     SELECT NEW.run_id, value ->> '$.turn', value ->> '$.phase', value ->> '$.input',
         value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
         value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', NEW.now
-    FROM json_each(NEW.checkpoints) ORDER BY key;
+    FROM json_each(NEW.checkpoints)
+    WHERE NEW.run_id <> NEW.request_id
+       OR value ->> '$.turn' < (SELECT MAX(turn) FROM (
+              SELECT turn FROM requests WHERE request_id = NEW.request_id AND phase IS NOT NULL
+              UNION ALL
+              SELECT value ->> '$.turn' AS turn FROM json_each(NEW.checkpoints)))
+    ORDER BY key;
+    UPDATE requests
+    SET turn = latest.value ->> '$.turn', phase = latest.value ->> '$.phase',
+        input_tokens = latest.value ->> '$.input', output_tokens = latest.value ->> '$.output',
+        cache_read_tokens = latest.value ->> '$.cache_read',
+        cache_write_tokens = latest.value ->> '$.cache_write',
+        tool_calls_count = latest.value ->> '$.tool_calls',
+        reports_count = latest.value ->> '$.reports',
+        message_count = latest.value ->> '$.messages', checkpoint_at = NEW.now
+    FROM (SELECT value FROM json_each(NEW.checkpoints)
+          ORDER BY value ->> '$.turn' DESC, key DESC LIMIT 1) AS latest
+    WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id
+      AND (phase IS NULL OR turn <= latest.value ->> '$.turn');
     -- The admission takes the last checkpoint's usage, and the time: a write
     -- without a checkpoint is activity all the same.
     UPDATE admissions
@@ -73,6 +102,9 @@ BEGIN
     WHERE NEW.compact AND request_id = NEW.request_id AND turn = NEW.turn;
     UPDATE runs SET status = 'failed', error = NEW.failure, ended_at = NEW.now
     WHERE NEW.failure IS NOT NULL AND run_id = NEW.run_id;
+    UPDATE requests SET run_status = 'failed', run_error = NEW.failure, run_ended_at = NEW.now
+    WHERE NEW.failure IS NOT NULL AND request_id = NEW.request_id
+      AND NEW.run_id = NEW.request_id;
 END;
 
 -- The turn writes of one group transaction as one statement (as claims

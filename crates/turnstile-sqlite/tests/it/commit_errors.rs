@@ -90,7 +90,7 @@ async fn a_lone_turn_write_whose_commit_fails_is_refused() -> TestResult {
     let store = SqliteStore::open(&path).await?;
     let conversation = new_conversation(&store).await?;
     let fence = admit(&store, conversation, "hello").await?;
-    break_commits_writing(&path, "loop_checkpoints", "INSERT").await?;
+    break_commits_writing(&path, "requests", "UPDATE").await?;
 
     let ahead = checkpoint(fence.run_id, 1, CheckpointPhase::TurnInFlight, 1);
     match store.begin_turn(&fence, &ahead).await {
@@ -108,7 +108,7 @@ async fn a_lone_abandon_whose_commit_fails_is_refused_and_the_request_stays_held
     let store = SqliteStore::open(&path).await?;
     let conversation = new_conversation(&store).await?;
     let fence = admit(&store, conversation, "hello").await?;
-    break_commits_writing(&path, "runs", "UPDATE").await?;
+    break_commits_writing(&path, "requests", "UPDATE").await?;
 
     match store
         .abandon(conversation, fence.request_id, fence.revision)

@@ -129,7 +129,7 @@ fn assert_store_error<T: std::fmt::Debug>(site: &str, result: Result<T, Error>) 
 async fn a_failing_claim_changes_nothing_and_the_retry_runs() {
     let f = Fixture::new().await;
     f.inject(
-        "CREATE TRIGGER fault BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'injected'); END",
+        "CREATE TRIGGER fault BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'injected'); END",
     )
     .await;
     let request = RequestId::new();
@@ -164,7 +164,8 @@ async fn every_write_site_after_the_claim_fails_cleanly_and_recovers() {
     let sites = [
         (
             "turn write-ahead",
-            "CREATE TRIGGER fault BEFORE INSERT ON loop_checkpoints WHEN NEW.turn = 2 \
+            // the run's latest checkpoint is in its request's row
+            "CREATE TRIGGER fault BEFORE UPDATE OF phase ON requests WHEN NEW.turn = 2 \
              BEGIN SELECT RAISE(ABORT, 'injected'); END",
         ),
         (

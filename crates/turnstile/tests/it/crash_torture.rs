@@ -130,8 +130,8 @@ impl Backend for Sqlite {
                         c.input_tokens, c.output_tokens,
                         c.cache_read_tokens, c.cache_write_tokens
                  FROM admissions a
-                 LEFT JOIN loop_checkpoints c ON c.run_id = a.run_id
-                     AND c.turn = (SELECT MAX(turn) FROM loop_checkpoints WHERE run_id = a.run_id)
+                 LEFT JOIN all_checkpoints c ON c.run_id = a.run_id
+                     AND c.turn = (SELECT MAX(turn) FROM all_checkpoints WHERE run_id = a.run_id)
                  WHERE a.active_request_id IS NOT NULL",
             )
             .fetch_all(&mut conn)
@@ -156,7 +156,7 @@ impl Backend for Sqlite {
         let store = Arc::new(SqliteStore::open(dir.join(DB)).await.expect("reopen"));
         let mut conn = read_only(dir).await;
         let rows: Vec<(uuid::Uuid, uuid::Uuid)> =
-            sqlx::query_as("SELECT request_id, run_id FROM runs")
+            sqlx::query_as("SELECT request_id, run_id FROM all_runs")
                 .fetch_all(&mut conn)
                 .await
                 .expect("list runs");
