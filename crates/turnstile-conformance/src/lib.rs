@@ -68,6 +68,7 @@ macro_rules! suite {
     lifecycle::request_with_tool_turns_commits_to_transcript_and_releases,
     lifecycle::successive_commits_append_to_the_transcript_in_order,
     lifecycle::a_held_requests_messages_are_in_no_transcript_read_until_its_commit,
+    lifecycle::a_first_run_with_the_requests_id_reads_as_one_with_its_own,
     lifecycle::hostile_strings_round_trip_verbatim_through_commit,
     parts::parts_reasoning_and_provider_metadata_round_trip_byte_exact,
     blobs::images_and_files_round_trip_exactly_and_reads_leave_their_bytes_unread,

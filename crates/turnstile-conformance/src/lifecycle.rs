@@ -1,11 +1,11 @@
 //! A request from claim to commit, and what the read API shows after.
 
 use turnstile_core::store::{InputHash, JournalStatus, RequestStatus, RunStatus};
-use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, Revision, ToolCall};
+use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, Revision, RunId, ToolCall};
 
 use crate::support::{
-    admit, commit_answer, complete_request, new_conversation, ns, tool_call, tool_turn,
-    usage_after, SharedStore, TestResult,
+    admit, admitted, checkpoint, commit_answer, complete_request, new_conversation, new_request,
+    ns, recover, tool_call, tool_turn, usage_after, SharedStore, TestResult,
 };
 
 pub async fn request_with_tool_turns_commits_to_transcript_and_releases(
@@ -203,6 +203,117 @@ pub async fn a_held_requests_messages_are_in_no_transcript_read_until_its_commit
 }
 
 /// Strings a careless store would mangle, truncate or execute.
+/// What the read API shows of one request's runs and checkpoints, without
+/// ids and times: equal for two requests that went through the same steps.
+#[derive(Debug, PartialEq)]
+struct RunsSeen {
+    runs: Vec<(RunStatus, Option<String>, bool, bool)>,
+    checkpoints: Vec<Vec<(u32, CheckpointPhase, u64, u64)>>,
+    latest: Vec<Option<(u32, CheckpointPhase)>>,
+    outcome: Option<(u32, u64, u64)>,
+}
+
+async fn runs_seen(
+    store: &dyn turnstile_core::store::Store,
+    request: turnstile_core::RequestId,
+    runs: &[RunId],
+) -> Result<RunsSeen, Error> {
+    let mut seen = RunsSeen {
+        runs: Vec::new(),
+        checkpoints: Vec::new(),
+        latest: Vec::new(),
+        outcome: store
+            .request(request)
+            .await?
+            .and_then(|r| r.outcome)
+            .map(|o| (o.turns, o.tool_calls, o.usage.input_tokens)),
+    };
+    for &run in runs {
+        let record = store.run(run).await?.expect("run");
+        assert_eq!(record.request_id, request);
+        seen.runs.push((
+            record.status,
+            record.error,
+            record.resumed_from.is_some(),
+            record.ended_at.is_some(),
+        ));
+        let checkpoints = store.checkpoints(run).await?;
+        seen.checkpoints.push(
+            checkpoints
+                .iter()
+                .map(|c| (c.turn, c.phase, c.message_count, c.usage.input_tokens))
+                .collect(),
+        );
+        seen.latest.push(
+            store
+                .latest_checkpoint(run)
+                .await?
+                .map(|c| (c.turn, c.phase)),
+        );
+    }
+    Ok(seen)
+}
+
+/// A request's first run may carry the request's id (`RunId::first_of`, as
+/// the engine's does; a store may keep it in the request's row) or an id of
+/// its own: the same steps read back the same, through turns, a failure, a
+/// recovery and the commit.
+pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
+    store: SharedStore,
+) -> TestResult {
+    let mut seen = Vec::new();
+    for own_id in [false, true] {
+        let conversation = new_conversation(&*store).await?;
+        let revision = store.admission(conversation).await?.revision;
+        let mut claim = new_request(conversation, revision, "two turns, a crash, an answer");
+        if own_id {
+            claim.run_id = RunId::new();
+        }
+        let first = admitted(&*store, &claim).await?;
+        assert_eq!(first.run_id == RunId::first_of(claim.request_id), !own_id);
+        let mut count = 1;
+        for turn in 1..=2 {
+            let call = tool_call(&format!("call-{turn}"), "{}");
+            count = tool_turn(&*store, &first, turn, count, call, "r").await?;
+        }
+        let during = runs_seen(&*store, claim.request_id, &[first.run_id]).await?;
+        let shape: Vec<_> = during.checkpoints[0]
+            .iter()
+            .map(|c| (c.0, c.1, c.2))
+            .collect();
+        let ready = CheckpointPhase::Ready;
+        assert_eq!(
+            shape,
+            vec![(1, ready, 3), (2, ready, 5)],
+            "own id: {own_id}"
+        );
+        let settled = checkpoint(first.run_id, 2, CheckpointPhase::Ready, count);
+        store
+            .fail_run(&first, "the model went away", Some(&settled))
+            .await?;
+        let failed = runs_seen(&*store, claim.request_id, &[first.run_id]).await?;
+        let second = recover(&*store, &first).await?;
+        commit_answer(&*store, &second, 3, count, "done").await?;
+        let done = runs_seen(&*store, claim.request_id, &[first.run_id, second.run_id]).await?;
+        assert_eq!(
+            done.runs,
+            vec![
+                (
+                    RunStatus::Superseded,
+                    Some("the model went away".into()),
+                    false,
+                    true
+                ),
+                (RunStatus::Completed, None, true, true),
+            ]
+        );
+        assert_eq!(done.outcome, Some((3, 3, usage_after(3).input_tokens)));
+        seen.push((during, failed, done));
+    }
+    assert_eq!(seen[0], seen[1]);
+    Ok(())
+}
+
 fn hostile_strings() -> Vec<String> {
     vec![
         String::new(),
