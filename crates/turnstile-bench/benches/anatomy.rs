@@ -440,10 +440,12 @@ async fn steps(dir: &Path) {
         .expect("conversation");
     let input = text("user", MESSAGE_BYTES);
     let request = |revision| {
-        let run_id = RunId::new();
+        let request_id = RequestId::new();
+        // The engine's first run: the request's id.
+        let run_id = RunId::first_of(request_id);
         NewRequest {
             conversation_id: conversation,
-            request_id: RequestId::new(),
+            request_id,
             input_sha256: InputHash::of(&input),
             input: Message::user(input.clone()),
             expected_revision: Revision(revision),

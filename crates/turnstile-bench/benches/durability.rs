@@ -84,13 +84,14 @@ fn step(c: &mut Criterion) {
                 let input = text("user", MESSAGE_BYTES);
                 let start = Instant::now();
                 for _ in 0..iters {
+                    let request_id = RequestId::new();
                     let claim = turnstile::store::NewRequest {
                         conversation_id: fence.conversation_id,
-                        request_id: RequestId::new(),
+                        request_id,
                         input_sha256: turnstile::store::InputHash::of(&input),
                         input: turnstile::Message::user(input.clone()),
                         expected_revision: revision,
-                        run_id: turnstile::RunId::new(),
+                        run_id: turnstile::RunId::first_of(request_id),
                         agent_fingerprint: "bench".into(),
                         first_turn: None,
                         deadline_at: None,

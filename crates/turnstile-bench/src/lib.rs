@@ -242,10 +242,12 @@ pub async fn claim(store: &dyn Store, conversation: ConversationId) -> Fence {
         .expect("admission")
         .revision;
     let input = text("user", MESSAGE_BYTES);
-    let run_id = RunId::new();
+    let request_id = RequestId::new();
+    // The engine's first run: the request's id.
+    let run_id = RunId::first_of(request_id);
     let claim = NewRequest {
         conversation_id: conversation,
-        request_id: RequestId::new(),
+        request_id,
         input_sha256: InputHash::of(&input),
         input: Message::user(input),
         expected_revision: revision,

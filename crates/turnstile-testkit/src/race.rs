@@ -717,7 +717,7 @@ impl Racers {
             input_sha256: InputHash::of(&input),
             input: Message::user(input),
             expected_revision: expected,
-            run_id: RunId::new(),
+            run_id: RunId::first_of(request_id),
             agent_fingerprint: self.fingerprint.clone(),
             // The owner writes its turn's write-ahead itself.
             first_turn: None,
