@@ -50,6 +50,22 @@ CREATE TABLE runs (
     ended_at      INTEGER
 , agent_fingerprint TEXT, replaced_fingerprint TEXT, budget_change TEXT) WITHOUT ROWID;
 
+CREATE TABLE loop_checkpoints (
+    run_id              BLOB NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    turn                INTEGER NOT NULL,
+    phase               TEXT NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    cache_read_tokens   INTEGER NOT NULL,
+    cache_write_tokens  INTEGER NOT NULL,
+    tool_calls_count    INTEGER NOT NULL,
+    -- The request's first `reports_count` verification reports.
+    reports_count       INTEGER NOT NULL,
+    message_count       INTEGER NOT NULL,
+    created_at          INTEGER NOT NULL,
+    PRIMARY KEY (run_id, turn)
+) WITHOUT ROWID;
+
 CREATE TABLE verification_reports (
     request_id  BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
     seq         INTEGER NOT NULL,
@@ -297,8 +313,8 @@ BEGIN
     WHERE refs <= 0 AND sha256 IN (SELECT value ->> '$.sha256' FROM json_each(OLD.meta, '$.parts'));
 END;
 
-CREATE TABLE "loop_checkpoints" (
-    run_id              BLOB NOT NULL,
+CREATE TABLE first_run_checkpoints (
+    request_id          BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
     turn                INTEGER NOT NULL,
     phase               TEXT NOT NULL,
     input_tokens        INTEGER NOT NULL,
@@ -310,16 +326,5 @@ CREATE TABLE "loop_checkpoints" (
     reports_count       INTEGER NOT NULL,
     message_count       INTEGER NOT NULL,
     created_at          INTEGER NOT NULL,
-    PRIMARY KEY (run_id, turn)
+    PRIMARY KEY (request_id, turn)
 ) WITHOUT ROWID;
-
-CREATE TRIGGER run_drops_checkpoints AFTER DELETE ON runs
-BEGIN
-    DELETE FROM loop_checkpoints WHERE run_id = OLD.run_id;
-END;
-
-CREATE TRIGGER request_drops_checkpoints AFTER DELETE ON requests
-WHEN OLD.run_status IS NOT NULL
-BEGIN
-    DELETE FROM loop_checkpoints WHERE run_id = OLD.request_id;
-END;

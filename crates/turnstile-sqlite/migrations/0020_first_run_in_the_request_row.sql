@@ -1,24 +1,12 @@
 -- A request's first run, and that run's latest checkpoint, live in the
 -- request's own row when the run carries the request's id (as the engine's
 -- first run does): a one-turn request writes one bookkeeping row instead of
--- three, and no `runs_by_request` entry. Runs after the first (a resume, a
--- recovery, a take-over), and runs that carry an id of their own, stay in
--- `runs`; checkpoints other than the folded run's latest stay in
--- `loop_checkpoints`. `all_runs` and `all_checkpoints` read both places as
--- one. Rows written before this migration stay where they are.
-
--- The steps name the tables rebuilt here; they are created again at open.
-DROP VIEW IF EXISTS abandons;
-DROP VIEW IF EXISTS claims;
-DROP VIEW IF EXISTS claim_batches;
-DROP VIEW IF EXISTS commits;
-DROP VIEW IF EXISTS commit_batches;
-DROP VIEW IF EXISTS conversation_opens;
-DROP VIEW IF EXISTS recovery_claims;
-DROP VIEW IF EXISTS tool_result_batches;
-DROP VIEW IF EXISTS turn_writes;
-DROP VIEW IF EXISTS turn_write_batches;
-UPDATE step_set SET version = 0;
+-- three, and no `runs_by_request` entry. That run's earlier checkpoints are
+-- in `first_run_checkpoints`. Runs after the first (a resume, a recovery, a
+-- take-over), and runs that carry an id of their own, stay in `runs` with
+-- their checkpoints in `loop_checkpoints`. `all_runs` and `all_checkpoints`
+-- read every place as one. Rows written before this migration stay where
+-- they are, so it copies nothing.
 
 -- The folded run: NULL `run_status` when the request's runs are all in
 -- `runs`. A first run has no fingerprint of its own (its admission holds
@@ -39,10 +27,9 @@ ALTER TABLE requests ADD COLUMN reports_count INTEGER;
 ALTER TABLE requests ADD COLUMN message_count INTEGER;
 ALTER TABLE requests ADD COLUMN checkpoint_at INTEGER;
 
--- A folded run's earlier checkpoints have no `runs` row to reference: the
--- table loses its foreign key, and triggers delete what the cascade did.
-CREATE TABLE loop_checkpoints_new (
-    run_id              BLOB NOT NULL,
+-- The folded run's checkpoints of turns before its latest.
+CREATE TABLE first_run_checkpoints (
+    request_id          BLOB NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
     turn                INTEGER NOT NULL,
     phase               TEXT NOT NULL,
     input_tokens        INTEGER NOT NULL,
@@ -54,25 +41,8 @@ CREATE TABLE loop_checkpoints_new (
     reports_count       INTEGER NOT NULL,
     message_count       INTEGER NOT NULL,
     created_at          INTEGER NOT NULL,
-    PRIMARY KEY (run_id, turn)
+    PRIMARY KEY (request_id, turn)
 ) WITHOUT ROWID;
-INSERT INTO loop_checkpoints_new SELECT run_id, turn, phase, input_tokens, output_tokens,
-    cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
-    created_at
-FROM loop_checkpoints;
-DROP TABLE loop_checkpoints;
-ALTER TABLE loop_checkpoints_new RENAME TO loop_checkpoints;
-
-CREATE TRIGGER run_drops_checkpoints AFTER DELETE ON runs
-BEGIN
-    DELETE FROM loop_checkpoints WHERE run_id = OLD.run_id;
-END;
-
-CREATE TRIGGER request_drops_checkpoints AFTER DELETE ON requests
-WHEN OLD.run_status IS NOT NULL
-BEGIN
-    DELETE FROM loop_checkpoints WHERE run_id = OLD.request_id;
-END;
 
 -- Every run, folded or not, as `runs` held them.
 CREATE VIEW all_runs (run_id, request_id, resumed_from, status, error, started_at, ended_at,
@@ -92,6 +62,10 @@ CREATE VIEW all_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
 SELECT request_id, turn, phase, input_tokens, output_tokens, cache_read_tokens,
     cache_write_tokens, tool_calls_count, reports_count, message_count, checkpoint_at
 FROM requests WHERE phase IS NOT NULL
+UNION ALL
+SELECT request_id, turn, phase, input_tokens, output_tokens, cache_read_tokens,
+    cache_write_tokens, tool_calls_count, reports_count, message_count, created_at
+FROM first_run_checkpoints
 UNION ALL
 SELECT run_id, turn, phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
     tool_calls_count, reports_count, message_count, created_at

@@ -182,10 +182,8 @@ async fn prune_requests(
 
     let earlier_runs_checkpoints = sqlx::query!(
         "DELETE FROM loop_checkpoints
-         WHERE (run_id IN (SELECT run_id FROM runs
-                           WHERE request_id IN (SELECT unhex(value) FROM json_each(?1)))
-                -- a folded run's earlier turns (`claim.sql`)
-                OR run_id IN (SELECT unhex(value) FROM json_each(?1)))
+         WHERE run_id IN (SELECT run_id FROM runs
+                          WHERE request_id IN (SELECT unhex(value) FROM json_each(?1)))
            AND run_id NOT IN (SELECT unhex(value) FROM json_each(?2))",
         requests,
         committing_runs
@@ -199,7 +197,7 @@ async fn prune_requests(
     let superseded_checkpoints = sqlx::query!(
         "DELETE FROM loop_checkpoints AS c
          WHERE c.run_id IN (SELECT unhex(value) FROM json_each(?1))
-           AND c.turn < (SELECT MAX(k.turn) FROM all_checkpoints k WHERE k.run_id = c.run_id)",
+           AND c.turn < (SELECT MAX(k.turn) FROM loop_checkpoints k WHERE k.run_id = c.run_id)",
         committing_runs
     )
     .execute(&mut *tx)
@@ -250,6 +248,17 @@ async fn prune_requests(
     .await
     .map_err(db("prune runs"))?
     .rows_affected();
+    // A folded run's (`claim.sql`) earlier turns, whether it committed (its
+    // last checkpoint, in the request's row, stays) or not.
+    let first_run_checkpoints = sqlx::query!(
+        "DELETE FROM first_run_checkpoints
+         WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))",
+        requests
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("prune earlier checkpoints of folded runs"))?
+    .rows_affected();
     // A folded run that did not commit leaves its request's row, with its
     // checkpoint.
     let folded_checkpoints = sqlx::query!(
@@ -280,8 +289,10 @@ async fn prune_requests(
     .map_err(db("prune folded runs"))?
     .rows_affected();
     finish(tx, dry_run).await?;
-    deleted.loop_checkpoints +=
-        earlier_runs_checkpoints + superseded_checkpoints + folded_checkpoints;
+    deleted.loop_checkpoints += earlier_runs_checkpoints
+        + superseded_checkpoints
+        + first_run_checkpoints
+        + folded_checkpoints;
     deleted.tool_calls += tool_calls;
     deleted.approvals += approvals;
     deleted.run_messages += run_messages;

@@ -24,11 +24,12 @@ BEGIN
                       WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
                         AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
     -- Write. The committed turn's checkpoint: a folded run's (`claim.sql`) in
-    -- the request's row, the one there before moving first when it is of an
-    -- earlier turn; a run of its own's in `loop_checkpoints`.
-    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
-        created_at)
+    -- the request's row, the one there before moving to
+    -- `first_run_checkpoints` first when it is of an earlier turn; a run of
+    -- its own's in `loop_checkpoints`.
+    INSERT OR REPLACE INTO first_run_checkpoints (request_id, turn, phase, input_tokens,
+        output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+        message_count, created_at)
     SELECT request_id, turn, phase, input_tokens, output_tokens, cache_read_tokens,
         cache_write_tokens, tool_calls_count, reports_count, message_count, checkpoint_at
     FROM requests

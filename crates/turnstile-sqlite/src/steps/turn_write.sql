@@ -34,17 +34,30 @@ BEGIN
                       WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
                         AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
     -- Write. A folded run (`claim.sql`) keeps its latest turn's checkpoint in
-    -- the request's row and the earlier turns' in `loop_checkpoints`; a run
-    -- of its own keeps them all there. The row's checkpoint moves first when
-    -- this write brings a later turn.
-    INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
-        created_at)
+    -- the request's row and the earlier turns' in `first_run_checkpoints`; a
+    -- run of its own keeps them all in `loop_checkpoints`. The row's
+    -- checkpoint moves first when this write brings a later turn.
+    INSERT OR REPLACE INTO first_run_checkpoints (request_id, turn, phase, input_tokens,
+        output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+        message_count, created_at)
     SELECT request_id, turn, phase, input_tokens, output_tokens, cache_read_tokens,
         cache_write_tokens, tool_calls_count, reports_count, message_count, checkpoint_at
     FROM requests
     WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id AND phase IS NOT NULL
       AND turn < (SELECT MAX(value ->> '$.turn') FROM json_each(NEW.checkpoints));
+    INSERT OR REPLACE INTO first_run_checkpoints (request_id, turn, phase, input_tokens,
+        output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+        message_count, created_at)
+    SELECT NEW.request_id, value ->> '$.turn', value ->> '$.phase', value ->> '$.input',
+        value ->> '$.output', value ->> '$.cache_read', value ->> '$.cache_write',
+        value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', NEW.now
+    FROM json_each(NEW.checkpoints)
+    WHERE NEW.run_id = NEW.request_id
+      AND value ->> '$.turn' < (SELECT MAX(turn) FROM (
+              SELECT turn FROM requests WHERE request_id = NEW.request_id AND phase IS NOT NULL
+              UNION ALL
+              SELECT value ->> '$.turn' AS turn FROM json_each(NEW.checkpoints)))
+    ORDER BY key;
     INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
         created_at)
@@ -53,10 +66,6 @@ BEGIN
         value ->> '$.tool_calls', value ->> '$.reports', value ->> '$.messages', NEW.now
     FROM json_each(NEW.checkpoints)
     WHERE NEW.run_id <> NEW.request_id
-       OR value ->> '$.turn' < (SELECT MAX(turn) FROM (
-              SELECT turn FROM requests WHERE request_id = NEW.request_id AND phase IS NOT NULL
-              UNION ALL
-              SELECT value ->> '$.turn' AS turn FROM json_each(NEW.checkpoints)))
     ORDER BY key;
     UPDATE requests
     SET turn = latest.value ->> '$.turn', phase = latest.value ->> '$.phase',

@@ -164,17 +164,19 @@ struct Pad {
     remove: &'static str,
 }
 
-/// Padding checkpoints of a run that does not exist (the raw connection does
-/// not enforce foreign keys); no store query reads another run's rows.
+/// Padding checkpoints of a request that does not exist (the raw connection
+/// does not enforce foreign keys); no store query reads another request's
+/// rows. The table holds the earlier turns of a request's first run, where
+/// a turn's write-ahead moves the turn before it.
 const CHECKPOINTS: Pad = Pad {
-    table: "loop_checkpoints",
-    insert: "INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
-                 cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-                 message_count, created_at)
+    table: "first_run_checkpoints",
+    insert: "INSERT INTO first_run_checkpoints (request_id, turn, phase, input_tokens,
+                 output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
+                 reports_count, message_count, created_at)
              VALUES (?1, 0, '', 0, 0, 0, 0, 0, 0, 0, 0)",
-    grow: "UPDATE loop_checkpoints SET phase = zeroblob(?2) WHERE run_id = ?1",
-    remove:
-        "DELETE FROM loop_checkpoints WHERE substr(run_id, 1, 12) = X'ffffffffffffffffffffffff'",
+    grow: "UPDATE first_run_checkpoints SET phase = zeroblob(?2) WHERE request_id = ?1",
+    remove: "DELETE FROM first_run_checkpoints
+             WHERE substr(request_id, 1, 12) = X'ffffffffffffffffffffffff'",
 };
 
 /// Padding requests of the same conversation, abandoned long ago.
@@ -486,7 +488,13 @@ impl Fixture {
 /// after it, in the run's row, its latest checkpoint's phase and the
 /// admission's activity time.
 fn assert_only_the_stop_changed(site: &str, before: Snapshot, after: Snapshot) {
-    let stop_record = ["runs", "folded runs", "loop_checkpoints", "admissions"];
+    let stop_record = [
+        "runs",
+        "folded runs",
+        "loop_checkpoints",
+        "first_run_checkpoints",
+        "admissions",
+    ];
     let without_stop = |rows: &Snapshot| {
         rows.iter()
             .filter(|(table, _)| !stop_record.contains(&table.as_str()))

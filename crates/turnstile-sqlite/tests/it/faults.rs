@@ -180,7 +180,7 @@ async fn every_write_site_after_the_claim_fails_cleanly_and_recovers() {
         ),
         (
             "turn checkpoint",
-            "CREATE TRIGGER fault BEFORE INSERT ON loop_checkpoints \
+            "CREATE TRIGGER fault BEFORE INSERT ON first_run_checkpoints \
              WHEN NEW.turn = 2 AND NEW.phase = 'ready' \
              BEGIN SELECT RAISE(ABORT, 'injected'); END",
         ),

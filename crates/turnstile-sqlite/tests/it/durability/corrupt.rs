@@ -245,29 +245,40 @@ async fn undecodable_or_missing_pending_message_is_corrupt() -> TestResult {
 
 #[tokio::test]
 async fn undecodable_checkpoint_is_corrupt() -> TestResult {
-    // Each damages the turn-1 checkpoint of both runs: wherever it is kept,
-    // in `loop_checkpoints` or, a folded run's latest, in its request's row.
+    // Each damages the turn-1 checkpoint of both runs wherever it is kept: in
+    // `loop_checkpoints`, or a folded run's, in its request's row (its
+    // latest) or `first_run_checkpoints` (an earlier one).
     let damage = [
         "UPDATE loop_checkpoints SET phase = 'sideways' WHERE turn = 1;
-         UPDATE requests SET phase = 'sideways' WHERE turn = 1",
+         UPDATE requests SET phase = 'sideways' WHERE turn = 1;
+         UPDATE first_run_checkpoints SET phase = 'sideways' WHERE turn = 1",
         "UPDATE loop_checkpoints SET phase = '' WHERE turn = 1;
-         UPDATE requests SET phase = '' WHERE turn = 1",
+         UPDATE requests SET phase = '' WHERE turn = 1;
+         UPDATE first_run_checkpoints SET phase = '' WHERE turn = 1",
         "UPDATE loop_checkpoints SET phase = 'READY' WHERE turn = 1;
-         UPDATE requests SET phase = 'READY' WHERE turn = 1",
+         UPDATE requests SET phase = 'READY' WHERE turn = 1;
+         UPDATE first_run_checkpoints SET phase = 'READY' WHERE turn = 1",
         "UPDATE loop_checkpoints SET message_count = -1 WHERE turn = 1;
-         UPDATE requests SET message_count = -1 WHERE turn = 1",
+         UPDATE requests SET message_count = -1 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET message_count = -1 WHERE turn = 1",
         "UPDATE loop_checkpoints SET input_tokens = -5 WHERE turn = 1;
-         UPDATE requests SET input_tokens = -5 WHERE turn = 1",
+         UPDATE requests SET input_tokens = -5 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET input_tokens = -5 WHERE turn = 1",
         "UPDATE loop_checkpoints SET output_tokens = -1 WHERE turn = 1;
-         UPDATE requests SET output_tokens = -1 WHERE turn = 1",
+         UPDATE requests SET output_tokens = -1 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET output_tokens = -1 WHERE turn = 1",
         "UPDATE loop_checkpoints SET cache_read_tokens = -1 WHERE turn = 1;
-         UPDATE requests SET cache_read_tokens = -1 WHERE turn = 1",
+         UPDATE requests SET cache_read_tokens = -1 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET cache_read_tokens = -1 WHERE turn = 1",
         "UPDATE loop_checkpoints SET cache_write_tokens = -1 WHERE turn = 1;
-         UPDATE requests SET cache_write_tokens = -1 WHERE turn = 1",
+         UPDATE requests SET cache_write_tokens = -1 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET cache_write_tokens = -1 WHERE turn = 1",
         "UPDATE loop_checkpoints SET tool_calls_count = -1 WHERE turn = 1;
-         UPDATE requests SET tool_calls_count = -1 WHERE turn = 1",
+         UPDATE requests SET tool_calls_count = -1 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET tool_calls_count = -1 WHERE turn = 1",
         "UPDATE loop_checkpoints SET reports_count = -1 WHERE turn = 1;
-         UPDATE requests SET reports_count = -1 WHERE turn = 1",
+         UPDATE requests SET reports_count = -1 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET reports_count = -1 WHERE turn = 1",
     ];
     for sql in damage {
         let mut f = Fixture::new().await?;
@@ -290,7 +301,8 @@ async fn undecodable_checkpoint_is_corrupt() -> TestResult {
     let mut f = Fixture::new().await?;
     f.exec(
         "UPDATE loop_checkpoints SET turn = 4294967296 WHERE turn = 1;
-         UPDATE requests SET turn = 4294967296 WHERE turn = 1",
+         UPDATE requests SET turn = 4294967296 WHERE turn = 1;
+         UPDATE first_run_checkpoints SET turn = 4294967296 WHERE turn = 1",
     )
     .await?;
     let run = f.open.run_id;
@@ -305,7 +317,8 @@ async fn missing_or_undecodable_verification_reports_are_corrupt() -> TestResult
     // checkpoint fails, the outcome of the committed request included.
     let damage = [
         "UPDATE loop_checkpoints SET reports_count = reports_count + 1;
-         UPDATE requests SET reports_count = reports_count + 1",
+         UPDATE requests SET reports_count = reports_count + 1;
+         UPDATE first_run_checkpoints SET reports_count = reports_count + 1",
         "DELETE FROM verification_reports WHERE seq = 0",
     ];
     for sql in damage {
@@ -358,15 +371,20 @@ async fn undecodable_request_outcome_is_corrupt_on_read_and_on_claim() -> TestRe
         "UPDATE requests SET first_seq = -1 WHERE status = 'completed'",
         "UPDATE requests SET end_seq = -1 WHERE status = 'completed'",
         "UPDATE loop_checkpoints SET turn = -1 WHERE phase = 'completed';
-         UPDATE requests SET turn = -1 WHERE phase = 'completed'",
+         UPDATE requests SET turn = -1 WHERE phase = 'completed';
+         UPDATE first_run_checkpoints SET turn = -1 WHERE phase = 'completed'",
         "UPDATE loop_checkpoints SET turn = 4294967296 WHERE phase = 'completed';
-         UPDATE requests SET turn = 4294967296 WHERE phase = 'completed'",
+         UPDATE requests SET turn = 4294967296 WHERE phase = 'completed';
+         UPDATE first_run_checkpoints SET turn = 4294967296 WHERE phase = 'completed'",
         "UPDATE loop_checkpoints SET input_tokens = -1 WHERE phase = 'completed';
-         UPDATE requests SET input_tokens = -1 WHERE phase = 'completed'",
+         UPDATE requests SET input_tokens = -1 WHERE phase = 'completed';
+         UPDATE first_run_checkpoints SET input_tokens = -1 WHERE phase = 'completed'",
         "UPDATE loop_checkpoints SET cache_write_tokens = -1 WHERE phase = 'completed';
-         UPDATE requests SET cache_write_tokens = -1 WHERE phase = 'completed'",
+         UPDATE requests SET cache_write_tokens = -1 WHERE phase = 'completed';
+         UPDATE first_run_checkpoints SET cache_write_tokens = -1 WHERE phase = 'completed'",
         "UPDATE loop_checkpoints SET tool_calls_count = -1 WHERE phase = 'completed';
-         UPDATE requests SET tool_calls_count = -1 WHERE phase = 'completed'",
+         UPDATE requests SET tool_calls_count = -1 WHERE phase = 'completed';
+         UPDATE first_run_checkpoints SET tool_calls_count = -1 WHERE phase = 'completed'",
     ];
     for sql in damage {
         let mut f = Fixture::new().await?;
@@ -396,7 +414,8 @@ async fn request_row_with_unknown_status_or_missing_outcome_is_corrupt() -> Test
         "DELETE FROM loop_checkpoints WHERE phase = 'completed';
          UPDATE requests SET phase = NULL WHERE phase = 'completed'",
         "UPDATE loop_checkpoints SET phase = 'ready' WHERE phase = 'completed';
-         UPDATE requests SET phase = 'ready' WHERE phase = 'completed'",
+         UPDATE requests SET phase = 'ready' WHERE phase = 'completed';
+         UPDATE first_run_checkpoints SET phase = 'ready' WHERE phase = 'completed'",
         // Names a run that has no `completed` checkpoint (the other one).
         "UPDATE requests SET committed_run_id = (
              SELECT r.run_id FROM all_runs r WHERE r.request_id != requests.request_id)
