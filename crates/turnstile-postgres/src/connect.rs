@@ -87,12 +87,6 @@ impl PostgresStore {
         // network would hold its conversation's admission lock until TCP
         // gave up (hours). The server ends it after this long instead.
         connect = connect.options([("idle_in_transaction_session_timeout", "30000")]);
-        // Every statement of the store looks rows up by key, so a plan does
-        // not depend on its parameters; a generic plan, made once per
-        // connection, spares the planning a custom plan repeats at each
-        // execution (64 sessions: 789 -> 890 turns/s, reads unchanged;
-        // docs/performance.md).
-        connect = connect.options([("plan_cache_mode", "force_generic_plan")]);
         if let Some(timeout) = options.statement_timeout {
             let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
             connect = connect.options([("statement_timeout", millis.as_str())]);
