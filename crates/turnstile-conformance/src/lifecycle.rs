@@ -202,7 +202,6 @@ pub async fn a_held_requests_messages_are_in_no_transcript_read_until_its_commit
     Ok(())
 }
 
-/// Strings a careless store would mangle, truncate or execute.
 /// What the read API shows of one request's runs and checkpoints, without
 /// ids and times: equal for two requests that went through the same steps.
 #[derive(Debug, PartialEq)]
@@ -311,9 +310,52 @@ pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
         seen.push((during, failed, done));
     }
     assert_eq!(seen[0], seen[1]);
+
+    // A commit below the run's latest turn (no engine writes one) leaves the
+    // same checkpoints either way, and the same refusal to read the outcome.
+    let mut below = Vec::new();
+    for own_id in [false, true] {
+        let conversation = new_conversation(&*store).await?;
+        let revision = store.admission(conversation).await?.revision;
+        let mut claim = new_request(conversation, revision, "a commit below its turn");
+        if own_id {
+            claim.run_id = RunId::new();
+        }
+        let fence = admitted(&*store, &claim).await?;
+        let run = fence.run_id;
+        store
+            .begin_turn(
+                &fence,
+                &checkpoint(run, 1, CheckpointPhase::TurnInFlight, 1),
+            )
+            .await?;
+        let next = checkpoint(run, 2, CheckpointPhase::TurnInFlight, 1);
+        store
+            .finish_turn(
+                &fence,
+                &checkpoint(run, 1, CheckpointPhase::Ready, 1),
+                &[],
+                Some(&next),
+            )
+            .await?;
+        commit_answer(&*store, &fence, 1, 1, "early").await?;
+        let read = match store.request(claim.request_id).await {
+            Err(Error::Corrupt { table, .. }) => Some(table),
+            _ => None,
+        };
+        let checkpoints: Vec<_> = store
+            .checkpoints(run)
+            .await?
+            .iter()
+            .map(|c| (c.turn, c.phase))
+            .collect();
+        below.push((checkpoints, read));
+    }
+    assert_eq!(below[0], below[1]);
     Ok(())
 }
 
+/// Strings a careless store would mangle, truncate or execute.
 fn hostile_strings() -> Vec<String> {
     vec![
         String::new(),

@@ -35,6 +35,24 @@ BEGIN
     FROM requests
     WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id AND phase IS NOT NULL
       AND turn < NEW.turn;
+    -- The row keeps the highest turn: a commit below it (never the
+    -- engine's) goes among the earlier ones, as in `loop_checkpoints`.
+    INSERT OR REPLACE INTO first_run_checkpoints (request_id, turn, phase, input_tokens,
+        output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+        message_count, created_at)
+    SELECT NEW.request_id, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count, NEW.reports_count,
+        NEW.message_count, NEW.now
+    FROM requests
+    WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id AND turn > NEW.turn;
+    UPDATE requests
+    SET turn = NEW.turn, phase = NEW.phase, input_tokens = NEW.input_tokens,
+        output_tokens = NEW.output_tokens, cache_read_tokens = NEW.cache_read_tokens,
+        cache_write_tokens = NEW.cache_write_tokens, tool_calls_count = NEW.tool_calls_count,
+        reports_count = NEW.reports_count, message_count = NEW.message_count,
+        checkpoint_at = NEW.now
+    WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id
+      AND (phase IS NULL OR turn <= NEW.turn);
     INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
         created_at)
@@ -59,19 +77,6 @@ BEGIN
     SET status = 'completed', committed_run_id = NEW.run_id,
         run_status = IIF(NEW.run_id = NEW.request_id, 'completed', run_status),
         run_ended_at = IIF(NEW.run_id = NEW.request_id, NEW.now, run_ended_at),
-        turn = IIF(NEW.run_id = NEW.request_id, NEW.turn, turn),
-        phase = IIF(NEW.run_id = NEW.request_id, NEW.phase, phase),
-        input_tokens = IIF(NEW.run_id = NEW.request_id, NEW.input_tokens, input_tokens),
-        output_tokens = IIF(NEW.run_id = NEW.request_id, NEW.output_tokens, output_tokens),
-        cache_read_tokens = IIF(NEW.run_id = NEW.request_id, NEW.cache_read_tokens,
-                                cache_read_tokens),
-        cache_write_tokens = IIF(NEW.run_id = NEW.request_id, NEW.cache_write_tokens,
-                                 cache_write_tokens),
-        tool_calls_count = IIF(NEW.run_id = NEW.request_id, NEW.tool_calls_count,
-                               tool_calls_count),
-        reports_count = IIF(NEW.run_id = NEW.request_id, NEW.reports_count, reports_count),
-        message_count = IIF(NEW.run_id = NEW.request_id, NEW.message_count, message_count),
-        checkpoint_at = IIF(NEW.run_id = NEW.request_id, NEW.now, checkpoint_at),
         conversation_version = (SELECT version + 1 FROM conversations
                                 WHERE id = NEW.conversation_id),
         first_seq = (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id),
