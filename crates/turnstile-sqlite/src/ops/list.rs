@@ -170,6 +170,8 @@ pub(super) async fn list_runs(
             .collect()
     } else if let Some(id) = filter.conversation_id {
         let id = id.as_uuid();
+        // Both places by hand: SQLite pushes no `IN` filter into `all_runs`,
+        // and would read it whole.
         sqlx::query_scalar!(
             "SELECT run_id FROM (
                  SELECT r.request_id AS run_id, r.created_at AS started_at FROM requests r

@@ -51,22 +51,19 @@ BEGIN
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
       AND active_request_id IS NULL;
     -- A run with the request's id is folded into the request's row, its
-    -- checkpoint too; a run with an id of its own has a `runs` row.
+    -- checkpoint too (`folded`: none for a run with an id of its own, which
+    -- has a `runs` row).
     INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
-        deadline_at, budget, run_status, turn, phase, input_tokens,
-        output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-        message_count, checkpoint_at)
+        deadline_at, budget, run_status, turn, phase, input_tokens, output_tokens,
+        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
+        checkpoint_at)
     SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
-        NEW.deadline_at, NEW.budget, 'running', NEW.turn, NEW.phase,
-        NEW.input_tokens, NEW.output_tokens, NEW.cache_read_tokens, NEW.cache_write_tokens,
-        NEW.tool_calls_count, NEW.reports_count, NEW.message_count,
-        IIF(NEW.phase IS NULL, NULL, NEW.now)
-    WHERE NEW.run_id = NEW.request_id;
-    INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
-        deadline_at, budget)
-    SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
-        NEW.deadline_at, NEW.budget
-    WHERE NEW.run_id <> NEW.request_id;
+        NEW.deadline_at, NEW.budget, folded.*
+    FROM (SELECT 1) LEFT JOIN (
+        SELECT 'running', NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
+            NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count,
+            NEW.reports_count, NEW.message_count, IIF(NEW.phase IS NULL, NULL, NEW.now)
+    ) AS folded ON NEW.run_id = NEW.request_id;
     INSERT INTO runs (run_id, request_id, status, started_at)
     SELECT NEW.run_id, NEW.request_id, 'running', NEW.now
     WHERE NEW.run_id <> NEW.request_id;
