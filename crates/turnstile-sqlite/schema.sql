@@ -30,15 +30,22 @@ CREATE TABLE requests (
     request_id            BLOB PRIMARY KEY NOT NULL,
     conversation_id       BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
     input_sha256          BLOB NOT NULL,
-    status                TEXT NOT NULL CHECK (status IN ('active', 'completed', 'abandoned')),
-    committed_run_id      BLOB,
     conversation_version  INTEGER,
     first_seq             INTEGER,
     end_seq               INTEGER,
     created_at            INTEGER NOT NULL,
     completed_at          INTEGER
-, deadline_at INTEGER, budget TEXT, run_status TEXT
-    CHECK (run_status IN ('running', 'completed', 'failed', 'superseded', 'abandoned')), run_error TEXT, run_ended_at INTEGER, turn INTEGER, phase TEXT, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER, tool_calls_count INTEGER, reports_count INTEGER, message_count INTEGER, checkpoint_at INTEGER) WITHOUT ROWID;
+, deadline_at INTEGER, budget TEXT, run_error TEXT, turn INTEGER, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER, tool_calls_count INTEGER, reports_count INTEGER, message_count INTEGER, state INTEGER NOT NULL DEFAULT 0 CHECK (state BETWEEN 0 AND 2), committed_by BLOB, run_state INTEGER CHECK (run_state BETWEEN 0 AND 4), run_ended_early_at INTEGER, checkpoint_phase INTEGER CHECK (checkpoint_phase BETWEEN 0 AND 5), checkpoint_early_at INTEGER, status TEXT NOT NULL GENERATED ALWAYS AS (
+    CASE state WHEN 0 THEN 'active' WHEN 1 THEN 'completed' WHEN 2 THEN 'abandoned'
+    ELSE 'state ' || state END) VIRTUAL, committed_run_id BLOB GENERATED ALWAYS AS (
+    IIF(state = 1, COALESCE(committed_by, request_id), NULL)) VIRTUAL, run_status TEXT GENERATED ALWAYS AS (
+    CASE run_state WHEN 0 THEN 'running' WHEN 1 THEN 'completed' WHEN 2 THEN 'failed'
+    WHEN 3 THEN 'superseded' WHEN 4 THEN 'abandoned' ELSE 'run state ' || run_state END) VIRTUAL, run_ended_at INTEGER GENERATED ALWAYS AS (
+    COALESCE(run_ended_early_at, IIF(run_state IN (1, 4), completed_at, NULL))) VIRTUAL, phase TEXT GENERATED ALWAYS AS (
+    CASE checkpoint_phase WHEN 0 THEN 'turn_in_flight' WHEN 1 THEN 'tools_in_flight'
+    WHEN 2 THEN 'model_pending' WHEN 3 THEN 'tools_pending' WHEN 4 THEN 'ready'
+    WHEN 5 THEN 'completed' ELSE 'phase ' || checkpoint_phase END) VIRTUAL, checkpoint_at INTEGER GENERATED ALWAYS AS (
+    IIF(checkpoint_phase IS NULL, NULL, COALESCE(checkpoint_early_at, completed_at))) VIRTUAL) WITHOUT ROWID;
 
 CREATE TABLE runs (
     run_id        BLOB PRIMARY KEY NOT NULL,

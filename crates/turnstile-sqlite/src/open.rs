@@ -39,6 +39,10 @@ static FILE_TEMPLATE: tokio::sync::OnceCell<Vec<u8>> = tokio::sync::OnceCell::co
 /// instead of 1.20× (`docs/performance.md`, "Where the bytes go").
 const NEW_DATABASE_PAGE_SIZE: u32 = 8192;
 
+/// The page cache of the connection that migrates an existing database, as
+/// `PRAGMA cache_size` takes it: negative, in KiB (256 MiB).
+const MIGRATION_CACHE_KIB: &str = "-262144";
+
 impl SqliteStore {
     /// Opens (creating if needed) a database file with the default options:
     /// WAL, `synchronous=FULL`, a 30 s busy timeout, foreign keys on.
@@ -321,7 +325,12 @@ async fn migrate(
             .clone()
             .page_size(NEW_DATABASE_PAGE_SIZE)
             .auto_vacuum(SqliteAutoVacuum::Incremental),
-        false => connect.clone(),
+        // A migration that rewrites a table's rows keeps them in memory until
+        // it commits instead of spilling them to the log as it goes: 0021
+        // rewrote 650,000 request rows in 6.9 s with SQLite's default 2 MiB
+        // cache, 3.0 s with 256 MiB. Pages are taken as used, and given back
+        // when this connection closes.
+        false => connect.clone().pragma("cache_size", MIGRATION_CACHE_KIB),
     };
     let mut conn = connect
         .connect()

@@ -262,7 +262,7 @@ async fn a_store_error_in_a_crowd_rolls_back_its_transaction_and_the_rest_goes_o
         .collect();
     let mut raw = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
     sqlx::query(&format!(
-        "CREATE TRIGGER fault BEFORE UPDATE OF phase ON requests WHEN NEW.request_id = x'{run}' \
+        "CREATE TRIGGER fault BEFORE UPDATE OF checkpoint_phase ON requests WHEN NEW.request_id = x'{run}' \
          BEGIN SELECT RAISE(ABORT, 'injected'); END"
     ))
     .execute(&mut raw)

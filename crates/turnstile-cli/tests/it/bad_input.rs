@@ -983,19 +983,20 @@ const DAMAGES: &[Damage] = &[
         name: "checkpoint phase is unknown",
         // The run's latest checkpoint: its folded run's, in the request's row.
         table: "requests",
-        column: "phase",
+        column: "checkpoint_phase",
         key: "phase = 'tools_in_flight'",
         bad: "'sideways'",
         entries: &[Entry::Resume, Entry::Recover],
         expect: Expect::Corrupt("loop_checkpoints"),
     },
     Damage {
-        name: "checkpoint phase in the wrong case",
-        // The run's latest checkpoint: its folded run's, in the request's row.
+        name: "checkpoint phase code is out of range",
+        // The run's latest checkpoint: its folded run's, in the request's
+        // row, where its phase is a code.
         table: "requests",
-        column: "phase",
+        column: "checkpoint_phase",
         key: "phase = 'tools_in_flight'",
-        bad: "'TOOLS_IN_FLIGHT'",
+        bad: "6",
         entries: &[Entry::Resume],
         expect: Expect::Corrupt("loop_checkpoints"),
     },
@@ -1003,7 +1004,7 @@ const DAMAGES: &[Damage] = &[
         name: "committed checkpoint phase is unknown",
         // The run's latest checkpoint: its folded run's, in the request's row.
         table: "requests",
-        column: "phase",
+        column: "checkpoint_phase",
         key: "phase = 'completed'",
         bad: "'done-ish'",
         entries: &[Entry::Replay],
@@ -1012,7 +1013,7 @@ const DAMAGES: &[Damage] = &[
     Damage {
         name: "completed request status is unknown",
         table: "requests",
-        column: "status",
+        column: "state",
         key: "status = 'completed'",
         bad: "'zombie'",
         entries: &[Entry::Replay],
@@ -1021,7 +1022,7 @@ const DAMAGES: &[Damage] = &[
     Damage {
         name: "active request status is unknown",
         table: "requests",
-        column: "status",
+        column: "state",
         key: "status = 'active'",
         bad: "'Active'",
         entries: &[Entry::Resume, Entry::Recover],
@@ -1040,7 +1041,7 @@ const DAMAGES: &[Damage] = &[
         name: "run status is unknown",
         // The folded first run, in the request's row.
         table: "requests",
-        column: "run_status",
+        column: "run_state",
         key: "run_status = 'running'",
         bad: "'sleepwalking'",
         entries: &[Entry::Resume],

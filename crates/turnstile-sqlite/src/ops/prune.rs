@@ -263,9 +263,9 @@ async fn prune_requests(
     // checkpoint.
     let folded_checkpoints = sqlx::query!(
         "UPDATE requests
-         SET turn = NULL, phase = NULL, input_tokens = NULL, output_tokens = NULL,
+         SET turn = NULL, checkpoint_phase = NULL, input_tokens = NULL, output_tokens = NULL,
              cache_read_tokens = NULL, cache_write_tokens = NULL, tool_calls_count = NULL,
-             reports_count = NULL, message_count = NULL, checkpoint_at = NULL
+             reports_count = NULL, message_count = NULL, checkpoint_early_at = NULL
          WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))
            AND request_id NOT IN (SELECT unhex(value) FROM json_each(?2))
            AND phase IS NOT NULL",
@@ -277,7 +277,7 @@ async fn prune_requests(
     .map_err(db("prune checkpoints of folded runs"))?
     .rows_affected();
     let folded_runs = sqlx::query!(
-        "UPDATE requests SET run_status = NULL, run_error = NULL, run_ended_at = NULL
+        "UPDATE requests SET run_state = NULL, run_error = NULL, run_ended_early_at = NULL
          WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))
            AND request_id NOT IN (SELECT unhex(value) FROM json_each(?2))
            AND run_status IS NOT NULL",

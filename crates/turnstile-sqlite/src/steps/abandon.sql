@@ -17,8 +17,9 @@ BEGIN
     UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, NEW.now)
     WHERE run_id = (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id)
       AND status IN ('running', 'failed');
-    UPDATE requests
-    SET run_status = 'abandoned', run_ended_at = COALESCE(run_ended_at, NEW.now)
+    -- A folded run that was running ends at the request's abandon
+    -- (`completed_at`); a failed one keeps its end.
+    UPDATE requests SET run_state = 4 /* abandoned */
     WHERE request_id = NEW.request_id AND run_status IN ('running', 'failed')
       AND request_id = (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id);
     UPDATE admissions
@@ -29,7 +30,7 @@ BEGIN
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
       AND active_request_id = NEW.request_id;
-    UPDATE requests SET status = 'abandoned', completed_at = NEW.now
+    UPDATE requests SET state = 2 /* abandoned */, completed_at = NEW.now
     WHERE request_id = NEW.request_id;
     INSERT INTO run_messages (request_id, seq, role, content, meta)
     SELECT t.request_id, t.seq - c.transcript_length, t.role, t.content, t.meta

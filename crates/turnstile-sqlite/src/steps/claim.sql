@@ -53,16 +53,21 @@ BEGIN
     -- A run with the request's id is folded into the request's row, its
     -- checkpoint too (`folded`: none for a run with an id of its own, which
     -- has a `runs` row).
-    INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at,
-        deadline_at, budget, run_status, turn, phase, input_tokens, output_tokens,
+    -- The row stores codes for its words (migration 0021): an active
+    -- request, a running run.
+    INSERT INTO requests (request_id, conversation_id, input_sha256, state, created_at,
+        deadline_at, budget, run_state, turn, checkpoint_phase, input_tokens, output_tokens,
         cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
-        checkpoint_at)
-    SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 'active', NEW.now,
+        checkpoint_early_at)
+    SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 0, NEW.now,
         NEW.deadline_at, NEW.budget, folded.*
     FROM (SELECT 1) LEFT JOIN (
-        SELECT 'running', NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
-            NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count,
-            NEW.reports_count, NEW.message_count, IIF(NEW.phase IS NULL, NULL, NEW.now)
+        SELECT 0, NEW.turn,
+            IIF(NEW.phase IS NULL, NULL,
+                COALESCE((SELECT code FROM checkpoint_phases WHERE word = NEW.phase), -1)),
+            NEW.input_tokens, NEW.output_tokens, NEW.cache_read_tokens, NEW.cache_write_tokens,
+            NEW.tool_calls_count, NEW.reports_count, NEW.message_count,
+            IIF(NEW.phase IS NULL, NULL, NEW.now)
     ) AS folded ON NEW.run_id = NEW.request_id;
     INSERT INTO runs (run_id, request_id, status, started_at)
     SELECT NEW.run_id, NEW.request_id, 'running', NEW.now

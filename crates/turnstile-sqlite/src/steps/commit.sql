@@ -46,11 +46,15 @@ BEGIN
     FROM requests
     WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id AND turn > NEW.turn;
     UPDATE requests
-    SET turn = NEW.turn, phase = NEW.phase, input_tokens = NEW.input_tokens,
+    SET turn = NEW.turn,
+        checkpoint_phase = COALESCE((SELECT code FROM checkpoint_phases
+                                     WHERE word = NEW.phase), -1),
+        input_tokens = NEW.input_tokens,
         output_tokens = NEW.output_tokens, cache_read_tokens = NEW.cache_read_tokens,
         cache_write_tokens = NEW.cache_write_tokens, tool_calls_count = NEW.tool_calls_count,
         reports_count = NEW.reports_count, message_count = NEW.message_count,
-        checkpoint_at = NEW.now
+        -- its time is the completion's
+        checkpoint_early_at = NULL
     WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id
       AND (phase IS NULL OR turn <= NEW.turn);
     INSERT OR REPLACE INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,
@@ -74,9 +78,10 @@ BEGIN
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
       AND run_id = NEW.run_id;
     UPDATE requests
-    SET status = 'completed', committed_run_id = NEW.run_id,
-        run_status = IIF(NEW.run_id = NEW.request_id, 'completed', run_status),
-        run_ended_at = IIF(NEW.run_id = NEW.request_id, NEW.now, run_ended_at),
+    SET state = 1 /* completed */, committed_by = NULLIF(NEW.run_id, NEW.request_id),
+        -- a folded run that commits ends at the completion
+        run_state = IIF(NEW.run_id = NEW.request_id, 1 /* completed */, run_state),
+        run_ended_early_at = IIF(NEW.run_id = NEW.request_id, NULL, run_ended_early_at),
         conversation_version = (SELECT version + 1 FROM conversations
                                 WHERE id = NEW.conversation_id),
         first_seq = (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id),

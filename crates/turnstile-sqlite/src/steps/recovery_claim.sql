@@ -52,7 +52,8 @@ BEGIN
     UPDATE runs SET status = 'superseded', ended_at = COALESCE(ended_at, NEW.now)
     WHERE run_id = NEW.from_run AND status IN ('running', 'failed');
     UPDATE requests
-    SET run_status = 'superseded', run_ended_at = COALESCE(run_ended_at, NEW.now)
+    SET run_state = 3 /* superseded */,
+        run_ended_early_at = COALESCE(run_ended_early_at, NEW.now)
     WHERE request_id = NEW.request_id AND NEW.from_run = NEW.request_id
       AND run_status IN ('running', 'failed');
     INSERT INTO loop_checkpoints (run_id, turn, phase, input_tokens, output_tokens,

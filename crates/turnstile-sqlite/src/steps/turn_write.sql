@@ -68,13 +68,15 @@ BEGIN
     WHERE NEW.run_id <> NEW.request_id
     ORDER BY key;
     UPDATE requests
-    SET turn = latest.value ->> '$.turn', phase = latest.value ->> '$.phase',
+    SET turn = latest.value ->> '$.turn',
+        checkpoint_phase = COALESCE((SELECT code FROM checkpoint_phases
+                                     WHERE word = latest.value ->> '$.phase'), -1),
         input_tokens = latest.value ->> '$.input', output_tokens = latest.value ->> '$.output',
         cache_read_tokens = latest.value ->> '$.cache_read',
         cache_write_tokens = latest.value ->> '$.cache_write',
         tool_calls_count = latest.value ->> '$.tool_calls',
         reports_count = latest.value ->> '$.reports',
-        message_count = latest.value ->> '$.messages', checkpoint_at = NEW.now
+        message_count = latest.value ->> '$.messages', checkpoint_early_at = NEW.now
     FROM (SELECT value FROM json_each(NEW.checkpoints)
           ORDER BY value ->> '$.turn' DESC, key DESC LIMIT 1) AS latest
     WHERE request_id = NEW.request_id AND NEW.run_id = NEW.request_id
@@ -111,7 +113,8 @@ BEGIN
     WHERE NEW.compact AND request_id = NEW.request_id AND turn = NEW.turn;
     UPDATE runs SET status = 'failed', error = NEW.failure, ended_at = NEW.now
     WHERE NEW.failure IS NOT NULL AND run_id = NEW.run_id;
-    UPDATE requests SET run_status = 'failed', run_error = NEW.failure, run_ended_at = NEW.now
+    UPDATE requests
+    SET run_state = 2 /* failed */, run_error = NEW.failure, run_ended_early_at = NEW.now
     WHERE NEW.failure IS NOT NULL AND request_id = NEW.request_id
       AND NEW.run_id = NEW.request_id;
 END;

@@ -46,14 +46,14 @@ use turnstile::{
 };
 use turnstile_testkit::tools::Echo;
 
-/// The columns of `requests` that hold its folded first run and that run's
-/// latest checkpoint.
+/// The stored columns of `requests` that hold its folded first run and that
+/// run's latest checkpoint.
 const FOLDED_RUN: [&str; 13] = [
-    "run_status",
+    "run_state",
     "run_error",
-    "run_ended_at",
+    "run_ended_early_at",
     "turn",
-    "phase",
+    "checkpoint_phase",
     "input_tokens",
     "output_tokens",
     "cache_read_tokens",
@@ -61,7 +61,7 @@ const FOLDED_RUN: [&str; 13] = [
     "tool_calls_count",
     "reports_count",
     "message_count",
-    "checkpoint_at",
+    "checkpoint_early_at",
 ];
 
 /// The store's quota. Small, so filling past it is quick.
@@ -182,8 +182,8 @@ const CHECKPOINTS: Pad = Pad {
 /// Padding requests of the same conversation, abandoned long ago.
 const REQUESTS: Pad = Pad {
     table: "requests",
-    insert: "INSERT INTO requests (request_id, conversation_id, input_sha256, status, created_at)
-             VALUES (?1, (SELECT id FROM conversations LIMIT 1), X'', 'abandoned', 0)",
+    insert: "INSERT INTO requests (request_id, conversation_id, input_sha256, state, created_at)
+             VALUES (?1, (SELECT id FROM conversations LIMIT 1), X'', 2, 0)",
     grow: "UPDATE requests SET input_sha256 = zeroblob(?2) WHERE request_id = ?1",
     remove: "DELETE FROM requests WHERE substr(request_id, 1, 12) = X'ffffffffffffffffffffffff'",
 };

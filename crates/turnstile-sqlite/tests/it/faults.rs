@@ -165,7 +165,7 @@ async fn every_write_site_after_the_claim_fails_cleanly_and_recovers() {
         (
             "turn write-ahead",
             // the run's latest checkpoint is in its request's row
-            "CREATE TRIGGER fault BEFORE UPDATE OF phase ON requests WHEN NEW.turn = 2 \
+            "CREATE TRIGGER fault BEFORE UPDATE OF checkpoint_phase ON requests WHEN NEW.turn = 2 \
              BEGIN SELECT RAISE(ABORT, 'injected'); END",
         ),
         (
@@ -262,7 +262,7 @@ async fn a_failing_abandon_keeps_the_request_and_can_be_repeated() {
     let stopped = f.session.run(request, INPUT, ctx).await.unwrap_err();
     let (_, revision) = stopped.stopped_run().expect("a stopped run");
     f.inject(
-        "CREATE TRIGGER fault BEFORE UPDATE OF status ON requests \
+        "CREATE TRIGGER fault BEFORE UPDATE OF state ON requests \
          WHEN NEW.status = 'abandoned' BEGIN SELECT RAISE(ABORT, 'injected'); END",
     )
     .await;

@@ -63,7 +63,7 @@ async fn shape(path: &Path) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
     for table in tables {
         // Names come from the schema, not from input.
         let columns: Vec<String> =
-            sqlx::query_scalar(&format!("SELECT name FROM pragma_table_info('{table}')"))
+            sqlx::query_scalar(&format!("SELECT name FROM pragma_table_xinfo('{table}')"))
                 .fetch_all(&pool)
                 .await?;
         shape.push((table, columns));
@@ -290,6 +290,14 @@ async fn a_schema_4_database_is_migrated_in_place_and_every_row_survives_and_rep
             ) {
                 let keys = snapshot(&path, &[(table.clone(), vec![column.clone()])]).await?;
                 assert!(keys[0].1.iter().all(|k| k != "NULL"), "{keys:?}");
+                continue;
+            }
+            // An old column stored another way (migration 0021): compared
+            // above through the generated column of its old name.
+            if matches!(
+                (table.as_str(), column.as_str()),
+                ("requests", "state" | "committed_by")
+            ) {
                 continue;
             }
             let set = snapshot(&path, &[(table.clone(), vec![column.clone()])]).await?;

@@ -250,13 +250,13 @@ async fn undecodable_checkpoint_is_corrupt() -> TestResult {
     // latest) or `first_run_checkpoints` (an earlier one).
     let damage = [
         "UPDATE loop_checkpoints SET phase = 'sideways' WHERE turn = 1;
-         UPDATE requests SET phase = 'sideways' WHERE turn = 1;
+         UPDATE requests SET checkpoint_phase = 'sideways' WHERE turn = 1;
          UPDATE first_run_checkpoints SET phase = 'sideways' WHERE turn = 1",
         "UPDATE loop_checkpoints SET phase = '' WHERE turn = 1;
-         UPDATE requests SET phase = '' WHERE turn = 1;
+         UPDATE requests SET checkpoint_phase = '' WHERE turn = 1;
          UPDATE first_run_checkpoints SET phase = '' WHERE turn = 1",
         "UPDATE loop_checkpoints SET phase = 'READY' WHERE turn = 1;
-         UPDATE requests SET phase = 'READY' WHERE turn = 1;
+         UPDATE requests SET checkpoint_phase = 'READY' WHERE turn = 1;
          UPDATE first_run_checkpoints SET phase = 'READY' WHERE turn = 1",
         "UPDATE loop_checkpoints SET message_count = -1 WHERE turn = 1;
          UPDATE requests SET message_count = -1 WHERE turn = 1;
@@ -398,31 +398,32 @@ async fn undecodable_request_outcome_is_corrupt_on_read_and_on_claim() -> TestRe
 #[tokio::test]
 async fn request_row_with_unknown_status_or_missing_outcome_is_corrupt() -> TestResult {
     let mut f = Fixture::new().await?;
-    f.exec("UPDATE requests SET status = 'zombie'").await?;
+    f.exec("UPDATE requests SET state = 'zombie'").await?;
     for request in [f.open.request_id, f.done.request_id] {
         let key = corrupt(f.store.request(request).await, "requests", "zombie");
         assert_eq!(key, request.to_string());
     }
 
     // A completed request missing part of its outcome: one of its columns,
-    // or the committed run's `completed` checkpoint.
+    // or the committed run's `completed` checkpoint. (Its committing run's
+    // id cannot go missing: stored only when it is not the request's own,
+    // it reads as the request's id otherwise.)
     let damage = [
-        "UPDATE requests SET committed_run_id = NULL WHERE status = 'completed'",
         "UPDATE requests SET conversation_version = NULL WHERE status = 'completed'",
         "UPDATE requests SET first_seq = NULL WHERE status = 'completed'",
         "UPDATE requests SET end_seq = NULL WHERE status = 'completed'",
         "DELETE FROM loop_checkpoints WHERE phase = 'completed';
-         UPDATE requests SET phase = NULL WHERE phase = 'completed'",
+         UPDATE requests SET checkpoint_phase = NULL WHERE phase = 'completed'",
         "UPDATE loop_checkpoints SET phase = 'ready' WHERE phase = 'completed';
-         UPDATE requests SET phase = 'ready' WHERE phase = 'completed';
+         UPDATE requests SET checkpoint_phase = 4 WHERE phase = 'completed';
          UPDATE first_run_checkpoints SET phase = 'ready' WHERE phase = 'completed'",
         // Names a run that has no `completed` checkpoint (the other one).
-        "UPDATE requests SET committed_run_id = (
+        "UPDATE requests SET committed_by = (
              SELECT r.run_id FROM all_runs r WHERE r.request_id != requests.request_id)
          WHERE status = 'completed'",
         // Names no run at all.
-        "UPDATE requests SET committed_run_id = randomblob(16) WHERE status = 'completed'",
-        "UPDATE requests SET committed_run_id = CAST('short' AS BLOB) WHERE status = 'completed'",
+        "UPDATE requests SET committed_by = randomblob(16) WHERE status = 'completed'",
+        "UPDATE requests SET committed_by = CAST('short' AS BLOB) WHERE status = 'completed'",
     ];
     for sql in damage {
         let mut f = Fixture::new().await?;
@@ -472,7 +473,7 @@ async fn out_of_range_counters_malformed_ids_and_unknown_states_are_corrupt() ->
     let mut f = Fixture::new().await?;
     f.exec(
         "UPDATE runs SET status = 'sleepwalking';
-         UPDATE requests SET run_status = 'sleepwalking'",
+         UPDATE requests SET run_state = 'sleepwalking'",
     )
     .await?;
     corrupt(f.store.run(f.open.run_id).await, "runs", "status");

@@ -6,6 +6,7 @@ mod atomicity;
 mod compat;
 mod corrupt;
 mod growth;
+mod migrate_0021;
 mod migration_kill;
 mod processes;
 mod reopen;
