@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use turnstile_core::ModelError;
-use turnstile_model_http::{api_key_from_env, redact, redacted_url, Redacted};
+use turnstile_model_http::{api_key_from_env, redact, redacted_url, Redacted, RetryPolicy};
 
 /// Where and how to reach the Anthropic Messages API.
 ///
@@ -81,31 +81,6 @@ impl Default for PromptCache {
             system: true,
             tools: true,
             latest_turn: true,
-        }
-    }
-}
-
-/// How a call answered 408, 429 (rate limited), 529 (overloaded) or
-/// another 5xx, or whose stream failed before showing any text, is tried
-/// again: after the server's `retry-after`, or a backoff doubling from
-/// [`RetryPolicy::backoff`], never past the run's deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Retries after the first attempt. Default 4; 0 never retries.
-    pub max_retries: u32,
-    /// The first wait when the server names none. Default 1 s.
-    pub backoff: Duration,
-    /// The longest single wait: a `retry-after` above it is not waited for
-    /// and the call fails (retryable). Default 60 s.
-    pub max_wait: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_retries: 4,
-            backoff: Duration::from_secs(1),
-            max_wait: Duration::from_secs(60),
         }
     }
 }

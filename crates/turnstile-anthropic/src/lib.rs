@@ -7,13 +7,12 @@
 //! back byte for byte with their signatures after a crash, is the part a
 //! generic client would not promise. The request is built in `request`,
 //! answers are read in `wire` (whole) and `stream` (server-sent events,
-//! through the parser shared with the OpenAI client), and retries live in
-//! `retry`.
+//! through the parser shared with the OpenAI client), and retries go through
+//! the policy shared with it too (`turnstile_model_http::with_retries`).
 
 mod config;
 mod errors;
 mod request;
-mod retry;
 mod stream;
 mod wire;
 
@@ -28,15 +27,15 @@ use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 use turnstile_model_http::{
-    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, retryable_status,
-    BodyError,
+    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, retry_after,
+    retryable_status, with_retries, BodyError, Failure,
 };
 
-pub use config::{AnthropicConfig, PromptCache, RetryPolicy};
+pub use config::{AnthropicConfig, PromptCache};
+pub use turnstile_model_http::RetryPolicy;
 
 use errors::{status_error, transport_error};
 use request::{RequestBody, WireMessage};
-use retry::Failure;
 use wire::{check_stop, into_response, AnswerBlock, WireResponse};
 
 /// The largest non-streamed response body accepted.
@@ -225,7 +224,7 @@ impl AnthropicModel {
         // A body always serializes: its JSON is built from values.
         let body = serde_json::to_vec(body).unwrap_or_default();
         let caller = request.deltas;
-        retry::with_retries(&self.config, request.deadline, || async {
+        with_retries(self.config.retry, request.deadline, "anthropic", || async {
             let builder = self
                 .client
                 .post(self.endpoint.clone())
@@ -241,7 +240,7 @@ impl AnthropicModel {
             })?;
             let status = response.status();
             if !status.is_success() {
-                let wait = retry::retry_after(response.headers());
+                let wait = retry_after(response.headers());
                 let error = status_error(&self.config, response).await;
                 return Err(match retryable_status(status) {
                     true => Failure::Retry { error, wait },

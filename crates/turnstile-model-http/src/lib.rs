@@ -8,10 +8,13 @@
 //!   that never quotes model output;
 //! - [`endpoint_url`], [`is_json`], [`read_body`], [`error_body`],
 //!   [`retryable_status`], [`transport_error`]: the edges of the HTTP
-//!   exchange.
+//!   exchange;
+//! - [`RetryPolicy`], [`with_retries`], [`retry_after`]: sending a call
+//!   again after a failure that may pass.
 
 mod key;
 mod response;
+mod retry;
 mod sse;
 mod text;
 
@@ -20,5 +23,6 @@ pub use response::{
     endpoint_url, error_body, is_json, read_body, retryable_status, transport_error, BodyError,
     EXCERPT_CHARS,
 };
+pub use retry::{retry_after, with_retries, Failure, RetryPolicy};
 pub use sse::{SseEvent, SseParser};
 pub use text::{chain, decode_error, excerpt, json_kind};

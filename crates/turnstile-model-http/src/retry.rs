@@ -1,6 +1,6 @@
-//! Trying an exchange again after a rate limit (429), an overload (529 or
-//! an `overloaded_error` event), another server error, or a stream that
-//! failed before any of its text was shown: after the server's
+//! Trying an exchange again after a rate limit (429), an overload (529, or
+//! an error the server reports in its answer), another server error, or a
+//! stream that failed before any of its text was shown: after the server's
 //! `retry-after`, or a doubling backoff, within [`RetryPolicy`] and never
 //! past the run's deadline. A model call has no side effects, so sending it
 //! again is safe; only its cost repeats. A server that cannot be reached
@@ -15,10 +15,42 @@ use tokio::time::Instant;
 
 use turnstile_core::ModelError;
 
-use crate::{AnthropicConfig, RetryPolicy};
+/// How a call answered 408, 429 (rate limited), 529 (overloaded) or
+/// another 5xx, or whose stream failed before showing any text, is tried
+/// again: after the server's `retry-after`, or a backoff doubling from
+/// [`RetryPolicy::backoff`], never past the run's deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt. Default 4; 0 never retries.
+    pub max_retries: u32,
+    /// The first wait when the server names none. Default 1 s.
+    pub backoff: Duration,
+    /// The longest single wait: a `retry-after` above it is not waited for
+    /// and the call fails (retryable). Default 60 s.
+    pub max_wait: Duration,
+}
+
+impl RetryPolicy {
+    /// Every failure is final.
+    pub const NEVER: RetryPolicy = RetryPolicy {
+        max_retries: 0,
+        backoff: Duration::ZERO,
+        max_wait: Duration::ZERO,
+    };
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 4,
+            backoff: Duration::from_secs(1),
+            max_wait: Duration::from_secs(60),
+        }
+    }
+}
 
 /// How an attempt failed.
-pub(crate) enum Failure {
+pub enum Failure {
     /// Worth sending again, after `wait` when the server named one.
     Retry {
         error: ModelError,
@@ -28,18 +60,18 @@ pub(crate) enum Failure {
     Stop(ModelError),
 }
 
-/// Runs `attempt` until it succeeds, fails for good, or the policy or the
-/// deadline says stop.
-pub(crate) async fn with_retries<T, F, Fut>(
-    config: &AnthropicConfig,
+/// Runs `attempt` until it succeeds, fails for good, or `policy` or the
+/// deadline says stop; `endpoint` names the server in the debug log.
+pub async fn with_retries<T, F, Fut>(
+    policy: RetryPolicy,
     deadline: Option<Instant>,
+    endpoint: &str,
     mut attempt: F,
 ) -> Result<T, ModelError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Failure>>,
 {
-    let policy = config.retry;
     let mut tried = 0;
     loop {
         let (error, asked) = match attempt().await {
@@ -80,7 +112,8 @@ where
             attempt = tried,
             wait_ms = wait.as_millis() as u64,
             status = error.status,
-            "anthropic call retried"
+            endpoint,
+            "model call retried"
         );
         tokio::time::sleep(wait).await;
         tried += 1;
@@ -97,7 +130,7 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
 
 /// The server's `retry-after`, in seconds (an HTTP date is not used: the
 /// backoff applies).
-pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     let seconds: f64 = value.parse().ok()?;
     (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(1e9)))
