@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use turnstile_core::ModelError;
-use turnstile_model_http::{api_key_from_env, redact, redacted_url, Redacted};
+use turnstile_model_http::{api_key_from_env, redact, redacted_url, Redacted, RetryPolicy};
 
 /// Where and how to reach an OpenAI-compatible endpoint.
 ///
@@ -34,6 +34,10 @@ pub struct OpenAiConfig {
     /// Which of the model's earlier reasoning is sent back. Default
     /// [`ReasoningReplay::Never`].
     pub reasoning_replay: ReasoningReplay,
+    /// How a rate-limited (429), timed-out (408) or failing (5xx) call, or
+    /// one whose answer broke off before any of its text was shown, is sent
+    /// again. Default [`RetryPolicy::default`]: 4 retries, waits up to 60 s.
+    pub retry: RetryPolicy,
 }
 
 /// Which assistant messages' reasoning (`reasoning_content`, as reasoning
@@ -84,6 +88,7 @@ impl OpenAiConfig {
             max_output_tokens: None,
             extra_body: Map::new(),
             reasoning_replay: ReasoningReplay::default(),
+            retry: RetryPolicy::default(),
         }
     }
 
@@ -140,6 +145,12 @@ impl OpenAiConfig {
         self
     }
 
+    /// Sets how failed calls are sent again ([`RetryPolicy::NEVER`]: never).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
     /// Sets which earlier reasoning is sent back.
     pub fn with_reasoning_replay(mut self, replay: ReasoningReplay) -> Self {
         self.reasoning_replay = replay;
@@ -167,6 +178,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("max_output_tokens", &self.max_output_tokens)
             .field("extra_body", &self.extra_body.keys().collect::<Vec<_>>())
             .field("reasoning_replay", &self.reasoning_replay)
+            .field("retry", &self.retry)
             .finish()
     }
 }

@@ -16,6 +16,7 @@ mod stream;
 mod wire;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -25,10 +26,11 @@ use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::ModelError;
 
 pub use config::{OpenAiConfig, ReasoningReplay};
-pub use turnstile_model_http::redacted_url;
+pub use turnstile_model_http::{redacted_url, RetryPolicy};
 
 use turnstile_model_http::{
-    chain, decode_error, endpoint_url, excerpt, is_json, read_body, BodyError,
+    chain, decode_error, endpoint_url, excerpt, is_json, read_body, retry_after, retryable_status,
+    with_retries, BodyError, Failure,
 };
 
 use errors::{status_error, transport_error};
@@ -66,6 +68,14 @@ const MAX_BODY_BYTES: usize = 32 << 20;
 ///   (429), request timeouts (408), server errors (5xx), connection failures,
 ///   dropped connections and timeouts may pass on retry; other 4xx answers
 ///   and malformed or truncated responses will not.
+/// - A 429, 408 or 5xx answer, and an answer that breaks off (or reports an
+///   error the server may get past) before any of its text was shown, is
+///   sent again after the server's `retry-after` or a doubling backoff
+///   ([`OpenAiConfig::retry`]), but never past the run's deadline
+///   ([`ModelRequest::deadline`]): a wait that would pass it fails at once,
+///   retryable, saying so. An answer whose text was shown is not sent again
+///   (the text would show twice), and a call that could not be sent or got
+///   no response within the timeout is not either: the run stops, resumable.
 /// - Logging uses `tracing` at debug level: sizes, status codes, timings and
 ///   token counts, never message contents.
 ///
@@ -170,44 +180,73 @@ impl OpenAiModel {
         self.endpoint.as_str()
     }
 
-    /// One exchange: the request, then the answer read as one JSON body or
-    /// as an event stream.
+    /// One answer: the request, then the answer read as one JSON body or as
+    /// an event stream; sent again as [`OpenAiConfig::retry`] allows.
     async fn call(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = request::request_body(&self.config, request, request.deltas.is_some());
-        let mut builder = self.client.post(self.endpoint.clone()).json(&body);
-        if let Some(authorization) = &self.authorization {
-            builder = builder.header(AUTHORIZATION, authorization.clone());
-        }
-        builder = match request.deltas {
-            Some(_) => builder.header(ACCEPT, "text/event-stream"),
-            None => builder.timeout(self.config.timeout),
-        };
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| transport_error(&self.config, e, "waiting for the response"))?;
-        let status = response.status();
-        tracing::debug!(
-            status = status.as_u16(),
-            "chat completions endpoint answered"
-        );
-        if !status.is_success() {
-            return Err(status_error(&self.config, response).await);
-        }
-        match request.deltas {
-            // A server that ignores `stream` answers with one JSON body: its
-            // text becomes a single delta.
-            Some(deltas) if is_json(&response) => {
-                let answer = self.read_completion(response).await?;
-                let text = answer.content.text();
-                if !text.is_empty() {
-                    deltas(&text);
-                }
-                Ok(answer)
+        // A body always serializes: its JSON is built from values.
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let caller = request.deltas;
+        with_retries(self.config.retry, request.deadline, "openai", || async {
+            let mut builder = self
+                .client
+                .post(self.endpoint.clone())
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.clone());
+            if let Some(authorization) = &self.authorization {
+                builder = builder.header(AUTHORIZATION, authorization.clone());
             }
-            Some(deltas) => stream::read_stream(&self.config, response, deltas).await,
-            None => self.read_completion(response).await,
-        }
+            builder = match caller {
+                Some(_) => builder.header(ACCEPT, "text/event-stream"),
+                None => builder.timeout(self.config.timeout),
+            };
+            let response = builder.send().await.map_err(|e| {
+                Failure::Stop(transport_error(&self.config, e, "waiting for the response"))
+            })?;
+            let status = response.status();
+            tracing::debug!(
+                status = status.as_u16(),
+                "chat completions endpoint answered"
+            );
+            if !status.is_success() {
+                let wait = retry_after(response.headers());
+                let error = status_error(&self.config, response).await;
+                return Err(match retryable_status(status) {
+                    true => Failure::Retry { error, wait },
+                    false => Failure::Stop(error),
+                });
+            }
+            // Whether any text was shown: after that, sending again would
+            // show it twice.
+            let shown = AtomicBool::new(false);
+            let deltas = |text: &str| {
+                shown.store(true, Ordering::Relaxed);
+                if let Some(caller) = caller {
+                    caller(text);
+                }
+            };
+            let read = match caller {
+                // A server that ignores `stream` answers with one JSON body:
+                // its text becomes a single delta.
+                Some(_) if is_json(&response) => {
+                    self.read_completion(response).await.inspect(|answer| {
+                        let text = answer.content.text();
+                        if !text.is_empty() {
+                            deltas(&text);
+                        }
+                    })
+                }
+                Some(_) => stream::read_stream(&self.config, response, &deltas).await,
+                None => self.read_completion(response).await,
+            };
+            read.map_err(
+                |error| match error.retryable && !shown.load(Ordering::Relaxed) {
+                    true => Failure::Retry { error, wait: None },
+                    false => Failure::Stop(error),
+                },
+            )
+        })
+        .await
     }
 
     /// Reads a non-streamed answer: a bounded body, decoded leniently.

@@ -86,7 +86,7 @@
 //! |---|---|---|
 //! | `sqlite` (default) | [`SqliteStore`], [`SqliteOptions`], [`Durability`], [`MigrationObserver`], [`MigrationEvent`] | `turnstile-sqlite` |
 //! | `postgres` | `PostgresStore`, `PostgresOptions` | `turnstile-postgres` |
-//! | `openai` (default) | [`OpenAiModel`], [`OpenAiConfig`] | `turnstile-openai` |
+//! | `openai` (default) | [`OpenAiModel`], [`OpenAiConfig`], [`RetryPolicy`] | `turnstile-openai` |
 //! | `anthropic` | `AnthropicModel`, `AnthropicConfig`, `PromptCache`, `RetryPolicy` | `turnstile-anthropic` |
 //! | `mcp` (Rust 1.88) | `McpServer`, `McpPolicy`, `Annotations` | `turnstile-mcp` |
 //!
@@ -153,10 +153,13 @@ pub use turnstile_sqlite::{
 };
 
 #[cfg(feature = "anthropic")]
-pub use turnstile_anthropic::{AnthropicConfig, AnthropicModel, PromptCache, RetryPolicy};
+pub use turnstile_anthropic::{AnthropicConfig, AnthropicModel, PromptCache};
+// One type, shared by both clients.
+#[cfg(all(feature = "anthropic", not(feature = "openai")))]
+pub use turnstile_anthropic::RetryPolicy;
 #[cfg(feature = "mcp")]
 pub use turnstile_mcp::{
     Annotations, McpError, McpPolicy, McpServer, McpToolInfo, IDEMPOTENCY_KEY_META, RECONCILE_TOOL,
 };
 #[cfg(feature = "openai")]
-pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay};
+pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay, RetryPolicy};

@@ -8,15 +8,17 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use turnstile::agent::{ModelRequest, ModelResponse};
 use turnstile::{Message, Model, ModelError, RequestId, RunContext, ToolSpec};
-use turnstile_openai::{OpenAiConfig, OpenAiModel, ReasoningReplay};
+use turnstile_openai::{OpenAiConfig, OpenAiModel, ReasoningReplay, RetryPolicy};
 use turnstile_testkit::llama::{LlamaServer, BYTE_FF, END_OF_SEQUENCE, REASONING, TOOL_CALL};
 
 use crate::support::*;
 
 /// A model on `server` sending `extra` with every request, answers at
-/// most `max_tokens` long.
+/// most `max_tokens` long. It sends nothing again, so each failure is seen
+/// as the server caused it (retries are `openai_errors`' subject).
 fn model(server: &LlamaServer, extra: Value, max_tokens: u32) -> OpenAiModel {
     let config = OpenAiConfig::new(format!("{}/v1", server.root), "tiny-llama")
+        .with_retry(RetryPolicy::NEVER)
         .with_timeout(Duration::from_secs(60))
         .with_max_output_tokens(max_tokens)
         .with_extra_body(extra.as_object().unwrap().clone());

@@ -1,13 +1,16 @@
 //! How the OpenAI-compatible model classifies failures, against the scripted
 //! server: rate limits, server errors and timeouts are retryable; client
 //! errors, truncated or malformed answers are not; error events in a stream
-//! are reported; no error carries the API key.
+//! are reported; no error carries the API key. And which failures it sends
+//! again, how long it waits, and where it stops.
 
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use serde_json::json;
-use turnstile_openai::{OpenAiConfig, OpenAiModel};
+use turnstile::agent::ModelRequest;
+use turnstile::Model;
+use turnstile_openai::{OpenAiConfig, OpenAiModel, RetryPolicy};
 
 use crate::support::*;
 
@@ -277,4 +280,145 @@ async fn a_refused_connection_is_retryable() {
     let model = OpenAiModel::new(config).unwrap();
 
     expect_error(ask(&model, &hello()).await, true, "connect");
+}
+
+/// A 429 naming its wait, in seconds.
+fn rate_limited(retry_after: &'static str) -> Reply {
+    Reply::Raw {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        content_type: "application/json",
+        headers: vec![("retry-after", retry_after)],
+        chunks: vec![
+            json!({ "error": { "message": "Rate limit reached", "type": "requests" } })
+                .to_string()
+                .into_bytes(),
+        ],
+        delay: Duration::ZERO,
+        gap: Duration::ZERO,
+    }
+}
+
+fn retrying(server: &Server) -> OpenAiModel {
+    OpenAiModel::new(server.config().with_retry(fast_retries())).unwrap()
+}
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_are_retried_until_an_answer() {
+    let server = Server::start(vec![
+        rate_limited("0.3"),
+        error_body(StatusCode::SERVICE_UNAVAILABLE, "loading model"),
+        error_body(StatusCode::INTERNAL_SERVER_ERROR, "upstream exploded"),
+        text_completion("at last", 5, 2),
+    ])
+    .await;
+    let started = Instant::now();
+    let answer = ask(&retrying(&server), &hello()).await.unwrap();
+    assert_eq!(answer.content.text(), "at last");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "retry-after was not waited for"
+    );
+    assert_eq!(server.requests(), 4);
+    let bodies = server.raw_bodies();
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "the same request each time"
+    );
+
+    // A stream that reports an error the server may get past before any
+    // text was shown: sent again, its text shown once. (One that ends
+    // without `[DONE]` is truncated, a fatal error, and is not.)
+    let overloaded = json!({ "error": { "message": "overloaded", "type": "server_error" } });
+    let answered = sse(&[
+        delta_chunk(json!({ "content": "at last" })),
+        finish_chunk("stop"),
+    ]);
+    let server = Server::start(vec![
+        Reply::sse(&format!("data: {overloaded}\n\n"), 16),
+        Reply::sse(&answered, 16),
+    ])
+    .await;
+    let (result, deltas) = ask_streaming(&retrying(&server), &hello()).await;
+    assert_eq!(result.unwrap().content.text(), "at last");
+    assert_eq!(
+        deltas.concat(),
+        "at last",
+        "nothing of the failed stream was shown"
+    );
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test]
+async fn retries_stop_at_the_policy_and_the_deadline() {
+    let server = Server::start(vec![rate_limited("30"), rate_limited("3600")]).await;
+    let model = OpenAiModel::new(server.config().with_retry(RetryPolicy::default())).unwrap();
+    // A wait past the deadline fails at once.
+    let started = Instant::now();
+    let error = model
+        .respond(ModelRequest {
+            messages: &hello(),
+            tools: &[],
+            deltas: None,
+            deadline: Some(tokio::time::Instant::now() + Duration::from_secs(2)),
+        })
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(20), "it waited");
+    assert!(error.retryable);
+    assert_eq!(error.status, Some(429));
+    assert!(
+        error.message.contains("would pass the run's deadline"),
+        "{error}"
+    );
+    assert!(error.message.contains("resume the run later"), "{error}");
+    assert_keyless(&error);
+
+    // A wait over the policy's longest is not waited for.
+    let error = ask(&model, &hello()).await.unwrap_err();
+    assert!(error.message.contains("more than the 60 s"), "{error}");
+    assert_eq!(server.requests(), 2);
+
+    // Retries are bounded.
+    let server = Server::start(vec![error_body(StatusCode::SERVICE_UNAVAILABLE, "busy"); 3]).await;
+    let model = OpenAiModel::new(server.config().with_retry(RetryPolicy {
+        max_retries: 2,
+        ..fast_retries()
+    }))
+    .unwrap();
+    let error = ask(&model, &hello()).await.unwrap_err();
+    assert!(
+        error.message.contains("gave up after 3 attempts"),
+        "{error}"
+    );
+    assert_eq!(error.status, Some(503));
+    assert_eq!(server.requests(), 3);
+}
+
+#[tokio::test]
+async fn client_errors_and_shown_text_are_not_sent_again() {
+    // A refused request would be refused again.
+    let server = Server::start(vec![
+        error_body(StatusCode::BAD_REQUEST, "context too long"),
+        error_body(StatusCode::UNAUTHORIZED, "bad key"),
+    ])
+    .await;
+    let model = retrying(&server);
+    expect_error(ask(&model, &hello()).await, false, "400");
+    expect_error(ask(&model, &hello()).await, false, "401");
+    assert_eq!(server.requests(), 2);
+
+    // A stream that fails after showing text: its text would show twice.
+    let server = Server::start(vec![Reply::sse(
+        &format!(
+            "{}data: {}\n\n",
+            sse(&[delta_chunk(json!({ "content": "Hi" }))]).trim_end_matches("data: [DONE]\n\n"),
+            json!({ "error": { "message": "server overloaded", "type": "server_error" } })
+        ),
+        16,
+    )])
+    .await;
+    let (result, deltas) = ask_streaming(&retrying(&server), &hello()).await;
+    expect_error(result, true, "server overloaded");
+    assert_eq!(deltas, ["Hi"]);
+    assert_eq!(server.requests(), 1);
 }

@@ -21,7 +21,7 @@ use turnstile::{
     Agent, AgentSession, CheckpointPhase, ContextPolicy, ConversationId, Error, Message, Model,
     ModelError, Namespace, Revision, RunId, SqliteStore, Tool, ToolContext, ToolError, ToolSpec,
 };
-use turnstile_openai::{OpenAiConfig, OpenAiModel};
+use turnstile_openai::{OpenAiConfig, OpenAiModel, RetryPolicy};
 
 pub const KEY: &str = "sk-test-0123456789abcdef";
 
@@ -101,12 +101,22 @@ impl Server {
         }
     }
 
+    /// A configuration that sends nothing again, so a test sees each
+    /// scripted failure as the model classified it (`openai_errors`' retry
+    /// tests set [`fast_retries`]).
     pub fn config(&self) -> OpenAiConfig {
-        OpenAiConfig::new(&self.base_url, "test-model").with_api_key(KEY)
+        OpenAiConfig::new(&self.base_url, "test-model")
+            .with_api_key(KEY)
+            .with_retry(RetryPolicy::NEVER)
     }
 
     pub fn model(&self) -> OpenAiModel {
         OpenAiModel::new(self.config()).unwrap()
+    }
+
+    /// How many requests the server was sent.
+    pub fn requests(&self) -> usize {
+        self.script.requests.lock().unwrap().len()
     }
 
     pub fn bodies(&self) -> Vec<Value> {
@@ -374,6 +384,16 @@ pub async fn ask_streaming(
         })
         .await;
     (result, seen.into_inner().unwrap())
+}
+
+/// The default number of retries, with waits short enough for a test
+/// (a server's `retry-after` is still waited for, up to a second).
+pub fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        backoff: Duration::from_millis(20),
+        max_wait: Duration::from_secs(1),
+        ..RetryPolicy::default()
+    }
 }
 
 pub fn hello() -> Vec<Message> {
