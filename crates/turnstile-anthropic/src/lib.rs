@@ -191,7 +191,9 @@ impl AnthropicModel {
         for _ in 0..=MAX_CONTINUATIONS {
             let (answer, stop_reason, answer_usage) = self.exchange(&body, request).await?;
             usage = usage.saturating_add(answer_usage);
-            check_stop(stop_reason.as_deref(), self.config.max_tokens)?;
+            // A cut or refused answer is discarded; the tokens it spent count.
+            check_stop(stop_reason.as_deref(), self.config.max_tokens)
+                .map_err(|e| e.with_usage(usage))?;
             let paused = stop_reason.as_deref() == Some("pause_turn");
             if paused {
                 // Sent back as it came, for the model to go on from.

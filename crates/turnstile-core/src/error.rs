@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use crate::message::Usage;
 use crate::store::PendingApproval;
 
 /// Everything turnstile can refuse or fail with.
@@ -246,8 +247,9 @@ pub enum Error {
         /// The revision to resume it at.
         revision: Revision,
         #[source]
-        /// What the model answered with.
-        source: ModelError,
+        /// What the model answered with (boxed: it is the largest of the
+        /// errors).
+        source: Box<ModelError>,
     },
     /// The database failed.
     #[error(transparent)]
@@ -469,6 +471,10 @@ pub struct ModelError {
     /// The HTTP status the provider answered, when it answered one
     /// (`Some(401)` for a refused key, `Some(429)` for a rate limit).
     pub status: Option<u16>,
+    /// The tokens an answer that was discarded spent (one cut off at the
+    /// output limit, or filtered), as the provider reported them: the run's
+    /// usage counts them, and so does its token budget.
+    pub usage: Usage,
 }
 
 impl ModelError {
@@ -478,6 +484,7 @@ impl ModelError {
             message: message.into(),
             retryable: false,
             status: None,
+            usage: Usage::default(),
         }
     }
 
@@ -487,12 +494,19 @@ impl ModelError {
             message: message.into(),
             retryable: true,
             status: None,
+            usage: Usage::default(),
         }
     }
 
     /// This error with the HTTP status the provider answered.
     pub fn with_status(mut self, status: u16) -> Self {
         self.status = Some(status);
+        self
+    }
+
+    /// This error with the usage of the answer it discarded.
+    pub fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = usage;
         self
     }
 }

@@ -33,11 +33,11 @@ pub(crate) async fn status_error(
         message.push_str(": ");
         message.push_str(&detail);
     }
-    ModelError {
-        message,
-        retryable: retryable_status(status),
-        status: Some(status.as_u16()),
-    }
+    let error = match retryable_status(status) {
+        true => ModelError::retryable(message),
+        false => ModelError::fatal(message),
+    };
+    error.with_status(status.as_u16())
 }
 
 /// The error for an `error` object in a successful answer or a stream.
@@ -54,10 +54,9 @@ pub(crate) fn error_object(config: &OpenAiConfig, error: &Value, place: &str) ->
         || code
             .and_then(Value::as_u64)
             .is_some_and(|c| (400..500).contains(&c) && c != 408 && c != 429);
-    ModelError {
-        message,
-        retryable: !client_error,
-        status: None,
+    match client_error {
+        true => ModelError::fatal(message),
+        false => ModelError::retryable(message),
     }
 }
 

@@ -178,7 +178,9 @@ impl StreamAssembly {
     }
 
     fn finish(self) -> Result<ModelResponse, ModelError> {
-        check_finish(self.finish_reason.as_deref())?;
+        // A cut or filtered answer is discarded; the tokens it spent count.
+        check_finish(self.finish_reason.as_deref())
+            .map_err(|e| e.with_usage(self.usage.unwrap_or_default()))?;
         let tool_calls = self
             .calls
             .into_values()

@@ -124,7 +124,10 @@ impl Completion {
             .into_iter()
             .min_by_key(|c| c.index.unwrap_or(0))
             .ok_or_else(|| ModelError::fatal("the chat completion response has no choices"))?;
-        check_finish(choice.finish_reason.as_ref().and_then(Value::as_str))?;
+        let usage = self.usage.map(WireUsage::into_usage).unwrap_or_default();
+        // A cut or filtered answer is discarded; the tokens it spent count.
+        check_finish(choice.finish_reason.as_ref().and_then(Value::as_str))
+            .map_err(|e| e.with_usage(usage))?;
         let raw = choice
             .message
             .filter(|m| m.get() != "null")
@@ -165,7 +168,7 @@ impl Completion {
             content: answer_content(reasoning, content),
             tool_calls,
             provider_metadata,
-            usage: self.usage.map(WireUsage::into_usage).unwrap_or_default(),
+            usage,
         })
     }
 }

@@ -45,6 +45,8 @@ async fn a_cut_or_refused_answer_stops_the_run_resumable_and_runs_no_tool() {
                 assert!(source.message.contains(needle), "{source}");
                 assert!(source.message.contains("tool calls not run"), "{source}");
                 assert!(!source.message.contains("MARK"), "{source}");
+                let spent = (source.usage.input_tokens, source.usage.output_tokens);
+                assert_eq!(spent, (10, 5), "the discarded answer's usage");
             }
             other => panic!("expected a model error, got {other:?}"),
         }
@@ -55,6 +57,7 @@ async fn a_cut_or_refused_answer_stops_the_run_resumable_and_runs_no_tool() {
         assert_eq!(admission.active.expect("admission held").run_id, run_id);
         let checkpoint = store.latest_checkpoint(run_id).await.unwrap().unwrap();
         assert_eq!(checkpoint.phase, CheckpointPhase::ModelPending);
+        assert_eq!(checkpoint.usage.output_tokens, 5, "the run counts it");
 
         let outcome = session
             .resume_run(
@@ -66,6 +69,8 @@ async fn a_cut_or_refused_answer_stops_the_run_resumable_and_runs_no_tool() {
             .await
             .unwrap();
         assert_eq!(outcome.final_text, "3");
+        let total = (outcome.usage.input_tokens, outcome.usage.output_tokens);
+        assert_eq!(total, (20, 10), "both answers' tokens");
     }
 }
 

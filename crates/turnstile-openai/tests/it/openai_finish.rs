@@ -61,9 +61,18 @@ fn usage() -> Value {
 fn expect_stop(
     result: Result<turnstile::agent::ModelResponse, turnstile::ModelError>,
     reason: &str,
-) {
+) -> turnstile::ModelError {
     let error = expect_error(result, false, &format!("finish_reason {reason}"));
     assert!(!error.message.contains(MARK), "{}", error.message);
+    error
+}
+
+/// The tokens `usage()` reports, as the error of a discarded answer
+/// carries them.
+#[track_caller]
+fn assert_spent(error: &turnstile::ModelError) {
+    let spent = (error.usage.input_tokens, error.usage.output_tokens);
+    assert_eq!(spent, (30, 20), "the discarded answer's usage");
 }
 
 #[tokio::test]
@@ -93,11 +102,11 @@ async fn a_cut_or_filtered_answer_is_a_fatal_model_error() {
         })
     };
 
-    expect_stop(ask(&model, &hello()).await, "length");
+    assert_spent(&expect_stop(ask(&model, &hello()).await, "length"));
     let error = ask_with_tools().await.unwrap_err();
     assert!(error.message.contains("tool calls not run"), "{error}");
     assert!(!error.message.contains("call_1"), "{error}");
-    expect_stop(ask(&model, &hello()).await, "content_filter");
+    assert_spent(&expect_stop(ask(&model, &hello()).await, "content_filter"));
     for _ in 0..3 {
         assert_eq!(ask(&model, &hello()).await.unwrap().content, "done");
     }
@@ -128,7 +137,7 @@ async fn a_cut_or_filtered_stream_is_a_fatal_model_error() {
     let model = server.model();
 
     let (result, deltas) = ask_streaming(&model, &hello()).await;
-    expect_stop(result, "length");
+    assert_spent(&expect_stop(result, "length"));
     // The deltas were already out when the reason came.
     assert_eq!(deltas, ["the answer stops ", MARK]);
     let (result, _) = ask_streaming(&model, &hello()).await;

@@ -266,6 +266,72 @@ async fn failed_model_call_keeps_the_admission_and_resuming_retries_the_model_ca
     assert_eq!(outcome.turns, 2);
 }
 
+/// A model whose first answer is discarded (cut off at the output limit),
+/// spending `discarded` tokens, and that then answers as `then` does.
+struct CutOnce {
+    discarded: turnstile::Usage,
+    cut: AtomicUsize,
+    then: Arc<dyn turnstile::Model>,
+}
+
+#[turnstile::async_trait]
+impl turnstile::Model for CutOnce {
+    fn name(&self) -> &str {
+        self.then.name()
+    }
+
+    async fn respond(
+        &self,
+        request: turnstile::agent::ModelRequest<'_>,
+    ) -> Result<turnstile::agent::ModelResponse, turnstile::ModelError> {
+        if self.cut.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(turnstile::ModelError::fatal("cut off at the output limit")
+                .with_usage(self.discarded));
+        }
+        self.then.respond(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_discarded_answers_tokens_count_in_the_runs_usage() {
+    let store = memory_store().await;
+    let model = Arc::new(CutOnce {
+        discarded: usage(40, 8),
+        cut: AtomicUsize::new(0),
+        then: scripted(vec![text_reply("the whole answer", usage(3, 3))]),
+    });
+    let conversation_id = ConversationId::new();
+    let session = session(agent(model, vec![]), &store, conversation_id);
+    let request_id = RequestId::new();
+
+    let err = expect_err(
+        session
+            .run(request_id, "write", RunContext::default())
+            .await,
+    );
+    let (run, revision) = err.stopped_run().unwrap();
+    let checkpoint = store.latest_checkpoint(run).await.unwrap().unwrap();
+    assert_eq!(
+        (checkpoint.phase, checkpoint.usage),
+        (CheckpointPhase::ModelPending, usage(40, 8)),
+        "the settled checkpoint counts the discarded answer"
+    );
+    let admission = store.admission(conversation_id).await.unwrap();
+    assert_eq!(admission.active.unwrap().usage, usage(40, 8));
+
+    let outcome = session
+        .resume_run(
+            run,
+            RunContext::default(),
+            revision,
+            ResumePolicy::default(),
+        )
+        .await
+        .expect("answered");
+    assert_eq!(outcome.final_text, "the whole answer");
+    assert_eq!(outcome.usage, usage(43, 11));
+}
+
 /// Cancellation is a request to stop at the next clean point: a tool call in
 /// flight finishes and is journaled, no new call starts, and the default
 /// policy resumes the run without running anything twice.

@@ -201,7 +201,7 @@ impl AgentSession {
             .map_err(|source| Error::Model {
                 run_id: fence.run_id,
                 revision: fence.revision,
-                source,
+                source: Box::new(source),
             })?;
         spans::record_usage(&span, &response.usage);
         tracing::debug!(

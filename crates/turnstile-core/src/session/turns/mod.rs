@@ -176,10 +176,18 @@ impl RunLoop<'_> {
             deadline: self.ctx.deadline,
         };
         let span = spans::model_call(self.agent.model.name(), self.fence.conversation_id);
-        let response = self
+        let response = match self
             .guard(self.agent.model.respond(request).instrument(span.clone()))
             .await?
-            .map_err(|source| self.model_failed(source))?;
+        {
+            Ok(response) => response,
+            Err(source) => {
+                // A discarded answer's tokens were spent all the same: the
+                // stop's settled checkpoint counts them.
+                self.checkpoint.usage += source.usage;
+                return Err(self.model_failed(source));
+            }
+        };
         spans::record_usage(&span, &response.usage);
         tracing::debug!(
             turn,
@@ -576,7 +584,7 @@ impl RunLoop<'_> {
         Error::Model {
             run_id: self.fence.run_id,
             revision: self.fence.revision,
-            source,
+            source: Box::new(source),
         }
     }
 
