@@ -1,6 +1,6 @@
 -- A request's row stores its status words as small codes, and no value it
 -- would repeat: a completed request's row, with its folded first run and
--- that run's final checkpoint, shrinks from about 163 bytes to 116.
+-- that run's final checkpoint, shrinks from 161 bytes to 107.
 --
 -- Each word and each repeat is read, as before, from a generated column of
 -- its old name that is computed when read and takes no space (VIRTUAL):
@@ -21,7 +21,10 @@
 --
 -- A code out of range cannot be stored (the CHECKs); read from a damaged
 -- file it reads as a word no status or phase has, which the store refuses
--- as damage rather than taking the row for another.
+-- as damage rather than taking the row for another. A word this migration
+-- finds damaged stops it the same way, leaving the file as it was: SQLite
+-- checks every CHECK of the table when a column with one is added (the old
+-- status words'), and a phase word without a code maps to -1.
 --
 -- The update and each dropped column rewrite the table's rows in this
 -- migration's transaction (8 s for the 650,000 requests of a 0.97 GB
@@ -50,15 +53,17 @@ ALTER TABLE requests ADD COLUMN checkpoint_phase INTEGER CHECK (checkpoint_phase
 ALTER TABLE requests ADD COLUMN checkpoint_early_at INTEGER;
 
 UPDATE requests
-SET state = CASE status WHEN 'active' THEN 0 WHEN 'completed' THEN 1 ELSE 2 END,
+SET state = CASE status WHEN 'active' THEN 0 WHEN 'completed' THEN 1 WHEN 'abandoned' THEN 2
+        ELSE -1 END,
     committed_by = NULLIF(committed_run_id, request_id),
     run_state = CASE run_status WHEN 'running' THEN 0 WHEN 'completed' THEN 1
-        WHEN 'failed' THEN 2 WHEN 'superseded' THEN 3 WHEN 'abandoned' THEN 4 END,
+        WHEN 'failed' THEN 2 WHEN 'superseded' THEN 3 WHEN 'abandoned' THEN 4
+        ELSE IIF(run_status IS NULL, NULL, -1) END,
     run_ended_early_at = IIF(run_status IN ('completed', 'abandoned')
         AND run_ended_at = completed_at, NULL, run_ended_at),
     checkpoint_phase = CASE phase WHEN 'turn_in_flight' THEN 0 WHEN 'tools_in_flight' THEN 1
         WHEN 'model_pending' THEN 2 WHEN 'tools_pending' THEN 3 WHEN 'ready' THEN 4
-        WHEN 'completed' THEN 5 END,
+        WHEN 'completed' THEN 5 ELSE IIF(phase IS NULL, NULL, -1) END,
     checkpoint_early_at = IIF(checkpoint_at = completed_at, NULL, checkpoint_at);
 
 ALTER TABLE requests DROP COLUMN status;

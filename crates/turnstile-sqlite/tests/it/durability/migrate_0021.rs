@@ -158,6 +158,35 @@ async fn folded_runs_in_every_state_read_the_same_after_the_migration() -> TestR
     ]
     .map(|(s, r, p)| (s.to_owned(), Some(r.to_owned()), Some(p.to_owned())));
     assert_eq!(words, expected, "the rows as 0020 stored them");
+
+    // A damaged word stops the migration, which leaves the file as it was;
+    // mended, the file migrates.
+    let damage = "UPDATE requests SET phase = 'TOOLS_IN_FLIGHT' WHERE status = 'active'
+                  AND run_status = 'running'";
+    sqlx::query(damage).execute(&pool).await?;
+    pool.close().await;
+    let refused = SqliteStore::open(&path)
+        .await
+        .err()
+        .expect("the migration stopped");
+    assert!(refused.to_string().contains("CHECK"), "{refused}");
+    let pool = raw_pool(&path).await?;
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+        .fetch_all(&pool)
+        .await?;
+    assert_eq!(versions.last(), Some(&20), "0021 not applied");
+    let phases: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT phase FROM requests ORDER BY created_at")
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(
+        phases[1].as_deref(),
+        Some("TOOLS_IN_FLIGHT"),
+        "the file as it was"
+    );
+    sqlx::query("UPDATE requests SET phase = 'ready' WHERE phase = 'TOOLS_IN_FLIGHT'")
+        .execute(&pool)
+        .await?;
     pool.close().await;
 
     let store = SqliteStore::open(&path).await?;
