@@ -79,6 +79,9 @@ where
             Err(Failure::Stop(error)) => return Err(error),
             Err(Failure::Retry { error, wait }) => (error, wait),
         };
+        if policy.max_retries == 0 {
+            return Err(error);
+        }
         let wait = asked.unwrap_or_else(|| backoff(&policy, tried));
         let give_up = |why: String| {
             let mut error = error.clone();

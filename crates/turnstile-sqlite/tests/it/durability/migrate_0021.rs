@@ -167,8 +167,7 @@ async fn folded_runs_in_every_state_read_the_same_after_the_migration() -> TestR
     pool.close().await;
     let refused = SqliteStore::open(&path)
         .await
-        .err()
-        .expect("the migration stopped");
+        .expect_err("the migration stopped");
     assert!(refused.to_string().contains("CHECK"), "{refused}");
     let pool = raw_pool(&path).await?;
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
