@@ -17,7 +17,6 @@ mod stream;
 mod wire;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -27,8 +26,8 @@ use turnstile_core::agent::{Model, ModelRequest, ModelResponse};
 use turnstile_core::message::Usage;
 use turnstile_core::ModelError;
 use turnstile_model_http::{
-    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, retry_after,
-    retryable_status, with_retries, BodyError, Failure,
+    chain, decode_error, endpoint_url, is_json, read_body, redacted_url, retry_after, with_retries,
+    BodyError, Failure, ShownText,
 };
 
 pub use config::{AnthropicConfig, PromptCache};
@@ -244,20 +243,9 @@ impl AnthropicModel {
             if !status.is_success() {
                 let wait = retry_after(response.headers());
                 let error = status_error(&self.config, response).await;
-                return Err(match retryable_status(status) {
-                    true => Failure::Retry { error, wait },
-                    false => Failure::Stop(error),
-                });
+                return Err(Failure::of_status(status, error, wait));
             }
-            // Whether any text was shown: after that, sending again would
-            // show it twice.
-            let shown = AtomicBool::new(false);
-            let deltas = |text: &str| {
-                shown.store(true, Ordering::Relaxed);
-                if let Some(caller) = caller {
-                    caller(text);
-                }
-            };
+            let shown = ShownText::new(caller);
             let read = if is_json(&response) {
                 // A server that ignores `stream` answers with one body.
                 self.read_response(response)
@@ -265,21 +253,16 @@ impl AnthropicModel {
                     .inspect(|(blocks, _, _)| {
                         for block in blocks {
                             if let AnswerBlock::Text(text) = block {
-                                deltas(text);
+                                shown.show(text);
                             }
                         }
                     })
             } else {
-                stream::read_stream(&self.config, response, &deltas)
+                stream::read_stream(&self.config, response, &|text| shown.show(text))
                     .await
                     .map(|s| (s.blocks, s.stop_reason, s.usage.into_usage()))
             };
-            read.map_err(
-                |error| match error.retryable && !shown.load(Ordering::Relaxed) {
-                    true => Failure::Retry { error, wait: None },
-                    false => Failure::Stop(error),
-                },
-            )
+            read.map_err(|error| Failure::of_read(error, &shown))
         })
         .await
     }

@@ -9,8 +9,8 @@
 //! - [`endpoint_url`], [`is_json`], [`read_body`], [`error_body`],
 //!   [`retryable_status`], [`transport_error`]: the edges of the HTTP
 //!   exchange;
-//! - [`RetryPolicy`], [`with_retries`], [`retry_after`]: sending a call
-//!   again after a failure that may pass.
+//! - [`RetryPolicy`], [`with_retries`], [`retry_after`], [`Failure`],
+//!   [`ShownText`]: sending a call again after a failure that may pass.
 
 mod key;
 mod response;
@@ -23,6 +23,6 @@ pub use response::{
     endpoint_url, error_body, is_json, read_body, retryable_status, transport_error, BodyError,
     EXCERPT_CHARS,
 };
-pub use retry::{retry_after, with_retries, Failure, RetryPolicy};
+pub use retry::{retry_after, with_retries, Failure, RetryPolicy, ShownText};
 pub use sse::{SseEvent, SseParser};
 pub use text::{chain, decode_error, excerpt, json_kind};

@@ -8,12 +8,17 @@
 //! saying so at once.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::StatusCode;
 use tokio::time::Instant;
 
+use turnstile_core::agent::TextDeltas;
 use turnstile_core::ModelError;
+
+use crate::retryable_status;
 
 /// How a call answered 408, 429 (rate limited), 529 (overloaded) or
 /// another 5xx, or whose stream failed before showing any text, is tried
@@ -58,6 +63,55 @@ pub enum Failure {
     },
     /// Final.
     Stop(ModelError),
+}
+
+impl Failure {
+    /// A non-2xx answer with `status`: sent again when the status may pass
+    /// ([`retryable_status`]), after `wait` when the server named one.
+    pub fn of_status(status: StatusCode, error: ModelError, wait: Option<Duration>) -> Self {
+        match retryable_status(status) {
+            true => Failure::Retry { error, wait },
+            false => Failure::Stop(error),
+        }
+    }
+
+    /// An answer that failed as it was read: sent again when the failure
+    /// may pass and none of its text was shown.
+    pub fn of_read(error: ModelError, shown: &ShownText<'_>) -> Self {
+        match error.retryable && !shown.any() {
+            true => Failure::Retry { error, wait: None },
+            false => Failure::Stop(error),
+        }
+    }
+}
+
+/// The caller's text deltas of one attempt, and whether any was shown:
+/// after that, sending the call again would show its text twice.
+pub struct ShownText<'a> {
+    caller: Option<TextDeltas<'a>>,
+    shown: AtomicBool,
+}
+
+impl<'a> ShownText<'a> {
+    pub fn new(caller: Option<TextDeltas<'a>>) -> Self {
+        Self {
+            caller,
+            shown: AtomicBool::new(false),
+        }
+    }
+
+    /// Shows `text` to the caller, if it has a callback.
+    pub fn show(&self, text: &str) {
+        self.shown.store(true, Ordering::Relaxed);
+        if let Some(caller) = self.caller {
+            caller(text);
+        }
+    }
+
+    /// Whether any text was shown.
+    pub fn any(&self) -> bool {
+        self.shown.load(Ordering::Relaxed)
+    }
 }
 
 /// Runs `attempt` until it succeeds, fails for good, or `policy` or the

@@ -16,7 +16,6 @@ mod stream;
 mod wire;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -29,8 +28,8 @@ pub use config::{OpenAiConfig, ReasoningReplay};
 pub use turnstile_model_http::{redacted_url, RetryPolicy};
 
 use turnstile_model_http::{
-    chain, decode_error, endpoint_url, excerpt, is_json, read_body, retry_after, retryable_status,
-    with_retries, BodyError, Failure,
+    chain, decode_error, endpoint_url, excerpt, is_json, read_body, retry_after, with_retries,
+    BodyError, Failure, ShownText,
 };
 
 use errors::{status_error, transport_error};
@@ -211,20 +210,9 @@ impl OpenAiModel {
             if !status.is_success() {
                 let wait = retry_after(response.headers());
                 let error = status_error(&self.config, response).await;
-                return Err(match retryable_status(status) {
-                    true => Failure::Retry { error, wait },
-                    false => Failure::Stop(error),
-                });
+                return Err(Failure::of_status(status, error, wait));
             }
-            // Whether any text was shown: after that, sending again would
-            // show it twice.
-            let shown = AtomicBool::new(false);
-            let deltas = |text: &str| {
-                shown.store(true, Ordering::Relaxed);
-                if let Some(caller) = caller {
-                    caller(text);
-                }
-            };
+            let shown = ShownText::new(caller);
             let read = match caller {
                 // A server that ignores `stream` answers with one JSON body:
                 // its text becomes a single delta.
@@ -232,19 +220,16 @@ impl OpenAiModel {
                     self.read_completion(response).await.inspect(|answer| {
                         let text = answer.content.text();
                         if !text.is_empty() {
-                            deltas(&text);
+                            shown.show(&text);
                         }
                     })
                 }
-                Some(_) => stream::read_stream(&self.config, response, &deltas).await,
+                Some(_) => {
+                    stream::read_stream(&self.config, response, &|text| shown.show(text)).await
+                }
                 None => self.read_completion(response).await,
             };
-            read.map_err(
-                |error| match error.retryable && !shown.load(Ordering::Relaxed) {
-                    true => Failure::Retry { error, wait: None },
-                    false => Failure::Stop(error),
-                },
-            )
+            read.map_err(|error| Failure::of_read(error, &shown))
         })
         .await
     }
