@@ -1,7 +1,8 @@
 //! `doctor`: a health report of a database file. It opens one read-only
 //! connection (no migrations, no journal-mode change), writes nothing, and
 //! reports a check that cannot run instead of failing: a damaged file gets a
-//! report too.
+//! report too. Beside SQLite's own integrity check it counts the rows that
+//! break the store's invariants.
 
 use std::path::Path;
 use std::time::Duration;
@@ -165,7 +166,18 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
         .insert("journal_mode".into(), journal_mode.into());
 
     match schema_version(conn).await {
-        Ok(Some(version)) => report.schema_version = Some(version),
+        Ok(Some(version)) if version == SqliteStore::supported_schema_version() => {
+            report.schema_version = Some(version);
+            check_invariants(conn, report).await;
+        }
+        Ok(Some(version)) => {
+            report.schema_version = Some(version);
+            report.not_checked.push(format!(
+                "the store's invariants: they are checked at schema {} (a writing command \
+                 migrates the file)",
+                SqliteStore::supported_schema_version()
+            ));
+        }
         Ok(None) => {
             report
                 .not_checked
@@ -231,6 +243,64 @@ async fn examine(conn: &mut SqliteConnection, report: &mut DoctorReport, stale_a
             report.unreferenced_blobs = u64::try_from(row.unreferenced).ok();
         }
         Err(e) => report.not_checked.push(format!("blobs: {e}")),
+    }
+}
+
+/// The store's invariants, each a query counting the rows that break it (as
+/// PostgreSQL's `doctor` counts them; request ids are unique here by the
+/// primary key, so there is no request-id table to check).
+const INVARIANTS: [(&str, &str); 5] = [
+    (
+        "held admissions whose request is missing or not active",
+        "SELECT COUNT(*) FROM admissions a LEFT JOIN requests r ON r.request_id = a.active_request_id
+         WHERE a.active_request_id IS NOT NULL AND (r.request_id IS NULL OR r.status <> 'active')",
+    ),
+    (
+        "active requests that hold no admission",
+        "SELECT COUNT(*) FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+         WHERE r.status = 'active' AND a.active_request_id IS NOT r.request_id",
+    ),
+    (
+        "completed requests without their committing run",
+        "SELECT COUNT(*) FROM requests r
+         WHERE r.status = 'completed'
+           AND NOT EXISTS (SELECT 1 FROM all_runs ru WHERE ru.run_id = r.committed_run_id
+                               AND ru.request_id = r.request_id)",
+    ),
+    (
+        "transcript entries after the committed ones that are not the held request's",
+        "SELECT COUNT(*) FROM transcript t
+         JOIN conversations c ON c.key = t.conversation_key
+         JOIN admissions a ON a.conversation_id = c.id
+         WHERE t.seq >= c.transcript_length AND t.request_id IS NOT a.active_request_id",
+    ),
+    (
+        "conversations whose transcript has a gap",
+        "SELECT COUNT(*) FROM (SELECT conversation_key FROM transcript GROUP BY conversation_key
+                               HAVING MAX(seq) + 1 <> COUNT(*))",
+    ),
+];
+
+/// Counts the rows that break each of [`INVARIANTS`]: any makes the
+/// integrity check fail, naming what broke and how often.
+async fn check_invariants(conn: &mut SqliteConnection, report: &mut DoctorReport) {
+    let mut broken = Vec::new();
+    for (what, sql) in INVARIANTS {
+        // Runtime queries: a fixed list, checked on every run by the
+        // conformance suite's doctor test and by `doctor_invariants`.
+        match sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => broken.push(format!("{n} {what}")),
+            Err(e) => report.not_checked.push(format!("{what}: {e}")),
+        }
+    }
+    if !broken.is_empty() {
+        report.integrity_ok = Some(false);
+        report.integrity.retain(|line| line != "ok");
+        report.integrity.extend(broken);
     }
 }
 

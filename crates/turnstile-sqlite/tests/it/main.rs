@@ -7,6 +7,7 @@ mod commit_errors;
 mod concurrent_open;
 mod conformance;
 mod disk_full;
+mod doctor_invariants;
 mod durability;
 mod faults;
 mod fork_cost;
