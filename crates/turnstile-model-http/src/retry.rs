@@ -93,6 +93,7 @@ pub struct ShownText<'a> {
 }
 
 impl<'a> ShownText<'a> {
+    /// Nothing shown yet of an attempt whose text goes to `caller`.
     pub fn new(caller: Option<TextDeltas<'a>>) -> Self {
         Self {
             caller,
