@@ -449,7 +449,22 @@ fn locked_out(error: &sqlx::migrate::MigrateError) -> bool {
 /// disagrees with (a changed or missing version, a dirty one) is not a
 /// race: no retry mends it either.
 fn migrate_error(e: sqlx::migrate::MigrateError, raced: bool) -> Error {
-    let error = codec::classified(format!("migrate: {e}"), Box::new(e));
+    // A migration refused by a constraint (a row it cannot convert) fails
+    // again until the row changes; its transaction was undone.
+    const SQLITE_CONSTRAINT: i32 = 19;
+    let next = match &e {
+        sqlx::migrate::MigrateError::ExecuteMigration(cause, version)
+            if codec::primary_code(cause) == Some(SQLITE_CONSTRAINT) =>
+        {
+            format!(
+                "; migration {version} was undone, so the file is as it was before it: it \
+                 holds a row this version cannot convert; keep using the previous version, or \
+                 restore the file from a backup"
+            )
+        }
+        _ => String::new(),
+    };
+    let error = codec::classified(format!("migrate: {e}{next}"), Box::new(e));
     Error::Store(if raced && !error.is_full() {
         error.busy()
     } else {

@@ -169,6 +169,12 @@ async fn folded_runs_in_every_state_read_the_same_after_the_migration() -> TestR
         .await
         .expect_err("the migration stopped");
     assert!(refused.to_string().contains("CHECK"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("migration 21 was undone, so the file is as it was"),
+        "{refused}"
+    );
     let pool = raw_pool(&path).await?;
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
         .fetch_all(&pool)
