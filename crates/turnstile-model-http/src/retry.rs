@@ -134,9 +134,6 @@ where
             Err(Failure::Stop(error)) => return Err(error),
             Err(Failure::Retry { error, wait }) => (error, wait),
         };
-        if policy.max_retries == 0 {
-            return Err(error);
-        }
         let wait = asked.unwrap_or_else(|| backoff(&policy, tried));
         let give_up = |why: String| {
             let mut error = error.clone();
@@ -146,7 +143,11 @@ where
             Err(error)
         };
         if tried >= policy.max_retries {
-            return give_up(format!("gave up after {} attempts", tried + 1));
+            // With no retries allowed the failure is as it came.
+            return match tried {
+                0 => Err(error),
+                _ => give_up(format!("gave up after {} attempts", tried + 1)),
+            };
         }
         if wait > policy.max_wait {
             return give_up(format!(

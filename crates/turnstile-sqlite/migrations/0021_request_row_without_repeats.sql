@@ -52,6 +52,12 @@ ALTER TABLE requests ADD COLUMN run_ended_early_at INTEGER;
 ALTER TABLE requests ADD COLUMN checkpoint_phase INTEGER CHECK (checkpoint_phase BETWEEN 0 AND 5);
 ALTER TABLE requests ADD COLUMN checkpoint_early_at INTEGER;
 
+-- The steps (and the update below) write a phase by its word; its code is its
+-- position here.
+CREATE VIEW checkpoint_phases (code, word) AS
+VALUES (0, 'turn_in_flight'), (1, 'tools_in_flight'), (2, 'model_pending'),
+    (3, 'tools_pending'), (4, 'ready'), (5, 'completed');
+
 UPDATE requests
 SET state = CASE status WHEN 'active' THEN 0 WHEN 'completed' THEN 1 WHEN 'abandoned' THEN 2
         ELSE -1 END,
@@ -61,9 +67,8 @@ SET state = CASE status WHEN 'active' THEN 0 WHEN 'completed' THEN 1 WHEN 'aband
         ELSE IIF(run_status IS NULL, NULL, -1) END,
     run_ended_early_at = IIF(run_status IN ('completed', 'abandoned')
         AND run_ended_at = completed_at, NULL, run_ended_at),
-    checkpoint_phase = CASE phase WHEN 'turn_in_flight' THEN 0 WHEN 'tools_in_flight' THEN 1
-        WHEN 'model_pending' THEN 2 WHEN 'tools_pending' THEN 3 WHEN 'ready' THEN 4
-        WHEN 'completed' THEN 5 ELSE IIF(phase IS NULL, NULL, -1) END,
+    checkpoint_phase = IIF(phase IS NULL, NULL,
+        COALESCE((SELECT code FROM checkpoint_phases WHERE word = phase), -1)),
     checkpoint_early_at = IIF(checkpoint_at = completed_at, NULL, checkpoint_at);
 
 ALTER TABLE requests DROP COLUMN status;
@@ -89,11 +94,6 @@ ALTER TABLE requests ADD COLUMN phase TEXT GENERATED ALWAYS AS (
     WHEN 5 THEN 'completed' ELSE 'phase ' || checkpoint_phase END) VIRTUAL;
 ALTER TABLE requests ADD COLUMN checkpoint_at INTEGER GENERATED ALWAYS AS (
     IIF(checkpoint_phase IS NULL, NULL, COALESCE(checkpoint_early_at, completed_at))) VIRTUAL;
-
--- The steps write a phase by its word; its code is its position here.
-CREATE VIEW checkpoint_phases (code, word) AS
-VALUES (0, 'turn_in_flight'), (1, 'tools_in_flight'), (2, 'model_pending'),
-    (3, 'tools_pending'), (4, 'ready'), (5, 'completed');
 
 -- As migration 0020 made them.
 CREATE VIEW all_runs (run_id, request_id, resumed_from, status, error, started_at, ended_at,
