@@ -19,6 +19,144 @@ SET client_min_messages = warning;
 SET row_security = off;
 
 --
+-- Name: event_admitted(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_admitted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 0::smallint, NEW.request_id,
+        (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id),
+        NULL, NULL, NULL, NEW.created_at);
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_approval_decided(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_approval_decided() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 5::smallint, NEW.request_id, NULL, NEW.turn,
+        NULL,
+        (SELECT call_id FROM tool_calls
+         WHERE conversation_id = NEW.conversation_id AND request_id = NEW.request_id
+           AND turn = NEW.turn AND position = NEW.position),
+        COALESCE(NEW.decided_at, event_clock()));
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_approval_requested(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_approval_requested() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 4::smallint, NEW.request_id, NULL, NEW.turn,
+        NULL,
+        (SELECT call_id FROM tool_calls
+         WHERE conversation_id = NEW.conversation_id AND request_id = NEW.request_id
+           AND turn = NEW.turn AND position = NEW.position),
+        NEW.requested_at);
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_clock(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_clock() RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+$$;
+
+
+--
+-- Name: event_message(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_message() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM requests
+               WHERE conversation_id = NEW.conversation_id AND request_id = NEW.request_id)
+    THEN
+        PERFORM log_event(NEW.conversation_id, 2::smallint, NEW.request_id, NULL,
+            NULL, NEW.seq, NULL, event_clock());
+    END IF;
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_run_started(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_run_started() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 1::smallint, NEW.request_id, NEW.run_id,
+        NULL, NULL, NULL, NEW.started_at);
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_run_stopped(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_run_stopped() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 6::smallint, NEW.request_id, NEW.run_id,
+        NULL, NULL, NULL, COALESCE(NEW.ended_at, event_clock()));
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_settled(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_settled() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id,
+        (CASE NEW.status WHEN 'completed' THEN 7 ELSE 8 END)::smallint, NEW.request_id,
+        CASE NEW.status WHEN 'completed' THEN NEW.committed_run_id END,
+        NULL, NULL, NULL, COALESCE(NEW.completed_at, event_clock()));
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: event_tool_finished(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_tool_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 3::smallint, NEW.request_id, NULL,
+        NEW.turn, NULL, NEW.call_id, COALESCE(NEW.completed_at, event_clock()));
+    RETURN NULL;
+END $$;
+
+
+--
 -- Name: lease_follows_owner(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -32,6 +170,23 @@ BEGIN
     RETURN NEW;
 END;
 $$;
+
+
+--
+-- Name: log_event(uuid, smallint, uuid, uuid, bigint, bigint, bytea, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.log_event(uuid, smallint, uuid, uuid, bigint, bigint, bytea, bigint) RETURNS void
+    LANGUAGE sql
+    AS $_$
+    WITH counted AS (
+        UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = $1
+        RETURNING event_seq
+    )
+    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn, entry_seq,
+        call_id, at)
+    SELECT $1, event_seq, $2, $3, NULLIF($4, $3), $5, $6, $7, $8 FROM counted
+$_$;
 
 
 --
@@ -129,7 +284,8 @@ CREATE TABLE public.admissions (
     summary_version bigint,
     summary_prompt_sha256 bytea,
     updated_at bigint NOT NULL,
-    lease_expires_at bigint
+    lease_expires_at bigint,
+    event_seq bigint DEFAULT 0 NOT NULL
 );
 
 
@@ -230,6 +386,24 @@ CREATE TABLE public.deleted_conversations (
 CREATE TABLE public.deleted_runs (
     conversation_id uuid NOT NULL,
     run_id uuid NOT NULL
+);
+
+
+--
+-- Name: events; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.events (
+    conversation_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    kind smallint NOT NULL,
+    request_id uuid NOT NULL,
+    run_id uuid,
+    turn bigint,
+    entry_seq bigint,
+    call_id bytea,
+    at bigint NOT NULL,
+    CONSTRAINT events_kind_check CHECK (((kind >= 0) AND (kind <= 8)))
 );
 
 
@@ -468,6 +642,14 @@ ALTER TABLE ONLY public.deleted_runs
 
 
 --
+-- Name: events events_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.events
+    ADD CONSTRAINT events_pkey PRIMARY KEY (conversation_id, seq);
+
+
+--
 -- Name: loop_checkpoints loop_checkpoints_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -631,6 +813,62 @@ CREATE TRIGGER conversation_not_deleted AFTER INSERT ON public.conversations FOR
 
 
 --
+-- Name: requests event_admitted; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_admitted AFTER INSERT ON public.requests FOR EACH ROW EXECUTE FUNCTION public.event_admitted();
+
+
+--
+-- Name: approvals event_approval_decided; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_approval_decided AFTER UPDATE OF status ON public.approvals FOR EACH ROW WHEN (((old.status = 'awaiting'::text) AND (new.status <> 'awaiting'::text))) EXECUTE FUNCTION public.event_approval_decided();
+
+
+--
+-- Name: approvals event_approval_requested; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER event_approval_requested AFTER INSERT ON public.approvals DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.event_approval_requested();
+
+
+--
+-- Name: transcript event_message; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_message AFTER INSERT ON public.transcript FOR EACH ROW WHEN ((new.role <> 'user'::text)) EXECUTE FUNCTION public.event_message();
+
+
+--
+-- Name: runs event_run_started; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_run_started AFTER INSERT ON public.runs FOR EACH ROW WHEN ((new.resumed_from IS NOT NULL)) EXECUTE FUNCTION public.event_run_started();
+
+
+--
+-- Name: runs event_run_stopped; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_run_stopped AFTER UPDATE OF status ON public.runs FOR EACH ROW WHEN (((new.status = 'failed'::text) AND (old.status <> 'failed'::text))) EXECUTE FUNCTION public.event_run_stopped();
+
+
+--
+-- Name: requests event_settled; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER event_settled AFTER UPDATE OF status ON public.requests DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.status <> old.status) AND (new.status = ANY (ARRAY['completed'::text, 'abandoned'::text])))) EXECUTE FUNCTION public.event_settled();
+
+
+--
+-- Name: tool_calls event_tool_finished; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_tool_finished AFTER UPDATE OF status ON public.tool_calls FOR EACH ROW WHEN (((old.status = 'requested'::text) AND (new.status <> 'requested'::text))) EXECUTE FUNCTION public.event_tool_finished();
+
+
+--
 -- Name: admissions lease_follows_owner; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -708,6 +946,14 @@ ALTER TABLE ONLY public.approvals
 
 ALTER TABLE ONLY public.blob_bytes
     ADD CONSTRAINT blob_bytes_blob_fkey FOREIGN KEY (blob) REFERENCES public.blobs(id) ON DELETE CASCADE;
+
+
+--
+-- Name: events events_conversation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.events
+    ADD CONSTRAINT events_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
 
 
 --

@@ -24,7 +24,7 @@ CREATE TABLE admissions (
     cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
     cache_write_tokens INTEGER NOT NULL DEFAULT 0,
     updated_at         INTEGER NOT NULL
-, summary_passes INTEGER NOT NULL DEFAULT 0, summary_from_seq INTEGER, summary_through_seq INTEGER, summary_version INTEGER, summary_prompt_sha256 BLOB, lease_expires_at INTEGER) WITHOUT ROWID;
+, summary_passes INTEGER NOT NULL DEFAULT 0, summary_from_seq INTEGER, summary_through_seq INTEGER, summary_version INTEGER, summary_prompt_sha256 BLOB, lease_expires_at INTEGER, event_seq INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 
 CREATE TABLE requests (
     request_id            BLOB PRIMARY KEY NOT NULL,
@@ -335,3 +335,125 @@ CREATE TABLE first_run_checkpoints (
     created_at          INTEGER NOT NULL,
     PRIMARY KEY (request_id, turn)
 ) WITHOUT ROWID;
+
+CREATE TABLE events (
+    conversation_id  BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    seq              INTEGER NOT NULL,
+    kind             INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 8),
+    request_id       BLOB NOT NULL,
+    run_id           BLOB,
+    turn             INTEGER,
+    entry_seq        INTEGER,
+    call_id          TEXT,
+    at               INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, seq)
+) WITHOUT ROWID;
+
+CREATE TRIGGER event_admitted AFTER INSERT ON requests
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
+    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
+    SELECT conversation_id, event_seq, 0, NEW.request_id, NULLIF(run_id, NEW.request_id),
+        NEW.created_at
+    FROM admissions WHERE conversation_id = NEW.conversation_id;
+END;
+
+CREATE TRIGGER event_run_started AFTER INSERT ON runs
+WHEN NEW.resumed_from IS NOT NULL
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id);
+    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
+    SELECT a.conversation_id, a.event_seq, 1, NEW.request_id, NEW.run_id, NEW.started_at
+    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    WHERE r.request_id = NEW.request_id;
+END;
+
+CREATE TRIGGER event_message AFTER INSERT ON transcript
+WHEN NEW.role <> 'user'
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1
+    WHERE conversation_id = (SELECT r.conversation_id
+                             FROM requests r JOIN conversations c ON c.id = r.conversation_id
+                             WHERE r.request_id = NEW.request_id
+                               AND c.key = NEW.conversation_key);
+    INSERT INTO events (conversation_id, seq, kind, request_id, entry_seq, at)
+    SELECT a.conversation_id, a.event_seq, 2, NEW.request_id, NEW.seq,
+        CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    FROM requests r
+    JOIN conversations c ON c.id = r.conversation_id
+    JOIN admissions a ON a.conversation_id = r.conversation_id
+    WHERE r.request_id = NEW.request_id AND c.key = NEW.conversation_key;
+END;
+
+CREATE TRIGGER event_tool_finished AFTER UPDATE OF status ON tool_calls
+WHEN OLD.status = 'requested' AND NEW.status <> 'requested'
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id);
+    INSERT INTO events (conversation_id, seq, kind, request_id, turn, call_id, at)
+    SELECT a.conversation_id, a.event_seq, 3, NEW.request_id, NEW.turn, NEW.call_id,
+        COALESCE(NEW.completed_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    WHERE r.request_id = NEW.request_id;
+END;
+
+CREATE TRIGGER event_approval_requested AFTER INSERT ON approvals
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id);
+    INSERT INTO events (conversation_id, seq, kind, request_id, turn, call_id, at)
+    SELECT a.conversation_id, a.event_seq, 4, NEW.request_id, NEW.turn, NEW.call_id,
+        NEW.requested_at
+    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    WHERE r.request_id = NEW.request_id;
+END;
+
+CREATE TRIGGER event_approval_decided AFTER UPDATE OF status ON approvals
+WHEN OLD.status = 'awaiting' AND NEW.status <> 'awaiting'
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id);
+    INSERT INTO events (conversation_id, seq, kind, request_id, turn, call_id, at)
+    SELECT a.conversation_id, a.event_seq, 5, NEW.request_id, NEW.turn, NEW.call_id,
+        COALESCE(NEW.decided_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    WHERE r.request_id = NEW.request_id;
+END;
+
+CREATE TRIGGER event_run_stopped AFTER UPDATE OF status ON runs
+WHEN NEW.status = 'failed' AND OLD.status <> 'failed'
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1
+    WHERE conversation_id = (SELECT conversation_id FROM requests
+                             WHERE request_id = NEW.request_id);
+    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
+    SELECT a.conversation_id, a.event_seq, 6, NEW.request_id, NEW.run_id,
+        COALESCE(NEW.ended_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    WHERE r.request_id = NEW.request_id;
+END;
+
+CREATE TRIGGER event_first_run_stopped AFTER UPDATE OF run_state ON requests
+WHEN NEW.run_state = 2 AND OLD.run_state IS NOT 2
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
+    INSERT INTO events (conversation_id, seq, kind, request_id, at)
+    SELECT conversation_id, event_seq, 6, NEW.request_id,
+        COALESCE(NEW.run_ended_early_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+    FROM admissions WHERE conversation_id = NEW.conversation_id;
+END;
+
+CREATE TRIGGER event_settled AFTER UPDATE OF state ON requests
+WHEN NEW.state <> OLD.state AND NEW.state IN (1, 2)
+BEGIN
+    UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
+    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
+    SELECT conversation_id, event_seq, IIF(NEW.state = 1, 7, 8), NEW.request_id,
+        IIF(NEW.state = 1, NEW.committed_by, NULL), COALESCE(NEW.completed_at, 0)
+    FROM admissions WHERE conversation_id = NEW.conversation_id;
+END;

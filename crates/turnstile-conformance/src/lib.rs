@@ -21,6 +21,7 @@ pub mod blobs;
 pub mod budgets;
 pub mod concurrency;
 pub mod deletion;
+pub mod event_log;
 pub mod fencing;
 pub mod fork;
 pub mod leases;
@@ -70,6 +71,10 @@ macro_rules! suite {
     lifecycle::a_held_requests_messages_are_in_no_transcript_read_until_its_commit,
     lifecycle::a_first_run_with_the_requests_id_reads_as_one_with_its_own,
     lifecycle::hostile_strings_round_trip_verbatim_through_commit,
+    event_log::a_request_logs_each_step_once_in_order_and_reads_page_by_page,
+    event_log::refused_steps_log_nothing,
+    event_log::stops_approvals_takeovers_and_abandons_are_logged,
+    event_log::pruned_and_deleted_events_go_with_their_rows_and_no_number_returns,
     parts::parts_reasoning_and_provider_metadata_round_trip_byte_exact,
     blobs::images_and_files_round_trip_exactly_and_reads_leave_their_bytes_unread,
     blobs::one_image_in_a_hundred_requests_and_a_fork_is_stored_once_until_its_last_reference_goes,

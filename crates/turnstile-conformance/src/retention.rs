@@ -83,20 +83,23 @@ async fn retention(store: &dyn StoreAdmin) -> Result<Retention, Error> {
 }
 
 /// What no replay of the completed request needs: run `a1` and its
-/// checkpoint, `a2`'s checkpoints of turns 1 (seeded) and 2, and the two
-/// journal rows.
+/// checkpoint, `a2`'s checkpoints of turns 1 (seeded) and 2, the two
+/// journal rows, and its 10 events (admitted; per tool turn the answer, the
+/// result journaled and its message; `a2` started; the final answer;
+/// committed).
 fn completed_prunable() -> TableCounts {
     TableCounts {
         runs: 1,
         loop_checkpoints: 3,
         tool_calls: 2,
+        events: 10,
         ..TableCounts::default()
     }
 }
 
 /// Everything of the abandoned request but its row: run `b`, its
 /// checkpoint, its journal row, its three pending messages (input, model
-/// answer, tool result) and its turn's verification report.
+/// answer, tool result), its turn's verification report and its 5 events.
 fn abandoned_prunable() -> TableCounts {
     TableCounts {
         runs: 1,
@@ -104,6 +107,7 @@ fn abandoned_prunable() -> TableCounts {
         tool_calls: 1,
         run_messages: 3,
         verification_reports: 1,
+        events: 5,
         ..TableCounts::default()
     }
 }
@@ -120,6 +124,7 @@ fn sum(a: TableCounts, b: TableCounts) -> TableCounts {
         tool_calls: a.tool_calls + b.tool_calls,
         run_messages: a.run_messages + b.run_messages,
         approvals: a.approvals + b.approvals,
+        events: a.events + b.events,
     }
 }
 
@@ -309,8 +314,9 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
     // Everything of the idle conversation: 4 transcript entries; 2 requests
     // and their runs; 3 checkpoints (turns 1 and 2 of the committed run,
     // turn 1 of the abandoned one), as many verification reports; 2
-    // journal rows; the abandoned request's 3 pending messages. The held
-    // conversation's committed request has nothing to spare.
+    // journal rows; the abandoned request's 3 pending messages; the log's
+    // 11 events (6 of the committed request, 5 of the abandoned one). Of
+    // the held conversation's committed request only its 3 events go.
     let expected = TableCounts {
         conversations: 1,
         admissions: 1,
@@ -322,6 +328,7 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
         tool_calls: 2,
         run_messages: 3,
         approvals: 0,
+        events: 14,
     };
     let options = PruneOptions {
         include_transcripts: true,
@@ -363,6 +370,11 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
 
     let held_after =
         Snapshot::take(&*store, held, &requests, &[kept.run_id, active.run_id], 1).await?;
+    // Whole but for the committed request's events, which its prune takes.
+    let mut held_before = held_before;
+    held_before
+        .events
+        .retain(|e| e.request_id != kept.request_id);
     assert_eq!(held_after, held_before, "a held conversation is kept whole");
     assert!(held_after.requests[0]
         .as_ref()

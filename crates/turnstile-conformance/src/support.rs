@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use turnstile_core::store::InputHash;
 use turnstile_core::store::{
-    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, NewRequest, RecoveryClaim,
-    RequestRecord, RunRecord, StoredOutcome, ToolResult, TranscriptEntry,
+    Admission, ClaimOutcome, Conversation, Fence, JournalEntry, LoggedEvent, NewRequest,
+    RecoveryClaim, RequestRecord, RunRecord, StoredOutcome, ToolResult, TranscriptEntry,
 };
 use turnstile_core::{
     CheckpointPhase, ConversationId, Error, LoopCheckpoint, Message, Namespace, RequestId,
@@ -201,6 +201,8 @@ pub struct Snapshot {
     pub journal: Vec<Vec<JournalEntry>>,
     pub runs: Vec<Option<RunRecord>>,
     pub checkpoints: Vec<Vec<LoopCheckpoint>>,
+    /// The conversation's events of the given requests.
+    pub events: Vec<LoggedEvent>,
 }
 
 impl Snapshot {
@@ -221,7 +223,11 @@ impl Snapshot {
             journal: Vec::new(),
             runs: Vec::new(),
             checkpoints: Vec::new(),
+            events: store.events_after(conversation_id, 0, u32::MAX).await?,
         };
+        // The log's events of these requests (a prune takes other
+        // requests' events from the same conversation).
+        snapshot.events.retain(|e| requests.contains(&e.request_id));
         for &request in requests {
             snapshot.requests.push(store.request(request).await?);
             snapshot

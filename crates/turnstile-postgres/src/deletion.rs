@@ -84,7 +84,8 @@ pub(crate) async fn delete_in(
                  AS "run_messages!",
              (SELECT COUNT(*) FROM approvals WHERE conversation_id = $1) AS "approvals!",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = $1) AS "summaries!",
-             (SELECT COUNT(*) FROM request_ids WHERE conversation_id = $1) AS "request_ids!""#,
+             (SELECT COUNT(*) FROM request_ids WHERE conversation_id = $1) AS "request_ids!",
+             (SELECT COUNT(*) FROM events WHERE conversation_id = $1) AS "events!""#,
         id.as_uuid()
     )
     .fetch_one(&mut *conn)
@@ -104,6 +105,7 @@ pub(crate) async fn delete_in(
         c.approvals,
         c.summaries,
         c.request_ids,
+        c.events,
     ];
     sqlx::query!(
         "INSERT INTO deleted_runs (conversation_id, run_id)
@@ -168,6 +170,8 @@ fn report_of(id: ConversationId, counts: &[i64]) -> DeleteReport {
             tool_calls: n(7),
             run_messages: n(8),
             approvals: n(9),
+            // a tombstone older than the event log counts none
+            events: n(12),
         },
         summaries: n(10),
         tombstoned_requests: n(11),

@@ -19,6 +19,7 @@ mod blobs;
 mod codec;
 mod connect;
 mod deletion;
+mod event_log;
 mod fork;
 mod leases;
 mod meta;
@@ -43,9 +44,9 @@ use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId}
 use turnstile_core::message::{BlobHash, Message, Usage};
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
-    DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
-    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
-    ToolResult, TranscriptEntry,
+    DeleteReport, Fence, ForkOutcome, JournalEntry, LoggedEvent, NewRequest, PendingApproval,
+    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
+    SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::store::{ExpiredLease, PartLimits};
 use turnstile_core::Error;
@@ -344,6 +345,20 @@ impl Store for PostgresStore {
         autocommit!(self, |conn, _retry| reads::load_transcript_window(
             conn,
             conversation_id,
+            limit
+        ))
+    }
+
+    async fn events_after(
+        &self,
+        conversation_id: ConversationId,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LoggedEvent>, Error> {
+        autocommit!(self, |conn, _retry| event_log::load_events_after(
+            conn,
+            conversation_id,
+            after,
             limit
         ))
     }

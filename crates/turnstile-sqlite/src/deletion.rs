@@ -117,6 +117,7 @@ async fn delete_in(
                  AS "run_messages!: i64",
              (SELECT COUNT(*) FROM approvals
               WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64",
+             (SELECT COUNT(*) FROM events WHERE conversation_id = ?1) AS "events!: i64",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = ?1) AS "summaries!: i64""#,
         uuid
     )
@@ -172,6 +173,7 @@ async fn delete_in(
         tool_calls: n(counts.tool_calls),
         run_messages: n(counts.run_messages),
         approvals: n(counts.approvals),
+        events: n(counts.events),
     };
     Ok((deleted, n(counts.summaries), tombstoned))
 }

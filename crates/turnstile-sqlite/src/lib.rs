@@ -19,6 +19,7 @@ mod blobs;
 mod close;
 mod codec;
 mod deletion;
+mod event_log;
 mod fork;
 mod leases;
 mod meta;
@@ -50,9 +51,9 @@ use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId}
 use turnstile_core::message::{BlobHash, Message, Usage};
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
-    DeleteReport, Fence, ForkOutcome, JournalEntry, NewRequest, PendingApproval, RecoveryClaim,
-    RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass,
-    ToolResult, TranscriptEntry,
+    DeleteReport, Fence, ForkOutcome, JournalEntry, LoggedEvent, NewRequest, PendingApproval,
+    RecoveryClaim, RequestRecord, RunRecord, Store, StoredOutcome, StoredSummary, SummaryCommit,
+    SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile_core::store::{ExpiredLease, PartLimits};
 use turnstile_core::{Error, StoreError};
@@ -465,6 +466,15 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<TranscriptEntry>, Error> {
         reads::load_transcript_window(&self.reader, conversation_id, limit).await
+    }
+
+    async fn events_after(
+        &self,
+        conversation_id: ConversationId,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LoggedEvent>, Error> {
+        event_log::load_events_after(&self.reader, conversation_id, after, limit).await
     }
 
     async fn transcript_range(

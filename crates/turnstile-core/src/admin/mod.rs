@@ -451,6 +451,8 @@ pub struct TableCounts {
     pub run_messages: u64,
     /// Approval rows.
     pub approvals: u64,
+    /// Event log rows.
+    pub events: u64,
 }
 
 impl TableCounts {
@@ -460,7 +462,7 @@ impl TableCounts {
     }
 
     /// `(table, rows)` in a fixed order.
-    pub fn rows(&self) -> [(&'static str, u64); 10] {
+    pub fn rows(&self) -> [(&'static str, u64); 11] {
         [
             ("conversations", self.conversations),
             ("admissions", self.admissions),
@@ -472,6 +474,7 @@ impl TableCounts {
             ("tool_calls", self.tool_calls),
             ("run_messages", self.run_messages),
             ("approvals", self.approvals),
+            ("events", self.events),
         ]
     }
 }

@@ -11,7 +11,8 @@
 //!   [`CheckpointRow`] are the admission and loop checkpoint rows as every
 //!   backend selects them; [`decode_message`] and [`decode_metadata`] read
 //!   a stored message and metadata object back, [`decode_budget`] and
-//!   [`decode_budget_change`] a request's budget and a run's change of it.
+//!   [`decode_budget_change`] a request's budget and a run's change of it,
+//!   [`EventRow`] an event of a conversation's log.
 //! - **Writing rows.** [`message_columns`] splits a message into the
 //!   columns it is stored in, [`metadata_json`], [`budget_json`],
 //!   [`budget_change_json`] and [`to_json`] serialize,
@@ -41,11 +42,13 @@
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 
 mod blobs;
+mod event_row;
 mod refusals;
 mod rows;
 mod stuck;
 
 pub use blobs::{checked_blob, missing_blob, wrong_blob_size, StepBlobs};
+pub use event_row::EventRow;
 pub use refusals::{
     cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,
 };

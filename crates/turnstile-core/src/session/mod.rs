@@ -7,6 +7,7 @@ mod admit;
 mod approvals;
 mod compact;
 mod drive;
+mod event_log;
 mod lease;
 mod meta;
 mod reconcile;
@@ -23,6 +24,7 @@ use tracing::instrument;
 
 pub use crate::outcome::Outcome;
 pub use admit::MAX_INPUT_BYTES;
+pub use event_log::LoggedEvents;
 pub use lease::{recover_expired, LeasePolicy, Recovery};
 pub use state::{ActiveRequest, AdmissionState};
 

@@ -8,6 +8,7 @@
 
 mod approvals;
 mod deletion;
+mod event_log;
 mod leases;
 mod limits;
 pub mod meta;
@@ -22,6 +23,7 @@ pub use approvals::{
     MAX_REJECTION_REASON_BYTES,
 };
 pub use deletion::{DeleteReport, ForkOutcome};
+pub use event_log::{LoggedEvent, LoggedStep};
 pub use leases::ExpiredLease;
 pub use limits::PartLimits;
 pub use meta::{ConversationCursor, ConversationMeta, MetaUpdate, Metadata};
@@ -226,6 +228,17 @@ pub trait Store: Send + Sync + 'static {
         from: u64,
         to: u64,
     ) -> Result<Vec<TranscriptEntry>, Error>;
+
+    /// The events of a conversation's log numbered after `after`, oldest
+    /// first, at most `limit` (see [`LoggedEvent`]). Each was written in
+    /// the transaction of the step it reports; the events of a pruned
+    /// request are removed with it, and a deleted conversation's with it.
+    async fn events_after(
+        &self,
+        conversation_id: ConversationId,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LoggedEvent>, Error>;
 
     /// The latest loop checkpoint of a run.
     async fn latest_checkpoint(&self, run_id: RunId) -> Result<Option<LoopCheckpoint>, Error>;

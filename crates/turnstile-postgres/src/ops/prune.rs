@@ -225,6 +225,10 @@ async fn prune_requests(
                WHERE v.conversation_id = b.conversation_id AND v.request_id = b.request_id
                  AND b.abandoned
                RETURNING 1
+           ), logged AS (
+               DELETE FROM events e USING batch b
+               WHERE e.conversation_id = b.conversation_id AND e.request_id = b.request_id
+               RETURNING 1
            ), old_runs AS (
                DELETE FROM runs ru USING batch b
                WHERE ru.conversation_id = b.conversation_id AND ru.request_id = b.request_id
@@ -236,6 +240,7 @@ async fn prune_requests(
                   (SELECT COUNT(*) FROM asked) AS approvals,
                   (SELECT COUNT(*) FROM pending) AS pending,
                   (SELECT COUNT(*) FROM reports) AS reports,
+                  (SELECT COUNT(*) FROM logged) AS events,
                   (SELECT COUNT(*) FROM old_runs) AS runs"#,
         &conversations,
         &requests,
@@ -251,6 +256,7 @@ async fn prune_requests(
     deleted.run_messages += count(counts.pending);
     deleted.verification_reports += count(counts.reports);
     deleted.runs += count(counts.runs);
+    deleted.events += count(counts.events);
     Ok(rows.len() as i64)
 }
 
@@ -293,7 +299,8 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM tool_calls WHERE conversation_id = ANY($1)) AS "tool_calls!",
              (SELECT COUNT(*) FROM approvals WHERE conversation_id = ANY($1)) AS "approvals!",
              (SELECT COUNT(*) FROM run_messages WHERE conversation_id = ANY($1))
-                 AS "run_messages!""#,
+                 AS "run_messages!",
+             (SELECT COUNT(*) FROM events WHERE conversation_id = ANY($1)) AS "events!""#,
         &ids
     )
     .fetch_one(&mut *conn)
@@ -322,5 +329,6 @@ async fn prune_conversations(
     deleted.tool_calls += n(counts.tool_calls);
     deleted.approvals += n(counts.approvals);
     deleted.run_messages += n(counts.run_messages);
+    deleted.events += n(counts.events);
     Ok(ids.len() as i64)
 }

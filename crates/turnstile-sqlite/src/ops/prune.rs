@@ -220,6 +220,19 @@ async fn prune_requests(
     .await
     .map_err(db("prune approvals"))?
     .rows_affected();
+    // Through the log's key: the conversations of the batch, then their
+    // requests' events.
+    let events = sqlx::query!(
+        "DELETE FROM events
+         WHERE conversation_id IN (SELECT conversation_id FROM requests
+                                   WHERE request_id IN (SELECT unhex(value) FROM json_each(?1)))
+           AND request_id IN (SELECT unhex(value) FROM json_each(?1))",
+        requests
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("prune events"))?
+    .rows_affected();
     let run_messages = sqlx::query!(
         "DELETE FROM run_messages WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))",
         requests
@@ -295,6 +308,7 @@ async fn prune_requests(
         + folded_checkpoints;
     deleted.tool_calls += tool_calls;
     deleted.approvals += approvals;
+    deleted.events += events;
     deleted.run_messages += run_messages;
     deleted.verification_reports += verification_reports;
     deleted.runs += runs + folded_runs;
@@ -361,7 +375,9 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM run_messages
               WHERE request_id IN (SELECT id FROM reqs)) AS "run_messages!: i64",
              (SELECT COUNT(*) FROM approvals
-              WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64""#,
+              WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64",
+             (SELECT COUNT(*) FROM events
+              WHERE conversation_id IN (SELECT id FROM doomed)) AS "events!: i64""#,
         doomed
     )
     .fetch_one(&mut *tx)
@@ -387,6 +403,7 @@ async fn prune_conversations(
     deleted.tool_calls += n(counts.tool_calls);
     deleted.run_messages += n(counts.run_messages);
     deleted.approvals += n(counts.approvals);
+    deleted.events += n(counts.events);
     Ok(ids.len() as i64)
 }
 

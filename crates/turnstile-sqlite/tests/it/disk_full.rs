@@ -494,6 +494,7 @@ fn assert_only_the_stop_changed(site: &str, before: Snapshot, after: Snapshot) {
         "loop_checkpoints",
         "first_run_checkpoints",
         "admissions",
+        "events",
     ];
     let without_stop = |rows: &Snapshot| {
         rows.iter()
@@ -515,6 +516,24 @@ fn assert_only_the_stop_changed(site: &str, before: Snapshot, after: Snapshot) {
         without_stop(&after),
         without_stop(&before),
         "{site}: the failed step changed rows"
+    );
+    // The log keeps what it had and tells the stop, at most once (`kind`
+    // 6, the third column): the failed step logged nothing.
+    let events = |rows: &Snapshot| {
+        rows.iter()
+            .find(|(table, _)| *table == "events")
+            .map(|(_, rows)| rows.clone())
+            .unwrap_or_default()
+    };
+    let (before, after) = (events(&before), events(&after));
+    let added: Vec<_> = after.iter().filter(|row| !before.contains(row)).collect();
+    assert!(
+        before.iter().all(|row| after.contains(row)),
+        "{site}: events lost"
+    );
+    assert!(
+        added.len() <= 1 && added.iter().all(|row| row.split(',').nth(2) == Some("6")),
+        "{site}: the failed step logged {added:?}"
     );
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use turnstile::store::ExpiredLease;
 use turnstile::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimOutcome, Conversation, Fence, JournalEntry,
-    NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord, StoredOutcome,
-    StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
+    LoggedEvent, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord,
+    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
 };
 use turnstile::{
     ConversationId, Error, LoopCheckpoint, Message, Namespace, RequestId, Revision, RunId, Store,
@@ -276,6 +276,19 @@ impl Store for Hooked {
         self.wrap(
             Call::read("transcript_window"),
             self.inner.transcript_window(conversation_id, limit),
+        )
+        .await
+    }
+
+    async fn events_after(
+        &self,
+        conversation_id: ConversationId,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LoggedEvent>, Error> {
+        self.wrap(
+            Call::read("events_after"),
+            self.inner.events_after(conversation_id, after, limit),
         )
         .await
     }

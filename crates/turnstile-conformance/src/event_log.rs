@@ -1,0 +1,261 @@
+//! The event log: each durable step's event, numbered per conversation in
+//! the step's own transaction; none for a refused step; removed with a
+//! pruned request or a deleted conversation, numbers never reused.
+
+use std::time::Duration;
+
+use turnstile_core::admin::PruneOptions;
+use turnstile_core::store::{
+    ApprovalDecision, ClaimOutcome, Fence, LoggedEvent, LoggedStep, ToolResult, Verdict,
+};
+use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, RunId, Store};
+
+use crate::activity::SharedAdmin;
+use crate::support::{
+    admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
+    tool_call, tool_turn, SharedStore, TestResult,
+};
+
+async fn all_events(
+    store: &dyn Store,
+    conversation: ConversationId,
+) -> Result<Vec<LoggedEvent>, Error> {
+    store.events_after(conversation, 0, u32::MAX).await
+}
+
+fn steps(events: &[LoggedEvent]) -> Vec<LoggedStep> {
+    events.iter().map(|e| e.step.clone()).collect()
+}
+
+fn seqs(events: &[LoggedEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.seq).collect()
+}
+
+pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    assert!(all_events(&*store, conversation).await?.is_empty());
+    let fence = admit(&*store, conversation, "what is 2+2?").await?;
+    let count = tool_turn(&*store, &fence, 1, 1, tool_call("call-1", "{}"), "r1").await?;
+    commit_answer(&*store, &fence, 2, count, "4").await?;
+
+    let events = all_events(&*store, conversation).await?;
+    assert_eq!(seqs(&events), (1..=6).collect::<Vec<_>>());
+    assert!(events.iter().all(|e| e.request_id == fence.request_id));
+    assert_eq!(
+        steps(&events),
+        vec![
+            LoggedStep::Admitted {
+                run_id: fence.run_id
+            },
+            LoggedStep::Message { entry_seq: 1 },
+            LoggedStep::ToolFinished {
+                turn: 1,
+                call_id: "call-1".into()
+            },
+            LoggedStep::Message { entry_seq: 2 },
+            LoggedStep::Message { entry_seq: 3 },
+            LoggedStep::Committed {
+                run_id: fence.run_id
+            },
+        ]
+    );
+    // Each message event names the entry its step wrote.
+    let transcript = store.transcript_window(conversation, 100).await?;
+    let roles: Vec<_> = [1, 2, 3]
+        .iter()
+        .map(|&seq| transcript[seq].message.role())
+        .collect();
+    assert_eq!(roles, ["assistant", "tool", "assistant"]);
+    let first = events[0].at;
+    assert!(first > 0 && events.iter().all(|e| e.at >= first));
+
+    // Read on from any number: the rest, in pages.
+    let page = store.events_after(conversation, 2, 2).await?;
+    assert_eq!(page, events[2..4]);
+    assert_eq!(store.events_after(conversation, 6, 10).await?, []);
+    assert_eq!(store.events_after(conversation, 99, 10).await?, []);
+
+    // The next request numbers on.
+    let second = admit(&*store, conversation, "and 3+3?").await?;
+    let more = store.events_after(conversation, 6, 10).await?;
+    assert_eq!(seqs(&more), [7]);
+    assert_eq!(more[0].request_id, second.request_id);
+    // Another conversation's log is its own.
+    let other = new_conversation(&*store).await?;
+    complete_request(&*store, other, "elsewhere", 0, "done").await?;
+    assert_eq!(seqs(&all_events(&*store, other).await?), [1, 2, 3]);
+    assert_eq!(all_events(&*store, conversation).await?.len(), 7);
+    Ok(())
+}
+
+pub async fn refused_steps_log_nothing(store: SharedStore) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let fence = admit(&*store, conversation, "hello").await?;
+    let before = all_events(&*store, conversation).await?;
+    assert_eq!(before.len(), 1);
+
+    // A busy claim, a replayed id, a stale abandon.
+    let busy = new_request(conversation, fence.revision, "other");
+    assert!(matches!(
+        store.claim(&busy).await,
+        Err(Error::Conflict { .. } | Error::Busy { .. })
+    ));
+    let mut again = new_request(conversation, fence.revision, "hello");
+    again.request_id = fence.request_id;
+    again.run_id = RunId::first_of(fence.request_id);
+    assert!(matches!(
+        store.claim(&again).await?,
+        ClaimOutcome::Existing(_)
+    ));
+    assert!(store
+        .abandon(conversation, fence.request_id, turnstile_core::Revision(99))
+        .await
+        .is_err());
+    // A replaced owner's writes.
+    let successor = recover(&*store, &fence).await?;
+    let after_recovery = all_events(&*store, conversation).await?;
+    assert_eq!(
+        steps(&after_recovery[1..]),
+        [LoggedStep::RunStarted {
+            run_id: successor.run_id
+        }]
+    );
+    let answer = Message::assistant("late");
+    let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
+    assert!(matches!(
+        store
+            .record_model_response(&fence, &answered, &answer)
+            .await,
+        Err(Error::Fenced { .. })
+    ));
+    assert!(matches!(
+        commit_answer(&*store, &fence, 1, 1, "late").await,
+        Err(Error::Fenced { .. })
+    ));
+    assert!(matches!(
+        store.fail_run(&fence, "late", None).await,
+        Err(Error::Fenced { .. })
+    ));
+    assert_eq!(all_events(&*store, conversation).await?, after_recovery);
+    Ok(())
+}
+
+pub async fn stops_approvals_takeovers_and_abandons_are_logged(store: SharedStore) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let fence = admit(&*store, conversation, "delete it").await?;
+    let mut start = checkpoint(fence.run_id, 0, CheckpointPhase::TurnInFlight, 1);
+    start.turn = 1;
+    store.begin_turn(&fence, &start).await?;
+    let call = tool_call("gated", "{}");
+    let answer = Message::assistant_with_calls("calling", vec![call]);
+    let answered = checkpoint(fence.run_id, 1, CheckpointPhase::ToolsInFlight, 1);
+    store
+        .record_model_response(&fence, &answered, &answer)
+        .await?;
+    let settled = turnstile_core::LoopCheckpoint {
+        phase: CheckpointPhase::ToolsPending,
+        ..answered
+    };
+    store
+        .await_approval(&fence, &settled, &["gated".to_owned()], "awaiting approval")
+        .await?;
+    let revision = store
+        .decide_approval(&ApprovalDecision {
+            conversation_id: conversation,
+            request_id: fence.request_id,
+            call_id: "gated".into(),
+            expected_revision: fence.revision,
+            verdict: Verdict::Approve,
+        })
+        .await?;
+    let approved = Fence { revision, ..fence };
+    let resumed = recover(&*store, &approved).await?;
+    store
+        .record_tool_result(
+            &resumed,
+            1,
+            "gated",
+            &ToolResult {
+                content: "deleted".into(),
+                is_error: false,
+            },
+        )
+        .await?;
+    store.fail_run(&resumed, "model unavailable", None).await?;
+    store
+        .abandon(conversation, fence.request_id, resumed.revision)
+        .await?;
+
+    let events = all_events(&*store, conversation).await?;
+    assert_eq!(seqs(&events), (1..=9).collect::<Vec<_>>());
+    let gated = || ("gated".to_owned(), 1);
+    let (call_id, turn) = gated();
+    assert_eq!(
+        steps(&events),
+        vec![
+            LoggedStep::Admitted {
+                run_id: fence.run_id
+            },
+            LoggedStep::Message { entry_seq: 1 },
+            LoggedStep::Stopped {
+                run_id: fence.run_id
+            },
+            LoggedStep::ApprovalRequested {
+                turn,
+                call_id: call_id.clone()
+            },
+            LoggedStep::ApprovalDecided {
+                turn,
+                call_id: call_id.clone()
+            },
+            LoggedStep::RunStarted {
+                run_id: resumed.run_id
+            },
+            LoggedStep::ToolFinished { turn, call_id },
+            LoggedStep::Stopped {
+                run_id: resumed.run_id
+            },
+            LoggedStep::Abandoned,
+        ]
+    );
+    Ok(())
+}
+
+pub async fn pruned_and_deleted_events_go_with_their_rows_and_no_number_returns(
+    store: SharedAdmin,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    complete_request(&*store, conversation, "first", 1, "one").await?;
+    complete_request(&*store, conversation, "second", 0, "two").await?;
+    assert_eq!(all_events(&*store, conversation).await?.len(), 9);
+    // A fork copies the history, not the log.
+    let fork = ConversationId::new();
+    store
+        .fork_conversation(&ns(), conversation, 6, fork)
+        .await?;
+    assert!(all_events(&*store, fork).await?.is_empty());
+
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let report = store
+        .prune(&PruneOptions::older_than(Duration::ZERO))
+        .await?;
+    assert_eq!(report.deleted.events, 9);
+    assert!(all_events(&*store, conversation).await?.is_empty());
+    let next = admit(&*store, conversation, "third").await?;
+    let events = all_events(&*store, conversation).await?;
+    assert_eq!(seqs(&events), [10]);
+    assert_eq!(events[0].request_id, next.request_id);
+    store
+        .abandon(conversation, next.request_id, next.revision)
+        .await?;
+
+    let version = store.conversation(&ns(), conversation).await?.version;
+    let deleted = store
+        .delete_conversation(&ns(), conversation, version, None)
+        .await?;
+    assert_eq!(deleted.deleted.events, 2);
+    assert!(all_events(&*store, conversation).await?.is_empty());
+    Ok(())
+}

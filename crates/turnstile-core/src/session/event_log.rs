@@ -1,0 +1,61 @@
+//! Reading and following a conversation's event log.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_core::Stream;
+
+use super::AgentSession;
+use crate::error::Error;
+use crate::store::LoggedEvent;
+
+/// A followed event log: see [`AgentSession::follow_events`].
+pub type LoggedEvents = Pin<Box<dyn Stream<Item = Result<LoggedEvent, Error>> + Send>>;
+
+/// Events read per query while following.
+const FOLLOW_PAGE: u32 = 256;
+
+impl AgentSession {
+    /// The events of this conversation's log numbered after `after`, oldest
+    /// first, at most `limit`: each durable step of its requests, written
+    /// in the step's own transaction (see
+    /// [`LoggedStep`](crate::store::LoggedStep)). A client that saw the
+    /// events up to `n` reads on with `after = n` and misses none.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] or [`Error::NamespaceMismatch`] for a conversation
+    /// that does not exist in this session's namespace.
+    pub async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
+        self.store
+            .conversation(&self.namespace, self.conversation_id)
+            .await?;
+        self.store
+            .events_after(self.conversation_id, after, limit)
+            .await
+    }
+
+    /// Every event of this conversation's log after `after`, then each new
+    /// one once its step commits, in any process sharing the store: the
+    /// log is read again every `poll` while nothing new is there. Ends at
+    /// the first error. The store is read only while the stream is polled.
+    pub fn follow_events(&self, after: u64, poll: Duration) -> LoggedEvents {
+        let store = self.store.clone();
+        let namespace = self.namespace.clone();
+        let conversation_id = self.conversation_id;
+        Box::pin(async_stream::try_stream! {
+            store.conversation(&namespace, conversation_id).await?;
+            let mut after = after;
+            loop {
+                let page = store.events_after(conversation_id, after, FOLLOW_PAGE).await?;
+                let full = page.len() == FOLLOW_PAGE as usize;
+                for event in page {
+                    after = event.seq;
+                    yield event;
+                }
+                if !full {
+                    tokio::time::sleep(poll).await;
+                }
+            }
+        })
+    }
+}

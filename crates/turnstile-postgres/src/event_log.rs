@@ -1,0 +1,49 @@
+//! Reading a conversation's event log (written by the schema's triggers:
+//! `migrations/0022_event_log.sql`).
+
+use sqlx::PgConnection;
+
+use crate::codec::{db, text, to_i64, Row};
+use turnstile_core::backend::EventRow;
+use turnstile_core::ids::ConversationId;
+use turnstile_core::store::LoggedEvent;
+use turnstile_core::Error;
+
+pub(crate) async fn load_events_after(
+    conn: &mut PgConnection,
+    conversation_id: ConversationId,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<LoggedEvent>, Error> {
+    let rows = sqlx::query!(
+        "SELECT seq, at, kind, request_id, run_id, turn, entry_seq, call_id FROM events
+         WHERE conversation_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        conversation_id.as_uuid(),
+        to_i64(after),
+        i64::from(limit)
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("load events"))?;
+    rows.into_iter()
+        .map(|r| {
+            let key = format!("{conversation_id} #{}", r.seq);
+            let row = Row {
+                table: "events",
+                key: &key,
+            };
+            let call_id = r.call_id.map(|id| text(&row, "call_id", id)).transpose()?;
+            EventRow {
+                seq: r.seq,
+                at: r.at,
+                kind: i64::from(r.kind),
+                request_id: r.request_id.as_bytes().to_vec(),
+                run_id: r.run_id.map(|id| id.as_bytes().to_vec()),
+                turn: r.turn,
+                entry_seq: r.entry_seq,
+                call_id,
+            }
+            .decode(&conversation_id)
+        })
+        .collect()
+}
