@@ -54,7 +54,7 @@ pub use deletion::{DeleteArgs, ForkArgs};
 pub use demo::{DemoArgs, WorkerArgs};
 pub use exit::CliError;
 pub use meta::MetaArgs;
-pub use ops::{CheckpointsArgs, DoctorArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
+pub use ops::{CheckpointsArgs, DoctorArgs, EventsArgs, ExportArgs, LsArgs, PruneArgs, ShowArgs};
 pub use output::Style;
 pub use recover_expired::RecoverExpiredArgs;
 pub use run::RunArgs;
@@ -120,6 +120,11 @@ pub enum Command {
     /// (seq, request_id, message), with or without --json: it streams a
     /// transcript of any length page by page.
     Export(ExportArgs),
+    /// A conversation's event log as JSON Lines, one object per durable
+    /// step (admitted, message, tool finished, approval requested or
+    /// decided, run started, stopped, committed, abandoned); with --follow,
+    /// each new one as its step commits, from any process.
+    Events(EventsArgs),
     /// Delete what no replay needs from old finished requests (optionally
     /// whole idle conversations) and give the space back to the disk.
     Prune(PruneArgs),
@@ -188,6 +193,7 @@ fn given(command: &Command) -> exit::Given {
         Command::Approvals(a) => (a.conversation, None),
         Command::Show(a) => (Some(a.conversation), None),
         Command::Export(a) => (Some(a.conversation), None),
+        Command::Events(a) => (Some(a.conversation), None),
         Command::Delete(a) => (Some(a.conversation), None),
         Command::Fork(a) => (Some(a.conversation), None),
         Command::Meta(a) => (Some(a.conversation), None),
@@ -214,6 +220,7 @@ fn database(command: &Command) -> Option<std::path::PathBuf> {
         Command::Show(a) => &a.db,
         Command::Checkpoints(a) => &a.db,
         Command::Export(a) => &a.db,
+        Command::Events(a) => &a.db,
         Command::Prune(a) => &a.db,
         Command::Delete(a) => &a.db,
         Command::Fork(a) => &a.db,
@@ -273,6 +280,7 @@ fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Show(args) => ops::show(args, out, style, json).await,
             Command::Checkpoints(args) => ops::checkpoints(args, out, style, json).await,
             Command::Export(args) => ops::export(args, out).await,
+            Command::Events(args) => ops::events(args, out).await,
             Command::Prune(args) => ops::prune(args, out, style, json).await,
             Command::Doctor(args) => ops::doctor(args, out, style, json).await,
             Command::Bench(args) => bench::run(args, out, style, json).await,

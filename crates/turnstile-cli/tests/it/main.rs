@@ -11,6 +11,7 @@ mod cli_bench;
 mod cli_budget;
 mod cli_delete_fork;
 mod cli_demo;
+mod cli_events;
 mod cli_json;
 mod cli_leases;
 mod cli_mcp;

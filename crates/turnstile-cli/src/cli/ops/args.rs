@@ -97,6 +97,30 @@ pub struct ExportArgs {
     pub blobs: Option<std::path::PathBuf>,
 }
 
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// The conversation whose event log to print: one JSON line per event
+    /// (`seq`, `at`, `request_id`, `kind` and the kind's fields), in order.
+    #[arg(value_name = "CONVERSATION")]
+    pub conversation: ConversationId,
+    /// The database: a SQLite file, or a PostgreSQL URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub db: DbLocation,
+    /// The namespace the conversation must be in (any when absent).
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<Namespace>,
+    /// Only the events after this one (the last `seq` already seen).
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    pub after: u64,
+    /// Keep printing new events as their steps commit, in this process or
+    /// any other, until interrupted (Ctrl-C, SIGTERM).
+    #[arg(long)]
+    pub follow: bool,
+    /// How often `--follow` looks for new events (e.g. `250ms`, `2s`).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
+    pub poll: Duration,
+}
+
 /// Which finished requests `prune` trims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PruneStatus {
