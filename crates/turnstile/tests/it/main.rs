@@ -17,6 +17,7 @@ mod session_ambiguity;
 mod session_approvals;
 mod session_budget;
 mod session_delete_fork;
+mod session_events;
 mod session_fencing;
 mod session_images;
 mod session_leases;
