@@ -34,6 +34,25 @@ END $$;
 
 
 --
+-- Name: event_answered(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_answered() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM admissions
+               WHERE conversation_id = NEW.conversation_id
+                 AND active_request_id = NEW.request_id)
+    THEN
+        PERFORM log_event(NEW.conversation_id, 2::smallint, NEW.request_id, NULL,
+            NULL, NEW.seq, NULL, event_clock());
+    END IF;
+    RETURN NULL;
+END $$;
+
+
+--
 -- Name: event_approval_decided(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -78,24 +97,6 @@ CREATE FUNCTION public.event_clock() RETURNS bigint
     AS $$
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 $$;
-
-
---
--- Name: event_message(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.event_message() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM requests
-               WHERE conversation_id = NEW.conversation_id AND request_id = NEW.request_id)
-    THEN
-        PERFORM log_event(NEW.conversation_id, 2::smallint, NEW.request_id, NULL,
-            NULL, NEW.seq, NULL, event_clock());
-    END IF;
-    RETURN NULL;
-END $$;
 
 
 --
@@ -820,6 +821,13 @@ CREATE TRIGGER event_admitted AFTER INSERT ON public.requests FOR EACH ROW EXECU
 
 
 --
+-- Name: transcript event_answered; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_answered AFTER INSERT ON public.transcript FOR EACH ROW WHEN ((new.role = 'assistant'::text)) EXECUTE FUNCTION public.event_answered();
+
+
+--
 -- Name: approvals event_approval_decided; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -831,13 +839,6 @@ CREATE TRIGGER event_approval_decided AFTER UPDATE OF status ON public.approvals
 --
 
 CREATE CONSTRAINT TRIGGER event_approval_requested AFTER INSERT ON public.approvals DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.event_approval_requested();
-
-
---
--- Name: transcript event_message; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER event_message AFTER INSERT ON public.transcript FOR EACH ROW WHEN ((new.role <> 'user'::text)) EXECUTE FUNCTION public.event_message();
 
 
 --
@@ -858,7 +859,7 @@ CREATE TRIGGER event_run_stopped AFTER UPDATE OF status ON public.runs FOR EACH 
 -- Name: requests event_settled; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE CONSTRAINT TRIGGER event_settled AFTER UPDATE OF status ON public.requests DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.status <> old.status) AND (new.status = ANY (ARRAY['completed'::text, 'abandoned'::text])))) EXECUTE FUNCTION public.event_settled();
+CREATE TRIGGER event_settled AFTER UPDATE OF status ON public.requests FOR EACH ROW WHEN (((new.status <> old.status) AND (new.status = ANY (ARRAY['completed'::text, 'abandoned'::text])))) EXECUTE FUNCTION public.event_settled();
 
 
 --

@@ -337,7 +337,7 @@ CREATE TABLE first_run_checkpoints (
 ) WITHOUT ROWID;
 
 CREATE TABLE events (
-    conversation_id  BLOB NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    conversation_key INTEGER NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
     seq              INTEGER NOT NULL,
     kind             INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 8),
     request_id       BLOB NOT NULL,
@@ -346,16 +346,17 @@ CREATE TABLE events (
     entry_seq        INTEGER,
     call_id          TEXT,
     at               INTEGER NOT NULL,
-    PRIMARY KEY (conversation_id, seq)
+    PRIMARY KEY (conversation_key, seq)
 ) WITHOUT ROWID;
 
 CREATE TRIGGER event_admitted AFTER INSERT ON requests
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
-    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
-    SELECT conversation_id, event_seq, 0, NEW.request_id, NULLIF(run_id, NEW.request_id),
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    SELECT c.key, a.event_seq, 0, NEW.request_id, NULLIF(a.run_id, NEW.request_id),
         NEW.created_at
-    FROM admissions WHERE conversation_id = NEW.conversation_id;
+    FROM admissions a JOIN conversations c ON c.id = a.conversation_id
+    WHERE a.conversation_id = NEW.conversation_id;
 END;
 
 CREATE TRIGGER event_run_started AFTER INSERT ON runs
@@ -364,27 +365,26 @@ BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE conversation_id = (SELECT conversation_id FROM requests
                              WHERE request_id = NEW.request_id);
-    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
-    SELECT a.conversation_id, a.event_seq, 1, NEW.request_id, NEW.run_id, NEW.started_at
-    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    SELECT c.key, a.event_seq, 1, NEW.request_id, NEW.run_id, NEW.started_at
+    FROM requests r
+    JOIN admissions a ON a.conversation_id = r.conversation_id
+    JOIN conversations c ON c.id = r.conversation_id
     WHERE r.request_id = NEW.request_id;
 END;
 
-CREATE TRIGGER event_message AFTER INSERT ON transcript
-WHEN NEW.role <> 'user'
+CREATE TRIGGER event_answered AFTER INSERT ON transcript
+WHEN NEW.role = 'assistant'
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
-    WHERE conversation_id = (SELECT r.conversation_id
-                             FROM requests r JOIN conversations c ON c.id = r.conversation_id
-                             WHERE r.request_id = NEW.request_id
-                               AND c.key = NEW.conversation_key);
-    INSERT INTO events (conversation_id, seq, kind, request_id, entry_seq, at)
-    SELECT a.conversation_id, a.event_seq, 2, NEW.request_id, NEW.seq,
+    WHERE active_request_id = NEW.request_id
+      AND conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+    INSERT INTO events (conversation_key, seq, kind, request_id, entry_seq, at)
+    SELECT NEW.conversation_key, a.event_seq, 2, NEW.request_id, NEW.seq,
         CAST(unixepoch('subsec') * 1000 AS INTEGER)
-    FROM requests r
-    JOIN conversations c ON c.id = r.conversation_id
-    JOIN admissions a ON a.conversation_id = r.conversation_id
-    WHERE r.request_id = NEW.request_id AND c.key = NEW.conversation_key;
+    FROM admissions a
+    WHERE a.active_request_id = NEW.request_id
+      AND a.conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
 END;
 
 CREATE TRIGGER event_tool_finished AFTER UPDATE OF status ON tool_calls
@@ -393,10 +393,12 @@ BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE conversation_id = (SELECT conversation_id FROM requests
                              WHERE request_id = NEW.request_id);
-    INSERT INTO events (conversation_id, seq, kind, request_id, turn, call_id, at)
-    SELECT a.conversation_id, a.event_seq, 3, NEW.request_id, NEW.turn, NEW.call_id,
+    INSERT INTO events (conversation_key, seq, kind, request_id, turn, call_id, at)
+    SELECT c.key, a.event_seq, 3, NEW.request_id, NEW.turn, NEW.call_id,
         COALESCE(NEW.completed_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
-    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    FROM requests r
+    JOIN admissions a ON a.conversation_id = r.conversation_id
+    JOIN conversations c ON c.id = r.conversation_id
     WHERE r.request_id = NEW.request_id;
 END;
 
@@ -405,10 +407,11 @@ BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE conversation_id = (SELECT conversation_id FROM requests
                              WHERE request_id = NEW.request_id);
-    INSERT INTO events (conversation_id, seq, kind, request_id, turn, call_id, at)
-    SELECT a.conversation_id, a.event_seq, 4, NEW.request_id, NEW.turn, NEW.call_id,
-        NEW.requested_at
-    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    INSERT INTO events (conversation_key, seq, kind, request_id, turn, call_id, at)
+    SELECT c.key, a.event_seq, 4, NEW.request_id, NEW.turn, NEW.call_id, NEW.requested_at
+    FROM requests r
+    JOIN admissions a ON a.conversation_id = r.conversation_id
+    JOIN conversations c ON c.id = r.conversation_id
     WHERE r.request_id = NEW.request_id;
 END;
 
@@ -418,10 +421,12 @@ BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE conversation_id = (SELECT conversation_id FROM requests
                              WHERE request_id = NEW.request_id);
-    INSERT INTO events (conversation_id, seq, kind, request_id, turn, call_id, at)
-    SELECT a.conversation_id, a.event_seq, 5, NEW.request_id, NEW.turn, NEW.call_id,
+    INSERT INTO events (conversation_key, seq, kind, request_id, turn, call_id, at)
+    SELECT c.key, a.event_seq, 5, NEW.request_id, NEW.turn, NEW.call_id,
         COALESCE(NEW.decided_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
-    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    FROM requests r
+    JOIN admissions a ON a.conversation_id = r.conversation_id
+    JOIN conversations c ON c.id = r.conversation_id
     WHERE r.request_id = NEW.request_id;
 END;
 
@@ -431,10 +436,12 @@ BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE conversation_id = (SELECT conversation_id FROM requests
                              WHERE request_id = NEW.request_id);
-    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
-    SELECT a.conversation_id, a.event_seq, 6, NEW.request_id, NEW.run_id,
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    SELECT c.key, a.event_seq, 6, NEW.request_id, NEW.run_id,
         COALESCE(NEW.ended_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
-    FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+    FROM requests r
+    JOIN admissions a ON a.conversation_id = r.conversation_id
+    JOIN conversations c ON c.id = r.conversation_id
     WHERE r.request_id = NEW.request_id;
 END;
 
@@ -442,18 +449,20 @@ CREATE TRIGGER event_first_run_stopped AFTER UPDATE OF run_state ON requests
 WHEN NEW.run_state = 2 AND OLD.run_state IS NOT 2
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
-    INSERT INTO events (conversation_id, seq, kind, request_id, at)
-    SELECT conversation_id, event_seq, 6, NEW.request_id,
+    INSERT INTO events (conversation_key, seq, kind, request_id, at)
+    SELECT c.key, a.event_seq, 6, NEW.request_id,
         COALESCE(NEW.run_ended_early_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
-    FROM admissions WHERE conversation_id = NEW.conversation_id;
+    FROM admissions a JOIN conversations c ON c.id = a.conversation_id
+    WHERE a.conversation_id = NEW.conversation_id;
 END;
 
 CREATE TRIGGER event_settled AFTER UPDATE OF state ON requests
 WHEN NEW.state <> OLD.state AND NEW.state IN (1, 2)
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
-    INSERT INTO events (conversation_id, seq, kind, request_id, run_id, at)
-    SELECT conversation_id, event_seq, IIF(NEW.state = 1, 7, 8), NEW.request_id,
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    SELECT c.key, a.event_seq, IIF(NEW.state = 1, 7, 8), NEW.request_id,
         IIF(NEW.state = 1, NEW.committed_by, NULL), COALESCE(NEW.completed_at, 0)
-    FROM admissions WHERE conversation_id = NEW.conversation_id;
+    FROM admissions a JOIN conversations c ON c.id = a.conversation_id
+    WHERE a.conversation_id = NEW.conversation_id;
 END;

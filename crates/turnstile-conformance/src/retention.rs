@@ -84,22 +84,21 @@ async fn retention(store: &dyn StoreAdmin) -> Result<Retention, Error> {
 
 /// What no replay of the completed request needs: run `a1` and its
 /// checkpoint, `a2`'s checkpoints of turns 1 (seeded) and 2, the two
-/// journal rows, and its 10 events (admitted; per tool turn the answer, the
-/// result journaled and its message; `a2` started; the final answer;
-/// committed).
+/// journal rows, and its 7 events (admitted; per tool turn the answer and
+/// the result journaled; `a2` started; committed).
 fn completed_prunable() -> TableCounts {
     TableCounts {
         runs: 1,
         loop_checkpoints: 3,
         tool_calls: 2,
-        events: 10,
+        events: 7,
         ..TableCounts::default()
     }
 }
 
 /// Everything of the abandoned request but its row: run `b`, its
 /// checkpoint, its journal row, its three pending messages (input, model
-/// answer, tool result), its turn's verification report and its 5 events.
+/// answer, tool result), its turn's verification report and its 4 events.
 fn abandoned_prunable() -> TableCounts {
     TableCounts {
         runs: 1,
@@ -107,7 +106,7 @@ fn abandoned_prunable() -> TableCounts {
         tool_calls: 1,
         run_messages: 3,
         verification_reports: 1,
-        events: 5,
+        events: 4,
         ..TableCounts::default()
     }
 }
@@ -315,8 +314,8 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
     // and their runs; 3 checkpoints (turns 1 and 2 of the committed run,
     // turn 1 of the abandoned one), as many verification reports; 2
     // journal rows; the abandoned request's 3 pending messages; the log's
-    // 11 events (6 of the committed request, 5 of the abandoned one). Of
-    // the held conversation's committed request only its 3 events go.
+    // 8 events (4 of each request). Of the held conversation's committed
+    // request only its 2 events go.
     let expected = TableCounts {
         conversations: 1,
         admissions: 1,
@@ -328,7 +327,7 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
         tool_calls: 2,
         run_messages: 3,
         approvals: 0,
-        events: 14,
+        events: 10,
     };
     let options = PruneOptions {
         include_transcripts: true,

@@ -11,9 +11,10 @@
 -- steps of one conversation never take the same number.
 --
 -- `kind`: 0 admitted, 1 run started (a resume, recovery or takeover),
--- 2 message (a model's answer or a tool's result reached the transcript at
+-- 2 answered (the model's answer with tool calls is the transcript entry
 -- `entry_seq`), 3 tool finished, 4 approval requested, 5 approval decided,
--- 6 stopped, 7 committed, 8 abandoned. `run_id` is NULL for a request's
+-- 6 stopped, 7 committed (the final answer is the request's last entry),
+-- 8 abandoned. `run_id` is NULL for a request's
 -- first run when its id is the request's, and where the kind names none.
 ALTER TABLE admissions ADD COLUMN event_seq bigint NOT NULL DEFAULT 0;
 
@@ -66,20 +67,24 @@ END $$;
 CREATE TRIGGER event_run_started AFTER INSERT ON runs
 FOR EACH ROW WHEN (NEW.resumed_from IS NOT NULL) EXECUTE FUNCTION event_run_started();
 
--- A request's own messages only (a fork copies entries of another
--- conversation's requests), and not its input, which `admitted` tells.
-CREATE FUNCTION event_message() RETURNS trigger LANGUAGE plpgsql AS $$
+-- The model's answers that call tools, written while the request is held
+-- in this conversation: not its input (`admitted` tells it), not its tool
+-- results (`tool finished` does), not its final answer (the commit's
+-- statement releases the admission: `committed` tells it), and not a
+-- fork's copy of another conversation's entries.
+CREATE FUNCTION event_answered() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM requests
-               WHERE conversation_id = NEW.conversation_id AND request_id = NEW.request_id)
+    IF EXISTS (SELECT 1 FROM admissions
+               WHERE conversation_id = NEW.conversation_id
+                 AND active_request_id = NEW.request_id)
     THEN
         PERFORM log_event(NEW.conversation_id, 2::smallint, NEW.request_id, NULL,
             NULL, NEW.seq, NULL, event_clock());
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER event_message AFTER INSERT ON transcript
-FOR EACH ROW WHEN (NEW.role <> 'user') EXECUTE FUNCTION event_message();
+CREATE TRIGGER event_answered AFTER INSERT ON transcript
+FOR EACH ROW WHEN (NEW.role = 'assistant') EXECUTE FUNCTION event_answered();
 
 CREATE FUNCTION event_tool_finished() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -131,10 +136,7 @@ CREATE TRIGGER event_run_stopped AFTER UPDATE OF status ON runs
 FOR EACH ROW WHEN (NEW.status = 'failed' AND OLD.status <> 'failed')
 EXECUTE FUNCTION event_run_stopped();
 
--- Committed or abandoned. Deferred to the end of the transaction: the
--- commit's statement appends the final answer too, and the parts of one
--- statement run in no set order, while the answer's event must come
--- first.
+-- Committed or abandoned.
 CREATE FUNCTION event_settled() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM log_event(NEW.conversation_id,
@@ -143,7 +145,6 @@ BEGIN
         NULL, NULL, NULL, COALESCE(NEW.completed_at, event_clock()));
     RETURN NULL;
 END $$;
-CREATE CONSTRAINT TRIGGER event_settled AFTER UPDATE OF status ON requests
-DEFERRABLE INITIALLY DEFERRED
+CREATE TRIGGER event_settled AFTER UPDATE OF status ON requests
 FOR EACH ROW WHEN (NEW.status <> OLD.status AND NEW.status IN ('completed', 'abandoned'))
 EXECUTE FUNCTION event_settled();

@@ -117,7 +117,9 @@ async fn delete_in(
                  AS "run_messages!: i64",
              (SELECT COUNT(*) FROM approvals
               WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64",
-             (SELECT COUNT(*) FROM events WHERE conversation_id = ?1) AS "events!: i64",
+             (SELECT COUNT(*) FROM events
+              WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1))
+                 AS "events!: i64",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = ?1) AS "summaries!: i64""#,
         uuid
     )

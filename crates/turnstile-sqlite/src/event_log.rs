@@ -21,7 +21,8 @@ pub(super) async fn load_events_after(
     let rows = sqlx::query_as!(
         EventRow,
         r#"SELECT seq, at, kind, request_id, run_id, turn, entry_seq, call_id FROM events
-           WHERE conversation_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"#,
+           WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1) AND seq > ?2
+           ORDER BY seq LIMIT ?3"#,
         uuid,
         after,
         limit

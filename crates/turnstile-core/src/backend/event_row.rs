@@ -14,7 +14,7 @@ pub struct EventRow {
     pub seq: i64,
     /// Unix milliseconds.
     pub at: i64,
-    /// The step's code: 0 admitted, 1 run started, 2 message, 3 tool
+    /// The step's code: 0 admitted, 1 run started, 2 answered, 3 tool
     /// finished, 4 approval requested, 5 approval decided, 6 stopped,
     /// 7 committed, 8 abandoned.
     pub kind: i64,
@@ -25,7 +25,7 @@ pub struct EventRow {
     pub run_id: Option<Vec<u8>>,
     /// The tool call's turn, for the kinds about a tool call.
     pub turn: Option<i64>,
-    /// The transcript entry of a message.
+    /// The transcript entry of an answer.
     pub entry_seq: Option<i64>,
     /// The tool call's id, for the kinds about a tool call.
     pub call_id: Option<String>,
@@ -64,7 +64,7 @@ impl EventRow {
         let step = match self.kind {
             0 => LoggedStep::Admitted { run_id: run_id()? },
             1 => LoggedStep::RunStarted { run_id: run_id()? },
-            2 => LoggedStep::Message {
+            2 => LoggedStep::Answered {
                 entry_seq: row.u64(
                     "entry_seq",
                     self.entry_seq

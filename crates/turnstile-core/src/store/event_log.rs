@@ -9,7 +9,7 @@ use crate::ids::{RequestId, RunId};
 
 /// One entry of a conversation's event log. As JSON: `seq`, `at`,
 /// `request_id`, and the step's fields with its `kind` (`admitted`,
-/// `run_started`, `message`, …).
+/// `run_started`, `answered`, …).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoggedEvent {
     /// Its number in the conversation's log: 1 for the first, and one more
@@ -42,16 +42,18 @@ pub enum LoggedStep {
         /// The run that continues the request.
         run_id: RunId,
     },
-    /// A message of the request reached the transcript at `entry_seq`: a
-    /// model's answer or a tool's result (the request's input is told by
-    /// `Admitted`). Once the request commits, the entry reads with
-    /// [`Store::transcript_range`](super::Store::transcript_range); before,
-    /// it is one of [`Store::request_messages`](super::Store::request_messages).
-    /// An abandoned request's entries leave the transcript, and the next
+    /// The model answered with tool calls: its message is the transcript
+    /// entry at `entry_seq`, and each call's result follows as
+    /// [`LoggedStep::ToolFinished`] (the request's input is told by
+    /// `Admitted`, its final answer by `Committed`). Before the request
+    /// commits, the entry is one of
+    /// [`Store::request_messages`](super::Store::request_messages); after,
+    /// it reads with [`Store::transcript_range`](super::Store::transcript_range).
+    /// An abandoned request's entries leave the transcript and the next
     /// request's take their places: an entry read later belongs to the
     /// event only while its `request_id` is the event's.
-    Message {
-        /// The entry's place in the transcript.
+    Answered {
+        /// The answer's place in the transcript.
         entry_seq: u64,
     },
     /// A tool call's result was journaled.
@@ -81,7 +83,8 @@ pub enum LoggedStep {
         /// The run that stopped.
         run_id: RunId,
     },
-    /// The request committed: its answer is in the transcript.
+    /// The request committed: its final answer is its last transcript
+    /// entry (`end_seq - 1` of its stored outcome).
     Committed {
         /// The run that committed it.
         run_id: RunId,

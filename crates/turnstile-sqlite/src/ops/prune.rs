@@ -224,8 +224,9 @@ async fn prune_requests(
     // requests' events.
     let events = sqlx::query!(
         "DELETE FROM events
-         WHERE conversation_id IN (SELECT conversation_id FROM requests
-                                   WHERE request_id IN (SELECT unhex(value) FROM json_each(?1)))
+         WHERE conversation_key IN (
+                   SELECT c.key FROM requests r JOIN conversations c ON c.id = r.conversation_id
+                   WHERE r.request_id IN (SELECT unhex(value) FROM json_each(?1)))
            AND request_id IN (SELECT unhex(value) FROM json_each(?1))",
         requests
     )
@@ -377,7 +378,9 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM approvals
               WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64",
              (SELECT COUNT(*) FROM events
-              WHERE conversation_id IN (SELECT id FROM doomed)) AS "events!: i64""#,
+              WHERE conversation_key IN (SELECT key FROM conversations
+                                         WHERE id IN (SELECT id FROM doomed)))
+                 AS "events!: i64""#,
         doomed
     )
     .fetch_one(&mut *tx)

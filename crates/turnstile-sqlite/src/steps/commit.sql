@@ -1,8 +1,8 @@
 -- A request's commit, fenced: the committed turn's checkpoint (phase
--- `completed`, the outcome's totals), the admission released, the final
--- answer appended (at `first_seq + final_seq`), the request completed with
--- where its messages start and end in the transcript (they are there
--- already, after the committed entries), the conversation's version bumped
+-- `completed`, the outcome's totals), the admission released, the request
+-- completed with where its messages start and end in the transcript (they
+-- are there already, after the committed entries), the final answer
+-- appended (at `first_seq + final_seq`), the conversation's version bumped
 -- and its transcript's length moved past the answer, the run completed.
 CREATE VIEW commits (
     conversation_id, request_id, run_id, revision, now,
@@ -77,12 +77,6 @@ BEGIN
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
       AND run_id = NEW.run_id;
-    -- The answer first, so that the event log tells it before the commit
-    -- (`event_settled`).
-    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
-    SELECT key, transcript_length + NEW.final_seq, NEW.request_id, NEW.answer_role,
-        NEW.answer_content, NEW.answer_meta
-    FROM conversations WHERE id = NEW.conversation_id;
     UPDATE requests
     SET state = 1 /* completed */, committed_by = NULLIF(NEW.run_id, NEW.request_id),
         -- a folded run that commits ends at the completion
@@ -91,13 +85,17 @@ BEGIN
         conversation_version = (SELECT version + 1 FROM conversations
                                 WHERE id = NEW.conversation_id),
         first_seq = (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id),
-        end_seq = (SELECT c.transcript_length + COUNT(t.seq)
+        end_seq = (SELECT c.transcript_length + COUNT(t.seq) + 1
                    FROM conversations c
                    LEFT JOIN transcript t
                        ON t.conversation_key = c.key AND t.seq >= c.transcript_length
                    WHERE c.id = NEW.conversation_id),
         completed_at = NEW.now
     WHERE request_id = NEW.request_id;
+    INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
+    VALUES ((SELECT key FROM conversations WHERE id = NEW.conversation_id),
+        (SELECT first_seq FROM requests WHERE request_id = NEW.request_id) + NEW.final_seq,
+        NEW.request_id, NEW.answer_role, NEW.answer_content, NEW.answer_meta);
     UPDATE conversations
     SET version = version + 1,
         transcript_length = (SELECT end_seq FROM requests WHERE request_id = NEW.request_id)

@@ -57,7 +57,7 @@ pub(super) mod turn_write;
 /// `DIGESTS` in the tests. Any change to a step file appends the new
 /// files' digest there and bumps this (the test
 /// `each_step_set_version_has_its_own_digest` fails until both are done).
-pub(super) const STEP_SET_VERSION: i64 = 13;
+pub(super) const STEP_SET_VERSION: i64 = 12;
 
 /// Every step, by name: its SQL file's stem.
 const STEPS: [(&str, &str); 7] = [
@@ -438,7 +438,6 @@ mod tests {
         "c315c7f03324120893d07bae78de3d9f535ef38f8f2d55bad79aed1888ccfdb7",
         "5c9201ce57a25d743d41fb97503eaf3e905b1e3413b14407a0f2dec668f7f95a",
         "7739092da667c35e15c4a84351c054f728f35727f68e8c7de36d137de6b894af",
-        "46904e71e21b046f879b94f7c45080124fc146800f0e36a51c6d5ea63e3ac028",
     ];
 
     #[test]

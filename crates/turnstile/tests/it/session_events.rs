@@ -85,21 +85,14 @@ async fn a_follower_sees_each_step_once_and_a_reconnect_from_its_last_number_mis
             .filter(|e| e.request_id == request)
             .map(|e| match e.step {
                 LoggedStep::Admitted { .. } => "admitted",
-                LoggedStep::Message { .. } => "message",
+                LoggedStep::Answered { .. } => "answered",
                 LoggedStep::ToolFinished { .. } => "tool finished",
                 LoggedStep::Committed { .. } => "committed",
                 _ => "other",
             })
             .collect()
     };
-    let one_request = [
-        "admitted",
-        "message",
-        "tool finished",
-        "message",
-        "message",
-        "committed",
-    ];
+    let one_request = ["admitted", "answered", "tool finished", "committed"];
     assert_eq!(steps(first), one_request);
     assert_eq!(steps(second), one_request);
     // Nothing more is there to follow.
@@ -147,5 +140,5 @@ async fn the_log_of_another_namespaces_or_a_missing_conversation_is_refused() {
         followed.next().await.is_none(),
         "the stream ends at its error"
     );
-    assert_eq!(owner.events_after(0, 10).await.unwrap().len(), 3);
+    assert_eq!(owner.events_after(0, 10).await.unwrap().len(), 2);
 }
