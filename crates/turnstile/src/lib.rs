@@ -163,3 +163,6 @@ pub use turnstile_mcp::{
 };
 #[cfg(feature = "openai")]
 pub use turnstile_openai::{redacted_url, OpenAiConfig, OpenAiModel, ReasoningReplay, RetryPolicy};
+/// Requests and event logs over HTTP (feature `server`).
+#[cfg(feature = "server")]
+pub use turnstile_server as server;

@@ -35,6 +35,7 @@ mod progress;
 mod recover_expired;
 mod run;
 mod search;
+mod serve;
 mod store;
 mod take_over;
 mod text;
@@ -58,6 +59,7 @@ pub use ops::{CheckpointsArgs, DoctorArgs, EventsArgs, ExportArgs, LsArgs, Prune
 pub use output::Style;
 pub use recover_expired::RecoverExpiredArgs;
 pub use run::RunArgs;
+pub use serve::ServeArgs;
 pub use take_over::{RecoverArgs, ResumeArgs};
 pub use tool_list::ToolsArgs;
 
@@ -144,6 +146,12 @@ pub enum Command {
     /// Create a new conversation from the first SEQ committed entries of
     /// another (left untouched). Prints the new id.
     Fork(ForkArgs),
+    /// Serve requests and event logs over HTTP with the agent of these
+    /// flags: `POST /v1/conversations/{id}/requests` (`{"input": "…"}`, the
+    /// request id as `Idempotency-Key`) and `GET
+    /// /v1/conversations/{id}/events` (server-sent events, resumed with
+    /// `Last-Event-ID`), until Ctrl-C or SIGTERM.
+    Serve(ServeArgs),
     /// A conversation's title, owner and metadata: shows them, or changes
     /// them with a compare-and-swap on their version (exit 5 if it moved).
     Meta(MetaArgs),
@@ -226,6 +234,7 @@ fn database(command: &Command) -> Option<std::path::PathBuf> {
         Command::Fork(a) => &a.db,
         Command::Meta(a) => &a.db,
         Command::Demo(a) => &a.db,
+        Command::Serve(a) => &a.db,
         _ => return None,
     };
     match location {
@@ -254,10 +263,10 @@ impl Write for Tracked<'_> {
 fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
     // One thread is plenty: the work is a sequence of model calls and
     // database steps, and SQLite runs on its own worker threads. The bench
-    // drives many conversations at once, as an application would: on every
-    // core.
+    // drives many conversations at once, as an application would, and a
+    // server serves many clients: on every core.
     let mut builder = match cli.command {
-        Command::Bench(_) => tokio::runtime::Builder::new_multi_thread(),
+        Command::Bench(_) | Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let runtime = builder
@@ -281,6 +290,7 @@ fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Checkpoints(args) => ops::checkpoints(args, out, style, json).await,
             Command::Export(args) => ops::export(args, out).await,
             Command::Events(args) => ops::events(args, out).await,
+            Command::Serve(args) => serve::serve(args, out).await,
             Command::Prune(args) => ops::prune(args, out, style, json).await,
             Command::Doctor(args) => ops::doctor(args, out, style, json).await,
             Command::Bench(args) => bench::run(args, out, style, json).await,

@@ -21,6 +21,7 @@ mod cli_parts;
 mod cli_postgres;
 mod cli_read_only;
 mod cli_retention;
+mod cli_serve;
 mod cli_session;
 mod cli_support;
 mod security;

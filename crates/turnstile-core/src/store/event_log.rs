@@ -92,3 +92,22 @@ pub enum LoggedStep {
     /// The request was abandoned: the admission is free again.
     Abandoned,
 }
+
+impl LoggedStep {
+    /// Its kind as the JSON names it: `admitted`, `run_started`,
+    /// `answered`, `tool_finished`, `approval_requested`,
+    /// `approval_decided`, `stopped`, `committed` or `abandoned`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LoggedStep::Admitted { .. } => "admitted",
+            LoggedStep::RunStarted { .. } => "run_started",
+            LoggedStep::Answered { .. } => "answered",
+            LoggedStep::ToolFinished { .. } => "tool_finished",
+            LoggedStep::ApprovalRequested { .. } => "approval_requested",
+            LoggedStep::ApprovalDecided { .. } => "approval_decided",
+            LoggedStep::Stopped { .. } => "stopped",
+            LoggedStep::Committed { .. } => "committed",
+            LoggedStep::Abandoned => "abandoned",
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! `GET /v1/conversations/{id}/events`: the conversation's durable event
+//! log as server-sent events, from after the last one the client saw.
+
+use std::convert::Infallible;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
+use turnstile_core::store::LoggedEvent;
+
+use crate::errors::ApiError;
+use crate::requests::conversation_id;
+use crate::Server;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct After {
+    after: Option<u64>,
+}
+
+pub(crate) async fn get_events(
+    State(server): State<Server>,
+    Path(conversation): Path<String>,
+    query: Result<Query<After>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let conversation_id = conversation_id(&conversation)?;
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::bad_request(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            rejection.body_text(),
+            "the one parameter is after=N, the number of the last event seen",
+        )
+    })?;
+    let after = match last_event_id(&headers)? {
+        Some(seen) => seen,
+        None => query.after.unwrap_or(0),
+    };
+    let session = server.session(conversation_id);
+    // Refused before the stream starts, with a status: a conversation
+    // this server cannot show.
+    session.events_after(after, 0).await?;
+    let closing = server.closing.clone();
+    let shut_down = async move {
+        match closing {
+            Some(mut closing) => {
+                let _ = closing.wait_for(|closed| *closed).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let events = session
+        .follow_events(after, server.poll)
+        .take_until(shut_down)
+        .map(|event| {
+            Ok(match event {
+                Ok(event) => sse_event(&event),
+                // The stream ends after it: the client reconnects from the
+                // last number it saw.
+                Err(error) => {
+                    tracing::warn!(%error, "an event stream ended");
+                    Event::default().event("error").data(error.to_string())
+                }
+            })
+        });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+fn sse_event(event: &LoggedEvent) -> Event {
+    let data = serde_json::to_string(event).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "an event could not be encoded");
+        String::from("{}")
+    });
+    Event::default()
+        .id(event.seq.to_string())
+        .event(event.step.kind())
+        .data(data)
+}
+
+/// The `Last-Event-ID` a reconnecting client sends: the number of the
+/// last event it saw.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                StatusCode::BAD_REQUEST,
+                "invalid_last_event_id",
+                "Last-Event-ID is not an event number",
+                "send the `id` of the last event received, or none to start from the first",
+            )
+        })
+}

@@ -1,0 +1,113 @@
+//! `POST /v1/conversations/{id}/requests`: one request, admitted by its
+//! idempotency key, run to its commit.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use turnstile_core::agent::RunContext;
+use turnstile_core::ids::{ConversationId, RequestId};
+use turnstile_core::outcome::Outcome;
+
+use crate::errors::ApiError;
+use crate::Server;
+
+/// The body: the user's input, nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewRequestBody {
+    input: String,
+}
+
+/// The answer: the outcome, with its conversation.
+#[derive(Serialize)]
+pub(crate) struct Answer {
+    conversation_id: ConversationId,
+    #[serde(flatten)]
+    outcome: Outcome,
+}
+
+pub(crate) async fn post_request(
+    State(server): State<Server>,
+    Path(conversation): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<NewRequestBody>, JsonRejection>,
+) -> Result<Json<Answer>, ApiError> {
+    let conversation_id = conversation_id(&conversation)?;
+    let request_id = idempotency_key(&headers)?;
+    if request_id.as_uuid() == conversation_id.as_uuid() {
+        return Err(ApiError::bad_request(
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+            "the Idempotency-Key is the conversation's id",
+            "send a key of its own for each request",
+        ));
+    }
+    let Json(body) = body.map_err(rejected)?;
+    let session = server.session(conversation_id);
+    // Its own task: a client that goes away does not stop the run between
+    // two steps; it goes on to its commit, which the same key then replays.
+    let run = tokio::spawn(async move {
+        session
+            .run(request_id, body.input, RunContext::default())
+            .await
+    });
+    let outcome = run.await.map_err(|e| {
+        tracing::error!(error = %e, "a request's task ended without an outcome");
+        ApiError::bad_request(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failure",
+            "the request's task ended without an outcome",
+            "send the same request again: it replays, or continues from its checkpoint",
+        )
+    })??;
+    Ok(Json(Answer {
+        conversation_id,
+        outcome,
+    }))
+}
+
+pub(crate) fn conversation_id(text: &str) -> Result<ConversationId, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::bad_request(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            format!("{text:?} is not a conversation id"),
+            "name the conversation by a UUID that is not nil",
+        )
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {
+    let missing = || {
+        ApiError::bad_request(
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+            "no Idempotency-Key header, or not a UUID",
+            "send a new UUID as the Idempotency-Key of each request, and the same one to retry it",
+        )
+    };
+    headers
+        .get("idempotency-key")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(missing)
+}
+
+/// A body that is not `{"input": "…"}` as JSON.
+fn rejected(rejection: JsonRejection) -> ApiError {
+    let kind = match rejection {
+        JsonRejection::MissingJsonContentType(_) => "unsupported_media_type",
+        JsonRejection::JsonSyntaxError(_) => "malformed_json",
+        JsonRejection::JsonDataError(_) => "invalid_body",
+        _ => "invalid_body",
+    };
+    ApiError::bad_request(
+        rejection.status(),
+        kind,
+        rejection.body_text(),
+        "send Content-Type: application/json and a body of {\"input\": \"…\"} within the size \
+         limit; nothing was written",
+    )
+}

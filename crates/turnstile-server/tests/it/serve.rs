@@ -1,0 +1,316 @@
+//! Requests by idempotency key and event streams resumed by
+//! `Last-Event-ID`, over real HTTP; bad input answered as JSON 4xx that
+//! writes nothing.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use turnstile::{ConversationId, RequestId, ScriptedReply};
+use turnstile_testkit::session::*;
+use turnstile_testkit::tools::CountingTool;
+
+use crate::support::{start, Sse, SseReader};
+
+fn counting_replies(requests: usize) -> Vec<ScriptedReply> {
+    (0..requests)
+        .flat_map(|_| {
+            [
+                tools_reply(vec![call("c1", "count")], usage(3, 1)),
+                text_reply("counted", usage(4, 2)),
+            ]
+        })
+        .collect()
+}
+
+const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
+
+fn kinds(events: &[Sse]) -> Vec<&str> {
+    events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_request_runs_replays_and_refuses_another_input_under_its_key() {
+    let (_dir, path) = temp_db();
+    let store = file_store(&path).await;
+    let model = scripted(counting_replies(1));
+    let server = start(
+        store.clone(),
+        agent(model.clone(), vec![CountingTool::new("count")]),
+    )
+    .await;
+    let conversation = ConversationId::new().to_string();
+    let key = RequestId::new().to_string();
+
+    let (status, first) = server.post(&conversation, &key, "count").await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["final_text"], "counted");
+    assert_eq!(first["replayed"], false);
+    assert_eq!(first["request_id"], key);
+    assert_eq!(first["conversation_id"], conversation);
+
+    let (status, again) = server.post(&conversation, &key, "count").await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["run_id"], first["run_id"]);
+    assert_eq!(model.calls(), 2, "the replay called no model");
+
+    let (status, other) = server.post(&conversation, &key, "something else").await;
+    assert_eq!(status, 422, "{other}");
+    assert_eq!(other["error"]["kind"], "request_mismatch");
+    assert!(other["error"]["next"].as_str().unwrap().contains("new key"));
+    let id: ConversationId = conversation.parse().unwrap();
+    assert_eq!(store.conversation(&ns(), id).await.unwrap().version, 1);
+}
+
+#[tokio::test]
+async fn a_second_request_while_one_runs_is_busy_naming_the_holder() {
+    let (_dir, path) = temp_db();
+    let store = file_store(&path).await;
+    let model = ProbeModel::new(vec![text_reply("done", usage(1, 1))], 1);
+    let server = Arc::new(start(store, agent(model.clone(), vec![])).await);
+    let conversation = ConversationId::new().to_string();
+    let holder = RequestId::new().to_string();
+    let running = {
+        let (server, conversation, holder) = (server.clone(), conversation.clone(), holder.clone());
+        tokio::spawn(async move { server.post(&conversation, &holder, "slow").await })
+    };
+    model.entered().await;
+    let (status, busy) = server
+        .post(&conversation, &RequestId::new().to_string(), "fast")
+        .await;
+    assert_eq!(status, 409, "{busy}");
+    assert_eq!(busy["error"]["kind"], "busy");
+    assert!(busy["error"]["message"].as_str().unwrap().contains(&holder));
+    model.release();
+    let (status, done) = running.await.unwrap();
+    assert_eq!(
+        (status, done["final_text"].clone()),
+        (200, Value::from("done"))
+    );
+}
+
+#[tokio::test]
+async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes_after_it() {
+    let (_dir, path) = temp_db();
+    let store = file_store(&path).await;
+    let server = Arc::new(
+        start(
+            store.clone(),
+            agent(
+                scripted(counting_replies(2)),
+                vec![CountingTool::new("count")],
+            ),
+        )
+        .await,
+    );
+    let conversation = ConversationId::new().to_string();
+    let (status, first) = server
+        .post(&conversation, &RequestId::new().to_string(), "count")
+        .await;
+    assert_eq!(status, 200, "{first}");
+
+    let mut stream = SseReader::new(
+        server
+            .client
+            .get(server.events(&conversation))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(stream.next().await);
+    }
+    drop(stream); // the connection drops after event 2
+
+    // Reconnect from the last event seen; the next request runs meanwhile.
+    let mut stream = SseReader::new(
+        server
+            .client
+            .get(server.events(&conversation))
+            .header("last-event-id", "2")
+            .send()
+            .await
+            .unwrap(),
+    );
+    let second_key = RequestId::new().to_string();
+    let posting = {
+        let (server, conversation, key) =
+            (server.clone(), conversation.clone(), second_key.clone());
+        tokio::spawn(async move { server.post(&conversation, &key, "count again").await })
+    };
+    while seen.len() < 8 {
+        seen.push(stream.next().await);
+    }
+    assert_eq!(posting.await.unwrap().0, 200);
+
+    let ids: Vec<_> = seen.iter().map(|e| e.id).collect();
+    assert_eq!(
+        ids,
+        (1..=8).collect::<Vec<_>>(),
+        "each event once, in order"
+    );
+    assert_eq!(kinds(&seen[..4]), ONE_REQUEST);
+    assert_eq!(kinds(&seen[4..]), ONE_REQUEST);
+    assert!(seen[4..].iter().all(|e| e.data["request_id"] == second_key));
+    // The data is the stored event.
+    let id: ConversationId = conversation.parse().unwrap();
+    let stored = store.events_after(id, 0, 100).await.unwrap();
+    let as_json: Vec<Value> = stored
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    let sent: Vec<Value> = seen.iter().map(|e| e.data.clone()).collect();
+    assert_eq!(sent, as_json);
+
+    // `?after=` does what the header does.
+    let mut after = SseReader::new(
+        server
+            .client
+            .get(format!("{}?after=6", server.events(&conversation)))
+            .send()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(after.next().await.id, 7);
+    assert_eq!(after.next().await.id, 8);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_json_4xx_that_writes_nothing_and_the_server_goes_on() {
+    let (_dir, path) = temp_db();
+    let store = file_store(&path).await;
+    let server = start(
+        store.clone(),
+        agent(scripted(vec![text_reply("fine", usage(1, 1))]), vec![]),
+    )
+    .await;
+    let conversation = ConversationId::new().to_string();
+    let key = RequestId::new().to_string();
+    let client = &server.client;
+    let url = server.requests(&conversation);
+    let raw = |body: &'static str, content_type: &'static str| {
+        client
+            .post(&url)
+            .header("idempotency-key", &key)
+            .header("content-type", content_type)
+            .body(body)
+    };
+    let huge = format!("{{\"input\": \"{}\"}}", "x".repeat(3 << 20));
+    let cases = vec![
+        (
+            "malformed JSON",
+            raw("{\"input\": ", "application/json"),
+            400,
+            "malformed_json",
+        ),
+        (
+            "an unknown field",
+            raw("{\"input\": \"hi\", \"extra\": 1}", "application/json"),
+            422,
+            "invalid_body",
+        ),
+        (
+            "no input",
+            raw("{}", "application/json"),
+            422,
+            "invalid_body",
+        ),
+        (
+            "another content type",
+            raw("{\"input\": \"hi\"}", "text/plain"),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "no key",
+            client.post(&url).json(&serde_json::json!({"input": "hi"})),
+            400,
+            "invalid_key",
+        ),
+        (
+            "a key that is no UUID",
+            client
+                .post(&url)
+                .header("idempotency-key", "not-a-uuid")
+                .json(&serde_json::json!({"input": "hi"})),
+            400,
+            "invalid_key",
+        ),
+        (
+            "a conversation id that is no UUID",
+            client
+                .post(server.requests("nope"))
+                .header("idempotency-key", &key)
+                .json(&serde_json::json!({"input": "hi"})),
+            400,
+            "invalid_id",
+        ),
+        (
+            "a body over the limit",
+            client
+                .post(&url)
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(huge),
+            413,
+            "invalid_body",
+        ),
+        (
+            "an empty input",
+            client
+                .post(&url)
+                .header("idempotency-key", &key)
+                .json(&serde_json::json!({"input": ""})),
+            400,
+            "invalid_input",
+        ),
+        (
+            "no such route",
+            client.get(format!("{}/v1/nothing", server.base)),
+            404,
+            "no_route",
+        ),
+        (
+            "the events of no conversation",
+            client.get(server.events(&conversation)),
+            404,
+            "not_found",
+        ),
+        (
+            "a Last-Event-ID that is no number",
+            client
+                .get(server.events(&conversation))
+                .header("last-event-id", "x"),
+            400,
+            "invalid_last_event_id",
+        ),
+        (
+            "an unknown query parameter",
+            client.get(format!("{}?from=3", server.events(&conversation))),
+            400,
+            "invalid_query",
+        ),
+    ];
+    for (what, request, status, kind) in cases {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{what}");
+        let body: Value = response
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(body["error"]["kind"], kind, "{what}: {body}");
+        assert!(
+            !body["error"]["next"].as_str().unwrap().is_empty(),
+            "{what}"
+        );
+    }
+    // Nothing was written, and the server still serves.
+    let id: ConversationId = conversation.parse().unwrap();
+    assert!(store.conversation(&ns(), id).await.is_err());
+    let (status, fine) = server.post(&conversation, &key, "hi").await;
+    assert_eq!(
+        (status, fine["final_text"].clone()),
+        (200, Value::from("fine"))
+    );
+}
