@@ -3,9 +3,9 @@
 //! and input replay the stored answer, another input is refused, a
 //! conversation held by another request is busy), and runs to its commit
 //! even when the client goes away. A conversation's durable event log
-//! ([`Store::events_after`](turnstile_core::Store::events_after)) is served
-//! as server-sent events, each with its number as `id`: a client that
-//! reconnects with `Last-Event-ID` gets every later event once.
+//! ([`Store::events_after`]) is served as server-sent events, each with its
+//! number as `id`: a client that reconnects with `Last-Event-ID` gets every
+//! later event once.
 //!
 //! | route | what |
 //! |---|---|
