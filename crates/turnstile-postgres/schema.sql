@@ -28,7 +28,10 @@ CREATE FUNCTION public.event_admitted() RETURNS trigger
 BEGIN
     PERFORM log_event(NEW.conversation_id, 0::smallint, NEW.request_id,
         (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id),
-        NULL, NULL, NULL, NEW.created_at);
+        NULL,
+        (SELECT transcript_length FROM conversations
+         WHERE conversation_id = NEW.conversation_id),
+        NULL, NEW.created_at);
     RETURN NULL;
 END $$;
 
@@ -40,13 +43,17 @@ END $$;
 CREATE FUNCTION public.event_answered() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    stepped_at bigint;
 BEGIN
-    IF EXISTS (SELECT 1 FROM admissions
-               WHERE conversation_id = NEW.conversation_id
-                 AND active_request_id = NEW.request_id)
-    THEN
+    -- The time the step's fence wrote, on the clock of every other event.
+    SELECT a.updated_at INTO stepped_at
+    FROM admissions a JOIN conversations c USING (conversation_id)
+    WHERE a.conversation_id = NEW.conversation_id AND a.active_request_id = NEW.request_id
+      AND NEW.seq > c.transcript_length;
+    IF FOUND THEN
         PERFORM log_event(NEW.conversation_id, 2::smallint, NEW.request_id, NULL,
-            NULL, NEW.seq, NULL, event_clock());
+            NULL, NEW.seq, NULL, stepped_at);
     END IF;
     RETURN NULL;
 END $$;

@@ -352,9 +352,9 @@ CREATE TABLE events (
 CREATE TRIGGER event_admitted AFTER INSERT ON requests
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
-    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, entry_seq, at)
     SELECT c.key, a.event_seq, 0, NEW.request_id, NULLIF(a.run_id, NEW.request_id),
-        NEW.created_at
+        c.transcript_length, NEW.created_at
     FROM admissions a JOIN conversations c ON c.id = a.conversation_id
     WHERE a.conversation_id = NEW.conversation_id;
 END;
@@ -378,13 +378,17 @@ WHEN NEW.role = 'assistant'
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE active_request_id = NEW.request_id
-      AND conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+      AND conversation_id = (SELECT id FROM conversations
+                             WHERE key = NEW.conversation_key
+                               AND NEW.seq > transcript_length);
     INSERT INTO events (conversation_key, seq, kind, request_id, entry_seq, at)
     SELECT NEW.conversation_key, a.event_seq, 2, NEW.request_id, NEW.seq,
         CAST(unixepoch('subsec') * 1000 AS INTEGER)
     FROM admissions a
     WHERE a.active_request_id = NEW.request_id
-      AND a.conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+      AND a.conversation_id = (SELECT id FROM conversations
+                               WHERE key = NEW.conversation_key
+                                 AND NEW.seq > transcript_length);
 END;
 
 CREATE TRIGGER event_tool_finished AFTER UPDATE OF status ON tool_calls

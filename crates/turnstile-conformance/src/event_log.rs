@@ -47,7 +47,8 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
         steps(&events),
         vec![
             LoggedStep::Admitted {
-                run_id: fence.run_id
+                run_id: fence.run_id,
+                entry_seq: 0
             },
             LoggedStep::Answered { entry_seq: 1 },
             LoggedStep::ToolFinished {
@@ -74,16 +75,38 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
     assert_eq!(store.events_after(conversation, 4, 10).await?, []);
     assert_eq!(store.events_after(conversation, 99, 10).await?, []);
 
-    // The next request numbers on.
+    // The next request numbers on. Its input follows the first request's
+    // four entries; its answer is its message 1, before its commit too.
     let second = admit(&*store, conversation, "and 3+3?").await?;
+    tool_turn(&*store, &second, 1, 1, tool_call("call-2", "{}"), "r2").await?;
     let more = store.events_after(conversation, 4, 10).await?;
-    assert_eq!(seqs(&more), [5]);
-    assert_eq!(more[0].request_id, second.request_id);
+    assert_eq!(seqs(&more), [5, 6, 7]);
+    assert!(more.iter().all(|e| e.request_id == second.request_id));
+    let (
+        LoggedStep::Admitted {
+            entry_seq: input, ..
+        },
+        LoggedStep::Answered { entry_seq: answer },
+    ) = (&more[0].step, &more[1].step)
+    else {
+        panic!("admitted, then answered: {more:?}");
+    };
+    assert_eq!((*input, *answer), (4, 5));
+    let pending = store.request_messages(second.request_id, 2).await?;
+    assert!(matches!(
+        &pending[usize::try_from(answer - input)?],
+        Message::Assistant { tool_calls, .. } if tool_calls[0].id == "call-2"
+    ));
+    // A conversation that does not exist has no log.
+    assert!(matches!(
+        store.events_after(ConversationId::new(), 0, 10).await,
+        Err(Error::NotFound { .. })
+    ));
     // Another conversation's log is its own.
     let other = new_conversation(&*store).await?;
     complete_request(&*store, other, "elsewhere", 0, "done").await?;
     assert_eq!(seqs(&all_events(&*store, other).await?), [1, 2]);
-    assert_eq!(all_events(&*store, conversation).await?.len(), 5);
+    assert_eq!(all_events(&*store, conversation).await?.len(), 7);
     Ok(())
 }
 
@@ -155,20 +178,51 @@ pub async fn stops_approvals_takeovers_and_abandons_are_logged(store: SharedStor
         phase: CheckpointPhase::ToolsPending,
         ..answered
     };
+    // A stop asking about a call the answer did not make is refused whole.
+    let before = all_events(&*store, conversation).await?;
+    assert!(matches!(
+        store
+            .await_approval(
+                &fence,
+                &settled,
+                &["unknown".to_owned()],
+                "awaiting approval"
+            )
+            .await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(all_events(&*store, conversation).await?, before);
     store
         .await_approval(&fence, &settled, &["gated".to_owned()], "awaiting approval")
         .await?;
-    let revision = store
-        .decide_approval(&ApprovalDecision {
-            conversation_id: conversation,
-            request_id: fence.request_id,
-            call_id: "gated".into(),
-            expected_revision: fence.revision,
-            verdict: Verdict::Approve,
-        })
-        .await?;
+    let decision = |expected_revision| ApprovalDecision {
+        conversation_id: conversation,
+        request_id: fence.request_id,
+        call_id: "gated".into(),
+        expected_revision,
+        verdict: Verdict::Approve,
+    };
+    // A decision at a stale revision is refused and logs nothing.
+    let before = all_events(&*store, conversation).await?;
+    assert!(store
+        .decide_approval(&decision(turnstile_core::Revision(fence.revision.0 + 5)))
+        .await
+        .is_err());
+    assert_eq!(all_events(&*store, conversation).await?, before);
+    let revision = store.decide_approval(&decision(fence.revision)).await?;
     let approved = Fence { revision, ..fence };
     let resumed = recover(&*store, &approved).await?;
+    // The replaced owner's tool result is fenced and logs nothing.
+    let before = all_events(&*store, conversation).await?;
+    let late = ToolResult {
+        content: "late".into(),
+        is_error: false,
+    };
+    assert!(matches!(
+        store.record_tool_result(&approved, 1, "gated", &late).await,
+        Err(Error::Fenced { .. })
+    ));
+    assert_eq!(all_events(&*store, conversation).await?, before);
     store
         .record_tool_result(
             &resumed,
@@ -193,7 +247,8 @@ pub async fn stops_approvals_takeovers_and_abandons_are_logged(store: SharedStor
         steps(&events),
         vec![
             LoggedStep::Admitted {
-                run_id: fence.run_id
+                run_id: fence.run_id,
+                entry_seq: 0
             },
             LoggedStep::Answered { entry_seq: 1 },
             LoggedStep::Stopped {
@@ -253,6 +308,10 @@ pub async fn pruned_and_deleted_events_go_with_their_rows_and_no_number_returns(
         .delete_conversation(&ns(), conversation, version, None)
         .await?;
     assert_eq!(deleted.deleted.events, 2);
-    assert!(all_events(&*store, conversation).await?.is_empty());
+    // A follower hears that it is gone.
+    assert!(matches!(
+        all_events(&*store, conversation).await,
+        Err(Error::Deleted { .. })
+    ));
     Ok(())
 }

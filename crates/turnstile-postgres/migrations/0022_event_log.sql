@@ -10,7 +10,8 @@
 -- row: the events of a pruned request leave no number to reuse, and two
 -- steps of one conversation never take the same number.
 --
--- `kind`: 0 admitted, 1 run started (a resume, recovery or takeover),
+-- `kind`: 0 admitted (its input is the transcript entry `entry_seq`),
+-- 1 run started (a resume, recovery or takeover),
 -- 2 answered (the model's answer with tool calls is the transcript entry
 -- `entry_seq`), 3 tool finished, 4 approval requested, 5 approval decided,
 -- 6 stopped, 7 committed (the final answer is the request's last entry),
@@ -52,7 +53,10 @@ CREATE FUNCTION event_admitted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM log_event(NEW.conversation_id, 0::smallint, NEW.request_id,
         (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id),
-        NULL, NULL, NULL, NEW.created_at);
+        NULL,
+        (SELECT transcript_length FROM conversations
+         WHERE conversation_id = NEW.conversation_id),
+        NULL, NEW.created_at);
     RETURN NULL;
 END $$;
 CREATE TRIGGER event_admitted AFTER INSERT ON requests
@@ -68,18 +72,23 @@ CREATE TRIGGER event_run_started AFTER INSERT ON runs
 FOR EACH ROW WHEN (NEW.resumed_from IS NOT NULL) EXECUTE FUNCTION event_run_started();
 
 -- The model's answers that call tools, written while the request is held
--- in this conversation: not its input (`admitted` tells it), not its tool
+-- in this conversation, after its input: not the input (`admitted` tells
+-- it, whatever its role), not its tool
 -- results (`tool finished` does), not its final answer (the commit's
 -- statement releases the admission: `committed` tells it), and not a
 -- fork's copy of another conversation's entries.
 CREATE FUNCTION event_answered() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    stepped_at bigint;
 BEGIN
-    IF EXISTS (SELECT 1 FROM admissions
-               WHERE conversation_id = NEW.conversation_id
-                 AND active_request_id = NEW.request_id)
-    THEN
+    -- The time the step's fence wrote, on the clock of every other event.
+    SELECT a.updated_at INTO stepped_at
+    FROM admissions a JOIN conversations c USING (conversation_id)
+    WHERE a.conversation_id = NEW.conversation_id AND a.active_request_id = NEW.request_id
+      AND NEW.seq > c.transcript_length;
+    IF FOUND THEN
         PERFORM log_event(NEW.conversation_id, 2::smallint, NEW.request_id, NULL,
-            NULL, NEW.seq, NULL, event_clock());
+            NULL, NEW.seq, NULL, stepped_at);
     END IF;
     RETURN NULL;
 END $$;

@@ -58,6 +58,8 @@ pub(crate) async fn await_approval_in(
                        status, requested_at)
                    SELECT $1, $4, $5, q.position, $3, 'awaiting', $7 FROM asked q
                    WHERE NOT EXISTS (SELECT 1 FROM asked WHERE position IS NULL)
+                   -- in the order asked: the event log tells them so
+                   ORDER BY q.ord
                    ON CONFLICT DO NOTHING
                )
                SELECT q.id AS "call_id!", q.position AS "position?", q.name AS "name?",

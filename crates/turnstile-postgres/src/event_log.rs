@@ -4,6 +4,7 @@
 use sqlx::PgConnection;
 
 use crate::codec::{db, text, to_i64, Row};
+use crate::deletion::missing;
 use turnstile_core::backend::EventRow;
 use turnstile_core::ids::ConversationId;
 use turnstile_core::store::LoggedEvent;
@@ -25,6 +26,19 @@ pub(crate) async fn load_events_after(
     .fetch_all(&mut *conn)
     .await
     .map_err(db("load events"))?;
+    // Nothing new: the conversation may be gone, which a follower must hear.
+    if rows.is_empty() {
+        let exists = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM conversations WHERE conversation_id = $1) AS "exists!""#,
+            conversation_id.as_uuid()
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("look up conversation"))?;
+        if !exists {
+            return Err(missing(conn, None, conversation_id).await);
+        }
+    }
     rows.into_iter()
         .map(|r| {
             let key = format!("{conversation_id} #{}", r.seq);

@@ -9,7 +9,8 @@
 -- Numbers come from the admission's counter, not from the log's highest
 -- row, so the events of a pruned request leave no number to reuse.
 --
--- `kind`: 0 admitted, 1 run started (a resume, recovery or takeover),
+-- `kind`: 0 admitted (its input is the transcript entry `entry_seq`),
+-- 1 run started (a resume, recovery or takeover),
 -- 2 answered (the model's answer with tool calls is the transcript entry
 -- `entry_seq`), 3 tool finished, 4 approval requested, 5 approval decided,
 -- 6 stopped, 7 committed (the final answer is the request's last entry),
@@ -37,9 +38,9 @@ CREATE TABLE events (
 CREATE TRIGGER event_admitted AFTER INSERT ON requests
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
-    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, entry_seq, at)
     SELECT c.key, a.event_seq, 0, NEW.request_id, NULLIF(a.run_id, NEW.request_id),
-        NEW.created_at
+        c.transcript_length, NEW.created_at
     FROM admissions a JOIN conversations c ON c.id = a.conversation_id
     WHERE a.conversation_id = NEW.conversation_id;
 END;
@@ -59,7 +60,8 @@ BEGIN
 END;
 
 -- The model's answers that call tools, written while the request is held
--- in this conversation: not its input (`admitted` tells it), not its tool
+-- in this conversation, after its input: not the input (`admitted` tells
+-- it, whatever its role), not its tool
 -- results (`tool finished` does), not its final answer (the commit writes
 -- it with the request completed: `committed` tells it), and not a fork's
 -- copy of another conversation's entries.
@@ -68,13 +70,17 @@ WHEN NEW.role = 'assistant'
 BEGIN
     UPDATE admissions SET event_seq = event_seq + 1
     WHERE active_request_id = NEW.request_id
-      AND conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+      AND conversation_id = (SELECT id FROM conversations
+                             WHERE key = NEW.conversation_key
+                               AND NEW.seq > transcript_length);
     INSERT INTO events (conversation_key, seq, kind, request_id, entry_seq, at)
     SELECT NEW.conversation_key, a.event_seq, 2, NEW.request_id, NEW.seq,
         CAST(unixepoch('subsec') * 1000 AS INTEGER)
     FROM admissions a
     WHERE a.active_request_id = NEW.request_id
-      AND a.conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+      AND a.conversation_id = (SELECT id FROM conversations
+                               WHERE key = NEW.conversation_key
+                                 AND NEW.seq > transcript_length);
 END;
 
 CREATE TRIGGER event_tool_finished AFTER UPDATE OF status ON tool_calls

@@ -2,6 +2,7 @@
 //! `migrations/0022_event_log.sql`).
 
 use super::codec::{db, to_i64};
+use super::deletion::missing;
 use super::read_connections::ReadConnections;
 use turnstile_core::backend::EventRow;
 use turnstile_core::ids::ConversationId;
@@ -30,6 +31,19 @@ pub(super) async fn load_events_after(
     .fetch_all(&mut *conn)
     .await
     .map_err(db("load events"))?;
+    // Nothing new: the conversation may be gone, which a follower must hear.
+    if rows.is_empty() {
+        let exists = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM conversations WHERE id = ?1) AS "exists!: bool""#,
+            uuid
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("look up conversation"))?;
+        if !exists {
+            return Err(missing(&mut conn, None, conversation_id).await);
+        }
+    }
     rows.into_iter()
         .map(|row| row.decode(&conversation_id))
         .collect()

@@ -122,10 +122,10 @@ pub enum Command {
     /// (seq, request_id, message), with or without --json: it streams a
     /// transcript of any length page by page.
     Export(ExportArgs),
-    /// A conversation's event log as JSON Lines, one object per durable
-    /// step (admitted, message, tool finished, approval requested or
-    /// decided, run started, stopped, committed, abandoned); with --follow,
-    /// each new one as its step commits, from any process.
+    /// A conversation's event log as JSON Lines, one object per step a
+    /// watcher cares about (admitted, answered, tool finished, approval
+    /// requested or decided, run started, stopped, committed, abandoned);
+    /// with --follow, each new one as its step commits, from any process.
     Events(EventsArgs),
     /// Delete what no replay needs from old finished requests (optionally
     /// whole idle conversations) and give the space back to the disk.

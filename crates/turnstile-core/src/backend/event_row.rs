@@ -25,7 +25,8 @@ pub struct EventRow {
     pub run_id: Option<Vec<u8>>,
     /// The tool call's turn, for the kinds about a tool call.
     pub turn: Option<i64>,
-    /// The transcript entry of an answer.
+    /// The transcript entry of an answer, or of an admitted request's
+    /// input.
     pub entry_seq: Option<i64>,
     /// The tool call's id, for the kinds about a tool call.
     pub call_id: Option<String>,
@@ -61,15 +62,21 @@ impl EventRow {
                 .clone()
                 .ok_or_else(|| row.corrupt("call_id is missing"))
         };
+        let entry_seq = || {
+            row.u64(
+                "entry_seq",
+                self.entry_seq
+                    .ok_or_else(|| row.corrupt("entry_seq is missing"))?,
+            )
+        };
         let step = match self.kind {
-            0 => LoggedStep::Admitted { run_id: run_id()? },
+            0 => LoggedStep::Admitted {
+                run_id: run_id()?,
+                entry_seq: entry_seq()?,
+            },
             1 => LoggedStep::RunStarted { run_id: run_id()? },
             2 => LoggedStep::Answered {
-                entry_seq: row.u64(
-                    "entry_seq",
-                    self.entry_seq
-                        .ok_or_else(|| row.corrupt("entry_seq is missing"))?,
-                )?,
+                entry_seq: entry_seq()?,
             },
             3 => LoggedStep::ToolFinished {
                 turn: turn()?,

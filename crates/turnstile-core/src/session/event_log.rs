@@ -37,7 +37,8 @@ impl AgentSession {
     /// Every event of this conversation's log after `after`, then each new
     /// one once its step commits, in any process sharing the store: the
     /// log is read again every `poll` while nothing new is there. Ends at
-    /// the first error. The store is read only while the stream is polled.
+    /// the first error, [`Error::Deleted`] once the conversation is
+    /// deleted. The store is read only while the stream is polled.
     pub fn follow_events(&self, after: u64, poll: Duration) -> LoggedEvents {
         let store = self.store.clone();
         let namespace = self.namespace.clone();

@@ -35,6 +35,9 @@ pub enum LoggedStep {
     Admitted {
         /// The run that took the admission.
         run_id: RunId,
+        /// The request's input: its place in the transcript, where the
+        /// request's messages start.
+        entry_seq: u64,
     },
     /// A run took over the request: a resume, a recovery or a lease
     /// takeover.
@@ -46,7 +49,8 @@ pub enum LoggedStep {
     /// entry at `entry_seq`, and each call's result follows as
     /// [`LoggedStep::ToolFinished`] (the request's input is told by
     /// `Admitted`, its final answer by `Committed`). Before the request
-    /// commits, the entry is one of
+    /// commits, it is message number `entry_seq` − the `entry_seq` of
+    /// the request's [`LoggedStep::Admitted`] (from 0, its input) of
     /// [`Store::request_messages`](super::Store::request_messages); after,
     /// it reads with [`Store::transcript_range`](super::Store::transcript_range).
     /// An abandoned request's entries leave the transcript and the next

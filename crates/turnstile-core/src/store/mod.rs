@@ -233,6 +233,11 @@ pub trait Store: Send + Sync + 'static {
     /// first, at most `limit` (see [`LoggedEvent`]). Each was written in
     /// the transaction of the step it reports; the events of a pruned
     /// request are removed with it, and a deleted conversation's with it.
+    ///
+    /// # Errors
+    /// When there is no event to return and the conversation does not
+    /// exist: [`Error::Deleted`] for a deleted one, [`Error::NotFound`]
+    /// otherwise (so a follower hears that the conversation is gone).
     async fn events_after(
         &self,
         conversation_id: ConversationId,

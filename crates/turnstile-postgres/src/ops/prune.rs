@@ -103,7 +103,7 @@ pub(super) async fn prune(
 }
 
 /// The tables prune deletes from.
-const TABLES: [&str; 12] = [
+const TABLES: [&str; 13] = [
     "conversations",
     "admissions",
     "request_ids",
@@ -116,6 +116,7 @@ const TABLES: [&str; 12] = [
     "approvals",
     "transcript",
     "summaries",
+    "events",
 ];
 
 async fn finish(

@@ -182,7 +182,9 @@ pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
         "loop_checkpoints",
         "verification_reports",
         "tool_calls",
+        "approvals",
         "summaries",
+        "events",
     ] {
         let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
             .fetch_one(pool)
@@ -197,7 +199,19 @@ pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
 /// crashed when (the PostgreSQL stand-in for SQLite's integrity check): a
 /// description of each rule broken, none when all hold.
 pub async fn consistency_violations(conn: &mut sqlx::PgConnection) -> Vec<String> {
-    let rules: [(&str, &str); 11] = [
+    let rules: [(&str, &str); 13] = [
+        (
+            "no event is numbered past its admission's counter",
+            "SELECT e.conversation_id::text FROM events e
+             JOIN admissions a ON a.conversation_id = e.conversation_id
+             WHERE e.seq > a.event_seq",
+        ),
+        (
+            "every event is of a request of its conversation",
+            "SELECT e.conversation_id::text FROM events e WHERE NOT EXISTS (
+                 SELECT 1 FROM requests r
+                 WHERE r.conversation_id = e.conversation_id AND r.request_id = e.request_id)",
+        ),
         (
             "transcript seqs are 0.. without gaps",
             "SELECT conversation_id::text FROM transcript GROUP BY conversation_id

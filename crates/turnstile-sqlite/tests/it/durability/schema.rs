@@ -100,3 +100,41 @@ async fn a_migration_the_database_disagrees_with_is_refused_and_not_called_busy(
     }
     Ok(())
 }
+
+/// The event log is written by triggers on the step tables: a later
+/// migration that rebuilds one of those tables drops its triggers with it,
+/// and this fails until the migration makes them again.
+#[tokio::test]
+async fn every_event_log_trigger_is_in_place_after_the_migrations() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("events.db");
+    SqliteStore::open(&path).await?.close().await?;
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await?;
+    let triggers: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, tbl_name FROM sqlite_master
+         WHERE type = 'trigger' AND name LIKE 'event\\_%' ESCAPE '\\' ORDER BY name",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let expected = [
+        ("event_admitted", "requests"),
+        ("event_answered", "transcript"),
+        ("event_approval_decided", "approvals"),
+        ("event_approval_requested", "approvals"),
+        ("event_first_run_stopped", "requests"),
+        ("event_run_started", "runs"),
+        ("event_run_stopped", "runs"),
+        ("event_settled", "requests"),
+        ("event_tool_finished", "tool_calls"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(name, table)| (name.to_string(), table.to_string()))
+        .collect();
+    assert_eq!(triggers, expected);
+    conn.close().await?;
+    Ok(())
+}
