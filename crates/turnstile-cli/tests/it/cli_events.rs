@@ -2,28 +2,11 @@
 //! printing the steps another process commits until it is stopped.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::cli_support::{add_script, command, scripted, turnstile, uuid};
-
-/// Runs one request of the add script in its own process.
-fn run_once(db: &Path, conversation: &str, model: &str, input: &str) {
-    let run = turnstile(&[
-        "run",
-        "--db",
-        db.to_str().unwrap(),
-        "--conversation",
-        conversation,
-        "--model",
-        model,
-        "--json",
-        input,
-    ]);
-    run.assert_success();
-}
+use crate::cli_support::{add_script, command, commit_request, scripted, turnstile, uuid};
 
 fn lines(stdout: &str) -> Vec<Value> {
     stdout
@@ -47,7 +30,7 @@ fn events_prints_the_log_and_follow_prints_what_another_process_commits() {
     let db_arg = db.to_str().unwrap();
     let conversation = uuid();
     let model = scripted(&add_script(dir.path()));
-    run_once(&db, &conversation, &model, "what is 2 + 3?");
+    commit_request(&db, &conversation, &model, "what is 2 + 3?");
 
     let all = turnstile(&["events", &conversation, "--db", db_arg]);
     all.assert_success();
@@ -81,7 +64,7 @@ fn events_prints_the_log_and_follow_prints_what_another_process_commits() {
     .stderr(Stdio::piped())
     .spawn()
     .expect("start the follower");
-    run_once(&db, &conversation, &model, "and 3 + 4?");
+    commit_request(&db, &conversation, &model, "and 3 + 4?");
     let mut stdout = BufReader::new(follower.stdout.take().unwrap());
     let mut followed = Vec::new();
     while followed.len() < ONE_REQUEST.len() {
@@ -114,7 +97,7 @@ fn events_of_an_unknown_conversation_or_with_no_poll_interval_are_refused() {
     let db = dir.path().join("events.db");
     let db_arg = db.to_str().unwrap();
     let conversation = uuid();
-    run_once(&db, &conversation, &scripted(&add_script(dir.path())), "hi");
+    commit_request(&db, &conversation, &scripted(&add_script(dir.path())), "hi");
     turnstile(&["events", &uuid(), "--db", db_arg]).assert_error(4, "not found");
     turnstile(&[
         "events",

@@ -5,21 +5,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::cli_support::{add_script, scripted, turnstile, uuid};
+use crate::cli_support::{add_script, commit_request, scripted, turnstile, uuid};
 
 /// Commits one tool-using request on `conversation`.
 fn commit(db: &Path, conversation: &str, model: &str) {
-    turnstile(&[
-        "run",
-        "--db",
-        db.to_str().unwrap(),
-        "--conversation",
-        conversation,
-        "--model",
-        model,
-        "what is 2 + 3?",
-    ])
-    .assert_success();
+    commit_request(db, conversation, model, "what is 2 + 3?");
 }
 
 fn prune(db: &Path, args: &[&str]) -> Value {

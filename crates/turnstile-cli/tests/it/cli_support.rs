@@ -105,6 +105,22 @@ pub fn turnstile(args: &[&str]) -> Run {
     turnstile_with_stdin(args, "")
 }
 
+/// Runs `input` as a new request on `conversation` of `db` with `model`,
+/// which must commit.
+pub fn commit_request(db: &Path, conversation: &str, model: &str, input: &str) {
+    turnstile(&[
+        "run",
+        "--db",
+        db.to_str().unwrap(),
+        "--conversation",
+        conversation,
+        "--model",
+        model,
+        input,
+    ])
+    .assert_success();
+}
+
 /// Starts `args` (a human-mode `run`) and kills it with SIGKILL once it
 /// prints a line containing `marker`; returns the lines it printed.
 pub fn run_and_kill_at(args: &[&str], marker: &str) -> Vec<String> {
