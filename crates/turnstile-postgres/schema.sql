@@ -536,6 +536,19 @@ ALTER TABLE public.summaries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 
 --
+-- Name: tokens; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.tokens (
+    id uuid NOT NULL,
+    namespace text NOT NULL,
+    sha256 bytea NOT NULL,
+    created_at bigint NOT NULL,
+    revoked_at bigint
+);
+
+
+--
 -- Name: tool_calls; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -703,6 +716,22 @@ ALTER TABLE ONLY public.runs
 
 ALTER TABLE ONLY public.summaries
     ADD CONSTRAINT summaries_pkey PRIMARY KEY (conversation_id, through_seq);
+
+
+--
+-- Name: tokens tokens_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tokens
+    ADD CONSTRAINT tokens_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: tokens tokens_sha256_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tokens
+    ADD CONSTRAINT tokens_sha256_key UNIQUE (sha256);
 
 
 --

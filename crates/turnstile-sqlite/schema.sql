@@ -470,3 +470,11 @@ BEGIN
     FROM admissions a JOIN conversations c ON c.id = a.conversation_id
     WHERE a.conversation_id = NEW.conversation_id;
 END;
+
+CREATE TABLE tokens (
+    id          BLOB PRIMARY KEY NOT NULL,
+    namespace   TEXT NOT NULL,
+    sha256      BLOB NOT NULL UNIQUE,
+    created_at  INTEGER NOT NULL,
+    revoked_at  INTEGER
+) WITHOUT ROWID;

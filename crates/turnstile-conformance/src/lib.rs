@@ -34,6 +34,7 @@ pub mod retention_policy;
 pub mod stuck_order;
 pub mod summaries;
 pub mod support;
+pub mod tokens;
 
 /// Instantiates every behaviour of the suite as a `#[tokio::test]` in a
 /// module named `$backend`. `$open` is an expression (evaluated once per
@@ -140,6 +141,7 @@ macro_rules! suite {
     meta::conversation_listing_filters_by_owner_metadata_and_times,
     meta::pages_walk_every_conversation_once_newest_first,
     meta::pages_stay_stable_while_conversations_are_created,
+    tokens::a_token_stands_for_its_namespace_until_revoked_and_its_secret_is_not_kept,
             );
         }
     };

@@ -42,8 +42,10 @@ use crate::store::meta::{check_filter_value, check_owner};
 use crate::store::{ConversationCursor, ConversationMeta, RequestStatus, RunStatus, Store};
 
 mod retention;
+mod tokens;
 
 pub use retention::{Retention, RetentionOutcome, RetentionPolicy, RetentionReport};
+pub use tokens::{new_token, token_sha256, IssuedToken, NewToken, TokenRecord, TOKEN_PREFIX};
 
 /// The operations on a store, for people and scripts: every command of the
 /// `turnstile` tool works on a backend that implements it.
@@ -148,6 +150,45 @@ pub trait StoreAdmin: Store {
     /// process was reading, so the log was not folded whole). Nothing
     /// committed is lost either way.
     async fn close(&self) -> Result<(), Error>;
+
+    /// Stores an access token (see [`new_token`]).
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the database fails.
+    async fn store_token(&self, token: &NewToken) -> Result<(), Error>;
+
+    /// The namespace of the token whose secret has this SHA-256, unless it
+    /// is unknown or revoked.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the database fails; [`Error::Corrupt`] for an
+    /// undecodable row.
+    async fn token_namespace(&self, sha256: &[u8; 32]) -> Result<Option<Namespace>, Error>;
+
+    /// Revokes a token: it admits nothing from now on. `false` when no
+    /// token has this id or it was revoked already.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the database fails.
+    async fn revoke_token(&self, id: uuid::Uuid) -> Result<bool, Error>;
+
+    /// Every token, oldest first, without secrets.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the database fails; [`Error::Corrupt`] for an
+    /// undecodable row.
+    async fn tokens(&self) -> Result<Vec<TokenRecord>, Error>;
+
+    /// Issues a token for `namespace`: stores its SHA-256 and returns the
+    /// secret, which is not kept anywhere else.
+    ///
+    /// # Errors
+    /// As [`StoreAdmin::store_token`].
+    async fn create_token(&self, namespace: &Namespace) -> Result<IssuedToken, Error> {
+        let (issued, stored) = new_token(namespace, crate::backend::now_ms());
+        self.store_token(&stored).await?;
+        Ok(issued)
+    }
 }
 
 /// Where a run stands: its latest checkpoint row.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::agent::Budget;
 use crate::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use crate::error::Error;
-use crate::ids::{ConversationId, RequestId, Revision, RunId};
+use crate::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use crate::message::{Content, Message, ToolResult, Usage, VerificationReport};
 use crate::store::{
     ActiveAdmission, Admission, BudgetChange, InputHash, Metadata, SummaryPass, SummaryProgress,
@@ -57,6 +57,11 @@ impl Row<'_> {
     /// A turn or pass column: negative or past `u32::MAX` is corruption.
     pub fn u32(&self, column: &str, value: i64) -> Result<u32, Error> {
         u32::try_from(value).map_err(|_| self.corrupt(format!("{column} out of range ({value})")))
+    }
+
+    /// A namespace column: one no namespace may have is corruption.
+    pub fn namespace(&self, value: &str) -> Result<Namespace, Error> {
+        Namespace::new(value).map_err(|e| self.corrupt(format!("namespace: {e}")))
     }
 
     /// A uuid column: anything but 16 bytes is corruption.

@@ -5,15 +5,16 @@ mod doctor;
 mod list;
 mod page;
 mod prune;
+mod tokens;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use turnstile_core::admin::{
-    ConversationPage, ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport,
-    RequestSummary, RunSummary, StorageReport, StoreAdmin,
+    ConversationPage, ConversationSummary, DoctorReport, ListFilter, NewToken, PruneOptions,
+    PruneReport, RequestSummary, RunSummary, StorageReport, StoreAdmin, TokenRecord,
 };
-use turnstile_core::ids::{ConversationId, RunId};
+use turnstile_core::ids::{ConversationId, Namespace, RunId};
 use turnstile_core::Error;
 
 use super::codec::now_ms;
@@ -64,6 +65,22 @@ impl StoreAdmin for PostgresStore {
     async fn close(&self) -> Result<(), Error> {
         PostgresStore::close(self).await;
         Ok(())
+    }
+
+    async fn store_token(&self, token: &NewToken) -> Result<(), Error> {
+        crate::retry::autocommit!(self, |conn, _retry| tokens::store(conn, token))
+    }
+
+    async fn token_namespace(&self, sha256: &[u8; 32]) -> Result<Option<Namespace>, Error> {
+        crate::retry::autocommit!(self, |conn, _retry| tokens::namespace(conn, sha256))
+    }
+
+    async fn revoke_token(&self, id: uuid::Uuid) -> Result<bool, Error> {
+        crate::retry::autocommit!(self, |conn, retry| tokens::revoke(conn, id, retry))
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRecord>, Error> {
+        crate::retry::autocommit!(self, |conn, _retry| tokens::list(conn))
     }
 }
 

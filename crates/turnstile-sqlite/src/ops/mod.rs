@@ -7,6 +7,7 @@ mod list;
 mod page;
 mod prune;
 mod storage;
+mod tokens;
 
 pub(crate) use prune::reclaim;
 
@@ -14,10 +15,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use turnstile_core::admin::{
-    ConversationPage, ConversationSummary, DoctorReport, ListFilter, PruneOptions, PruneReport,
-    RequestSummary, RunSummary, StorageReport, StoreAdmin,
+    ConversationPage, ConversationSummary, DoctorReport, ListFilter, NewToken, PruneOptions,
+    PruneReport, RequestSummary, RunSummary, StorageReport, StoreAdmin, TokenRecord,
 };
-use turnstile_core::ids::{ConversationId, RunId};
+use turnstile_core::ids::{ConversationId, Namespace, RunId};
 use turnstile_core::Error;
 
 use super::codec::now_ms;
@@ -67,6 +68,22 @@ impl StoreAdmin for SqliteStore {
 
     async fn close(&self) -> Result<(), Error> {
         SqliteStore::close(self).await
+    }
+
+    async fn store_token(&self, token: &NewToken) -> Result<(), Error> {
+        tokens::store(self, token).await
+    }
+
+    async fn token_namespace(&self, sha256: &[u8; 32]) -> Result<Option<Namespace>, Error> {
+        tokens::namespace(self, sha256).await
+    }
+
+    async fn revoke_token(&self, id: uuid::Uuid) -> Result<bool, Error> {
+        tokens::revoke(self, id).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRecord>, Error> {
+        tokens::list(self).await
     }
 }
 
