@@ -44,6 +44,16 @@ impl ApiError {
         }
     }
 
+    /// A request that names no tenant this server knows.
+    pub(crate) fn unauthorized(message: &str) -> Self {
+        Self::bad_request(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            message,
+            "send `Authorization: Bearer TOKEN` with a token from `turnstile token create`",
+        )
+    }
+
     /// The status it is answered with.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -64,7 +74,14 @@ impl IntoResponse for ApiError {
                 next: &self.next,
             },
         };
-        (self.status, Json(document)).into_response()
+        let mut response = (self.status, Json(document)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 

@@ -39,7 +39,7 @@ pub(crate) async fn get_events(
         Some(seen) => seen,
         None => query.after.unwrap_or(0),
     };
-    let session = server.session(conversation_id);
+    let session = server.session(&headers, conversation_id).await?;
     // Refused before the stream starts, with a status: a conversation
     // this server cannot show.
     session.events_after(after, 0).await?;

@@ -12,8 +12,10 @@
 //! | `POST /v1/conversations/{id}/requests` | runs `{"input": "…"}` as the request named by the `Idempotency-Key` header (a UUID); answers the outcome |
 //! | `GET /v1/conversations/{id}/events` | the event log after `Last-Event-ID` (or `?after=N`), then each new event as its step commits |
 //!
-//! Every error is one JSON object, `{"error": {"kind", "message", "next"}}`
-//! (see [`ApiError`]), never a stack trace.
+//! With [`Server::with_tokens`] each request names its tenant by an access
+//! token (`Authorization: Bearer …`), and sees that namespace only. Every
+//! error is one JSON object, `{"error": {"kind", "message", "next"}}` (see
+//! [`ApiError`]), never a stack trace.
 
 mod errors;
 mod events;
@@ -23,24 +25,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::http::header::AUTHORIZATION;
+use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use errors::ApiError;
+use turnstile_core::admin::{token_sha256, StoreAdmin};
 use turnstile_core::agent::Agent;
 use turnstile_core::ids::{ConversationId, Namespace};
 use turnstile_core::session::{AgentSession, ContextPolicy, MAX_INPUT_BYTES};
 use turnstile_core::Store;
 
 /// What a server runs requests with: one agent on one store, in one
-/// namespace.
+/// namespace, or with [`Server::with_tokens`] in the namespace of each
+/// request's token.
 #[derive(Clone)]
 pub struct Server {
-    store: Arc<dyn Store>,
+    store: Arc<dyn StoreAdmin>,
     agent: Agent,
     namespace: Namespace,
+    tokens: bool,
     policy: ContextPolicy,
     poll: Duration,
     /// Set by [`serve`]: turns true when it shuts down, which ends the
@@ -52,15 +59,26 @@ impl Server {
     /// A server running `agent` on `store` in `namespace`, with the default
     /// context policy; a followed event log is read again every 100 ms
     /// while nothing new is there.
-    pub fn new(store: Arc<dyn Store>, agent: Agent, namespace: Namespace) -> Self {
+    pub fn new(store: Arc<dyn StoreAdmin>, agent: Agent, namespace: Namespace) -> Self {
         Self {
             store,
             agent,
             namespace,
+            tokens: false,
             policy: ContextPolicy::default(),
             poll: Duration::from_millis(100),
             closing: None,
         }
+    }
+
+    /// Tenants: every request names its namespace by an access token
+    /// ([`StoreAdmin::create_token`]) sent as `Authorization: Bearer …`;
+    /// one with none, or an unknown or revoked one, is `401`. A tenant's
+    /// requests and event logs are its namespace's only: another tenant's
+    /// conversation answers as one that does not exist.
+    pub fn with_tokens(mut self) -> Self {
+        self.tokens = true;
+        self
     }
 
     /// How often a followed event log is read again while nothing new is
@@ -92,14 +110,39 @@ impl Server {
             .with_state(self)
     }
 
-    fn session(&self, conversation: ConversationId) -> AgentSession {
-        AgentSession::new(
+    /// The session of a request on `conversation`, in the namespace of its
+    /// token when the server takes tokens.
+    async fn session(
+        &self,
+        headers: &HeaderMap,
+        conversation: ConversationId,
+    ) -> Result<AgentSession, ApiError> {
+        let namespace = match self.tokens {
+            true => self.tenant(headers).await?,
+            false => self.namespace.clone(),
+        };
+        let store: Arc<dyn Store> = self.store.clone();
+        Ok(AgentSession::new(
             self.agent.clone(),
-            self.store.clone(),
+            store,
             conversation,
-            self.namespace.clone(),
+            namespace,
             self.policy,
-        )
+        ))
+    }
+
+    async fn tenant(&self, headers: &HeaderMap) -> Result<Namespace, ApiError> {
+        let token = headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
+            .ok_or_else(|| ApiError::unauthorized("no bearer token"))?;
+        self.store
+            .token_namespace(&token_sha256(token))
+            .await?
+            .ok_or_else(|| ApiError::unauthorized("the token is unknown or revoked"))
     }
 }
 

@@ -35,6 +35,7 @@ pub(crate) async fn post_request(
     body: Result<Json<NewRequestBody>, JsonRejection>,
 ) -> Result<Json<Answer>, ApiError> {
     let conversation_id = conversation_id(&conversation)?;
+    let session = server.session(&headers, conversation_id).await?;
     let request_id = idempotency_key(&headers)?;
     if request_id.as_uuid() == conversation_id.as_uuid() {
         return Err(ApiError::bad_request(
@@ -45,7 +46,6 @@ pub(crate) async fn post_request(
         ));
     }
     let Json(body) = body.map_err(rejected)?;
-    let session = server.session(conversation_id);
     // Its own task: a client that goes away does not stop the run between
     // two steps; it goes on to its commit, which the same key then replays.
     let run = tokio::spawn(async move {

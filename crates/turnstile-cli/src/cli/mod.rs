@@ -39,6 +39,7 @@ mod serve;
 mod store;
 mod take_over;
 mod text;
+mod token;
 mod tool_list;
 pub mod tools;
 
@@ -61,6 +62,7 @@ pub use recover_expired::RecoverExpiredArgs;
 pub use run::RunArgs;
 pub use serve::ServeArgs;
 pub use take_over::{RecoverArgs, ResumeArgs};
+pub use token::TokenArgs;
 pub use tool_list::ToolsArgs;
 
 /// Durable LLM agent conversations on SQLite or PostgreSQL.
@@ -152,6 +154,9 @@ pub enum Command {
     /// /v1/conversations/{id}/events` (server-sent events, resumed with
     /// `Last-Event-ID`), until Ctrl-C or SIGTERM.
     Serve(ServeArgs),
+    /// The access tokens of `serve --tokens`: `create` one for a namespace
+    /// (printed once, as the last line), `revoke` one, or `ls` them.
+    Token(TokenArgs),
     /// A conversation's title, owner and metadata: shows them, or changes
     /// them with a compare-and-swap on their version (exit 5 if it moved).
     Meta(MetaArgs),
@@ -235,6 +240,7 @@ fn database(command: &Command) -> Option<std::path::PathBuf> {
         Command::Meta(a) => &a.db,
         Command::Demo(a) => &a.db,
         Command::Serve(a) => &a.db,
+        Command::Token(a) => a.db(),
         _ => return None,
     };
     match location {
@@ -291,6 +297,7 @@ fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError>
             Command::Export(args) => ops::export(args, out).await,
             Command::Events(args) => ops::events(args, out).await,
             Command::Serve(args) => serve::serve(args, out).await,
+            Command::Token(args) => token::token(args, out, json).await,
             Command::Prune(args) => ops::prune(args, out, style, json).await,
             Command::Doctor(args) => ops::doctor(args, out, style, json).await,
             Command::Bench(args) => bench::run(args, out, style, json).await,

@@ -17,7 +17,6 @@ use super::model;
 use super::store::{closed, open_store};
 use turnstile::ids::Namespace;
 use turnstile::server::Server;
-use turnstile::Store;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -29,14 +28,28 @@ pub struct ServeArgs {
     /// is printed).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// The namespace every conversation of this server lives in.
-    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT)]
+    /// The namespace every conversation of this server lives in (without
+    /// --tokens).
+    #[arg(long, value_name = "NS", default_value = Namespace::DEFAULT, conflicts_with = "tokens")]
     pub namespace: Namespace,
+    /// Tenants: each request names its namespace by a token of `turnstile
+    /// token create` (`Authorization: Bearer …`); without one it is 401.
+    /// Needed to listen on an address other than loopback.
+    #[arg(long)]
+    pub tokens: bool,
     #[command(flatten)]
     pub agent: AgentArgs,
 }
 
 pub(super) async fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    if !args.tokens && !args.listen.ip().is_loopback() {
+        return Err(CliError::Usage(format!(
+            "serving {} without --tokens would let anyone who reaches it use every \
+             conversation: pass --tokens (and give each tenant a token of `turnstile token \
+             create`), or listen on 127.0.0.1",
+            args.listen
+        )));
+    }
     let approval = args.agent.approval.tools()?;
     let model = model::load(&args.agent.model)?;
     let mcp = args.agent.mcp.connect().await?;
@@ -51,8 +64,11 @@ pub(super) async fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), Cl
         writeln!(out, "listening on http://{address}")?;
         out.flush()?;
         let agent = agent_requiring(model, &approval, &mcp);
-        let store: std::sync::Arc<dyn Store> = store.clone();
-        let server = Server::new(store, agent, args.namespace);
+        let server = Server::new(store.clone(), agent, args.namespace);
+        let server = match args.tokens {
+            true => server.with_tokens(),
+            false => server,
+        };
         turnstile::server::serve(listener, server, stopping())
             .await
             .map_err(CliError::io("serve"))?;

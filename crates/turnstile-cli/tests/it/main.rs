@@ -24,4 +24,5 @@ mod cli_retention;
 mod cli_serve;
 mod cli_session;
 mod cli_support;
+mod cli_tokens;
 mod security;

@@ -3,3 +3,4 @@
 
 mod serve;
 mod support;
+mod tenants;

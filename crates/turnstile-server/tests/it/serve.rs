@@ -9,7 +9,7 @@ use turnstile::{ConversationId, RequestId, ScriptedReply};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{start, Sse, SseReader};
+use crate::support::{start, store_in, Sse, SseReader};
 
 fn counting_replies(requests: usize) -> Vec<ScriptedReply> {
     (0..requests)
@@ -30,8 +30,8 @@ fn kinds(events: &[Sse]) -> Vec<&str> {
 
 #[tokio::test]
 async fn a_request_runs_replays_and_refuses_another_input_under_its_key() {
-    let (_dir, path) = temp_db();
-    let store = file_store(&path).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
     let model = scripted(counting_replies(1));
     let server = start(
         store.clone(),
@@ -64,8 +64,8 @@ async fn a_request_runs_replays_and_refuses_another_input_under_its_key() {
 
 #[tokio::test]
 async fn a_second_request_while_one_runs_is_busy_naming_the_holder() {
-    let (_dir, path) = temp_db();
-    let store = file_store(&path).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
     let model = ProbeModel::new(vec![text_reply("done", usage(1, 1))], 1);
     let server = Arc::new(start(store, agent(model.clone(), vec![])).await);
     let conversation = ConversationId::new().to_string();
@@ -91,8 +91,8 @@ async fn a_second_request_while_one_runs_is_busy_naming_the_holder() {
 
 #[tokio::test]
 async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes_after_it() {
-    let (_dir, path) = temp_db();
-    let store = file_store(&path).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
     let server = Arc::new(
         start(
             store.clone(),
@@ -178,8 +178,8 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
 
 #[tokio::test]
 async fn bad_input_is_a_json_4xx_that_writes_nothing_and_the_server_goes_on() {
-    let (_dir, path) = temp_db();
-    let store = file_store(&path).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
     let server = start(
         store.clone(),
         agent(scripted(vec![text_reply("fine", usage(1, 1))]), vec![]),

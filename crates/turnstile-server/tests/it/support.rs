@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use turnstile::agent::Agent;
-use turnstile::Store;
+use turnstile::{SqliteStore, StoreAdmin};
 use turnstile_server::Server;
 use turnstile_testkit::session::ns;
 
@@ -17,11 +17,30 @@ pub struct Running {
     _stop: oneshot::Sender<()>,
 }
 
-pub async fn start(store: Arc<dyn Store>, agent: Agent) -> Running {
+/// A store on a new database file in `dir`.
+pub async fn store_in(dir: &tempfile::TempDir) -> Arc<dyn StoreAdmin> {
+    Arc::new(
+        SqliteStore::open(dir.path().join("served.db"))
+            .await
+            .expect("open the database"),
+    )
+}
+
+/// A server of one namespace.
+pub async fn start(store: Arc<dyn StoreAdmin>, agent: Agent) -> Running {
+    start_server(Server::new(store, agent, ns())).await
+}
+
+/// A server of the tenants of `store`'s tokens.
+pub async fn start_with_tokens(store: Arc<dyn StoreAdmin>, agent: Agent) -> Running {
+    start_server(Server::new(store, agent, ns()).with_tokens()).await
+}
+
+async fn start_server(server: Server) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = Server::new(store, agent, ns()).with_poll(std::time::Duration::from_millis(10));
+    let server = server.with_poll(std::time::Duration::from_millis(10));
     tokio::spawn(async move {
         turnstile_server::serve(listener, server, async {
             let _ = stopped.await;

@@ -1,0 +1,108 @@
+//! Tenants: each token sees its own namespace only; no token, an unknown
+//! one or a revoked one is 401 and writes nothing.
+
+use reqwest::RequestBuilder;
+use serde_json::{json, Value};
+use turnstile::{ConversationId, Namespace, RequestId};
+use turnstile_testkit::session::*;
+
+use crate::support::{start_with_tokens, store_in, Running};
+
+async fn answer(request: RequestBuilder) -> (u16, Value) {
+    let response = request.send().await.expect("send");
+    let status = response.status().as_u16();
+    let www = response.headers().get("www-authenticate").cloned();
+    let body: Value = response.json().await.expect("a JSON answer");
+    if status == 401 {
+        assert_eq!(www.as_ref().and_then(|v| v.to_str().ok()), Some("Bearer"));
+    }
+    (status, body)
+}
+
+fn post(server: &Running, conversation: &str, token: Option<&str>, input: &str) -> RequestBuilder {
+    let request = server
+        .client
+        .post(server.requests(conversation))
+        .header("idempotency-key", RequestId::new().to_string())
+        .json(&json!({ "input": input }));
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+fn events(server: &Running, conversation: &str, token: Option<&str>) -> RequestBuilder {
+    let request = server.client.get(server.events(conversation));
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+#[tokio::test]
+async fn each_token_sees_its_namespace_only_and_no_token_or_a_revoked_one_is_401() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let alice = store
+        .create_token(&Namespace::new("alice").unwrap())
+        .await
+        .unwrap();
+    let bob = store
+        .create_token(&Namespace::new("bob").unwrap())
+        .await
+        .unwrap();
+    let replies = (0..3)
+        .map(|i| text_reply(&format!("answer {i}"), usage(1, 1)))
+        .collect();
+    let server = start_with_tokens(store.clone(), agent(scripted(replies), vec![])).await;
+    let conversation = ConversationId::new().to_string();
+    let missing = ConversationId::new().to_string();
+
+    let (status, done) = answer(post(&server, &conversation, Some(&alice.token), "hi")).await;
+    assert_eq!(status, 200, "{done}");
+
+    // Bob: Alice's conversation answers exactly as one that does not exist.
+    let (status, theirs) = answer(post(&server, &conversation, Some(&bob.token), "hi")).await;
+    let (status_missing, none) = answer(events(&server, &missing, Some(&bob.token))).await;
+    assert_eq!((status, status_missing), (404, 404));
+    let (status, their_events) = answer(events(&server, &conversation, Some(&bob.token))).await;
+    assert_eq!(status, 404);
+    assert_eq!(theirs, none, "no ids or details of another tenant");
+    assert_eq!(their_events, none);
+    assert!(!theirs.to_string().contains(&conversation));
+
+    // No token, a malformed header, a token nobody was given: 401.
+    let strangers = [
+        post(&server, &conversation, None, "hi"),
+        events(&server, &conversation, None),
+        post(&server, &conversation, Some("tst_nobody"), "hi"),
+        events(&server, &conversation, Some("tst_nobody")),
+        server
+            .client
+            .get(server.events(&conversation))
+            .header("authorization", alice.token.clone()),
+    ];
+    for request in strangers {
+        let (status, body) = answer(request).await;
+        assert_eq!(status, 401, "{body}");
+        assert_eq!(body["error"]["kind"], "unauthorized");
+    }
+
+    // Revoked: Alice's token admits nothing more.
+    assert!(store.revoke_token(alice.id).await.unwrap());
+    let (status, _) = answer(post(&server, &conversation, Some(&alice.token), "again")).await;
+    assert_eq!(status, 401);
+    let (status, _) = answer(events(&server, &conversation, Some(&alice.token))).await;
+    assert_eq!(status, 401);
+
+    // Nothing of those was written: Alice's conversation has its one request.
+    let id: ConversationId = conversation.parse().unwrap();
+    let alice_ns = Namespace::new("alice").unwrap();
+    assert_eq!(store.conversation(&alice_ns, id).await.unwrap().version, 1);
+    assert_eq!(store.events_after(id, 0, 100).await.unwrap().len(), 2);
+    let bob_ns = Namespace::new("bob").unwrap();
+    assert!(store.conversation(&bob_ns, id).await.is_err());
+    // Bob's own conversation works.
+    let (status, _) = answer(post(&server, &missing, Some(&bob.token), "mine")).await;
+    assert_eq!(status, 200);
+}
