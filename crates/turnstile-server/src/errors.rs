@@ -65,16 +65,26 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let document = Document {
+impl ApiError {
+    fn body(&self) -> Document<'_> {
+        Document {
             error: Body {
                 kind: self.kind,
                 message: &self.message,
                 next: &self.next,
             },
-        };
-        let mut response = (self.status, Json(document)).into_response();
+        }
+    }
+
+    /// The JSON the error is answered with.
+    pub(crate) fn document(&self) -> String {
+        serde_json::to_string(&self.body()).unwrap_or_default()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body())).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -87,12 +97,15 @@ impl IntoResponse for ApiError {
 
 impl From<Error> for ApiError {
     fn from(error: Error) -> Self {
-        let message = error.to_string();
+        let mut message = error.to_string();
         let (status, kind, next) = match &error {
             Error::Busy { request_id, .. } => (
                 StatusCode::CONFLICT,
                 "busy",
-                format!("request {request_id} holds the conversation: send again once it ends"),
+                format!(
+                    "request {request_id} holds the conversation: send again once it ends (one \
+                     that stopped waits for an operator's `turnstile resume` or `abandon`)"
+                ),
             ),
             Error::RequestMismatch { .. } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -133,31 +146,50 @@ impl From<Error> for ApiError {
             Error::Model { .. } => (
                 StatusCode::BAD_GATEWAY,
                 "model_failed",
-                "the request keeps its checkpoint: continue it with `turnstile resume` once the \
-                 model answers"
+                "the request keeps its checkpoint: an operator continues it with `turnstile \
+                 resume` once the model answers"
                     .into(),
             ),
             Error::Store(e) if e.is_full() => (
                 StatusCode::INSUFFICIENT_STORAGE,
                 "storage_full",
-                "free space for the database, then send the same request again".into(),
+                "the database has no room: once an operator frees some, send the same request \
+                 again (409 then means it was admitted: continue it with `turnstile resume`)"
+                    .into(),
             ),
             Error::Store(e) if e.is_busy() || e.is_unreachable() => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
-                "the database is busy or unreachable: send the same request again shortly".into(),
+                "the database is busy or unreachable: send the same request again shortly (409 \
+                 then means it was admitted: continue it with `turnstile resume`)"
+                    .into(),
             ),
             _ if error.stopped_run().is_some() => (
                 StatusCode::CONFLICT,
                 "stopped",
-                "the request keeps its checkpoint: continue it with `turnstile resume`".into(),
+                "the request keeps its checkpoint: an operator continues it with `turnstile \
+                 resume`"
+                    .into(),
             ),
             _ => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "failure",
-                "see the server's log; the same request may be sent again".into(),
+                "the server's log has the detail; send the same request again (200 replays it, \
+                 409 means it was admitted and stopped)"
+                    .into(),
             ),
         };
+        // A server's failure is told in its log: what a driver or the
+        // database said is no client's business.
+        if status.is_server_error() {
+            tracing::error!(%error, kind, "a request failed");
+            message = match kind {
+                "model_failed" => "the model failed".into(),
+                "storage_full" => "the database is full".into(),
+                "unavailable" => "the database is busy or unreachable".into(),
+                _ => "the server failed".into(),
+            };
+        }
         Self {
             status,
             kind,
@@ -173,6 +205,16 @@ pub(crate) async fn no_route() -> ApiError {
         StatusCode::NOT_FOUND,
         "no_route",
         "no such route",
+        "POST /v1/conversations/{id}/requests or GET /v1/conversations/{id}/events",
+    )
+}
+
+/// A route called with a method it does not take.
+pub(crate) async fn wrong_method() -> ApiError {
+    ApiError::bad_request(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "wrong_method",
+        "this route does not take that method",
         "POST /v1/conversations/{id}/requests or GET /v1/conversations/{id}/events",
     )
 }

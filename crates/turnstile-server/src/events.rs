@@ -2,16 +2,21 @@
 //! log as server-sent events, from after the last one the client saw.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Extension;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 use turnstile_core::store::LoggedEvent;
 
 use crate::errors::ApiError;
 use crate::requests::conversation_id;
+use crate::tenant::Tenant;
 use crate::Server;
 
 #[derive(Deserialize)]
@@ -22,11 +27,12 @@ pub(crate) struct After {
 
 pub(crate) async fn get_events(
     State(server): State<Server>,
-    Path(conversation): Path<String>,
-    query: Result<Query<After>, axum::extract::rejection::QueryRejection>,
+    Extension(tenant): Extension<Tenant>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<After>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let conversation_id = conversation_id(&conversation)?;
+    let conversation_id = conversation_id(path)?;
     let Query(query) = query.map_err(|rejection| {
         ApiError::bad_request(
             StatusCode::BAD_REQUEST,
@@ -39,10 +45,31 @@ pub(crate) async fn get_events(
         Some(seen) => seen,
         None => query.after.unwrap_or(0),
     };
-    let session = server.session(&headers, conversation_id).await?;
+    let session = server.session(tenant.namespace, conversation_id);
     // Refused before the stream starts, with a status: a conversation
-    // this server cannot show.
+    // this tenant cannot see.
     session.events_after(after, 0).await?;
+    let ended = ended(&server, tenant.token);
+    let events = session
+        .follow_events(after, server.poll)
+        .take_until(ended)
+        .map(|event| {
+            Ok(match event {
+                Ok(event) => sse_event(&event),
+                // The stream ends after it: the client reconnects from the
+                // last number it saw, and hears why.
+                Err(error) => {
+                    let error = ApiError::from(error);
+                    Event::default().event("error").data(error.document())
+                }
+            })
+        });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+/// Resolves when the stream must end: the server shuts down, or the token
+/// it was opened with is revoked (or can no longer be checked).
+fn ended(server: &Server, token: Option<[u8; 32]>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     let closing = server.closing.clone();
     let shut_down = async move {
         match closing {
@@ -52,21 +79,24 @@ pub(crate) async fn get_events(
             None => std::future::pending().await,
         }
     };
-    let events = session
-        .follow_events(after, server.poll)
-        .take_until(shut_down)
-        .map(|event| {
-            Ok(match event {
-                Ok(event) => sse_event(&event),
-                // The stream ends after it: the client reconnects from the
-                // last number it saw.
-                Err(error) => {
-                    tracing::warn!(%error, "an event stream ended");
-                    Event::default().event("error").data(error.to_string())
-                }
-            })
-        });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+    let (store, every) = (server.store.clone(), server.token_recheck);
+    let revoked = async move {
+        let Some(token) = token else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(every).await;
+            if !matches!(store.token_namespace(&token).await, Ok(Some(_))) {
+                return;
+            }
+        }
+    };
+    Box::pin(async move {
+        tokio::select! {
+            () = shut_down => {}
+            () = revoked => {}
+        }
+    })
 }
 
 fn sse_event(event: &LoggedEvent) -> Event {

@@ -20,20 +20,21 @@
 mod errors;
 mod events;
 mod requests;
+mod tenant;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::header::AUTHORIZATION;
-use axum::http::HeaderMap;
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 pub use errors::ApiError;
-use turnstile_core::admin::{token_sha256, StoreAdmin};
+use turnstile_core::admin::StoreAdmin;
 use turnstile_core::agent::Agent;
 use turnstile_core::ids::{ConversationId, Namespace};
 use turnstile_core::session::{AgentSession, ContextPolicy, MAX_INPUT_BYTES};
@@ -50,6 +51,10 @@ pub struct Server {
     tokens: bool,
     policy: ContextPolicy,
     poll: Duration,
+    token_recheck: Duration,
+    /// The runs started, waited for by [`serve`] once it stops taking
+    /// connections.
+    runs: TaskTracker,
     /// Set by [`serve`]: turns true when it shuts down, which ends the
     /// event streams (a graceful shutdown waits for every open response).
     closing: Option<watch::Receiver<bool>>,
@@ -57,8 +62,10 @@ pub struct Server {
 
 impl Server {
     /// A server running `agent` on `store` in `namespace`, with the default
-    /// context policy; a followed event log is read again every 100 ms
-    /// while nothing new is there.
+    /// context policy, answering loopback names only (`localhost`,
+    /// `127.0.0.1`, `[::1]`: a web page cannot reach it under a name of its
+    /// own). A followed event log is read again every 100 ms while nothing
+    /// new is there.
     pub fn new(store: Arc<dyn StoreAdmin>, agent: Agent, namespace: Namespace) -> Self {
         Self {
             store,
@@ -67,15 +74,19 @@ impl Server {
             tokens: false,
             policy: ContextPolicy::default(),
             poll: Duration::from_millis(100),
+            token_recheck: Duration::from_secs(5),
+            runs: TaskTracker::new(),
             closing: None,
         }
     }
 
     /// Tenants: every request names its namespace by an access token
     /// ([`StoreAdmin::create_token`]) sent as `Authorization: Bearer …`;
-    /// one with none, or an unknown or revoked one, is `401`. A tenant's
-    /// requests and event logs are its namespace's only: another tenant's
-    /// conversation answers as one that does not exist.
+    /// one with none, or an unknown or revoked one, is `401`, and an event
+    /// stream ends once its token is revoked. A tenant acts in its
+    /// namespace only: another tenant's conversation is `404`, its events
+    /// unreadable and its requests untouchable (ids are UUIDs nobody can
+    /// guess; a new one is the tenant's own).
     pub fn with_tokens(mut self) -> Self {
         self.tokens = true;
         self
@@ -89,13 +100,22 @@ impl Server {
         self
     }
 
+    /// How often an open event stream checks that its token is not
+    /// revoked (default 5 s).
+    pub fn with_token_recheck(mut self, every: Duration) -> Self {
+        self.token_recheck = every;
+        self
+    }
+
     /// The routes, to serve or to nest in an application's router. Served
     /// other than by [`serve`], an event stream ends only when its client
-    /// goes away.
+    /// goes away (or its token is revoked), and a run whose client went
+    /// away is not waited for.
     pub fn router(self) -> Router {
-        // A body past the input limit (with room for its JSON) is refused
-        // before it is read whole.
-        let limit = MAX_INPUT_BYTES * 2 + 1024;
+        // Input up to its limit, every character escaped (`\uXXXX`, six
+        // bytes for each of its up to three), with room for the JSON
+        // around it; anything longer is refused before it is read whole.
+        let limit = MAX_INPUT_BYTES * 6 + 1024;
         Router::new()
             .route(
                 "/v1/conversations/{conversation}/requests",
@@ -105,44 +125,23 @@ impl Server {
                 "/v1/conversations/{conversation}/events",
                 get(events::get_events),
             )
+            .route_layer(middleware::from_fn_with_state(self.clone(), tenant::admit))
+            .method_not_allowed_fallback(errors::wrong_method)
             .fallback(errors::no_route)
             .layer(DefaultBodyLimit::max(limit))
             .with_state(self)
     }
 
-    /// The session of a request on `conversation`, in the namespace of its
-    /// token when the server takes tokens.
-    async fn session(
-        &self,
-        headers: &HeaderMap,
-        conversation: ConversationId,
-    ) -> Result<AgentSession, ApiError> {
-        let namespace = match self.tokens {
-            true => self.tenant(headers).await?,
-            false => self.namespace.clone(),
-        };
+    /// The session of a request of `namespace` on `conversation`.
+    fn session(&self, namespace: Namespace, conversation: ConversationId) -> AgentSession {
         let store: Arc<dyn Store> = self.store.clone();
-        Ok(AgentSession::new(
+        AgentSession::new(
             self.agent.clone(),
             store,
             conversation,
             namespace,
             self.policy,
-        ))
-    }
-
-    async fn tenant(&self, headers: &HeaderMap) -> Result<Namespace, ApiError> {
-        let token = headers
-            .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-            .ok_or_else(|| ApiError::unauthorized("no bearer token"))?;
-        self.store
-            .token_namespace(&token_sha256(token))
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("the token is unknown or revoked"))
+        )
     }
 }
 
@@ -167,7 +166,12 @@ pub async fn serve(
         // Every receiver is the server's: none is gone while it serves.
         let _ = close.send(true);
     };
-    axum::serve(listener, server.router())
+    let runs = server.runs.clone();
+    let served = axum::serve(listener, server.router())
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    // A run whose client went away still reaches its commit or its stop.
+    runs.close();
+    runs.wait().await;
+    served
 }

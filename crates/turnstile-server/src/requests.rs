@@ -1,9 +1,10 @@
 //! `POST /v1/conversations/{id}/requests`: one request, admitted by its
 //! idempotency key, run to its commit.
 
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::Extension;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use turnstile_core::agent::RunContext;
@@ -11,6 +12,7 @@ use turnstile_core::ids::{ConversationId, RequestId};
 use turnstile_core::outcome::Outcome;
 
 use crate::errors::ApiError;
+use crate::tenant::Tenant;
 use crate::Server;
 
 /// The body: the user's input, nothing else.
@@ -30,12 +32,12 @@ pub(crate) struct Answer {
 
 pub(crate) async fn post_request(
     State(server): State<Server>,
-    Path(conversation): Path<String>,
+    Extension(tenant): Extension<Tenant>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<Json<NewRequestBody>, JsonRejection>,
 ) -> Result<Json<Answer>, ApiError> {
-    let conversation_id = conversation_id(&conversation)?;
-    let session = server.session(&headers, conversation_id).await?;
+    let conversation_id = conversation_id(path)?;
     let request_id = idempotency_key(&headers)?;
     if request_id.as_uuid() == conversation_id.as_uuid() {
         return Err(ApiError::bad_request(
@@ -46,20 +48,23 @@ pub(crate) async fn post_request(
         ));
     }
     let Json(body) = body.map_err(rejected)?;
+    let session = server.session(tenant.namespace, conversation_id);
     // Its own task: a client that goes away does not stop the run between
-    // two steps; it goes on to its commit, which the same key then replays.
-    let run = tokio::spawn(async move {
+    // two steps; it goes on to its commit, which the same key then replays,
+    // and `serve` waits for it before it returns.
+    let run = server.runs.spawn(async move {
         session
             .run(request_id, body.input, RunContext::default())
             .await
     });
     let outcome = run.await.map_err(|e| {
-        tracing::error!(error = %e, "a request's task ended without an outcome");
+        tracing::error!(error = %e, %request_id, "a request's task ended without an outcome");
         ApiError::bad_request(
             StatusCode::INTERNAL_SERVER_ERROR,
             "failure",
             "the request's task ended without an outcome",
-            "send the same request again: it replays, or continues from its checkpoint",
+            "send the same request again: 200 replays its answer; 409 means it was admitted and \
+             stopped, for an operator to continue with `turnstile resume` or `abandon`",
         )
     })??;
     Ok(Json(Answer {
@@ -68,15 +73,20 @@ pub(crate) async fn post_request(
     }))
 }
 
-pub(crate) fn conversation_id(text: &str) -> Result<ConversationId, ApiError> {
-    text.parse().map_err(|_| {
+pub(crate) fn conversation_id(
+    path: Result<Path<String>, PathRejection>,
+) -> Result<ConversationId, ApiError> {
+    let invalid = |what: String| {
         ApiError::bad_request(
             StatusCode::BAD_REQUEST,
             "invalid_id",
-            format!("{text:?} is not a conversation id"),
+            what,
             "name the conversation by a UUID that is not nil",
         )
-    })
+    };
+    let Path(text) = path.map_err(|rejection| invalid(rejection.body_text()))?;
+    text.parse()
+        .map_err(|_| invalid(format!("{text:?} is not a conversation id")))
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {
@@ -98,9 +108,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {
 /// A body that is not `{"input": "…"}` as JSON.
 fn rejected(rejection: JsonRejection) -> ApiError {
     let kind = match rejection {
+        _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => "too_large",
         JsonRejection::MissingJsonContentType(_) => "unsupported_media_type",
         JsonRejection::JsonSyntaxError(_) => "malformed_json",
-        JsonRejection::JsonDataError(_) => "invalid_body",
         _ => "invalid_body",
     };
     ApiError::bad_request(

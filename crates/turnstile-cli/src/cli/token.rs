@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use super::access::Access;
 use super::db::DbLocation;
 use super::exit::CliError;
+use super::ops::utc;
 use super::output;
 use super::store::{closed, open_store};
 use turnstile::ids::Namespace;
@@ -90,7 +91,7 @@ pub(super) async fn token(
                 let revoked = store.revoke_token(id).await?;
                 if !revoked {
                     return Err(CliError::Turnstile(turnstile::Error::NotFound {
-                        what: "token (not revoked yet)",
+                        what: "unrevoked token",
                         id: id.to_string(),
                     }));
                 }
@@ -107,11 +108,13 @@ pub(super) async fn token(
                 for token in tokens {
                     let revoked = token
                         .revoked_at
-                        .map_or(String::from("active"), |at| format!("revoked at {at}"));
+                        .map_or(String::from("active"), |at| format!("revoked {}", utc(at)));
                     writeln!(
                         out,
-                        "{}  {}  created at {}  {revoked}",
-                        token.id, token.namespace, token.created_at
+                        "{}  {}  created {}  {revoked}",
+                        token.id,
+                        token.namespace,
+                        utc(token.created_at)
                     )?;
                 }
                 Ok(())

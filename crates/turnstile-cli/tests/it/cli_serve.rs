@@ -25,7 +25,7 @@ async fn serve_runs_requests_streams_events_and_stops_on_sigterm() {
     ])
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
+    .stderr(Stdio::null())
     .spawn()
     .expect("start the server");
     let mut line = String::new();

@@ -196,7 +196,8 @@ async fn bad_input_is_a_json_4xx_that_writes_nothing_and_the_server_goes_on() {
             .header("content-type", content_type)
             .body(body)
     };
-    let huge = format!("{{\"input\": \"{}\"}}", "x".repeat(3 << 20));
+    let over_the_input_limit = format!("{{\"input\": \"{}\"}}", "x".repeat(2 << 20));
+    let huge = format!("{{\"input\": \"{}\"}}", "x".repeat(7 << 20));
     let cases = vec![
         (
             "malformed JSON",
@@ -254,7 +255,33 @@ async fn bad_input_is_a_json_4xx_that_writes_nothing_and_the_server_goes_on() {
                 .header("content-type", "application/json")
                 .body(huge),
             413,
-            "invalid_body",
+            "too_large",
+        ),
+        (
+            "an input over its limit",
+            client
+                .post(&url)
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(over_the_input_limit),
+            400,
+            "invalid_input",
+        ),
+        (
+            "a method the route does not take",
+            client.get(&url),
+            405,
+            "wrong_method",
+        ),
+        (
+            "a name that is not loopback's (a web page's, resolving to 127.0.0.1)",
+            client
+                .post(&url)
+                .header("host", "attacker.example")
+                .header("idempotency-key", &key)
+                .json(&serde_json::json!({"input": "hi"})),
+            403,
+            "forbidden_host",
         ),
         (
             "an empty input",
@@ -312,5 +339,37 @@ async fn bad_input_is_a_json_4xx_that_writes_nothing_and_the_server_goes_on() {
     assert_eq!(
         (status, fine["final_text"].clone()),
         (200, Value::from("fine"))
+    );
+}
+
+#[tokio::test]
+async fn a_run_whose_client_went_away_commits_before_the_server_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let model = ProbeModel::new(vec![text_reply("done anyway", usage(1, 1))], 1);
+    let server = start(store.clone(), agent(model.clone(), vec![])).await;
+    let conversation = ConversationId::new().to_string();
+    let key = RequestId::new();
+    let impatient = server
+        .client
+        .post(server.requests(&conversation))
+        .header("idempotency-key", key.to_string())
+        .json(&serde_json::json!({"input": "slow"}))
+        .timeout(std::time::Duration::from_millis(300))
+        .send();
+    let (gave_up, ()) = tokio::join!(impatient, model.entered());
+    assert!(gave_up.is_err(), "the client gave up: {gave_up:?}");
+
+    // Shut down with the run in flight: `serve` returns only after it.
+    let stopping = tokio::spawn(server.shut_down());
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!stopping.is_finished(), "serve waits for the run");
+    model.release();
+    stopping.await.unwrap();
+    let request = store.request(key).await.unwrap().expect("the request");
+    assert_eq!(
+        request.outcome.map(|o| o.run_id),
+        Some(turnstile::RunId::first_of(key)),
+        "committed by its one run"
     );
 }

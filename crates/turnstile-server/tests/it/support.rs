@@ -14,7 +14,8 @@ use turnstile_testkit::session::ns;
 pub struct Running {
     pub base: String,
     pub client: reqwest::Client,
-    _stop: oneshot::Sender<()>,
+    stop: oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<()>,
 }
 
 /// A store on a new database file in `dir`.
@@ -31,9 +32,13 @@ pub async fn start(store: Arc<dyn StoreAdmin>, agent: Agent) -> Running {
     start_server(Server::new(store, agent, ns())).await
 }
 
-/// A server of the tenants of `store`'s tokens.
+/// A server of the tenants of `store`'s tokens, which checks a stream's
+/// token again every 20 ms.
 pub async fn start_with_tokens(store: Arc<dyn StoreAdmin>, agent: Agent) -> Running {
-    start_server(Server::new(store, agent, ns()).with_tokens()).await
+    let server = Server::new(store, agent, ns())
+        .with_tokens()
+        .with_token_recheck(std::time::Duration::from_millis(20));
+    start_server(server).await
 }
 
 async fn start_server(server: Server) -> Running {
@@ -41,7 +46,7 @@ async fn start_server(server: Server) -> Running {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = server.with_poll(std::time::Duration::from_millis(10));
-    tokio::spawn(async move {
+    let served = tokio::spawn(async move {
         turnstile_server::serve(listener, server, async {
             let _ = stopped.await;
         })
@@ -51,11 +56,19 @@ async fn start_server(server: Server) -> Running {
     Running {
         base,
         client: reqwest::Client::new(),
-        _stop: stop,
+        stop,
+        served,
     }
 }
 
 impl Running {
+    /// Shuts the server down, as SIGTERM does; resolves once `serve` has
+    /// returned.
+    pub async fn shut_down(self) {
+        let _ = self.stop.send(());
+        self.served.await.expect("serve ended");
+    }
+
     pub fn requests(&self, conversation: &str) -> String {
         format!("{}/v1/conversations/{conversation}/requests", self.base)
     }

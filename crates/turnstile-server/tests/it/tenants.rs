@@ -1,6 +1,8 @@
 //! Tenants: each token sees its own namespace only; no token, an unknown
 //! one or a revoked one is 401 and writes nothing.
 
+use std::time::Duration;
+
 use reqwest::RequestBuilder;
 use serde_json::{json, Value};
 use turnstile::{ConversationId, Namespace, RequestId};
@@ -88,8 +90,21 @@ async fn each_token_sees_its_namespace_only_and_no_token_or_a_revoked_one_is_401
         assert_eq!(body["error"]["kind"], "unauthorized");
     }
 
-    // Revoked: Alice's token admits nothing more.
+    // Revoked: Alice's token admits nothing more, and her open stream ends.
+    let mut open = events(&server, &conversation, Some(&alice.token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status().as_u16(), 200);
     assert!(store.revoke_token(alice.id).await.unwrap());
+    let mut ended = false;
+    while let Ok(chunk) = tokio::time::timeout(Duration::from_secs(10), open.chunk()).await {
+        if !matches!(chunk, Ok(Some(_))) {
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "the stream of a revoked token ends");
     let (status, _) = answer(post(&server, &conversation, Some(&alice.token), "again")).await;
     assert_eq!(status, 401);
     let (status, _) = answer(events(&server, &conversation, Some(&alice.token))).await;

@@ -31,7 +31,8 @@ fn store_column(column: &str, affinity: &str) -> [String; 4] {
 }
 
 /// The database as the build before 0021 left it: the words and repeats in
-/// stored columns, no codes, 0021 (and the event log after it) not applied.
+/// stored columns, no codes, 0021 (and the event log and tokens after it)
+/// not applied.
 async fn undo_0021(path: &Path) -> TestResult {
     let pool = raw_pool(path).await?;
     let event_triggers: Vec<String> = sqlx::query_scalar(
@@ -48,7 +49,8 @@ async fn undo_0021(path: &Path) -> TestResult {
         "DROP VIEW conversation_opens".to_owned(),
         "DROP TABLE events".to_owned(),
         "ALTER TABLE admissions DROP COLUMN event_seq".to_owned(),
-        "DELETE FROM _sqlx_migrations WHERE version = 22".to_owned(),
+        "DROP TABLE tokens".to_owned(),
+        "DELETE FROM _sqlx_migrations WHERE version > 21".to_owned(),
     ]);
     for sql in undo_0022 {
         sqlx::query(&sql)
