@@ -1,42 +1,19 @@
 //! `serve`: the HTTP server on a database file, a client of it, and a
 //! SIGTERM that ends it, open event stream and all.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cli_support::{add_script, command, scripted, turnstile, uuid};
+use crate::cli_support::{add_script, scripted, start_serve, turnstile, uuid};
 
 #[tokio::test]
 async fn serve_runs_requests_streams_events_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("served.db");
     let model = scripted(&add_script(dir.path()));
-    let mut server = command(&[
-        "serve",
-        "--db",
-        db.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        &model,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the server");
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("the address first: {line:?}"))
-        .to_owned();
+    let (mut server, base) = start_serve(&db, &model, &[]);
 
     let client = reqwest::Client::new();
     let conversation = uuid();

@@ -105,6 +105,37 @@ pub fn turnstile(args: &[&str]) -> Run {
     turnstile_with_stdin(args, "")
 }
 
+/// Starts `turnstile serve` on `db` with `model` and `extra` flags, on a
+/// free loopback port; the server and the address it printed.
+pub fn start_serve(db: &Path, model: &str, extra: &[&str]) -> (std::process::Child, String) {
+    let mut args = vec![
+        "serve",
+        "--db",
+        db.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        model,
+    ];
+    args.extend(extra);
+    let mut server = command(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the server");
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("the address first: {line:?}"))
+        .to_owned();
+    (server, base)
+}
+
 /// Runs `input` as a new request on `conversation` of `db` with `model`,
 /// which must commit.
 pub fn commit_request(db: &Path, conversation: &str, model: &str, input: &str) {

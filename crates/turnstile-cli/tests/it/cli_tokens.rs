@@ -2,12 +2,9 @@
 //! printed once, admits its namespace, and admits nothing once revoked;
 //! serving beyond loopback without tokens is refused.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
 use serde_json::json;
 
-use crate::cli_support::{add_script, command, scripted, turnstile, uuid};
+use crate::cli_support::{add_script, scripted, start_serve, turnstile, uuid};
 
 #[tokio::test]
 async fn a_token_admits_its_tenant_until_revoked_and_is_printed_once() {
@@ -32,30 +29,7 @@ async fn a_token_admits_its_tenant_until_revoked_and_is_printed_once() {
     assert_eq!(listed.json()[0]["id"], id.as_str());
 
     let model = scripted(&add_script(dir.path()));
-    let mut server = command(&[
-        "serve",
-        "--db",
-        db_arg,
-        "--listen",
-        "127.0.0.1:0",
-        "--tokens",
-        "--model",
-        &model,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the server");
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let (mut server, base) = start_serve(&db, &model, &["--tokens"]);
     let client = reqwest::Client::new();
     let conversation = uuid();
     let post = |bearer: Option<&str>| {
