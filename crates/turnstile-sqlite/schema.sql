@@ -349,11 +349,16 @@ CREATE TABLE events (
     PRIMARY KEY (conversation_key, seq)
 ) WITHOUT ROWID;
 
+CREATE TRIGGER events_numbered AFTER INSERT ON events
+BEGIN
+    UPDATE admissions SET event_seq = NEW.seq
+    WHERE conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+END;
+
 CREATE TRIGGER event_admitted AFTER INSERT ON requests
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
     INSERT INTO events (conversation_key, seq, kind, request_id, run_id, entry_seq, at)
-    SELECT c.key, a.event_seq, 0, NEW.request_id, NULLIF(a.run_id, NEW.request_id),
+    SELECT c.key, a.event_seq + 1, 0, NEW.request_id, NULLIF(a.run_id, NEW.request_id),
         c.transcript_length, NEW.created_at
     FROM admissions a JOIN conversations c ON c.id = a.conversation_id
     WHERE a.conversation_id = NEW.conversation_id;
@@ -362,11 +367,8 @@ END;
 CREATE TRIGGER event_run_started AFTER INSERT ON runs
 WHEN NEW.resumed_from IS NOT NULL
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1
-    WHERE conversation_id = (SELECT conversation_id FROM requests
-                             WHERE request_id = NEW.request_id);
     INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
-    SELECT c.key, a.event_seq, 1, NEW.request_id, NEW.run_id, NEW.started_at
+    SELECT c.key, a.event_seq + 1, 1, NEW.request_id, NEW.run_id, NEW.started_at
     FROM requests r
     JOIN admissions a ON a.conversation_id = r.conversation_id
     JOIN conversations c ON c.id = r.conversation_id
@@ -376,13 +378,8 @@ END;
 CREATE TRIGGER event_answered AFTER INSERT ON transcript
 WHEN NEW.role = 'assistant'
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1
-    WHERE active_request_id = NEW.request_id
-      AND conversation_id = (SELECT id FROM conversations
-                             WHERE key = NEW.conversation_key
-                               AND NEW.seq > transcript_length);
     INSERT INTO events (conversation_key, seq, kind, request_id, entry_seq, at)
-    SELECT NEW.conversation_key, a.event_seq, 2, NEW.request_id, NEW.seq,
+    SELECT NEW.conversation_key, a.event_seq + 1, 2, NEW.request_id, NEW.seq,
         CAST(unixepoch('subsec') * 1000 AS INTEGER)
     FROM admissions a
     WHERE a.active_request_id = NEW.request_id
@@ -394,11 +391,8 @@ END;
 CREATE TRIGGER event_tool_finished AFTER UPDATE OF status ON tool_calls
 WHEN OLD.status = 'requested' AND NEW.status <> 'requested'
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1
-    WHERE conversation_id = (SELECT conversation_id FROM requests
-                             WHERE request_id = NEW.request_id);
     INSERT INTO events (conversation_key, seq, kind, request_id, turn, call_id, at)
-    SELECT c.key, a.event_seq, 3, NEW.request_id, NEW.turn, NEW.call_id,
+    SELECT c.key, a.event_seq + 1, 3, NEW.request_id, NEW.turn, NEW.call_id,
         COALESCE(NEW.completed_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
     FROM requests r
     JOIN admissions a ON a.conversation_id = r.conversation_id
@@ -408,11 +402,8 @@ END;
 
 CREATE TRIGGER event_approval_requested AFTER INSERT ON approvals
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1
-    WHERE conversation_id = (SELECT conversation_id FROM requests
-                             WHERE request_id = NEW.request_id);
     INSERT INTO events (conversation_key, seq, kind, request_id, turn, call_id, at)
-    SELECT c.key, a.event_seq, 4, NEW.request_id, NEW.turn, NEW.call_id, NEW.requested_at
+    SELECT c.key, a.event_seq + 1, 4, NEW.request_id, NEW.turn, NEW.call_id, NEW.requested_at
     FROM requests r
     JOIN admissions a ON a.conversation_id = r.conversation_id
     JOIN conversations c ON c.id = r.conversation_id
@@ -422,11 +413,8 @@ END;
 CREATE TRIGGER event_approval_decided AFTER UPDATE OF status ON approvals
 WHEN OLD.status = 'awaiting' AND NEW.status <> 'awaiting'
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1
-    WHERE conversation_id = (SELECT conversation_id FROM requests
-                             WHERE request_id = NEW.request_id);
     INSERT INTO events (conversation_key, seq, kind, request_id, turn, call_id, at)
-    SELECT c.key, a.event_seq, 5, NEW.request_id, NEW.turn, NEW.call_id,
+    SELECT c.key, a.event_seq + 1, 5, NEW.request_id, NEW.turn, NEW.call_id,
         COALESCE(NEW.decided_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
     FROM requests r
     JOIN admissions a ON a.conversation_id = r.conversation_id
@@ -437,11 +425,8 @@ END;
 CREATE TRIGGER event_run_stopped AFTER UPDATE OF status ON runs
 WHEN NEW.status = 'failed' AND OLD.status <> 'failed'
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1
-    WHERE conversation_id = (SELECT conversation_id FROM requests
-                             WHERE request_id = NEW.request_id);
     INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
-    SELECT c.key, a.event_seq, 6, NEW.request_id, NEW.run_id,
+    SELECT c.key, a.event_seq + 1, 6, NEW.request_id, NEW.run_id,
         COALESCE(NEW.ended_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
     FROM requests r
     JOIN admissions a ON a.conversation_id = r.conversation_id
@@ -452,9 +437,8 @@ END;
 CREATE TRIGGER event_first_run_stopped AFTER UPDATE OF run_state ON requests
 WHEN NEW.run_state = 2 AND OLD.run_state IS NOT 2
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
     INSERT INTO events (conversation_key, seq, kind, request_id, at)
-    SELECT c.key, a.event_seq, 6, NEW.request_id,
+    SELECT c.key, a.event_seq + 1, 6, NEW.request_id,
         COALESCE(NEW.run_ended_early_at, CAST(unixepoch('subsec') * 1000 AS INTEGER))
     FROM admissions a JOIN conversations c ON c.id = a.conversation_id
     WHERE a.conversation_id = NEW.conversation_id;
@@ -463,9 +447,8 @@ END;
 CREATE TRIGGER event_settled AFTER UPDATE OF state ON requests
 WHEN NEW.state <> OLD.state AND NEW.state IN (1, 2)
 BEGIN
-    UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = NEW.conversation_id;
     INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
-    SELECT c.key, a.event_seq, IIF(NEW.state = 1, 7, 8), NEW.request_id,
+    SELECT c.key, a.event_seq + 1, IIF(NEW.state = 1, 7, 8), NEW.request_id,
         IIF(NEW.state = 1, NEW.committed_by, NULL), COALESCE(NEW.completed_at, 0)
     FROM admissions a JOIN conversations c ON c.id = a.conversation_id
     WHERE a.conversation_id = NEW.conversation_id;

@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 
 use super::codec::{db, to_i64, Row};
 use super::steps::fenced;
-use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile_core::store::{ExpiredLease, Fence};
 use turnstile_core::Error;
 
@@ -74,8 +74,7 @@ pub(crate) async fn load_expired_leases(
             Ok(ExpiredLease {
                 conversation_id: key
                     .checked_id::<ConversationId>("conversation_id", row.conversation_id)?,
-                namespace: Namespace::new(row.namespace)
-                    .map_err(|e| key.corrupt(format!("namespace: {e}")))?,
+                namespace: key.namespace(&row.namespace)?,
                 request_id: key.checked_id::<RequestId>("active_request_id", row.request_id)?,
                 run_id: key.checked_id::<RunId>("run_id", row.run_id)?,
                 revision: Revision(key.u64("revision", row.revision)?),

@@ -29,8 +29,8 @@ struct Body<'a> {
 }
 
 impl ApiError {
-    /// An error of the request itself (`400`, or `status`).
-    pub(crate) fn bad_request(
+    /// An error answered with `status`.
+    pub(crate) fn new(
         status: StatusCode,
         kind: &'static str,
         message: impl Into<String>,
@@ -46,7 +46,7 @@ impl ApiError {
 
     /// A request that names no tenant this server knows.
     pub(crate) fn unauthorized(message: &str) -> Self {
-        Self::bad_request(
+        Self::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             message,
@@ -120,7 +120,7 @@ impl From<Error> for ApiError {
             // Another namespace's conversation is not told apart from one
             // that does not exist.
             Error::NotFound { .. } | Error::NamespaceMismatch { .. } => {
-                return Self::bad_request(
+                return Self::new(
                     StatusCode::NOT_FOUND,
                     "not_found",
                     "no such conversation",
@@ -201,7 +201,7 @@ impl From<Error> for ApiError {
 
 /// A path no route serves.
 pub(crate) async fn no_route() -> ApiError {
-    ApiError::bad_request(
+    ApiError::new(
         StatusCode::NOT_FOUND,
         "no_route",
         "no such route",
@@ -211,7 +211,7 @@ pub(crate) async fn no_route() -> ApiError {
 
 /// A route called with a method it does not take.
 pub(crate) async fn wrong_method() -> ApiError {
-    ApiError::bad_request(
+    ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "wrong_method",
         "this route does not take that method",

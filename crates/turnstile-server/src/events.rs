@@ -34,7 +34,7 @@ pub(crate) async fn get_events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let conversation_id = conversation_id(path)?;
     let Query(query) = query.map_err(|rejection| {
-        ApiError::bad_request(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
             rejection.body_text(),
@@ -122,7 +122,7 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         .and_then(|text| text.trim().parse().ok())
         .map(Some)
         .ok_or_else(|| {
-            ApiError::bad_request(
+            ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_last_event_id",
                 "Last-Event-ID is not an event number",

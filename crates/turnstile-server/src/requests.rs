@@ -40,7 +40,7 @@ pub(crate) async fn post_request(
     let conversation_id = conversation_id(path)?;
     let request_id = idempotency_key(&headers)?;
     if request_id.as_uuid() == conversation_id.as_uuid() {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_key",
             "the Idempotency-Key is the conversation's id",
@@ -59,7 +59,7 @@ pub(crate) async fn post_request(
     });
     let outcome = run.await.map_err(|e| {
         tracing::error!(error = %e, %request_id, "a request's task ended without an outcome");
-        ApiError::bad_request(
+        ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "failure",
             "the request's task ended without an outcome",
@@ -77,7 +77,7 @@ pub(crate) fn conversation_id(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<ConversationId, ApiError> {
     let invalid = |what: String| {
-        ApiError::bad_request(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_id",
             what,
@@ -91,7 +91,7 @@ pub(crate) fn conversation_id(
 
 fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {
     let missing = || {
-        ApiError::bad_request(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_key",
             "no Idempotency-Key header, or not a UUID",
@@ -113,7 +113,7 @@ fn rejected(rejection: JsonRejection) -> ApiError {
         JsonRejection::JsonSyntaxError(_) => "malformed_json",
         _ => "invalid_body",
     };
-    ApiError::bad_request(
+    ApiError::new(
         rejection.status(),
         kind,
         rejection.body_text(),

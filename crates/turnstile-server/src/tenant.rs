@@ -41,7 +41,7 @@ pub(crate) async fn admit(
 async fn tenant_of(server: &Server, headers: &HeaderMap) -> Result<Tenant, ApiError> {
     if !server.tokens {
         if !loopback_host(headers) {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden_host",
                 "a server without tokens answers loopback names only",

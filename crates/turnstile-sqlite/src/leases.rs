@@ -7,7 +7,7 @@ use sqlx::SqliteConnection;
 
 use super::codec::{db, to_i64, Row};
 use super::steps::fenced;
-use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
+use turnstile_core::ids::{ConversationId, RequestId, Revision, RunId};
 use turnstile_core::store::{ExpiredLease, Fence};
 use turnstile_core::Error;
 
@@ -78,8 +78,7 @@ pub(super) async fn load_expired_leases(
             };
             Ok(ExpiredLease {
                 conversation_id,
-                namespace: Namespace::new(row.namespace)
-                    .map_err(|e| key.corrupt(format!("namespace: {e}")))?,
+                namespace: key.namespace(&row.namespace)?,
                 request_id: key.id::<RequestId>("active_request_id", &row.request_id)?,
                 run_id: key.id::<RunId>("run_id", &row.run_id)?,
                 revision: Revision(key.u64("revision", row.revision)?),

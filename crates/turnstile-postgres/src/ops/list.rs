@@ -233,7 +233,7 @@ async fn conversation_summary(
     let conversation_id = key.checked_id("conversation_id", id)?;
     Ok(Some(ConversationSummary {
         id: conversation_id,
-        namespace: namespace_of(&key, row.namespace)?,
+        namespace: key.namespace(&row.namespace)?,
         version: key.u64("version", row.version)?,
         revision: Revision(key.u64("revision", row.revision)?),
         transcript_entries: key.u64("transcript_entries", row.transcript_entries)?,
@@ -297,7 +297,7 @@ async fn request_summary(
     Ok(Some(RequestSummary {
         request_id,
         conversation_id: key.checked_id("conversation_id", row.conversation_id)?,
-        namespace: namespace_of(&key, row.namespace)?,
+        namespace: key.namespace(&row.namespace)?,
         status: RequestStatus::parse(&row.status)
             .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?,
         conversation_version: row
@@ -342,7 +342,7 @@ async fn run_summary(
         run_id,
         request_id: key.checked_id::<RequestId>("request_id", row.request_id)?,
         conversation_id: key.checked_id("conversation_id", row.conversation_id)?,
-        namespace: namespace_of(&key, row.namespace)?,
+        namespace: key.namespace(&row.namespace)?,
         resumed_from: row
             .resumed_from
             .map(|r| key.checked_id("resumed_from", r))
@@ -458,8 +458,4 @@ async fn run_position(
         _ => None,
     };
     Ok((Some(status), key.u64("rows", row.rows)?, mark))
-}
-
-fn namespace_of(key: &Row<'_>, namespace: String) -> Result<Namespace, Error> {
-    Namespace::new(namespace).map_err(|e| key.corrupt(format!("namespace: {e}")))
 }

@@ -321,7 +321,7 @@ async fn conversation_summary(
     let conversation_id = key.checked_id("id", id)?;
     Ok(Some(ConversationSummary {
         id: conversation_id,
-        namespace: namespace_of(&key, row.namespace)?,
+        namespace: key.namespace(&row.namespace)?,
         version: key.u64("version", row.version)?,
         revision: Revision(key.u64("revision", row.revision)?),
         transcript_entries: key.u64("transcript_entries", row.transcript_entries)?,
@@ -381,7 +381,7 @@ async fn request_summary(
     Ok(Some(RequestSummary {
         request_id,
         conversation_id: key.checked_id("conversation_id", conversation)?,
-        namespace: namespace_of(&key, row.namespace)?,
+        namespace: key.namespace(&row.namespace)?,
         status: RequestStatus::parse(&row.status)
             .ok_or_else(|| key.corrupt(format!("unknown status {:?}", row.status)))?,
         conversation_version: row
@@ -428,7 +428,7 @@ async fn run_summary(
         run_id,
         request_id: key.id::<RequestId>("request_id", &row.request_id)?,
         conversation_id: key.checked_id("conversation_id", conversation)?,
-        namespace: namespace_of(&key, row.namespace)?,
+        namespace: key.namespace(&row.namespace)?,
         resumed_from: row
             .resumed_from
             .map(|r| key.id("resumed_from", &r))
@@ -565,10 +565,6 @@ async fn run_position(
             created_at: row.created_at,
         }),
     ))
-}
-
-fn namespace_of(key: &Row<'_>, namespace: String) -> Result<Namespace, Error> {
-    Namespace::new(namespace).map_err(|e| key.corrupt(format!("namespace: {e}")))
 }
 
 fn uuid_of(table: &'static str, column: &str, bytes: &[u8]) -> Result<Uuid, Error> {

@@ -5,7 +5,7 @@ use turnstile_core::admin::{NewToken, TokenRecord};
 use turnstile_core::ids::Namespace;
 use turnstile_core::Error;
 
-use crate::codec::{db, now_ms, Row};
+use crate::codec::{db, hex, now_ms, Row};
 use crate::SqliteStore;
 
 pub(super) async fn store(store: &SqliteStore, token: &NewToken) -> Result<(), Error> {
@@ -87,8 +87,4 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<TokenRecord>, Error>
             })
         })
         .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
