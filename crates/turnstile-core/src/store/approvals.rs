@@ -2,6 +2,8 @@
 //! decisions, kept in the database so nothing a client sends back can alter
 //! what was approved.
 
+use serde::Serialize;
+
 use crate::ids::{ConversationId, RequestId, Revision, RunId};
 use crate::stored_name::stored_names;
 
@@ -45,7 +47,7 @@ pub struct ApprovalRecord {
 
 /// A tool call waiting for a decision, with what deciding needs: the
 /// request, the call, and the admission's current revision.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PendingApproval {
     /// The conversation of the request.
     pub conversation_id: ConversationId,

@@ -393,8 +393,8 @@ pub struct BudgetChange {
     pub to: Budget,
 }
 
-/// One committed message.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One committed message (serialized as `{"seq", "request_id", "message"}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TranscriptEntry {
     /// Its position in the transcript, from 0.
     pub seq: u64,

@@ -10,7 +10,7 @@ use std::path::Path;
 use base64::Engine;
 
 use super::args::ExportArgs;
-use super::inspect::{find, Entry, PAGE};
+use super::inspect::{find, PAGE};
 use crate::cli::access::Access;
 use crate::cli::exit::CliError;
 use crate::cli::output;
@@ -69,7 +69,7 @@ async fn bytes_of(store: &dyn StoreAdmin, sha256: BlobHash) -> Result<Vec<u8>, C
 }
 
 fn encoded(entry: &TranscriptEntry) -> Result<serde_json::Value, CliError> {
-    serde_json::to_value(Entry::from(entry))
+    serde_json::to_value(entry)
         .map_err(|e| CliError::Failed(format!("cannot encode the entry as json: {e}")))
 }
 

@@ -16,7 +16,7 @@ use crate::cli::store::open_store;
 use turnstile::admin::{ConversationSummary, RunSummary};
 use turnstile::agent::Budget;
 use turnstile::checkpoint::LoopCheckpoint;
-use turnstile::ids::{ConversationId, Namespace, RequestId};
+use turnstile::ids::{ConversationId, Namespace};
 use turnstile::message::Message;
 use turnstile::store::{BudgetChange, TranscriptEntry};
 use turnstile::Error;
@@ -27,24 +27,6 @@ use turnstile::StoreAdmin;
 const STALE_AFTER: Duration = Duration::from_secs(300);
 /// Transcript entries read per query.
 pub(super) const PAGE: u64 = 500;
-
-/// One transcript entry as `show --json` and `export` write it.
-#[derive(Serialize)]
-pub(super) struct Entry<'a> {
-    seq: u64,
-    request_id: RequestId,
-    message: &'a Message,
-}
-
-impl<'a> From<&'a TranscriptEntry> for Entry<'a> {
-    fn from(entry: &'a TranscriptEntry) -> Self {
-        Self {
-            seq: entry.seq,
-            request_id: entry.request_id,
-            message: &entry.message,
-        }
-    }
-}
 
 #[derive(Clone, Copy, Serialize)]
 struct SummaryPointer {
@@ -57,7 +39,7 @@ struct Shown<'a> {
     conversation: &'a ConversationSummary,
     /// The latest summary: its id and the last entry it covers.
     summary: Option<SummaryPointer>,
-    transcript: Vec<Entry<'a>>,
+    transcript: &'a [TranscriptEntry],
 }
 
 pub(in crate::cli) async fn show(
@@ -87,7 +69,7 @@ pub(in crate::cli) async fn show(
             let shown = Shown {
                 conversation: &conversation,
                 summary,
-                transcript: transcript.iter().map(Entry::from).collect(),
+                transcript: &transcript,
             };
             return output::json(out, &shown);
         }
