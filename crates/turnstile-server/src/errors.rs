@@ -54,6 +54,17 @@ impl ApiError {
         )
     }
 
+    /// What `what` names does not exist, or is another tenant's: the same
+    /// answer either way.
+    fn not_found(what: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no such {what}"),
+            format!("check the {what}'s id"),
+        )
+    }
+
     /// The status it is answered with.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -119,18 +130,46 @@ impl From<Error> for ApiError {
             ),
             // Another namespace's conversation is not told apart from one
             // that does not exist.
-            Error::NotFound { .. } | Error::NamespaceMismatch { .. } => {
-                return Self::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "no such conversation",
-                    "check the conversation id",
-                );
-            }
+            Error::NamespaceMismatch { .. } => return Self::not_found("conversation"),
+            Error::NotFound { what, .. } => return Self::not_found(what),
             Error::Deleted { .. } => (
                 StatusCode::GONE,
                 "deleted",
                 "the conversation was deleted: start another".into(),
+            ),
+            Error::Conflict { actual, .. } => (
+                StatusCode::CONFLICT,
+                "revision_conflict",
+                format!(
+                    "the admission moved on to revision {actual}: read the conversation again \
+                     and decide with what it shows now"
+                ),
+            ),
+            Error::VersionConflict { actual, .. } => (
+                StatusCode::CONFLICT,
+                "version_conflict",
+                format!(
+                    "the conversation is at version {actual}: read it again, and send that \
+                     version if it is still to be done"
+                ),
+            ),
+            Error::MetaVersionConflict { actual, .. } => (
+                StatusCode::CONFLICT,
+                "meta_version_conflict",
+                format!(
+                    "the metadata is at meta_version {actual}: read it again and send the \
+                     change with that version"
+                ),
+            ),
+            Error::NotActive { .. } => (
+                StatusCode::CONFLICT,
+                "not_active",
+                "the request holds no admission (committed or abandoned): nothing to do".into(),
+            ),
+            Error::NoPendingApproval { .. } => (
+                StatusCode::CONFLICT,
+                "no_pending_approval",
+                "that call waits for no decision: list the approvals for those that do".into(),
             ),
             Error::InvalidInput(_) => (
                 StatusCode::BAD_REQUEST,
@@ -140,14 +179,15 @@ impl From<Error> for ApiError {
             Error::AwaitingApproval { .. } => (
                 StatusCode::CONFLICT,
                 "awaiting_approval",
-                "decide the waiting tool calls (`turnstile approvals`), then continue the request"
+                "decide the waiting tool calls (GET and POST …/approvals); the request continues \
+                 once the last is decided"
                     .into(),
             ),
             Error::Model { .. } => (
                 StatusCode::BAD_GATEWAY,
                 "model_failed",
-                "the request keeps its checkpoint: an operator continues it with `turnstile \
-                 resume` once the model answers"
+                "the request keeps its checkpoint: continue it (POST …/requests/{id}/continue \
+                 with its revision) once the model answers"
                     .into(),
             ),
             Error::Store(e) if e.is_full() => (
@@ -167,8 +207,8 @@ impl From<Error> for ApiError {
             _ if error.stopped_run().is_some() => (
                 StatusCode::CONFLICT,
                 "stopped",
-                "the request keeps its checkpoint: an operator continues it with `turnstile \
-                 resume`"
+                "the request keeps its checkpoint: continue it (POST …/requests/{id}/continue \
+                 with its revision) or abandon it"
                     .into(),
             ),
             _ => (
@@ -199,14 +239,12 @@ impl From<Error> for ApiError {
     }
 }
 
+/// Where the routes are told.
+const ROUTES: &str = "the routes are under /v1/conversations (turnstile-server's docs list them)";
+
 /// A path no route serves.
 pub(crate) async fn no_route() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "no_route",
-        "no such route",
-        "POST /v1/conversations/{id}/requests or GET /v1/conversations/{id}/events",
-    )
+    ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route", ROUTES)
 }
 
 /// A route called with a method it does not take.
@@ -215,6 +253,6 @@ pub(crate) async fn wrong_method() -> ApiError {
         StatusCode::METHOD_NOT_ALLOWED,
         "wrong_method",
         "this route does not take that method",
-        "POST /v1/conversations/{id}/requests or GET /v1/conversations/{id}/events",
+        ROUTES,
     )
 }

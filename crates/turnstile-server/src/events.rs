@@ -15,7 +15,7 @@ use serde::Deserialize;
 use turnstile_core::store::LoggedEvent;
 
 use crate::errors::ApiError;
-use crate::requests::conversation_id;
+use crate::input;
 use crate::tenant::Tenant;
 use crate::Server;
 
@@ -32,15 +32,8 @@ pub(crate) async fn get_events(
     query: Result<Query<After>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let conversation_id = conversation_id(path)?;
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            rejection.body_text(),
-            "the one parameter is after=N, the number of the last event seen",
-        )
-    })?;
+    let conversation_id = input::conversation(path)?;
+    let query = input::query(query, "after=N, the number of the last event seen")?;
     let after = match last_event_id(&headers)? {
         Some(seen) => seen,
         None => query.after.unwrap_or(0),

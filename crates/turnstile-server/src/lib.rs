@@ -9,18 +9,32 @@
 //!
 //! | route | what |
 //! |---|---|
+//! | `GET /v1/conversations` | the tenant's conversations, newest first (`?limit=N&after=CURSOR&owner=NAME`; `next` is the next page's cursor) |
+//! | `GET /v1/conversations/{id}` | one conversation: version, revision, the request holding it, metadata |
+//! | `DELETE /v1/conversations/{id}?version=N` | deletes it (`&revision=R` while a request holds it) |
+//! | `POST /v1/conversations/{id}/fork` | `{"through": N}`: a new conversation of its first N entries |
 //! | `POST /v1/conversations/{id}/requests` | runs `{"input": "…"}` as the request named by the `Idempotency-Key` header (a UUID); answers the outcome |
+//! | `POST /v1/conversations/{id}/requests/{request}/continue` | `{"revision": R}`: continues a stopped request from its checkpoint |
+//! | `POST /v1/conversations/{id}/requests/{request}/abandon` | `{"revision": R}`: releases it without a commit |
 //! | `GET /v1/conversations/{id}/events` | the event log after `Last-Event-ID` (or `?after=N`), then each new event as its step commits |
+//! | `GET /v1/conversations/{id}/transcript` | committed messages, oldest first (`?from=SEQ&limit=N`) |
+//! | `GET`, `PUT /v1/conversations/{id}/metadata` | title, owner, keys; `PUT` is a compare-and-swap on `meta_version` |
+//! | `GET`, `POST /v1/conversations/{id}/approvals` | the calls waiting for a decision; decide one (`{"request_id", "call_id", "revision", "decision": "approve"/"reject", "reason"}`) |
 //!
 //! With [`Server::with_tokens`] each request names its tenant by an access
 //! token (`Authorization: Bearer …`), and sees that namespace only. Every
 //! error is one JSON object, `{"error": {"kind", "message", "next"}}` (see
 //! [`ApiError`]), never a stack trace.
 
+mod approvals;
+mod conversations;
 mod errors;
 mod events;
+mod input;
+mod metadata;
 mod requests;
 mod tenant;
+mod transcript;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,11 +48,12 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 pub use errors::ApiError;
-use turnstile_core::admin::StoreAdmin;
+use tenant::Tenant;
+use turnstile_core::admin::{ConversationSummary, ListFilter, StoreAdmin};
 use turnstile_core::agent::Agent;
 use turnstile_core::ids::{ConversationId, Namespace};
 use turnstile_core::session::{AgentSession, ContextPolicy, MAX_INPUT_BYTES};
-use turnstile_core::Store;
+use turnstile_core::{Error, Store};
 
 /// What a server runs requests with: one agent on one store, in one
 /// namespace, or with [`Server::with_tokens`] in the namespace of each
@@ -116,20 +131,66 @@ impl Server {
         // bytes for each of its up to three), with room for the JSON
         // around it; anything longer is refused before it is read whole.
         let limit = MAX_INPUT_BYTES * 6 + 1024;
+        let conversation = "/v1/conversations/{conversation}";
+        let request = "/v1/conversations/{conversation}/requests/{request}";
         Router::new()
+            .route("/v1/conversations", get(conversations::list))
             .route(
-                "/v1/conversations/{conversation}/requests",
+                conversation,
+                get(conversations::show).delete(conversations::delete),
+            )
+            .route(&format!("{conversation}/fork"), post(conversations::fork))
+            .route(
+                &format!("{conversation}/requests"),
                 post(requests::post_request),
             )
             .route(
-                "/v1/conversations/{conversation}/events",
-                get(events::get_events),
+                &format!("{request}/continue"),
+                post(requests::continue_request),
+            )
+            .route(
+                &format!("{request}/abandon"),
+                post(requests::abandon_request),
+            )
+            .route(&format!("{conversation}/events"), get(events::get_events))
+            .route(
+                &format!("{conversation}/transcript"),
+                get(transcript::get_transcript),
+            )
+            .route(
+                &format!("{conversation}/metadata"),
+                get(metadata::get_metadata).put(metadata::put_metadata),
+            )
+            .route(
+                &format!("{conversation}/approvals"),
+                get(approvals::list).post(approvals::decide),
             )
             .route_layer(middleware::from_fn_with_state(self.clone(), tenant::admit))
             .method_not_allowed_fallback(errors::wrong_method)
             .fallback(errors::no_route)
             .layer(DefaultBodyLimit::max(limit))
             .with_state(self)
+    }
+
+    /// A conversation of `tenant`'s: [`Error::NotFound`] for one that does
+    /// not exist or is another tenant's (answered alike).
+    async fn summary(
+        &self,
+        tenant: &Tenant,
+        conversation: ConversationId,
+    ) -> Result<ConversationSummary, Error> {
+        let stale_after = ListFilter::default().stale_after;
+        match self
+            .store
+            .conversation_summary(conversation, stale_after)
+            .await?
+        {
+            Some(summary) if summary.namespace == tenant.namespace => Ok(summary),
+            _ => Err(Error::NotFound {
+                what: "conversation",
+                id: conversation.to_string(),
+            }),
+        }
     }
 
     /// The session of a request of `namespace` on `conversation`.

@@ -1,5 +1,9 @@
-//! `POST /v1/conversations/{id}/requests`: one request, admitted by its
-//! idempotency key, run to its commit.
+//! A conversation's requests: `POST …/requests` admits one by its
+//! idempotency key and runs it to its commit; `…/requests/{id}/continue`
+//! continues one that stopped (for approval, or on a failure) from its
+//! checkpoint; `…/requests/{id}/abandon` releases one without a commit.
+
+use std::future::Future;
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
@@ -8,26 +12,42 @@ use axum::Extension;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use turnstile_core::agent::RunContext;
-use turnstile_core::ids::{ConversationId, RequestId};
+use turnstile_core::ids::{ConversationId, RequestId, Revision};
 use turnstile_core::outcome::Outcome;
+use turnstile_core::Error;
 
 use crate::errors::ApiError;
+use crate::input;
 use crate::tenant::Tenant;
 use crate::Server;
 
-/// The body: the user's input, nothing else.
+/// The body of a new request: the user's input, nothing else.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewRequestBody {
     input: String,
 }
 
-/// The answer: the outcome, with its conversation.
+/// The body of `continue` and `abandon`: the admission's revision, as the
+/// stop or the last approval decision left it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AtRevision {
+    revision: Revision,
+}
+
+/// A request's outcome, with its conversation.
 #[derive(Serialize)]
 pub(crate) struct Answer {
     conversation_id: ConversationId,
     #[serde(flatten)]
     outcome: Outcome,
+}
+
+/// The admission's revision after a change.
+#[derive(Serialize)]
+pub(crate) struct Moved {
+    revision: Revision,
 }
 
 pub(crate) async fn post_request(
@@ -37,7 +57,7 @@ pub(crate) async fn post_request(
     headers: HeaderMap,
     body: Result<Json<NewRequestBody>, JsonRejection>,
 ) -> Result<Json<Answer>, ApiError> {
-    let conversation_id = conversation_id(path)?;
+    let conversation_id = input::conversation(path)?;
     let request_id = idempotency_key(&headers)?;
     if request_id.as_uuid() == conversation_id.as_uuid() {
         return Err(ApiError::new(
@@ -47,46 +67,74 @@ pub(crate) async fn post_request(
             "send a key of its own for each request",
         ));
     }
-    let Json(body) = body.map_err(rejected)?;
+    let body = input::body(body, r#"{"input": "…"}"#)?;
     let session = server.session(tenant.namespace, conversation_id);
-    // Its own task: a client that goes away does not stop the run between
-    // two steps; it goes on to its commit, which the same key then replays,
-    // and `serve` waits for it before it returns.
-    let run = server.runs.spawn(async move {
+    let outcome = to_the_end(&server, request_id, async move {
         session
             .run(request_id, body.input, RunContext::default())
             .await
-    });
-    let outcome = run.await.map_err(|e| {
-        tracing::error!(error = %e, %request_id, "a request's task ended without an outcome");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "failure",
-            "the request's task ended without an outcome",
-            "send the same request again: 200 replays its answer; 409 means it was admitted and \
-             stopped, for an operator to continue with `turnstile resume` or `abandon`",
-        )
-    })??;
+    })
+    .await?;
     Ok(Json(Answer {
         conversation_id,
         outcome,
     }))
 }
 
-pub(crate) fn conversation_id(
-    path: Result<Path<String>, PathRejection>,
-) -> Result<ConversationId, ApiError> {
-    let invalid = |what: String| {
+pub(crate) async fn continue_request(
+    State(server): State<Server>,
+    Extension(tenant): Extension<Tenant>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Json<AtRevision>, JsonRejection>,
+) -> Result<Json<Answer>, ApiError> {
+    let (conversation_id, request_id) = input::conversation_and_request(path)?;
+    let body = input::body(body, r#"{"revision": N}"#)?;
+    let session = server.session(tenant.namespace, conversation_id);
+    let outcome = to_the_end(&server, request_id, async move {
+        session
+            .continue_after_approval(request_id, RunContext::default(), body.revision)
+            .await
+    })
+    .await?;
+    Ok(Json(Answer {
+        conversation_id,
+        outcome,
+    }))
+}
+
+pub(crate) async fn abandon_request(
+    State(server): State<Server>,
+    Extension(tenant): Extension<Tenant>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Json<AtRevision>, JsonRejection>,
+) -> Result<Json<Moved>, ApiError> {
+    let (conversation_id, request_id) = input::conversation_and_request(path)?;
+    let body = input::body(body, r#"{"revision": N}"#)?;
+    let session = server.session(tenant.namespace, conversation_id);
+    let revision = session.abandon(request_id, body.revision).await?;
+    Ok(Json(Moved { revision }))
+}
+
+/// Runs `run` as a task of its own and waits for its outcome. A client
+/// that goes away does not stop the run between two steps: it goes on to
+/// its commit (which the same key then replays) or its stop, and `serve`
+/// waits for it before it returns.
+async fn to_the_end(
+    server: &Server,
+    request_id: RequestId,
+    run: impl Future<Output = Result<Outcome, Error>> + Send + 'static,
+) -> Result<Outcome, ApiError> {
+    let outcome = server.runs.spawn(run).await.map_err(|e| {
+        tracing::error!(error = %e, %request_id, "a request's task ended without an outcome");
         ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-            what,
-            "name the conversation by a UUID that is not nil",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failure",
+            "the request's task ended without an outcome",
+            "send the same request again: 200 replays its answer; 409 means it was admitted and \
+             stopped: continue it (POST …/requests/{id}/continue) or abandon it",
         )
-    };
-    let Path(text) = path.map_err(|rejection| invalid(rejection.body_text()))?;
-    text.parse()
-        .map_err(|_| invalid(format!("{text:?} is not a conversation id")))
+    })?;
+    Ok(outcome?)
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {
@@ -103,21 +151,4 @@ fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {
         .and_then(|value| value.to_str().ok())
         .and_then(|text| text.trim().parse().ok())
         .ok_or_else(missing)
-}
-
-/// A body that is not `{"input": "…"}` as JSON.
-fn rejected(rejection: JsonRejection) -> ApiError {
-    let kind = match rejection {
-        _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-        JsonRejection::MissingJsonContentType(_) => "unsupported_media_type",
-        JsonRejection::JsonSyntaxError(_) => "malformed_json",
-        _ => "invalid_body",
-    };
-    ApiError::new(
-        rejection.status(),
-        kind,
-        rejection.body_text(),
-        "send Content-Type: application/json and a body of {\"input\": \"…\"} within the size \
-         limit; nothing was written",
-    )
 }

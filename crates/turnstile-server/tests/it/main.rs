@@ -1,6 +1,7 @@
 //! The HTTP server's tests: a real server on 127.0.0.1, a real HTTP client,
 //! a SQLite file behind it.
 
+mod endpoints;
 mod serve;
 mod support;
 mod tenants;

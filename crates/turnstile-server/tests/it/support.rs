@@ -77,6 +77,22 @@ impl Running {
         format!("{}/v1/conversations/{conversation}/events", self.base)
     }
 
+    /// `path` on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// `GET path`: the status and the JSON answer.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        answer(self.client.get(self.url(path))).await
+    }
+
+    /// `method path` with `body` as JSON: the status and the JSON answer.
+    pub async fn send(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        answer(self.client.request(method, self.url(path)).json(&body)).await
+    }
+
     /// Posts `input` under `key`; the status and the JSON answer.
     pub async fn post(&self, conversation: &str, key: &str, input: &str) -> (u16, Value) {
         let response = self
@@ -90,6 +106,13 @@ impl Running {
         let status = response.status().as_u16();
         (status, response.json().await.expect("a JSON answer"))
     }
+}
+
+/// The status and the JSON answer of `request`.
+pub async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
+    let response = request.send().await.expect("send");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("a JSON answer"))
 }
 
 /// One server-sent event: its `id`, `event` and `data` (as JSON).

@@ -121,3 +121,122 @@ async fn each_token_sees_its_namespace_only_and_no_token_or_a_revoked_one_is_401
     let (status, _) = answer(post(&server, &missing, Some(&bob.token), "mine")).await;
     assert_eq!(status, 200);
 }
+
+/// Every route but the listing, for `conversation` and `request`: method,
+/// path and JSON body.
+fn routes(conversation: &str, request: &str) -> Vec<(&'static str, String, Value)> {
+    let c = format!("/v1/conversations/{conversation}");
+    let r = format!("{c}/requests/{request}");
+    vec![
+        ("GET", c.clone(), json!(null)),
+        ("DELETE", format!("{c}?version=1"), json!(null)),
+        ("POST", format!("{c}/fork"), json!({"through": 2})),
+        ("POST", format!("{c}/requests"), json!({"input": "hi"})),
+        ("POST", format!("{r}/continue"), json!({"revision": 1})),
+        ("POST", format!("{r}/abandon"), json!({"revision": 1})),
+        ("GET", format!("{c}/events"), json!(null)),
+        ("GET", format!("{c}/transcript"), json!(null)),
+        ("GET", format!("{c}/metadata"), json!(null)),
+        (
+            "PUT",
+            format!("{c}/metadata"),
+            json!({"meta_version": 0, "title": "mine"}),
+        ),
+        ("GET", format!("{c}/approvals"), json!(null)),
+        (
+            "POST",
+            format!("{c}/approvals"),
+            json!({"request_id": request, "call_id": "c1", "revision": 1, "decision": "approve"}),
+        ),
+    ]
+}
+
+fn call_route(
+    server: &Running,
+    (method, path, body): &(&'static str, String, Value),
+    token: Option<&str>,
+) -> RequestBuilder {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = server
+        .client
+        .request(method, server.url(path))
+        .header("idempotency-key", RequestId::new().to_string());
+    if !body.is_null() {
+        request = request.json(body);
+    }
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+#[tokio::test]
+async fn every_route_answers_another_tenant_as_if_nothing_were_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let alice = store
+        .create_token(&Namespace::new("alice").unwrap())
+        .await
+        .unwrap();
+    let bob = store
+        .create_token(&Namespace::new("bob").unwrap())
+        .await
+        .unwrap();
+    let replies = vec![text_reply("hers", usage(1, 1))];
+    let server = start_with_tokens(store.clone(), agent(scripted(replies), vec![])).await;
+    let conversation = ConversationId::new().to_string();
+    let key = RequestId::new().to_string();
+    let (status, done) = answer(
+        server
+            .client
+            .post(server.requests(&conversation))
+            .header("idempotency-key", &key)
+            .bearer_auth(&alice.token)
+            .json(&json!({"input": "hi"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+
+    let missing = ConversationId::new().to_string();
+    let (status, nothing) = answer(
+        server
+            .client
+            .get(server.url(&format!("/v1/conversations/{missing}")))
+            .bearer_auth(&bob.token),
+    )
+    .await;
+    assert_eq!(status, 404);
+    for route in routes(&conversation, &key) {
+        let (status, body) = answer(call_route(&server, &route, Some(&bob.token))).await;
+        assert_eq!((status, &body), (404, &nothing), "{} {}", route.0, route.1);
+        let (status, body) = answer(call_route(&server, &route, None)).await;
+        assert_eq!(status, 401, "{} {}: {body}", route.0, route.1);
+    }
+    let (status, listed) = answer(
+        server
+            .client
+            .get(server.url("/v1/conversations"))
+            .bearer_auth(&bob.token),
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["conversations"], json!([]), "none of Alice's");
+
+    assert!(store.revoke_token(alice.id).await.unwrap());
+    for route in routes(&conversation, &key) {
+        let (status, body) = answer(call_route(&server, &route, Some(&alice.token))).await;
+        assert_eq!(status, 401, "{} {}: {body}", route.0, route.1);
+    }
+
+    // Nothing was written: her conversation is as her request left it.
+    let id: ConversationId = conversation.parse().unwrap();
+    let alice_ns = Namespace::new("alice").unwrap();
+    let hers = store.conversation_meta(&alice_ns, id).await.unwrap();
+    assert_eq!((hers.meta_version, hers.title), (0, None));
+    assert_eq!(store.conversation(&alice_ns, id).await.unwrap().version, 1);
+    assert_eq!(store.events_after(id, 0, 100).await.unwrap().len(), 2);
+    assert!(store
+        .conversation(&Namespace::new("bob").unwrap(), id)
+        .await
+        .is_err());
+}
