@@ -9,6 +9,7 @@
 //!   transcripts.
 //! - [`process`]: re-running the calling test binary as a worker process
 //!   (one ignored test, named by its module path), and signals to it.
+//! - [`sse`]: a reader of `turnstile serve`'s event streams.
 //! - [`torture`], [`race`], [`lease`]: the crash torture, the two-process
 //!   ownership race and the lease takeover, written once for any backend;
 //!   each backend's tests say how to open, read and check their store.
@@ -24,5 +25,6 @@ pub mod process;
 pub mod python;
 pub mod race;
 pub mod session;
+pub mod sse;
 pub mod tools;
 pub mod torture;

@@ -9,6 +9,7 @@ use turnstile::agent::Agent;
 use turnstile::{SqliteStore, StoreAdmin};
 use turnstile_server::Server;
 use turnstile_testkit::session::ns;
+pub use turnstile_testkit::sse::{Sse, SseReader};
 
 /// A running server; dropped, it shuts down.
 pub struct Running {
@@ -113,75 +114,4 @@ pub async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
     let response = request.send().await.expect("send");
     let status = response.status().as_u16();
     (status, response.json().await.expect("a JSON answer"))
-}
-
-/// One server-sent event: its `id`, `event` and `data` (as JSON).
-#[derive(Debug, PartialEq)]
-pub struct Sse {
-    pub id: u64,
-    pub kind: String,
-    pub data: Value,
-}
-
-/// Reads events from an open event stream.
-pub struct SseReader {
-    response: reqwest::Response,
-    buffer: String,
-}
-
-impl SseReader {
-    pub fn new(response: reqwest::Response) -> Self {
-        assert_eq!(response.status().as_u16(), 200, "{response:?}");
-        let content_type = response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .to_owned();
-        assert!(
-            content_type.starts_with("text/event-stream"),
-            "{content_type}"
-        );
-        Self {
-            response,
-            buffer: String::new(),
-        }
-    }
-
-    /// The next event (keep-alive comments skipped), within 10 s.
-    pub async fn next(&mut self) -> Sse {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
-                if let Some(event) = parse(&block) {
-                    return event;
-                }
-                continue;
-            }
-            let chunk =
-                tokio::time::timeout(std::time::Duration::from_secs(10), self.response.chunk())
-                    .await
-                    .expect("an event within 10 s")
-                    .expect("read the stream")
-                    .expect("the stream goes on");
-            self.buffer
-                .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
-        }
-    }
-}
-
-fn parse(block: &str) -> Option<Sse> {
-    let (mut id, mut kind, mut data) = (None, None, None);
-    for line in block.lines() {
-        if let Some(v) = line.strip_prefix("id:") {
-            id = Some(v.trim().parse().expect("a numeric id"));
-        } else if let Some(v) = line.strip_prefix("event:") {
-            kind = Some(v.trim().to_owned());
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data = Some(serde_json::from_str(v.trim()).expect("JSON data"));
-        }
-    }
-    Some(Sse {
-        id: id?,
-        kind: kind?,
-        data: data?,
-    })
 }
