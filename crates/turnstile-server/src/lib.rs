@@ -33,6 +33,7 @@ mod events;
 mod input;
 mod metadata;
 mod requests;
+mod takeover;
 mod tenant;
 mod transcript;
 
@@ -52,7 +53,7 @@ use tenant::Tenant;
 use turnstile_core::admin::{ConversationSummary, ListFilter, StoreAdmin};
 use turnstile_core::agent::Agent;
 use turnstile_core::ids::{ConversationId, Namespace};
-use turnstile_core::session::{AgentSession, ContextPolicy, MAX_INPUT_BYTES};
+use turnstile_core::session::{AgentSession, ContextPolicy, LeasePolicy, MAX_INPUT_BYTES};
 use turnstile_core::{Error, Store};
 
 /// What a server runs requests with: one agent on one store, in one
@@ -65,6 +66,7 @@ pub struct Server {
     namespace: Namespace,
     tokens: bool,
     policy: ContextPolicy,
+    lease: Option<LeasePolicy>,
     poll: Duration,
     token_recheck: Duration,
     /// The runs started, waited for by [`serve`] once it stops taking
@@ -88,6 +90,7 @@ impl Server {
             namespace,
             tokens: false,
             policy: ContextPolicy::default(),
+            lease: None,
             poll: Duration::from_millis(100),
             token_recheck: Duration::from_secs(5),
             runs: TaskTracker::new(),
@@ -104,6 +107,19 @@ impl Server {
     /// guess; a new one is the tenant's own).
     pub fn with_tokens(mut self) -> Self {
         self.tokens = true;
+        self
+    }
+
+    /// Several servers on one database: each run holds a lease on its
+    /// admission, renewed every `policy.renew_every()`
+    /// ([`AgentSession::with_lease`]), and [`serve`] looks as often for
+    /// leases that expired (a server that died or froze) and takes each
+    /// request over from its last checkpoint. A turn whose model call was
+    /// in flight is asked again; a tool call in doubt runs again only when
+    /// its tool settles it ([`Tool::reconcile`](turnstile_core::Tool::reconcile),
+    /// or an idempotent tool), else the request waits for an operator.
+    pub fn with_lease(mut self, policy: LeasePolicy) -> Self {
+        self.lease = Some(policy);
         self
     }
 
@@ -196,19 +212,25 @@ impl Server {
     /// The session of a request of `namespace` on `conversation`.
     fn session(&self, namespace: Namespace, conversation: ConversationId) -> AgentSession {
         let store: Arc<dyn Store> = self.store.clone();
-        AgentSession::new(
+        let session = AgentSession::new(
             self.agent.clone(),
             store,
             conversation,
             namespace,
             self.policy,
-        )
+        );
+        match self.lease {
+            Some(policy) => session.with_lease(policy),
+            None => session,
+        }
     }
 }
 
 /// Serves `server` on `listener` until `shutdown` resolves, then stops
 /// taking connections, ends the event streams and waits for the requests
-/// in flight to reach their commit (or their stop) and answer.
+/// in flight to reach their commit (or their stop) and answer. With a
+/// lease ([`Server::with_lease`]) it takes over, meanwhile, the requests
+/// whose lease expired.
 ///
 /// # Errors
 /// The listener's I/O error.
@@ -219,9 +241,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let (close, closing) = watch::channel(false);
     let server = Server {
-        closing: Some(closing),
+        closing: Some(closing.clone()),
         ..server
     };
+    let takeovers = tokio::spawn(takeover::take_over_expired(server.clone(), closing));
     let shutdown = async move {
         shutdown.await;
         // Every receiver is the server's: none is gone while it serves.
@@ -231,6 +254,8 @@ pub async fn serve(
     let served = axum::serve(listener, server.router())
         .with_graceful_shutdown(shutdown)
         .await;
+    // Stops looking for expired leases; the takeovers under way are runs.
+    let _ = takeovers.await;
     // A run whose client went away still reaches its commit or its stop.
     runs.close();
     runs.wait().await;

@@ -13,6 +13,7 @@ use super::agent_args::AgentArgs;
 use super::db::DbLocation;
 use super::exit::CliError;
 use super::interrupt::stopping;
+use super::lease::LeaseTiming;
 use super::model;
 use super::store::{closed, open_store};
 use turnstile::ids::Namespace;
@@ -37,6 +38,11 @@ pub struct ServeArgs {
     /// Needed to listen on an address other than loopback.
     #[arg(long)]
     pub tokens: bool,
+    // Each run holds a lease; once a server's lease expired (it died or
+    // froze), another server on the database, or this one restarted,
+    // takes the request over from its last checkpoint.
+    #[command(flatten)]
+    pub lease: LeaseTiming,
     #[command(flatten)]
     pub agent: AgentArgs,
 }
@@ -50,6 +56,7 @@ pub(super) async fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), Cl
             args.listen
         )));
     }
+    let lease = args.lease.policy()?;
     let approval = args.agent.approval.tools()?;
     let model = model::load(&args.agent.model)?;
     let mcp = args.agent.mcp.connect().await?;
@@ -64,7 +71,7 @@ pub(super) async fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), Cl
         writeln!(out, "listening on http://{address}")?;
         out.flush()?;
         let agent = agent_requiring(model, &approval, &mcp);
-        let server = Server::new(store.clone(), agent, args.namespace);
+        let server = Server::new(store.clone(), agent, args.namespace).with_lease(lease);
         let server = match args.tokens {
             true => server.with_tokens(),
             false => server,

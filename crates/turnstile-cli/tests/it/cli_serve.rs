@@ -13,7 +13,7 @@ async fn serve_runs_requests_streams_events_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("served.db");
     let model = scripted(&add_script(dir.path()));
-    let (mut server, base) = start_serve(&db, &model, &[]);
+    let (mut server, base) = start_serve(db.to_str().unwrap(), &model, &[]);
 
     let client = reqwest::Client::new();
     let conversation = uuid();

@@ -107,11 +107,11 @@ pub fn turnstile(args: &[&str]) -> Run {
 
 /// Starts `turnstile serve` on `db` with `model` and `extra` flags, on a
 /// free loopback port; the server and the address it printed.
-pub fn start_serve(db: &Path, model: &str, extra: &[&str]) -> (std::process::Child, String) {
+pub fn start_serve(db: &str, model: &str, extra: &[&str]) -> (std::process::Child, String) {
     let mut args = vec![
         "serve",
         "--db",
-        db.to_str().unwrap(),
+        db,
         "--listen",
         "127.0.0.1:0",
         "--model",

@@ -29,7 +29,7 @@ async fn a_token_admits_its_tenant_until_revoked_and_is_printed_once() {
     assert_eq!(listed.json()[0]["id"], id.as_str());
 
     let model = scripted(&add_script(dir.path()));
-    let (mut server, base) = start_serve(&db, &model, &["--tokens"]);
+    let (mut server, base) = start_serve(db.to_str().unwrap(), &model, &["--tokens"]);
     let client = reqwest::Client::new();
     let conversation = uuid();
     let post = |bearer: Option<&str>| {

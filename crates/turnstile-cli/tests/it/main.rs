@@ -22,6 +22,7 @@ mod cli_postgres;
 mod cli_read_only;
 mod cli_retention;
 mod cli_serve;
+mod cli_serve_takeover;
 mod cli_session;
 mod cli_support;
 mod cli_tokens;
