@@ -26,12 +26,14 @@
 //! error is one JSON object, `{"error": {"kind", "message", "next"}}` (see
 //! [`ApiError`]), never a stack trace.
 
+mod accept;
 mod approvals;
 mod conversations;
 mod errors;
 mod events;
 mod input;
 mod metadata;
+mod read_body;
 mod requests;
 mod takeover;
 mod tenant;
@@ -69,6 +71,8 @@ pub struct Server {
     lease: Option<LeasePolicy>,
     poll: Duration,
     token_recheck: Duration,
+    head_within: Duration,
+    body_within: Duration,
     /// The runs started, waited for by [`serve`] once it stops taking
     /// connections.
     runs: TaskTracker,
@@ -93,6 +97,8 @@ impl Server {
             lease: None,
             poll: Duration::from_millis(100),
             token_recheck: Duration::from_secs(5),
+            head_within: Duration::from_secs(30),
+            body_within: Duration::from_secs(60),
             runs: TaskTracker::new(),
             closing: None,
         }
@@ -138,15 +144,28 @@ impl Server {
         self
     }
 
+    /// How long a client may take to send a request's head (by [`serve`],
+    /// which then closes the connection; default 30 s) and its body
+    /// (`408`, nothing written; default 60 s). A slow client holds a
+    /// connection that long at most.
+    pub fn with_read_deadlines(mut self, head: Duration, body: Duration) -> Self {
+        self.head_within = head;
+        self.body_within = body;
+        self
+    }
+
+    /// A body's size limit: an input up to its limit, every character
+    /// escaped (`\uXXXX`, six bytes for each of its up to three), with room
+    /// for the JSON around it.
+    fn body_limit(&self) -> usize {
+        MAX_INPUT_BYTES * 6 + 1024
+    }
+
     /// The routes, to serve or to nest in an application's router. Served
     /// other than by [`serve`], an event stream ends only when its client
     /// goes away (or its token is revoked), and a run whose client went
     /// away is not waited for.
     pub fn router(self) -> Router {
-        // Input up to its limit, every character escaped (`\uXXXX`, six
-        // bytes for each of its up to three), with room for the JSON
-        // around it; anything longer is refused before it is read whole.
-        let limit = MAX_INPUT_BYTES * 6 + 1024;
         let conversation = "/v1/conversations/{conversation}";
         let request = "/v1/conversations/{conversation}/requests/{request}";
         Router::new()
@@ -181,10 +200,15 @@ impl Server {
                 &format!("{conversation}/approvals"),
                 get(approvals::list).post(approvals::decide),
             )
+            // The tenant is checked first, then the body is read.
+            .route_layer(middleware::from_fn_with_state(
+                self.clone(),
+                read_body::read_whole,
+            ))
             .route_layer(middleware::from_fn_with_state(self.clone(), tenant::admit))
             .method_not_allowed_fallback(errors::wrong_method)
             .fallback(errors::no_route)
-            .layer(DefaultBodyLimit::max(limit))
+            .layer(DefaultBodyLimit::max(self.body_limit()))
             .with_state(self)
     }
 
@@ -232,13 +256,11 @@ impl Server {
 /// lease ([`Server::with_lease`]) it takes over, meanwhile, the requests
 /// whose lease expired.
 ///
-/// # Errors
-/// The listener's I/O error.
 pub async fn serve(
     listener: TcpListener,
     server: Server,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     let (close, closing) = watch::channel(false);
     let server = Server {
         closing: Some(closing.clone()),
@@ -250,14 +272,11 @@ pub async fn serve(
         // Every receiver is the server's: none is gone while it serves.
         let _ = close.send(true);
     };
-    let runs = server.runs.clone();
-    let served = axum::serve(listener, server.router())
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let (runs, head_within) = (server.runs.clone(), server.head_within);
+    accept::accept(listener, server.router(), head_within, shutdown).await;
     // Stops looking for expired leases; the takeovers under way are runs.
     let _ = takeovers.await;
     // A run whose client went away still reaches its commit or its stop.
     runs.close();
     runs.wait().await;
-    served
 }

@@ -76,9 +76,7 @@ pub(super) async fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), Cl
             true => server.with_tokens(),
             false => server,
         };
-        turnstile::server::serve(listener, server, stopping())
-            .await
-            .map_err(CliError::io("serve"))?;
+        turnstile::server::serve(listener, server, stopping()).await;
         Ok(())
     }
     .await;

@@ -3,5 +3,6 @@
 
 mod endpoints;
 mod serve;
+mod slow_clients;
 mod support;
 mod tenants;
