@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Extension;
+use futures_util::stream::PollNext;
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 use turnstile_core::store::LoggedEvent;
@@ -43,20 +44,31 @@ pub(crate) async fn get_events(
     // this tenant cannot see.
     session.events_after(after, 0).await?;
     let ended = ended(&server, tenant.token);
-    let events = session
-        .follow_events(after, server.poll)
+    let live = server.live.follow(conversation_id);
+    let durable = session.follow_events(after, server.poll).map(|event| {
+        match event {
+            Ok(event) => sse_event(&event),
+            // The stream ends after it: the client reconnects from the
+            // last number it saw, and hears why.
+            Err(error) => {
+                let error = ApiError::from(error);
+                Event::default().event("error").data(error.document())
+            }
+        }
+    });
+    // The live text goes along while the log lasts: the stream ends with
+    // the log (its conversation deleted), the server or the token.
+    let durable = durable
+        .map(Some)
+        .chain(futures_util::stream::once(async { None }));
+    // Live text first when both are ready: a piece is sent before the
+    // step it belongs to commits, so it goes out before that step's event.
+    let live_first = |_: &mut ()| PollNext::Left;
+    let events = futures_util::stream::select_with_strategy(live.map(Some), durable, live_first)
+        .take_while(|event| std::future::ready(event.is_some()))
+        .filter_map(std::future::ready)
         .take_until(ended)
-        .map(|event| {
-            Ok(match event {
-                Ok(event) => sse_event(&event),
-                // The stream ends after it: the client reconnects from the
-                // last number it saw, and hears why.
-                Err(error) => {
-                    let error = ApiError::from(error);
-                    Event::default().event("error").data(error.document())
-                }
-            })
-        });
+        .map(Ok);
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 

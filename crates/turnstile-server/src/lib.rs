@@ -32,6 +32,7 @@ mod conversations;
 mod errors;
 mod events;
 mod input;
+mod live;
 mod metadata;
 mod read_body;
 mod requests;
@@ -73,6 +74,8 @@ pub struct Server {
     token_recheck: Duration,
     head_within: Duration,
     body_within: Duration,
+    /// The text of the answers streaming, for the event streams.
+    live: live::LiveText,
     /// The runs started, waited for by [`serve`] once it stops taking
     /// connections.
     runs: TaskTracker,
@@ -99,6 +102,7 @@ impl Server {
             token_recheck: Duration::from_secs(5),
             head_within: Duration::from_secs(30),
             body_within: Duration::from_secs(60),
+            live: live::LiveText::new(),
             runs: TaskTracker::new(),
             closing: None,
         }

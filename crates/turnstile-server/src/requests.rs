@@ -69,10 +69,10 @@ pub(crate) async fn post_request(
     }
     let body = input::body(body, r#"{"input": "…"}"#)?;
     let session = server.session(tenant.namespace, conversation_id);
+    let live = server.live.clone();
     let outcome = to_the_end(&server, request_id, async move {
-        session
-            .run(request_id, body.input, RunContext::default())
-            .await
+        let run = session.stream(request_id, body.input, RunContext::default());
+        live.drive(conversation_id, request_id, run).await
     })
     .await?;
     Ok(Json(Answer {
@@ -94,6 +94,7 @@ pub(crate) async fn continue_request(
         session
             .continue_after_approval(request_id, RunContext::default(), body.revision)
             .await
+            .map(Some)
     })
     .await?;
     Ok(Json(Answer {
@@ -122,10 +123,11 @@ pub(crate) async fn abandon_request(
 async fn to_the_end(
     server: &Server,
     request_id: RequestId,
-    run: impl Future<Output = Result<Outcome, Error>> + Send + 'static,
+    run: impl Future<Output = Result<Option<Outcome>, Error>> + Send + 'static,
 ) -> Result<Outcome, ApiError> {
-    let outcome = server.runs.spawn(run).await.map_err(|e| {
-        tracing::error!(error = %e, %request_id, "a request's task ended without an outcome");
+    let ended = server.runs.spawn(run).await;
+    let no_outcome = |why: &dyn std::fmt::Display| {
+        tracing::error!(%why, %request_id, "a request's task ended without an outcome");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "failure",
@@ -133,8 +135,13 @@ async fn to_the_end(
             "send the same request again: 200 replays its answer; 409 means it was admitted and \
              stopped: continue it (POST …/requests/{id}/continue) or abandon it",
         )
-    })?;
-    Ok(outcome?)
+    };
+    match ended {
+        Ok(Ok(Some(outcome))) => Ok(outcome),
+        Ok(Ok(None)) => Err(no_outcome(&"its event stream ended early")),
+        Ok(Err(error)) => Err(error.into()),
+        Err(joined) => Err(no_outcome(&joined)),
+    }
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<RequestId, ApiError> {

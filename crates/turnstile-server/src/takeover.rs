@@ -12,6 +12,7 @@ use turnstile_core::session::{AgentSession, ResumePolicy};
 use turnstile_core::store::ExpiredLease;
 use turnstile_core::Error;
 
+use crate::live::LiveText;
 use crate::Server;
 
 /// Expired leases taken over per look.
@@ -37,14 +38,19 @@ pub(crate) async fn take_over_expired(server: Server, mut closing: watch::Receiv
         };
         for lease in expired {
             let session = server.session(lease.namespace.clone(), lease.conversation_id);
-            server.runs.spawn(take_over(session, lease));
+            server
+                .runs
+                .spawn(take_over(session, server.live.clone(), lease));
         }
     }
 }
 
-async fn take_over(session: AgentSession, lease: ExpiredLease) {
-    let resume =
-        |policy| session.resume_run(lease.run_id, RunContext::default(), lease.revision, policy);
+async fn take_over(session: AgentSession, live: LiveText, lease: ExpiredLease) {
+    let resume = |policy| {
+        let run =
+            session.resume_stream(lease.run_id, RunContext::default(), lease.revision, policy);
+        live.drive(lease.conversation_id, lease.request_id, run)
+    };
     let mut result = resume(ResumePolicy::RejectAmbiguous).await;
     // A turn whose model call was in flight is asked again: a model call
     // has no effect beyond its cost. A tool call in doubt is not run again
@@ -56,8 +62,11 @@ async fn take_over(session: AgentSession, lease: ExpiredLease) {
     }
     let request_id = lease.request_id;
     match result {
-        Ok(outcome) => {
+        Ok(Some(outcome)) => {
             tracing::info!(%request_id, run_id = %outcome.run_id, "took over a request whose lease expired");
+        }
+        Ok(None) => {
+            tracing::warn!(%request_id, "a takeover's event stream ended without its outcome");
         }
         // Another server (or the owner's own commit) got there first.
         Err(Error::Conflict { .. } | Error::Busy { .. } | Error::NotActive { .. }) => {}

@@ -18,6 +18,9 @@ pub struct Sse {
 pub struct SseReader {
     response: reqwest::Response,
     buffer: String,
+    /// The live text read so far: the `data` of each `delta` event (which
+    /// has no `id`), in order.
+    pub deltas: Vec<Value>,
 }
 
 impl SseReader {
@@ -35,16 +38,21 @@ impl SseReader {
         Self {
             response,
             buffer: String::new(),
+            deltas: Vec::new(),
         }
     }
 
-    /// The next event (keep-alive comments skipped), within 10 s.
+    /// The next numbered event, within 10 s; keep-alive comments are
+    /// skipped and live text is kept in [`SseReader::deltas`].
     pub async fn next(&mut self) -> Sse {
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 if let Some(event) = parse(&block) {
                     return event;
+                }
+                if let Some(delta) = live_text(&block) {
+                    self.deltas.push(delta);
                 }
                 continue;
             }
@@ -76,4 +84,12 @@ fn parse(block: &str) -> Option<Sse> {
         kind: kind?,
         data: data?,
     })
+}
+
+/// The data of a `delta` event, which has no `id`.
+fn live_text(block: &str) -> Option<Value> {
+    let is_delta = block.lines().any(|l| l.trim_end() == "event: delta");
+    let numbered = block.lines().any(|l| l.starts_with("id:"));
+    let data = block.lines().find_map(|l| l.strip_prefix("data:"))?;
+    (is_delta && !numbered).then(|| serde_json::from_str(data.trim()).expect("JSON data"))
 }

@@ -373,3 +373,50 @@ async fn a_run_whose_client_went_away_commits_before_the_server_stops() {
         "committed by its one run"
     );
 }
+
+#[tokio::test]
+async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let replies = vec![text_reply("the answer streams word by word", usage(1, 1))];
+    let server = start(store, agent(scripted(replies), vec![])).await;
+    let conversation = ConversationId::new().to_string();
+    let (status, _) = server
+        .post(&conversation, &RequestId::new().to_string(), "first")
+        .await;
+    assert_eq!(status, 200);
+
+    let open = |after: u64| {
+        server
+            .client
+            .get(server.events(&conversation))
+            .header("last-event-id", after.to_string())
+            .send()
+    };
+    let mut connected = SseReader::new(open(2).await.unwrap());
+    let key = RequestId::new().to_string();
+    let (status, answer) = server.post(&conversation, &key, "second").await;
+    assert_eq!(status, 200, "{answer}");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        seen.push(connected.next().await);
+    }
+    assert_eq!(kinds(&seen), ["admitted", "committed"]);
+    // Each piece in order before the commit, with no number: they add up
+    // to the answer, and only the request run while connected sent any.
+    let pieces: Vec<&str> = connected
+        .deltas
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(pieces.len(), 6, "{:?}", connected.deltas);
+    assert_eq!(pieces.concat(), answer["final_text"].as_str().unwrap());
+    assert!(connected.deltas.iter().all(|d| d["request_id"] == key));
+
+    // A reconnect gets the durable events again, not the live text.
+    let mut again = SseReader::new(open(0).await.unwrap());
+    for _ in 0..4 {
+        again.next().await;
+    }
+    assert!(again.deltas.is_empty(), "{:?}", again.deltas);
+}
