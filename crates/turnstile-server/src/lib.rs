@@ -9,6 +9,7 @@
 //!
 //! | route | what |
 //! |---|---|
+//! | `GET /` | a page: conversations, messages, events and live text, approvals |
 //! | `GET /v1/conversations` | the tenant's conversations, newest first (`?limit=N&after=CURSOR&owner=NAME`; `next` is the next page's cursor) |
 //! | `GET /v1/conversations/{id}` | one conversation: version, revision, the request holding it, metadata |
 //! | `DELETE /v1/conversations/{id}?version=N` | deletes it (`&revision=R` while a request holds it) |
@@ -34,6 +35,7 @@ mod events;
 mod input;
 mod live;
 mod metadata;
+mod page;
 mod read_body;
 mod requests;
 mod takeover;
@@ -210,6 +212,9 @@ impl Server {
                 read_body::read_whole,
             ))
             .route_layer(middleware::from_fn_with_state(self.clone(), tenant::admit))
+            // The page is the same for everyone: its API calls are checked.
+            .route("/", get(page::index))
+            .route("/page.js", get(page::script))
             .method_not_allowed_fallback(errors::wrong_method)
             .fallback(errors::no_route)
             .layer(DefaultBodyLimit::max(self.body_limit()))

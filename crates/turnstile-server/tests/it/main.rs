@@ -2,6 +2,7 @@
 //! a SQLite file behind it.
 
 mod endpoints;
+mod page;
 mod serve;
 mod slow_clients;
 mod support;
