@@ -2,7 +2,9 @@
 //! a SQLite file behind it.
 
 mod endpoints;
+mod load;
 mod page;
+mod resume;
 mod serve;
 mod slow_clients;
 mod support;

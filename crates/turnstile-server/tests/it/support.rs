@@ -30,24 +30,27 @@ pub async fn store_in(dir: &tempfile::TempDir) -> Arc<dyn StoreAdmin> {
 
 /// A server of one namespace.
 pub async fn start(store: Arc<dyn StoreAdmin>, agent: Agent) -> Running {
-    start_server(Server::new(store, agent, ns())).await
+    start_server(Server::new(store, agent, ns()).with_poll(FAST_POLL)).await
 }
+
+/// How often the tests' event streams read the log again.
+const FAST_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A server of the tenants of `store`'s tokens, which checks a stream's
 /// token again every 20 ms.
 pub async fn start_with_tokens(store: Arc<dyn StoreAdmin>, agent: Agent) -> Running {
     let server = Server::new(store, agent, ns())
         .with_tokens()
+        .with_poll(FAST_POLL)
         .with_token_recheck(std::time::Duration::from_millis(20));
     start_server(server).await
 }
 
-/// `server`, with a follow poll of 10 ms.
+/// `server`, as it is configured.
 pub async fn start_server(server: Server) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = server.with_poll(std::time::Duration::from_millis(10));
     let served = tokio::spawn(async move {
         turnstile_server::serve(listener, server, async {
             let _ = stopped.await;

@@ -1,0 +1,156 @@
+//! Load on loopback: 200 clients, each sending 20 requests one after
+//! another to a conversation of its own while a follower of that
+//! conversation reads its event stream. Nothing is lost or repeated: every
+//! request commits once, every call runs once, every follower sees its
+//! conversation's events once each, in order, as stored. It prints the
+//! request latency (p50, p99) and the events delivered per second, and,
+//! as the baseline of the same run, the same requests sent by 200 tasks
+//! straight to `AgentSession::run` on a database of their own; the figures
+//! in `docs/performance.md` are of a release build.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+use turnstile::{Agent, ConversationId, RequestId, RunContext, Store};
+use turnstile_server::Server;
+use turnstile_testkit::session::*;
+use turnstile_testkit::tools::CountingTool;
+
+use crate::support::{start_server, store_in, Running, Sse, SseReader};
+
+const CLIENTS: usize = 200;
+const REQUESTS: usize = 20;
+const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
+
+/// One client: creates its conversation, follows it, and sends its
+/// requests; the latency of each, and the events its follower read.
+async fn client(server: Arc<Running>) -> (ConversationId, Vec<Duration>, Vec<Sse>) {
+    let conversation = ConversationId::new();
+    let (status, _) = server
+        .send(
+            "PUT",
+            &format!("/v1/conversations/{conversation}/metadata"),
+            json!({"meta_version": 0}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let response = server
+        .client
+        .get(server.events(&conversation.to_string()))
+        .send()
+        .await
+        .unwrap();
+    let mut reader = SseReader::new(response);
+    let follower = tokio::spawn(async move {
+        let mut seen = Vec::with_capacity(REQUESTS * ONE_REQUEST.len());
+        while seen.len() < REQUESTS * ONE_REQUEST.len() {
+            seen.push(reader.next().await);
+        }
+        seen
+    });
+    let mut latencies = Vec::with_capacity(REQUESTS);
+    for i in 0..REQUESTS {
+        let started = Instant::now();
+        let key = RequestId::new().to_string();
+        let (status, body) = server
+            .post(&conversation.to_string(), &key, &format!("count {i}"))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        latencies.push(started.elapsed());
+    }
+    (conversation, latencies, follower.await.unwrap())
+}
+
+/// The baseline: the same requests, sent by as many tasks straight to the
+/// session: their wall time.
+async fn in_process(agent: Agent) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = store_in(&dir).await;
+    let started = Instant::now();
+    let mut clients = JoinSet::new();
+    for _ in 0..CLIENTS {
+        let session = session(agent.clone(), &store, ConversationId::new());
+        clients.spawn(async move {
+            for i in 0..REQUESTS {
+                session
+                    .run(
+                        RequestId::new(),
+                        format!("count {i}"),
+                        RunContext::default(),
+                    )
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.unwrap();
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_clients_of_twenty_requests_lose_and_repeat_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let count = CountingTool::new("count");
+    let replies = vec![
+        tools_reply(vec![call("c1", "count")], usage(3, 1)),
+        text_reply("counted", usage(4, 2)),
+    ];
+    let agent = agent(scripted(replies), vec![count.clone()]);
+    let server = Arc::new(start_server(Server::new(store.clone(), agent.clone(), ns())).await);
+
+    let started = Instant::now();
+    let mut clients = JoinSet::new();
+    for _ in 0..CLIENTS {
+        clients.spawn(client(server.clone()));
+    }
+    let mut latencies = Vec::with_capacity(CLIENTS * REQUESTS);
+    let mut delivered = 0;
+    while let Some(done) = clients.join_next().await {
+        let (conversation, took, seen) = done.unwrap();
+        latencies.extend(took);
+        delivered += seen.len();
+        let ids: Vec<u64> = seen.iter().map(|e| e.id).collect();
+        let expected = (1..=(REQUESTS * ONE_REQUEST.len()) as u64).collect::<Vec<_>>();
+        assert_eq!(ids, expected, "{conversation}: each once, in order");
+        let stored: Vec<Value> = store
+            .events_after(conversation, 0, 1000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect();
+        let sent: Vec<Value> = seen.into_iter().map(|e| e.data).collect();
+        assert_eq!(sent, stored, "{conversation}: as stored");
+        assert_eq!(
+            store
+                .conversation(&ns(), conversation)
+                .await
+                .unwrap()
+                .version,
+            REQUESTS as u64
+        );
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(count.calls(), CLIENTS * REQUESTS, "each call ran once");
+    let baseline = in_process(agent).await;
+
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+    eprintln!(
+        "load: {} requests by {CLIENTS} clients in {:.2} s: request p50 {:.1} ms, p99 {:.1} ms; \
+         {delivered} events delivered, {:.0} events/s; in process {:.2} s, HTTP ÷ in process \
+         {:.2}",
+        latencies.len(),
+        elapsed.as_secs_f64(),
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        delivered as f64 / elapsed.as_secs_f64(),
+        baseline.as_secs_f64(),
+        elapsed.as_secs_f64() / baseline.as_secs_f64(),
+    );
+}
