@@ -381,6 +381,7 @@ pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
         new_run: RunId::new(),
         reject_in_flight: false,
         resolved: None,
+        retry_model_call: false,
         agent_fingerprint: None,
         budget_change: None,
     };
@@ -407,7 +408,7 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     let mut start = checkpoint(first.run_id, 1, CheckpointPhase::TurnInFlight, count);
     start.turn = 2;
     store.begin_turn(&first, &start).await?;
-    let claim = |resolved: Option<(u32, u32)>| RecoveryClaim {
+    let claim = |resolved: Option<(u32, u32)>, retry_model_call: bool| RecoveryClaim {
         conversation_id: conversation,
         request_id: first.request_id,
         expected_revision: first.revision,
@@ -415,6 +416,7 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
         new_run: RunId::new(),
         reject_in_flight: true,
         resolved: resolved.map(|(turn, answered)| ResolvedRound { turn, answered }),
+        retry_model_call,
         agent_fingerprint: None,
         budget_change: None,
     };
@@ -429,7 +431,7 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     };
     // A model call in flight is refused even for a resolved turn.
     let before = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
-    refused(2)(store.claim_recovery(&claim(Some((2, 0)))).await);
+    refused(2)(store.claim_recovery(&claim(Some((2, 0)), false)).await);
     let calls = vec![tool_call("call-2", "{}"), tool_call("call-3", "{}")];
     let assistant = Message::assistant_with_calls("", calls);
     let answered = checkpoint(first.run_id, 2, CheckpointPhase::ToolsInFlight, count);
@@ -450,12 +452,13 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     // another turn, or read with another number of answered calls (the
     // run being continued went on meanwhile), writing nothing; claimed
     // when resolved as it is.
-    refused(2)(store.claim_recovery(&claim(None)).await);
-    refused(2)(store.claim_recovery(&claim(Some((1, 1)))).await);
-    refused(2)(store.claim_recovery(&claim(Some((2, 0)))).await);
+    refused(2)(store.claim_recovery(&claim(None, false)).await);
+    refused(2)(store.claim_recovery(&claim(None, true)).await);
+    refused(2)(store.claim_recovery(&claim(Some((1, 1)), false)).await);
+    refused(2)(store.claim_recovery(&claim(Some((2, 0)), false)).await);
     let after = Snapshot::take(&*store, conversation, &[first.request_id], &runs, 2).await?;
     assert_eq!(after, before_round);
-    let resolved = claim(Some((2, 1)));
+    let resolved = claim(Some((2, 1)), false);
     let fence = store.claim_recovery(&resolved).await?;
     assert_eq!(fence.run_id, resolved.new_run);
     assert_eq!(fence.revision, Revision(first.revision.0 + 1));
@@ -466,6 +469,51 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     assert_eq!(
         (latest.turn, latest.phase),
         (2, CheckpointPhase::ToolsInFlight)
+    );
+    Ok(())
+}
+
+/// A claim that may retry a model call takes over a turn whose model call
+/// was in flight, copying its write-ahead checkpoint (a tool round in
+/// flight stays refused: above).
+pub async fn recovery_claim_that_retries_a_model_call_takes_a_turn_in_flight(
+    store: SharedStore,
+) -> TestResult {
+    let conversation = new_conversation(&*store).await?;
+    let first = admit(&*store, conversation, "hello").await?;
+    let count = tool_turn(&*store, &first, 1, 1, tool_call("call-1", "{}"), "r1").await?;
+    let mut start = checkpoint(first.run_id, 1, CheckpointPhase::TurnInFlight, count);
+    start.turn = 2;
+    store.begin_turn(&first, &start).await?;
+    let claim = |retry_model_call| RecoveryClaim {
+        conversation_id: conversation,
+        request_id: first.request_id,
+        expected_revision: first.revision,
+        from_run: first.run_id,
+        new_run: RunId::new(),
+        reject_in_flight: true,
+        resolved: None,
+        retry_model_call,
+        agent_fingerprint: None,
+        budget_change: None,
+    };
+    assert!(matches!(
+        store.claim_recovery(&claim(false)).await,
+        Err(Error::AmbiguousCheckpoint { turn: 2, .. })
+    ));
+    let retried = claim(true);
+    let fence = store.claim_recovery(&retried).await?;
+    assert_eq!(
+        (fence.run_id, fence.revision),
+        (retried.new_run, Revision(first.revision.0 + 1))
+    );
+    let latest = store
+        .latest_checkpoint(fence.run_id)
+        .await?
+        .expect("copied");
+    assert_eq!(
+        (latest.turn, latest.phase),
+        (2, CheckpointPhase::TurnInFlight)
     );
     Ok(())
 }

@@ -473,6 +473,7 @@ pub async fn recovery_claim_with_another_fingerprint_records_the_agent_change(
             new_run: RunId::new(),
             reject_in_flight: true,
             resolved: None,
+            retry_model_call: false,
             agent_fingerprint: Some("fp-2".into()),
             budget_change: None,
         })

@@ -60,6 +60,7 @@ pub async fn recovery_claim_with_a_budget_change_records_it_and_the_request_keep
             new_run: RunId::new(),
             reject_in_flight: false,
             resolved: None,
+            retry_model_call: false,
             agent_fingerprint: None,
             budget_change: Some(change),
         })
@@ -92,6 +93,7 @@ pub async fn recovery_claim_with_a_budget_change_records_it_and_the_request_keep
             new_run: RunId::new(),
             reject_in_flight: false,
             resolved: None,
+            retry_model_call: false,
             agent_fingerprint: None,
             budget_change: Some(BudgetChange {
                 from: budget(5),

@@ -73,6 +73,7 @@ pub async fn concurrent_recovery_claims_at_one_revision_admit_exactly_one(
                 new_run: RunId::new(),
                 reject_in_flight: false,
                 resolved: None,
+                retry_model_call: false,
                 agent_fingerprint: None,
                 budget_change: None,
             };

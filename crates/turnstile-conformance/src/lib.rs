@@ -62,6 +62,7 @@ macro_rules! suite {
     admission::recovery_claim_moves_admission_to_a_new_run,
     admission::recovery_claim_with_stale_revision_conflicts_and_changes_nothing,
     admission::recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_resolved,
+    admission::recovery_claim_that_retries_a_model_call_takes_a_turn_in_flight,
     admission::abandon_with_stale_revision_is_refused_and_changes_nothing,
     admission::abandon_releases_admission_and_burns_request,
     fencing::turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing,

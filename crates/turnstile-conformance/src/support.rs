@@ -256,6 +256,7 @@ pub async fn recover(store: &dyn Store, fence: &Fence) -> Result<Fence, Error> {
             new_run: RunId::new(),
             reject_in_flight: false,
             resolved: None,
+            retry_model_call: false,
             agent_fingerprint: None,
             budget_change: None,
         })

@@ -797,6 +797,7 @@ impl Racers {
             new_run: RunId::new(),
             reject_in_flight,
             resolved: None,
+            retry_model_call: false,
             agent_fingerprint: None,
             budget_change: None,
         };

@@ -225,6 +225,12 @@ pub enum ResumePolicy {
     /// Re-run the interrupted turn. A recorded model answer is reused; tool
     /// calls whose results are journaled are not executed again.
     RetryInterruptedTurn,
+    /// Ask the model again for a turn whose model call was in flight (a
+    /// model call has no effect beyond its cost); a tool round in flight is
+    /// refused as under [`ResumePolicy::RejectAmbiguous`], unless its tool
+    /// settles it. Both are judged in the claim's own transaction. What a
+    /// server that takes over a dead owner's requests wants.
+    RetryModelCall,
 }
 
 /// The events of a streamed execution ([`AgentSession::stream`],

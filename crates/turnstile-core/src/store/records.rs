@@ -220,6 +220,11 @@ pub struct RecoveryClaim {
     /// answered calls (the run being continued went on meanwhile) is still
     /// refused.
     pub resolved: Option<ResolvedRound>,
+    /// With `reject_in_flight`: a turn whose model call was in flight
+    /// ([`CheckpointPhase::TurnInFlight`](crate::checkpoint::CheckpointPhase::TurnInFlight))
+    /// is not refused (the model is asked again: a model call has no effect
+    /// beyond its cost); a tool round in flight still is, unless resolved.
+    pub retry_model_call: bool,
     /// The new run's agent fingerprint when it differs from the one the
     /// admission holds (an explicit upgrade): the admission takes it and the
     /// new run records both. `None` keeps the admission's.

@@ -115,7 +115,10 @@ pub(crate) async fn claim_recovery_in(
                 }
                 _ => false,
             };
-            if phase.is_some_and(CheckpointPhase::is_in_flight) && !resolved {
+            let model_call_retried =
+                claim.retry_model_call && phase == Some(CheckpointPhase::TurnInFlight);
+            if phase.is_some_and(CheckpointPhase::is_in_flight) && !resolved && !model_call_retried
+            {
                 let key = format!("{}/{}", claim.from_run, latest.turn);
                 return Err(Error::AmbiguousCheckpoint {
                     run_id: claim.from_run,

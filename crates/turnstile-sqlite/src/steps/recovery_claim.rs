@@ -19,8 +19,10 @@ use turnstile_core::checkpoint::CheckpointPhase;
 use turnstile_core::store::{Fence, RecoveryClaim};
 use turnstile_core::Error;
 
-/// The phases a recovery that rejects ambiguity refuses to continue from.
-fn in_flight_phases() -> Vec<&'static str> {
+/// The phases a recovery that rejects ambiguity refuses to continue from;
+/// with `retry_model_call`, a turn whose model call was in flight is not
+/// among them.
+fn in_flight_phases(retry_model_call: bool) -> Vec<&'static str> {
     use CheckpointPhase::*;
     // Every phase, so a new one is judged too: the match below stops the
     // build when one is added and not listed.
@@ -37,6 +39,7 @@ fn in_flight_phases() -> Vec<&'static str> {
     };
     all.into_iter()
         .filter(|phase| phase.is_in_flight())
+        .filter(|phase| !(retry_model_call && *phase == TurnInFlight))
         .map(CheckpointPhase::as_str)
         .collect()
 }
@@ -56,7 +59,7 @@ pub(crate) async fn claim_recovery_in(
     let new_run = claim.new_run.as_uuid();
     let expected = to_i64(claim.expected_revision.0);
     let refuse = match claim.reject_in_flight {
-        true => Some(to_json(&in_flight_phases())?),
+        true => Some(to_json(&in_flight_phases(claim.retry_model_call))?),
         false => None,
     };
     let budget = claim
