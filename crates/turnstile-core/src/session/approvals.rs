@@ -98,6 +98,43 @@ impl AgentSession {
         ctx: RunContext,
         expected_revision: Revision,
     ) -> Result<Outcome, Error> {
+        self.continue_request(request_id, ctx, expected_revision, &Emitter::default())
+            .await
+    }
+
+    /// Like [`AgentSession::continue_after_approval`], as an
+    /// [`EventStream`](super::EventStream) like
+    /// [`AgentSession::resume_stream`]'s. A committed request yields only
+    /// its replayed result.
+    ///
+    /// # Errors
+    /// As [`AgentSession::continue_after_approval`], as the stream's last
+    /// item.
+    pub fn continue_stream(
+        &self,
+        request_id: RequestId,
+        ctx: RunContext,
+        expected_revision: Revision,
+    ) -> super::EventStream<'_> {
+        let span = tracing::info_span!(
+            "continue_stream",
+            conversation_id = %self.conversation_id,
+            request_id = %request_id,
+            run_id = tracing::field::Empty,
+        );
+        super::stream::events(span, move |events| async move {
+            self.continue_request(request_id, ctx, expected_revision, &events)
+                .await
+        })
+    }
+
+    async fn continue_request(
+        &self,
+        request_id: RequestId,
+        ctx: RunContext,
+        expected_revision: Revision,
+        events: &Emitter,
+    ) -> Result<Outcome, Error> {
         let record = self.own_request(request_id).await?;
         match record.status {
             RequestStatus::Completed => return self.replay(record).await,
@@ -125,7 +162,7 @@ impl AgentSession {
             &ctx,
             expected_revision,
             ResumePolicy::RejectAmbiguous,
-            &Emitter::default(),
+            events,
         )
         .await
     }
