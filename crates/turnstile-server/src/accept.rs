@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 /// Serves `router` on each connection `listener` accepts until `shutdown`
 /// resolves, then waits for the open connections to finish their
-/// responses.
+/// responses, for [`GRACE`] at most.
 pub(crate) async fn accept(
     listener: TcpListener,
     router: Router,
@@ -53,5 +53,15 @@ pub(crate) async fn accept(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // A client that stopped reading keeps its response from finishing:
+    // it is cut off after a while (the runs are waited for apart).
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(GRACE) => {
+            tracing::warn!("connections still open {GRACE:?} after shutdown began were cut off");
+        }
+    }
 }
+
+/// How long the connections open at shutdown may take to finish.
+const GRACE: Duration = Duration::from_secs(10);

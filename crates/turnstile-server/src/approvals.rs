@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use turnstile_core::agent::RunContext;
 use turnstile_core::ids::{RequestId, Revision};
 use turnstile_core::store::PendingApproval;
+use turnstile_core::Error;
 
 use crate::errors::ApiError;
 use crate::input;
@@ -73,30 +74,37 @@ pub(crate) async fn decide(
     )?;
     let session = server.session(tenant.namespace, conversation_id);
     let (request_id, at) = (decision.request_id, decision.revision);
-    let revision = match decision.decision {
-        Verdict::Approve => session.approve(request_id, &decision.call_id, at).await?,
+    let decided = match decision.decision {
+        Verdict::Approve => session.approve(request_id, &decision.call_id, at).await,
         Verdict::Reject => {
             let reason = decision.reason.as_deref().unwrap_or("rejected by the user");
             session
                 .reject(request_id, &decision.call_id, at, reason)
-                .await?
+                .await
         }
     };
-    let waiting = session
-        .pending_approvals()
-        .await?
-        .iter()
-        .any(|pending| pending.request_id == request_id);
+    let revision = decided.map_err(ApiError::of_named_request)?;
+    // The decision is written: nothing after it may answer an error. A
+    // continuation while calls still wait is refused, writing nothing.
+    let waiting = match session.pending_approvals().await {
+        Ok(pending) => pending.iter().any(|p| p.request_id == request_id),
+        Err(error) => {
+            tracing::warn!(%error, %request_id, "could not read what still waits; continuing");
+            false
+        }
+    };
     if !waiting {
         // Continued by the server: a client that decides has no request of
         // its own to wait on. A failure stops the request at its
         // checkpoint, for `…/requests/{id}/continue`.
+        let live = server.live.clone();
         server.runs.spawn(async move {
-            if let Err(error) = session
-                .continue_after_approval(request_id, RunContext::default(), revision)
-                .await
-            {
-                tracing::warn!(%error, %request_id, "a request did not continue after its approvals");
+            let run = session.continue_stream(request_id, RunContext::default(), revision);
+            match live.drive(conversation_id, request_id, run).await {
+                Ok(_) | Err(Error::AwaitingApproval { .. }) => {}
+                Err(error) => {
+                    tracing::warn!(%error, %request_id, "a request did not continue after its approvals");
+                }
             }
         });
     }

@@ -65,6 +65,16 @@ impl ApiError {
         )
     }
 
+    /// `error` of a route that names a request of its conversation: a
+    /// request of another conversation (or tenant) is not told apart from
+    /// one that does not exist.
+    pub(crate) fn of_named_request(error: Error) -> Self {
+        match error {
+            Error::RequestMismatch { .. } => Self::not_found("request"),
+            error => error.into(),
+        }
+    }
+
     /// The status it is answered with.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -204,6 +214,53 @@ impl From<Error> for ApiError {
                  then means it was admitted: continue it with `turnstile resume`)"
                     .into(),
             ),
+            Error::AmbiguousCheckpoint { .. } => (
+                StatusCode::CONFLICT,
+                "ambiguous_checkpoint",
+                "a turn was in flight when the request's run stopped: an operator continues it \
+                 (`turnstile resume --retry-interrupted`) or abandons it"
+                    .into(),
+            ),
+            Error::ConfigurationMismatch { .. } => (
+                StatusCode::CONFLICT,
+                "configuration_mismatch",
+                "the request was admitted with another agent: continue it where that agent \
+                 serves, or abandon it"
+                    .into(),
+            ),
+            Error::Fenced { .. } => (
+                StatusCode::CONFLICT,
+                "fenced",
+                "another run took the request over: send the same request again for its answer"
+                    .into(),
+            ),
+            Error::BudgetExceeded { .. } => (
+                StatusCode::CONFLICT,
+                "budget_exceeded",
+                "the request spent its budget: an operator continues it with a larger one \
+                 (`turnstile resume`) or abandons it"
+                    .into(),
+            ),
+            Error::SummaryPassLimitExceeded { .. } => (
+                StatusCode::CONFLICT,
+                "summary_passes_exceeded",
+                "the request used up its summary passes: abandon it and send a new request".into(),
+            ),
+            // What the tool said stays in the log: it may name hosts or
+            // credentials.
+            Error::ToolInDoubt { call, .. } => {
+                tracing::warn!(%error, "a request stopped on a tool call in doubt");
+                message = format!(
+                    "tool call {:?} ({}) may or may not have taken effect",
+                    call.call_id, call.tool
+                );
+                (
+                    StatusCode::CONFLICT,
+                    "tool_in_doubt",
+                    "an operator settles the call (`turnstile resume`) or abandons the request"
+                        .into(),
+                )
+            }
             _ if error.stopped_run().is_some() => (
                 StatusCode::CONFLICT,
                 "stopped",

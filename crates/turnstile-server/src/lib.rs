@@ -104,7 +104,7 @@ impl Server {
             token_recheck: Duration::from_secs(5),
             head_within: Duration::from_secs(30),
             body_within: Duration::from_secs(60),
-            live: live::LiveText::new(),
+            live: live::LiveText::default(),
             runs: TaskTracker::new(),
             closing: None,
         }

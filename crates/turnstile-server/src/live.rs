@@ -1,10 +1,10 @@
 //! Live text: the pieces of a model's answer as it streams, sent to the
 //! event streams of its conversation while they are connected. Unlike the
 //! durable log they are not stored, numbered or sent again: a client that
-//! reconnects gets the answer whole from its durable event (`answered`, or
-//! `committed` for the final one) and the transcript.
+//! reconnects reads the answer whole in the transcript once `committed`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::response::sse::Event as SseEvent;
 use futures_util::{Stream, StreamExt};
@@ -16,31 +16,51 @@ use turnstile_core::outcome::Outcome;
 use turnstile_core::session::EventStream;
 use turnstile_core::Error;
 
-/// Pieces held for a slow event stream before it skips some (it gets the
-/// answer whole from the durable log all the same).
-const BACKLOG: usize = 4096;
+/// Pieces held for a slow event stream before it skips some (it reads the
+/// answer whole in the transcript all the same).
+const BACKLOG: usize = 1024;
 
 /// One piece of an answer.
 #[derive(Serialize)]
 struct Delta {
-    #[serde(skip)]
-    conversation_id: ConversationId,
     request_id: RequestId,
     turn: u32,
     text: String,
 }
 
-/// Every run's pieces, to every event stream of the server; each stream
-/// keeps its conversation's.
-#[derive(Clone)]
+type Channels = HashMap<ConversationId, broadcast::Sender<Arc<Delta>>>;
+
+/// A channel per conversation that a run streams in or a client follows,
+/// dropped once neither does.
+#[derive(Clone, Default)]
 pub(crate) struct LiveText {
-    sender: broadcast::Sender<Arc<Delta>>,
+    channels: Arc<Mutex<Channels>>,
 }
 
 impl LiveText {
-    pub(crate) fn new() -> Self {
-        Self {
-            sender: broadcast::channel(BACKLOG).0,
+    fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
+        // A poisoned map only means a holder panicked between two plain
+        // map operations: it is whole.
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The conversation's channel, opened if nobody has it open.
+    fn channel(&self, conversation_id: ConversationId) -> broadcast::Sender<Arc<Delta>> {
+        self.channels()
+            .entry(conversation_id)
+            .or_insert_with(|| broadcast::channel(BACKLOG).0)
+            .clone()
+    }
+
+    /// Drops the conversation's channel once no run sends on it and no
+    /// stream follows it (the map's own sender is the one left).
+    fn release(&self, conversation_id: ConversationId) {
+        let mut channels = self.channels();
+        if channels
+            .get(&conversation_id)
+            .is_some_and(|s| s.strong_count() == 1 && s.receiver_count() == 0)
+        {
+            channels.remove(&conversation_id);
         }
     }
 
@@ -53,23 +73,34 @@ impl LiveText {
         request_id: RequestId,
         mut run: EventStream<'_>,
     ) -> Result<Option<Outcome>, Error> {
+        let sender = self.channel(conversation_id);
+        let mut outcome = Ok(None);
         while let Some(event) = run.next().await {
-            match event? {
-                Event::TextDelta { turn, text } => {
-                    // Nobody connected is no failure: the text is durable
+            match event {
+                Ok(Event::TextDelta { turn, text }) => {
+                    // Nobody following is no failure: the text is durable
                     // with its answer.
-                    let _ = self.sender.send(Arc::new(Delta {
-                        conversation_id,
+                    let delta = Delta {
                         request_id,
                         turn,
                         text,
-                    }));
+                    };
+                    let _ = sender.send(Arc::new(delta));
                 }
-                Event::ConversationCommitted { outcome, .. } => return Ok(Some(*outcome)),
-                _ => {}
+                Ok(Event::ConversationCommitted { outcome: done, .. }) => {
+                    outcome = Ok(Some(*done));
+                    break;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    outcome = Err(error);
+                    break;
+                }
             }
         }
-        Ok(None)
+        drop(sender);
+        self.release(conversation_id);
+        outcome
     }
 
     /// The pieces of `conversation_id`'s answers from now on, as
@@ -78,18 +109,43 @@ impl LiveText {
         &self,
         conversation_id: ConversationId,
     ) -> impl Stream<Item = SseEvent> + Send + 'static {
-        let receiver = self.sender.subscribe();
-        futures_util::stream::unfold(receiver, move |mut receiver| async move {
+        let following = Following {
+            receiver: self.channel(conversation_id).subscribe(),
+            _release: Release {
+                live: self.clone(),
+                conversation_id,
+            },
+        };
+        futures_util::stream::unfold(following, |mut following| async move {
             loop {
-                match receiver.recv().await {
-                    Ok(delta) if delta.conversation_id == conversation_id => {
+                match following.receiver.recv().await {
+                    Ok(delta) => {
                         let data = serde_json::to_string(&*delta).unwrap_or_default();
-                        return Some((SseEvent::default().event("delta").data(data), receiver));
+                        let event = SseEvent::default().event("delta").data(data);
+                        return Some((event, following));
                     }
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return None,
                 }
             }
         })
+    }
+}
+
+/// A stream's subscription. Its fields drop in order: unsubscribed first,
+/// then the channel released, counting this stream out.
+struct Following {
+    receiver: broadcast::Receiver<Arc<Delta>>,
+    _release: Release,
+}
+
+struct Release {
+    live: LiveText,
+    conversation_id: ConversationId,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.live.release(self.conversation_id);
     }
 }

@@ -74,7 +74,8 @@ pub(crate) async fn post_request(
         let run = session.stream(request_id, body.input, RunContext::default());
         live.drive(conversation_id, request_id, run).await
     })
-    .await?;
+    .await
+    .map_err(ApiError::from)?;
     Ok(Json(Answer {
         conversation_id,
         outcome,
@@ -90,13 +91,16 @@ pub(crate) async fn continue_request(
     let (conversation_id, request_id) = input::conversation_and_request(path)?;
     let body = input::body(body, r#"{"revision": N}"#)?;
     let session = server.session(tenant.namespace, conversation_id);
+    let live = server.live.clone();
     let outcome = to_the_end(&server, request_id, async move {
-        session
-            .continue_after_approval(request_id, RunContext::default(), body.revision)
-            .await
-            .map(Some)
+        let run = session.continue_stream(request_id, RunContext::default(), body.revision);
+        live.drive(conversation_id, request_id, run).await
     })
-    .await?;
+    .await
+    .map_err(|error| match error {
+        Refusal::Api(error) => error,
+        Refusal::Core(error) => ApiError::of_named_request(error),
+    })?;
     Ok(Json(Answer {
         conversation_id,
         outcome,
@@ -112,7 +116,10 @@ pub(crate) async fn abandon_request(
     let (conversation_id, request_id) = input::conversation_and_request(path)?;
     let body = input::body(body, r#"{"revision": N}"#)?;
     let session = server.session(tenant.namespace, conversation_id);
-    let revision = session.abandon(request_id, body.revision).await?;
+    let revision = session
+        .abandon(request_id, body.revision)
+        .await
+        .map_err(ApiError::of_named_request)?;
     Ok(Json(Moved { revision }))
 }
 
@@ -124,7 +131,7 @@ async fn to_the_end(
     server: &Server,
     request_id: RequestId,
     run: impl Future<Output = Result<Option<Outcome>, Error>> + Send + 'static,
-) -> Result<Outcome, ApiError> {
+) -> Result<Outcome, Refusal> {
     let ended = server.runs.spawn(run).await;
     let no_outcome = |why: &dyn std::fmt::Display| {
         tracing::error!(%why, %request_id, "a request's task ended without an outcome");
@@ -138,9 +145,25 @@ async fn to_the_end(
     };
     match ended {
         Ok(Ok(Some(outcome))) => Ok(outcome),
-        Ok(Ok(None)) => Err(no_outcome(&"its event stream ended early")),
-        Ok(Err(error)) => Err(error.into()),
-        Err(joined) => Err(no_outcome(&joined)),
+        Ok(Ok(None)) => Err(Refusal::Api(no_outcome(&"its event stream ended early"))),
+        Ok(Err(error)) => Err(Refusal::Core(error)),
+        Err(joined) => Err(Refusal::Api(no_outcome(&joined))),
+    }
+}
+
+/// Why a run gave no outcome: the engine's refusal, which each route
+/// answers in its own terms, or the task's end.
+enum Refusal {
+    Core(Error),
+    Api(ApiError),
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Core(error) => error.into(),
+            Refusal::Api(error) => error,
+        }
     }
 }
 

@@ -16,7 +16,8 @@ use turnstile_testkit::sse::{Sse, SseReader};
 use crate::cli_support::{script, scripted, start_serve, uuid};
 
 /// `add` 2 + 3, then an answer that takes two seconds: long enough to kill
-/// its server in the middle of it.
+/// its server in the middle of it, and for the lease (1.5 s) to expire
+/// only once it is dead.
 fn slow_answer(dir: &Path) -> String {
     scripted(&script(
         dir,
@@ -42,7 +43,7 @@ async fn events(client: &reqwest::Client, base: &str, conversation: &str, after:
 
 async fn takeover_on(db: &str, dir: &Path) {
     let model = slow_answer(dir);
-    let lease = ["--lease-renew", "100ms", "--lease-expire", "600ms"];
+    let lease = ["--lease-renew", "200ms", "--lease-expire", "1500ms"];
     let (mut first, first_base) = start_serve(db, &model, &lease);
     let (mut second, second_base) = start_serve(db, &model, &lease);
     let client = reqwest::Client::new();

@@ -153,7 +153,7 @@ function onEvent(kind, id, data) {
   item.dataset.seq = seq;
   item.dataset.kind = kind;
   $("events").append(item);
-  if (kind === "answered" || kind === "committed" || kind === "abandoned" || kind === "stopped") {
+  if (["answered", "committed", "abandoned", "stopped", "run_started"].includes(kind)) {
     $("live").textContent = "";
   }
   if (kind === "committed" || kind === "abandoned") loadTranscript();
@@ -275,7 +275,9 @@ $("save-token").addEventListener("click", () => {
   loadConversations();
 });
 
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
 loadConversations().then(() => {
   const wanted = new URLSearchParams(location.search).get("conversation");
-  if (wanted) open(wanted);
+  if (wanted && UUID.test(wanted)) open(wanted);
 });

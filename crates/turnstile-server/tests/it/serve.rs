@@ -413,10 +413,15 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
     assert_eq!(pieces.concat(), answer["final_text"].as_str().unwrap());
     assert!(connected.deltas.iter().all(|d| d["request_id"] == key));
 
-    // A reconnect gets the durable events again, not the live text.
+    // A reconnect gets the durable events again, and the live text of the
+    // request that streams now only.
     let mut again = SseReader::new(open(0).await.unwrap());
-    for _ in 0..4 {
+    let third = RequestId::new().to_string();
+    let (status, _) = server.post(&conversation, &third, "third").await;
+    assert_eq!(status, 200);
+    for _ in 0..6 {
         again.next().await;
     }
-    assert!(again.deltas.is_empty(), "{:?}", again.deltas);
+    assert_eq!(again.deltas.len(), 6, "{:?}", again.deltas);
+    assert!(again.deltas.iter().all(|d| d["request_id"] == third));
 }

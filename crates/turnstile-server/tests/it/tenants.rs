@@ -222,6 +222,30 @@ async fn every_route_answers_another_tenant_as_if_nothing_were_there() {
     assert_eq!(status, 200, "{listed}");
     assert_eq!(listed["conversations"], json!([]), "none of Alice's");
 
+    // Her request's id on a conversation of his own: as unknown as any.
+    let his = ConversationId::new().to_string();
+    let (status, _) = answer(call_route(
+        &server,
+        &(
+            "PUT",
+            format!("/v1/conversations/{his}/metadata"),
+            json!({"meta_version": 0}),
+        ),
+        Some(&bob.token),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let unknown = RequestId::new().to_string();
+    let naming_a_request = |(method, path, _): &(&str, String, Value)| {
+        path.contains("/requests/") || (*method == "POST" && path.ends_with("/approvals"))
+    };
+    let pairs = routes(&his, &key).into_iter().zip(routes(&his, &unknown));
+    for (hers, nobodys) in pairs.filter(|(hers, _)| naming_a_request(hers)) {
+        let (status, body) = answer(call_route(&server, &hers, Some(&bob.token))).await;
+        let (_, none) = answer(call_route(&server, &nobodys, Some(&bob.token))).await;
+        assert_eq!((status, &body), (404, &none), "{} {}", hers.0, hers.1);
+    }
+
     assert!(store.revoke_token(alice.id).await.unwrap());
     for route in routes(&conversation, &key) {
         let (status, body) = answer(call_route(&server, &route, Some(&alice.token))).await;
