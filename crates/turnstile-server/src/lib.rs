@@ -14,7 +14,7 @@
 //! | `GET /v1/conversations/{id}` | one conversation: version, revision, the request holding it, metadata |
 //! | `DELETE /v1/conversations/{id}?version=N` | deletes it (`&revision=R` while a request holds it) |
 //! | `POST /v1/conversations/{id}/fork` | `{"through": N}`: a new conversation of its first N entries |
-//! | `POST /v1/conversations/{id}/requests` | runs `{"input": "…"}` as the request named by the `Idempotency-Key` header (a UUID); answers the outcome |
+//! | `POST /v1/conversations/{id}/requests` | runs `{"input": "…", "attachments": [{"media_type", "name", "data"}]}` (files optional, base64) as the request named by the `Idempotency-Key` header (a UUID); answers the outcome |
 //! | `POST /v1/conversations/{id}/requests/{request}/continue` | `{"revision": R}`: continues a stopped request from its checkpoint |
 //! | `POST /v1/conversations/{id}/requests/{request}/abandon` | `{"revision": R}`: releases it without a commit |
 //! | `GET /v1/conversations/{id}/events` | the event log after `Last-Event-ID` (or `?after=N`), then each new event as its step commits |
@@ -59,6 +59,7 @@ use turnstile_core::admin::{ConversationSummary, ListFilter, StoreAdmin};
 use turnstile_core::agent::Agent;
 use turnstile_core::ids::{ConversationId, Namespace};
 use turnstile_core::session::{AgentSession, ContextPolicy, LeasePolicy, MAX_INPUT_BYTES};
+use turnstile_core::store::PartLimits;
 use turnstile_core::{Error, Store};
 
 /// What a server runs requests with: one agent on one store, in one
@@ -76,6 +77,7 @@ pub struct Server {
     token_recheck: Duration,
     head_within: Duration,
     body_within: Duration,
+    attachments_within: usize,
     /// The text of the answers streaming, for the event streams.
     live: live::LiveText,
     /// The runs started, waited for by [`serve`] once it stops taking
@@ -104,6 +106,7 @@ impl Server {
             token_recheck: Duration::from_secs(5),
             head_within: Duration::from_secs(30),
             body_within: Duration::from_secs(60),
+            attachments_within: PartLimits::DEFAULT_MAX_PART_BYTES as usize,
             live: live::LiveText::default(),
             runs: TaskTracker::new(),
             closing: None,
@@ -160,11 +163,20 @@ impl Server {
         self
     }
 
+    /// How many bytes of files one request may attach in all (default
+    /// 20 MiB, what the large providers take as one image or document);
+    /// more is `413`. The store's part limits hold besides.
+    pub fn with_attachment_limit(mut self, bytes: usize) -> Self {
+        self.attachments_within = bytes;
+        self
+    }
+
     /// A body's size limit: an input up to its limit, every character
-    /// escaped (`\uXXXX`, six bytes for each of its up to three), with room
-    /// for the JSON around it.
+    /// escaped (`\uXXXX`, six bytes for each of its up to three), the
+    /// attachments in base64 (four bytes for three), with room for the JSON
+    /// around them.
     fn body_limit(&self) -> usize {
-        MAX_INPUT_BYTES * 6 + 1024
+        MAX_INPUT_BYTES * 6 + self.attachments_within.div_ceil(3) * 4 + 64 * 1024
     }
 
     /// The routes, to serve or to nest in an application's router. Served

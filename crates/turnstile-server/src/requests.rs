@@ -10,9 +10,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use serde::{Deserialize, Serialize};
 use turnstile_core::agent::RunContext;
 use turnstile_core::ids::{ConversationId, RequestId, Revision};
+use turnstile_core::message::{Attachment, Content, Part};
 use turnstile_core::outcome::Outcome;
 use turnstile_core::Error;
 
@@ -21,11 +24,66 @@ use crate::input;
 use crate::tenant::Tenant;
 use crate::Server;
 
-/// The body of a new request: the user's input, nothing else.
+/// The body of a new request: the user's input, and the files sent with
+/// it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewRequestBody {
     input: String,
+    #[serde(default)]
+    attachments: Vec<AttachmentBody>,
+}
+
+/// A file sent with the input: an `image/…` goes as an image, anything
+/// else as a file with its name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AttachmentBody {
+    media_type: String,
+    name: Option<String>,
+    /// The bytes, base64 (standard alphabet, padded).
+    data: String,
+}
+
+impl NewRequestBody {
+    /// The input with its files after its text, each refused past what one
+    /// request may attach in all.
+    fn content(self, attachments_within: usize) -> Result<Content, ApiError> {
+        if self.attachments.is_empty() {
+            return Ok(Content::from(self.input));
+        }
+        let mut parts = vec![Part::text(self.input)];
+        let mut total = 0;
+        for (index, file) in self.attachments.into_iter().enumerate() {
+            let bytes = BASE64.decode(file.data.as_bytes()).map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_body",
+                    format!("attachment {index}'s data is not base64"),
+                    "send each file's bytes as standard base64; nothing was written",
+                )
+            })?;
+            total += bytes.len();
+            if total > attachments_within {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the attachments are over {attachments_within} bytes in all"),
+                    "send fewer or smaller files; nothing was written",
+                ));
+            }
+            let image = file.media_type.starts_with("image/");
+            let mut attachment = Attachment::new(file.media_type, bytes)?;
+            if let Some(name) = file.name {
+                attachment = attachment.with_name(name);
+            }
+            parts.push(match image {
+                true => Part::Image(attachment),
+                false => Part::File(attachment),
+            });
+        }
+        Ok(Content::new(parts))
+    }
 }
 
 /// The body of `continue` and `abandon`: the admission's revision, as the
@@ -67,11 +125,15 @@ pub(crate) async fn post_request(
             "send a key of its own for each request",
         ));
     }
-    let body = input::body(body, r#"{"input": "…"}"#)?;
+    let body = input::body(
+        body,
+        r#"{"input": "…", "attachments": [{"media_type", "name", "data"}] (optional)}"#,
+    )?;
+    let content = body.content(server.attachments_within)?;
     let session = server.session(tenant.namespace, conversation_id);
     let live = server.live.clone();
     let outcome = to_the_end(&server, request_id, async move {
-        let run = session.stream(request_id, body.input, RunContext::default());
+        let run = session.stream(request_id, content, RunContext::default());
         live.drive(conversation_id, request_id, run).await
     })
     .await

@@ -354,3 +354,92 @@ async fn a_fork_copies_committed_entries_and_a_delete_needs_the_version() {
     let (status, _) = server.get(&conversation_path(&fork_id)).await;
     assert_eq!(status, 200, "the fork outlives its source");
 }
+
+#[tokio::test]
+async fn files_sent_with_the_input_are_stored_as_its_parts_and_bad_ones_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let replies = vec![text_reply("seen", usage(1, 1))];
+    let server = crate::support::start_server(
+        turnstile_server::Server::new(store.clone(), agent(scripted(replies), vec![]), ns())
+            .with_attachment_limit(64),
+    )
+    .await;
+    let conversation = ConversationId::new().to_string();
+    let post = |attachments: Value| {
+        server
+            .client
+            .post(server.requests(&conversation))
+            .header("idempotency-key", RequestId::new().to_string())
+            .json(&json!({"input": "what is in these?", "attachments": attachments}))
+    };
+    use base64::Engine;
+    let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+
+    for (attachments, status, kind) in [
+        (
+            json!([{"media_type": "image/png", "data": "not base64!"}]),
+            400,
+            "invalid_body",
+        ),
+        (
+            json!([{"media_type": "image/png", "data": encode(&[7; 65])}]),
+            413,
+            "too_large",
+        ),
+        (
+            json!([{"media_type": "", "data": encode(b"x")}]),
+            400,
+            "invalid_input",
+        ),
+        (
+            json!([{"media_type": "image/png", "data": "", "colour": 1}]),
+            422,
+            "invalid_body",
+        ),
+    ] {
+        let (got, body) = crate::support::answer(post(attachments.clone())).await;
+        assert_eq!(
+            (got, &body["error"]["kind"]),
+            (status, &json!(kind)),
+            "{attachments}: {body}"
+        );
+    }
+    let id: ConversationId = conversation.parse().unwrap();
+    assert!(
+        store.conversation(&ns(), id).await.is_err(),
+        "nothing was written"
+    );
+
+    let png = [0x89, b'P', b'N', b'G', 1, 2, 3];
+    let attachments = json!([
+        {"media_type": "image/png", "data": encode(&png)},
+        {"media_type": "text/csv", "name": "sums.csv", "data": encode(b"a,b\n2,3\n")},
+    ]);
+    let (status, outcome) = crate::support::answer(post(attachments)).await;
+    assert_eq!(status, 200, "{outcome}");
+    let (_, transcript) = server
+        .get(&format!("{}/transcript", conversation_path(&conversation)))
+        .await;
+    let parts = &transcript["entries"][0]["message"]["content"];
+    assert_eq!(
+        parts[0],
+        json!({"type": "text", "text": "what is in these?"})
+    );
+    assert_eq!(parts[1]["type"], "image");
+    assert_eq!(parts[1]["size"], png.len());
+    assert_eq!(
+        (
+            &parts[2]["type"],
+            &parts[2]["name"],
+            &parts[2]["media_type"]
+        ),
+        (&json!("file"), &json!("sums.csv"), &json!("text/csv"))
+    );
+    let stored = store
+        .blob(turnstile::BlobHash::from_hex(parts[1]["sha256"].as_str().unwrap()).unwrap())
+        .await
+        .unwrap()
+        .expect("the image's bytes are stored");
+    assert_eq!(&*stored, &png);
+}

@@ -197,7 +197,7 @@ async fn bad_input_is_a_json_4xx_that_writes_nothing_and_the_server_goes_on() {
             .body(body)
     };
     let over_the_input_limit = format!("{{\"input\": \"{}\"}}", "x".repeat(2 << 20));
-    let huge = format!("{{\"input\": \"{}\"}}", "x".repeat(7 << 20));
+    let huge = format!("{{\"input\": \"{}\"}}", "x".repeat(34 << 20));
     let cases = vec![
         (
             "malformed JSON",
