@@ -16,12 +16,12 @@ use crate::tenant::Tenant;
 use crate::Server;
 
 /// Conversations listed per page at most.
-pub(crate) const MAX_PAGE: u32 = 500;
+const MAX_PAGE: u64 = 500;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
-    limit: Option<u32>,
+    limit: Option<u64>,
     after: Option<String>,
     owner: Option<String>,
 }
@@ -32,22 +32,15 @@ pub(crate) async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<ConversationPage>, ApiError> {
     let query = input::query(query, "limit=N (1 to 500), after=CURSOR, owner=NAME")?;
-    let limit = query.limit.unwrap_or(50);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("limit={limit} is not 1 to {MAX_PAGE}"),
-            "list at most 500 conversations a page, and follow `next` for the rest",
-        ));
-    }
+    let limit = input::page_limit(query.limit, 50, MAX_PAGE)?;
     let after = query
         .after
         .map(|cursor| cursor.parse::<ConversationCursor>())
         .transpose()?;
     let filter = ListFilter {
         namespace: Some(tenant.namespace),
-        limit,
+        // At most `MAX_PAGE`.
+        limit: u32::try_from(limit).unwrap_or(u32::MAX),
         after,
         owner: query.owner,
         ..ListFilter::default()

@@ -81,3 +81,18 @@ pub(crate) fn body<T>(body: Result<Json<T>, JsonRejection>, shape: &str) -> Resu
     })?;
     Ok(body)
 }
+
+/// A page's size: `limit`, or `default` without one; refused unless 1 to
+/// `max`.
+pub(crate) fn page_limit(limit: Option<u64>, default: u64, max: u64) -> Result<u64, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if limit == 0 || limit > max {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("limit={limit} is not 1 to {max}"),
+            format!("ask for at most {max} a page, and follow `next` for the rest"),
+        ));
+    }
+    Ok(limit)
+}

@@ -4,7 +4,6 @@
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use turnstile_core::store::TranscriptEntry;
@@ -40,15 +39,7 @@ pub(crate) async fn get_transcript(
 ) -> Result<Json<Page>, ApiError> {
     let conversation_id = input::conversation(path)?;
     let query = input::query(query, "from=SEQ (default 0), limit=N (1 to 500)")?;
-    let limit = query.limit.unwrap_or(100);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("limit={limit} is not 1 to {MAX_PAGE}"),
-            "read at most 500 entries a page, and follow `next` for the rest",
-        ));
-    }
+    let limit = input::page_limit(query.limit, 100, MAX_PAGE)?;
     let end = server
         .summary(&tenant, conversation_id)
         .await?

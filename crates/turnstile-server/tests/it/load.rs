@@ -11,31 +11,25 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::task::JoinSet;
 use turnstile::{Agent, ConversationId, RequestId, RunContext, Store};
 use turnstile_server::Server;
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{start_server, store_in, Running, Sse, SseReader};
+use crate::support::{
+    counting_script, start_server, store_in, Running, Sse, SseReader, ONE_REQUEST,
+};
 
 const CLIENTS: usize = 200;
 const REQUESTS: usize = 20;
-const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
 
 /// One client: creates its conversation, follows it, and sends its
 /// requests; the latency of each, and the events its follower read.
 async fn client(server: Arc<Running>) -> (ConversationId, Vec<Duration>, Vec<Sse>) {
     let conversation = ConversationId::new();
-    let (status, _) = server
-        .send(
-            "PUT",
-            &format!("/v1/conversations/{conversation}/metadata"),
-            json!({"meta_version": 0}),
-        )
-        .await;
-    assert_eq!(status, 200);
+    server.create(&conversation.to_string()).await;
     let response = server
         .client
         .get(server.events(&conversation.to_string()))
@@ -96,11 +90,7 @@ async fn two_hundred_clients_of_twenty_requests_lose_and_repeat_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(&dir).await;
     let count = CountingTool::new("count");
-    let replies = vec![
-        tools_reply(vec![call("c1", "count")], usage(3, 1)),
-        text_reply("counted", usage(4, 2)),
-    ];
-    let agent = agent(scripted(replies), vec![count.clone()]);
+    let agent = agent(scripted(counting_script()), vec![count.clone()]);
     let server = Arc::new(start_server(Server::new(store.clone(), agent.clone(), ns())).await);
 
     let started = Instant::now();

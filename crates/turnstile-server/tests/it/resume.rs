@@ -3,15 +3,14 @@
 //! stored. (A cut can drop bytes of later events already received: the
 //! reconnect asks for them again.)
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use turnstile::{ConversationId, RequestId};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{start, store_in, SseReader};
+use crate::support::{counting_script, start, store_in, SseReader, ONE_REQUEST};
 
 const REQUESTS: usize = 100;
-const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
 
 /// xorshift64: the cut points, the same on every run.
 fn next(state: &mut u64) -> u64 {
@@ -26,22 +25,15 @@ async fn a_follower_cut_off_at_random_points_of_100_requests_sees_every_event_on
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(&dir).await;
     let count = CountingTool::new("count");
-    let replies = vec![
-        tools_reply(vec![call("c1", "count")], usage(3, 1)),
-        text_reply("counted", usage(4, 2)),
-    ];
     let server = std::sync::Arc::new(
-        start(store.clone(), agent(scripted(replies), vec![count.clone()])).await,
+        start(
+            store.clone(),
+            agent(scripted(counting_script()), vec![count.clone()]),
+        )
+        .await,
     );
     let conversation = ConversationId::new().to_string();
-    let (status, _) = server
-        .send(
-            "PUT",
-            &format!("/v1/conversations/{conversation}/metadata"),
-            json!({"meta_version": 0}),
-        )
-        .await;
-    assert_eq!(status, 200);
+    server.create(&conversation.to_string()).await;
 
     let requests = {
         let (server, conversation) = (server.clone(), conversation.clone());

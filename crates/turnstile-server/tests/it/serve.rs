@@ -5,24 +5,11 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use turnstile::{ConversationId, RequestId, ScriptedReply};
+use turnstile::{ConversationId, RequestId};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{start, store_in, Sse, SseReader};
-
-fn counting_replies(requests: usize) -> Vec<ScriptedReply> {
-    (0..requests)
-        .flat_map(|_| {
-            [
-                tools_reply(vec![call("c1", "count")], usage(3, 1)),
-                text_reply("counted", usage(4, 2)),
-            ]
-        })
-        .collect()
-}
-
-const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
+use crate::support::{counting_script, start, store_in, Sse, SseReader, ONE_REQUEST};
 
 fn kinds(events: &[Sse]) -> Vec<&str> {
     events.iter().map(|e| e.kind.as_str()).collect()
@@ -32,7 +19,7 @@ fn kinds(events: &[Sse]) -> Vec<&str> {
 async fn a_request_runs_replays_and_refuses_another_input_under_its_key() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(&dir).await;
-    let model = scripted(counting_replies(1));
+    let model = scripted(counting_script());
     let server = start(
         store.clone(),
         agent(model.clone(), vec![CountingTool::new("count")]),
@@ -97,7 +84,7 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
         start(
             store.clone(),
             agent(
-                scripted(counting_replies(2)),
+                scripted(counting_script()),
                 vec![CountingTool::new("count")],
             ),
         )

@@ -6,9 +6,10 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use turnstile::agent::Agent;
+use turnstile::ScriptedReply;
 use turnstile::{SqliteStore, StoreAdmin};
 use turnstile_server::Server;
-use turnstile_testkit::session::ns;
+use turnstile_testkit::session::{call, ns, text_reply, tools_reply, usage};
 pub use turnstile_testkit::sse::{Sse, SseReader};
 
 /// A running server; dropped, it shuts down.
@@ -17,6 +18,18 @@ pub struct Running {
     pub client: reqwest::Client,
     stop: oneshot::Sender<()>,
     served: tokio::task::JoinHandle<()>,
+}
+
+/// The events of one request of [`counting_script`].
+pub const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
+
+/// Each request's script (it starts over with every request): `count`
+/// called, then the answer `counted`.
+pub fn counting_script() -> Vec<ScriptedReply> {
+    vec![
+        tools_reply(vec![call("c1", "count")], usage(3, 1)),
+        text_reply("counted", usage(4, 2)),
+    ]
 }
 
 /// A store on a new database file in `dir`.
@@ -84,6 +97,16 @@ impl Running {
     /// `path` on this server.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Creates `conversation` (by setting its metadata), so that its event
+    /// stream opens before its first request.
+    pub async fn create(&self, conversation: &str) {
+        let path = format!("/v1/conversations/{conversation}/metadata");
+        let (status, body) = self
+            .send("PUT", &path, serde_json::json!({"meta_version": 0}))
+            .await;
+        assert_eq!(status, 200, "{body}");
     }
 
     /// `GET path`: the status and the JSON answer.
