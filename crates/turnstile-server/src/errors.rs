@@ -4,16 +4,20 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use serde_json::{json, Map, Value};
 use turnstile_core::Error;
 
-/// An error answered as `{"error": {"kind", "message", "next"}}`: what went
-/// wrong in a word, in a sentence, and what to do next.
+/// An error answered as `{"error": {"kind", "message", "next", "ids"}}`:
+/// what went wrong in a word, in a sentence, what to do next, and the ids
+/// and numbers it names that the next step takes (`request_id`, `run_id`,
+/// `revision`, `version`, `meta_version`; left out when there are none).
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
     kind: &'static str,
     message: String,
     next: String,
+    ids: Map<String, Value>,
 }
 
 #[derive(Serialize)]
@@ -26,6 +30,8 @@ struct Body<'a> {
     kind: &'a str,
     message: &'a str,
     next: &'a str,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    ids: &'a Map<String, Value>,
 }
 
 impl ApiError {
@@ -41,6 +47,7 @@ impl ApiError {
             kind,
             message: message.into(),
             next: next.into(),
+            ids: Map::new(),
         }
     }
 
@@ -93,6 +100,7 @@ impl ApiError {
                 kind: self.kind,
                 message: &self.message,
                 next: &self.next,
+                ids: &self.ids,
             },
         }
     }
@@ -292,8 +300,45 @@ impl From<Error> for ApiError {
             kind,
             message,
             next,
+            ids: ids_of(&error),
         }
     }
+}
+
+/// The ids and numbers `error` names that a client's next step takes.
+fn ids_of(error: &Error) -> Map<String, Value> {
+    let mut ids = Map::new();
+    let mut name = |key: &str, value: Value| {
+        ids.insert(key.to_owned(), value);
+    };
+    match error {
+        Error::Busy {
+            request_id,
+            revision,
+            ..
+        } => {
+            name("request_id", json!(request_id));
+            name("revision", json!(revision));
+        }
+        Error::RequestMismatch { request_id, .. }
+        | Error::RequestAbandoned { request_id }
+        | Error::NotActive { request_id }
+        | Error::ConfigurationMismatch { request_id }
+        | Error::NoPendingApproval { request_id, .. }
+        | Error::AwaitingApproval { request_id, .. } => name("request_id", json!(request_id)),
+        Error::Conflict { actual, .. } => name("revision", json!(actual)),
+        Error::VersionConflict { actual, .. } => name("version", json!(actual)),
+        Error::MetaVersionConflict { actual, .. } => name("meta_version", json!(actual)),
+        Error::Fenced { run_id, .. } | Error::AmbiguousCheckpoint { run_id, .. } => {
+            name("run_id", json!(run_id));
+        }
+        _ => {}
+    }
+    if let Some((run_id, revision)) = error.stopped_run() {
+        name("run_id", json!(run_id));
+        name("revision", json!(revision));
+    }
+    ids
 }
 
 /// Where the routes are told.

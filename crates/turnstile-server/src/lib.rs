@@ -24,7 +24,7 @@
 //!
 //! With [`Server::with_tokens`] each request names its tenant by an access
 //! token (`Authorization: Bearer …`), and sees that namespace only. Every
-//! error is one JSON object, `{"error": {"kind", "message", "next"}}` (see
+//! error is one JSON object, `{"error": {"kind", "message", "next", "ids"}}` (see
 //! [`ApiError`]), never a stack trace.
 
 mod accept;

@@ -35,6 +35,7 @@ async fn stopped_for_approval(server: &Running, conversation: &str) -> (String, 
     let (status, stop) = server.post(conversation, &key, "deploy it").await;
     assert_eq!(status, 409, "{stop}");
     assert_eq!(stop["error"]["kind"], "awaiting_approval");
+    assert_eq!(stop["error"]["ids"]["request_id"], key);
     let (status, pending) = server
         .get(&format!("{}/approvals", conversation_path(conversation)))
         .await;
@@ -43,6 +44,8 @@ async fn stopped_for_approval(server: &Running, conversation: &str) -> (String, 
     assert_eq!(approvals.len(), 1, "{pending}");
     assert_eq!(approvals[0]["request_id"], key);
     assert_eq!(approvals[0]["tool"], "deploy");
+    // The stop names the revision a decision takes.
+    assert_eq!(stop["error"]["ids"]["revision"], approvals[0]["revision"]);
     (key, approvals[0]["revision"].as_u64().unwrap())
 }
 
@@ -212,6 +215,7 @@ async fn the_last_decision_continues_the_request_and_a_stale_one_is_refused() {
         .await;
     assert_eq!(status, 409, "{stale}");
     assert_eq!(stale["error"]["kind"], "revision_conflict");
+    assert_eq!(stale["error"]["ids"], json!({"revision": revision}));
     let (status, decided) = server.send("POST", &approvals, decision(revision)).await;
     assert_eq!(status, 200, "{decided}");
     assert_eq!(decided["continued"], true);

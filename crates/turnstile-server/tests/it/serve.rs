@@ -68,6 +68,8 @@ async fn a_second_request_while_one_runs_is_busy_naming_the_holder() {
     assert_eq!(status, 409, "{busy}");
     assert_eq!(busy["error"]["kind"], "busy");
     assert!(busy["error"]["message"].as_str().unwrap().contains(&holder));
+    assert_eq!(busy["error"]["ids"]["request_id"], holder.as_str());
+    assert!(busy["error"]["ids"]["revision"].is_u64());
     model.release();
     let (status, done) = running.await.unwrap();
     assert_eq!(
