@@ -54,11 +54,13 @@ pub(crate) struct Decision {
 }
 
 /// The revision the decision moved the admission to, and whether it was
-/// the request's last waiting call (the request then continues).
+/// the request's last waiting call (the request then continues); `null`
+/// when what still waits could not be read (the request continues if
+/// nothing does: its events tell).
 #[derive(Serialize)]
 pub(crate) struct Decided {
     revision: Revision,
-    continued: bool,
+    continued: Option<bool>,
 }
 
 pub(crate) async fn decide(
@@ -87,13 +89,13 @@ pub(crate) async fn decide(
     // The decision is written: nothing after it may answer an error. A
     // continuation while calls still wait is refused, writing nothing.
     let waiting = match session.pending_approvals().await {
-        Ok(pending) => pending.iter().any(|p| p.request_id == request_id),
+        Ok(pending) => Some(pending.iter().any(|p| p.request_id == request_id)),
         Err(error) => {
             tracing::warn!(%error, %request_id, "could not read what still waits; continuing");
-            false
+            None
         }
     };
-    if !waiting {
+    if waiting != Some(true) {
         // Continued by the server: a client that decides has no request of
         // its own to wait on. A failure stops the request at its
         // checkpoint, for `…/requests/{id}/continue`.
@@ -101,7 +103,10 @@ pub(crate) async fn decide(
         server.runs.spawn(async move {
             let run = session.continue_stream(request_id, RunContext::default(), revision);
             match live.drive(conversation_id, request_id, run).await {
-                Ok(_) | Err(Error::AwaitingApproval { .. }) => {}
+                Ok(_) => {}
+                Err(Error::AwaitingApproval { .. }) => {
+                    tracing::info!(%request_id, "calls still wait: the request continues after them");
+                }
                 Err(error) => {
                     tracing::warn!(%error, %request_id, "a request did not continue after its approvals");
                 }
@@ -110,6 +115,6 @@ pub(crate) async fn decide(
     }
     Ok(Json(Decided {
         revision,
-        continued: !waiting,
+        continued: waiting.map(|waiting| !waiting),
     }))
 }

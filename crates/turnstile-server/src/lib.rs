@@ -176,7 +176,8 @@ impl Server {
     /// attachments in base64 (four bytes for three), with room for the JSON
     /// around them.
     fn body_limit(&self) -> usize {
-        MAX_INPUT_BYTES * 6 + self.attachments_within.div_ceil(3) * 4 + 64 * 1024
+        let attachments = self.attachments_within.div_ceil(3).saturating_mul(4);
+        (MAX_INPUT_BYTES * 6 + 64 * 1024).saturating_add(attachments)
     }
 
     /// The routes, to serve or to nest in an application's router. Served
@@ -273,10 +274,10 @@ impl Server {
 
 /// Serves `server` on `listener` until `shutdown` resolves, then stops
 /// taking connections, ends the event streams and waits for the requests
-/// in flight to reach their commit (or their stop) and answer. With a
-/// lease ([`Server::with_lease`]) it takes over, meanwhile, the requests
-/// whose lease expired.
-///
+/// in flight to reach their commit (or their stop) and answer; a
+/// connection still open 10 s after that (a client that stopped reading)
+/// is cut off. With a lease ([`Server::with_lease`]) it takes over,
+/// meanwhile, the requests whose lease expired.
 pub async fn serve(
     listener: TcpListener,
     server: Server,
@@ -294,10 +295,13 @@ pub async fn serve(
         let _ = close.send(true);
     };
     let (runs, head_within) = (server.runs.clone(), server.head_within);
-    accept::accept(listener, server.router(), head_within, shutdown).await;
+    let draining = accept::accept(listener, server.router(), head_within, shutdown).await;
     // Stops looking for expired leases; the takeovers under way are runs.
     let _ = takeovers.await;
-    // A run whose client went away still reaches its commit or its stop.
+    // A run whose client went away still reaches its commit or its stop;
+    // a client waiting for its answer gets it before the connections are
+    // given their last moments.
     runs.close();
     runs.wait().await;
+    draining.finish().await;
 }

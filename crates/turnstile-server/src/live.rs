@@ -18,7 +18,7 @@ use turnstile_core::Error;
 
 /// Pieces held for a slow event stream before it skips some (it reads the
 /// answer whole in the transcript all the same).
-const BACKLOG: usize = 1024;
+const BACKLOG: usize = 256;
 
 /// One piece of an answer.
 #[derive(Serialize)]
@@ -73,6 +73,12 @@ impl LiveText {
         request_id: RequestId,
         mut run: EventStream<'_>,
     ) -> Result<Option<Outcome>, Error> {
+        // Declared first, dropped last: the channel is let go after this
+        // run's sender, however the drive ends.
+        let _release = Release {
+            live: self.clone(),
+            conversation_id,
+        };
         let sender = self.channel(conversation_id);
         let mut outcome = Ok(None);
         while let Some(event) = run.next().await {
@@ -98,8 +104,6 @@ impl LiveText {
                 }
             }
         }
-        drop(sender);
-        self.release(conversation_id);
         outcome
     }
 

@@ -34,6 +34,9 @@ pub(crate) struct NewRequestBody {
     attachments: Vec<AttachmentBody>,
 }
 
+/// Files one request may send at most.
+const MAX_ATTACHMENTS: usize = 32;
+
 /// A file sent with the input: an `image/…` goes as an image, anything
 /// else as a file with its name.
 #[derive(Deserialize)]
@@ -52,6 +55,17 @@ impl NewRequestBody {
         if self.attachments.is_empty() {
             return Ok(Content::from(self.input));
         }
+        if self.attachments.len() > MAX_ATTACHMENTS {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "{} attachments, over {MAX_ATTACHMENTS}",
+                    self.attachments.len()
+                ),
+                "send fewer files; nothing was written",
+            ));
+        }
         let mut parts = vec![Part::text(self.input)];
         let mut total = 0;
         for (index, file) in self.attachments.into_iter().enumerate() {
@@ -63,6 +77,14 @@ impl NewRequestBody {
                     "send each file's bytes as standard base64; nothing was written",
                 )
             })?;
+            if bytes.is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_body",
+                    format!("attachment {index} is empty"),
+                    "send each file's bytes; nothing was written",
+                ));
+            }
             total += bytes.len();
             if total > attachments_within {
                 return Err(ApiError::new(

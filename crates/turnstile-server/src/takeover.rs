@@ -5,7 +5,8 @@
 //! checkpoint with one compare-and-swap. A follower of the event log sees
 //! the takeover as `run_started`, and every step once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use turnstile_core::agent::RunContext;
@@ -20,54 +21,85 @@ use crate::Server;
 /// Expired leases taken over per look.
 const PER_LOOK: u32 = 16;
 
-/// A lease whose takeover was refused for a reason that stays (a tool call
-/// in doubt, another agent, a spent budget): left to an operator, and not
-/// tried again while it is listed as it was.
-type Refused = (RunId, Revision);
+/// How long a takeover refused for a reason that stays (a tool call in
+/// doubt, another agent, a spent budget) is left to an operator before
+/// this server tries it again.
+const REFUSED_FOR: Duration = Duration::from_secs(300);
+
+/// A lease as listed: the run that held it, at its revision.
+type Lease = (RunId, Revision);
+
+/// How a takeover ended, told to the loop.
+enum Report {
+    Ended(Lease),
+    Refused(Lease),
+}
 
 /// Looks for expired leases every renewal interval until `closing` turns
-/// true, and takes each request over in a task of the server's runs.
+/// true, and takes each request over in a task of the server's runs; one
+/// takeover per lease at a time.
 pub(crate) async fn take_over_expired(server: Server, mut closing: watch::Receiver<bool>) {
     let Some(policy) = server.lease else {
         return;
     };
-    let (report, mut reports) = mpsc::unbounded_channel::<Refused>();
-    let mut refused = HashSet::new();
+    let (report, mut reports) = mpsc::unbounded_channel();
+    let mut under_way: HashSet<Lease> = HashSet::new();
+    let mut refused: HashMap<Lease, Instant> = HashMap::new();
     loop {
         tokio::select! {
             _ = closing.wait_for(|closed| *closed) => return,
             () = tokio::time::sleep(policy.renew_every()) => {}
         }
-        while let Ok(lease) = reports.try_recv() {
-            refused.insert(lease);
+        while let Ok(ended) = reports.try_recv() {
+            match ended {
+                Report::Ended(lease) => {
+                    under_way.remove(&lease);
+                }
+                Report::Refused(lease) => {
+                    under_way.remove(&lease);
+                    refused.insert(lease, Instant::now());
+                }
+            }
         }
-        // Past the refused ones, which stay listed first (soonest expired).
-        let limit = PER_LOOK.saturating_add(u32::try_from(refused.len()).unwrap_or(u32::MAX));
-        let expired = match server.store.expired_leases(limit).await {
+        refused.retain(|_, at| at.elapsed() < REFUSED_FOR);
+        // Past the ones skipped, which stay listed first (soonest expired).
+        let skipped = u32::try_from(under_way.len() + refused.len()).unwrap_or(u32::MAX);
+        let expired = match server
+            .store
+            .expired_leases(PER_LOOK.saturating_add(skipped))
+            .await
+        {
             Ok(expired) => expired,
             Err(error) => {
                 tracing::warn!(%error, "could not list expired leases; looking again later");
                 continue;
             }
         };
-        refused.retain(|key| expired.iter().any(|l| (l.run_id, l.revision) == *key));
         for lease in expired {
-            if refused.contains(&(lease.run_id, lease.revision)) {
+            let key = (lease.run_id, lease.revision);
+            if under_way.contains(&key) || refused.contains_key(&key) {
                 continue;
             }
+            under_way.insert(key);
             let session = server.session(lease.namespace.clone(), lease.conversation_id);
             let (live, report) = (server.live.clone(), report.clone());
-            server.runs.spawn(take_over(session, live, lease, report));
+            server.runs.spawn(async move {
+                let ended = match take_over(session, live, &lease).await {
+                    Taken::Refused => Report::Refused(key),
+                    Taken::Ended => Report::Ended(key),
+                };
+                let _ = report.send(ended);
+            });
         }
     }
 }
 
-async fn take_over(
-    session: AgentSession,
-    live: LiveText,
-    lease: ExpiredLease,
-    report: mpsc::UnboundedSender<Refused>,
-) {
+enum Taken {
+    Ended,
+    Refused,
+}
+
+async fn take_over(session: AgentSession, live: LiveText, lease: &ExpiredLease) -> Taken {
     // A model call that was in flight is asked again; a tool call in doubt
     // runs again only when its tool settles it. Both judged in the claim's
     // own transaction, so an owner that wakes meanwhile cannot slip a tool
@@ -80,21 +112,29 @@ async fn take_over(
     );
     let request_id = lease.request_id;
     match live.drive(lease.conversation_id, request_id, run).await {
-        Ok(Some(outcome)) => {
-            tracing::info!(%request_id, run_id = %outcome.run_id, "took over a request whose lease expired");
-        }
-        Ok(None) => {
-            tracing::warn!(%request_id, "a takeover's event stream ended without its outcome");
+        Ok(outcome) => {
+            let run_id = outcome.map(|o| o.run_id.to_string()).unwrap_or_default();
+            tracing::info!(%request_id, %run_id, "took over a request whose lease expired");
+            Taken::Ended
         }
         // Another server (or the owner's own commit) got there first.
-        Err(Error::Conflict { .. } | Error::Busy { .. } | Error::NotActive { .. }) => {}
-        // Looked at again later.
-        Err(Error::Store(error)) if error.is_busy() || error.is_unreachable() => {
-            tracing::warn!(%error, %request_id, "a takeover failed on the database; trying again later");
-        }
-        Err(error) => {
+        Err(Error::Conflict { .. } | Error::Busy { .. } | Error::NotActive { .. }) => Taken::Ended,
+        // Reasons that stay: an operator decides.
+        Err(
+            error @ (Error::AmbiguousCheckpoint { .. }
+            | Error::ToolInDoubt { .. }
+            | Error::ConfigurationMismatch { .. }
+            | Error::BudgetExceeded { .. }
+            | Error::SummaryPassLimitExceeded { .. }
+            | Error::Corrupt { .. }),
+        ) => {
             tracing::warn!(%error, %request_id, "a request whose lease expired waits for an operator");
-            let _ = report.send((lease.run_id, lease.revision));
+            Taken::Refused
+        }
+        // Anything else (the database, the model) is tried again.
+        Err(error) => {
+            tracing::warn!(%error, %request_id, "a takeover failed; trying again later");
+            Taken::Ended
         }
     }
 }

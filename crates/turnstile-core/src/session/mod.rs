@@ -214,6 +214,7 @@ impl Default for ContextPolicy {
 
 /// What resuming does with a turn that was in flight when its run stopped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResumePolicy {
     /// Refuse with [`Error::AmbiguousCheckpoint`], unless the tool of the
     /// call in doubt settles it: [`Tool::reconcile`](crate::Tool::reconcile)

@@ -401,6 +401,19 @@ async fn files_sent_with_the_input_are_stored_as_its_parts_and_bad_ones_write_no
             422,
             "invalid_body",
         ),
+        (
+            json!([{"media_type": "image/png", "data": ""}]),
+            400,
+            "invalid_body",
+        ),
+        (
+            json!(vec![
+                json!({"media_type": "image/png", "data": encode(b"x")});
+                33
+            ]),
+            413,
+            "too_large",
+        ),
     ] {
         let (got, body) = crate::support::answer(post(attachments.clone())).await;
         assert_eq!(
