@@ -9,6 +9,7 @@ use serde::Deserialize;
 use turnstile_core::admin::{ConversationPage, ConversationSummary, ListFilter};
 use turnstile_core::ids::{ConversationId, Revision};
 use turnstile_core::store::{ConversationCursor, DeleteReport, ForkOutcome};
+use turnstile_core::Error;
 
 use crate::errors::ApiError;
 use crate::input;
@@ -54,7 +55,20 @@ pub(crate) async fn show(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ConversationSummary>, ApiError> {
     let conversation_id = input::conversation(path)?;
-    Ok(Json(server.summary(&tenant, conversation_id).await?))
+    let stale_after = ListFilter::default().stale_after;
+    match server
+        .store
+        .conversation_summary(conversation_id, stale_after)
+        .await?
+    {
+        Some(summary) if summary.namespace == tenant.namespace => Ok(Json(summary)),
+        // Another tenant's is answered as one that does not exist.
+        _ => Err(Error::NotFound {
+            what: "conversation",
+            id: conversation_id.to_string(),
+        }
+        .into()),
+    }
 }
 
 /// `DELETE`'s compare-and-swap: the conversation's version, and the

@@ -39,10 +39,13 @@ pub(crate) async fn get_events(
         Some(seen) => seen,
         None => query.after.unwrap_or(0),
     };
-    let session = server.session(tenant.namespace, conversation_id);
     // Refused before the stream starts, with a status: a conversation
     // this tenant cannot see.
-    session.events_after(after, 0).await?;
+    server
+        .store
+        .conversation(&tenant.namespace, conversation_id)
+        .await?;
+    let session = server.session(tenant.namespace, conversation_id);
     let ended = ended(&server, tenant.token);
     let live = server.live.follow(conversation_id);
     let durable = session.follow_events(after, server.poll).map(|event| {

@@ -54,13 +54,12 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 pub use errors::ApiError;
-use tenant::Tenant;
-use turnstile_core::admin::{ConversationSummary, ListFilter, StoreAdmin};
+use turnstile_core::admin::StoreAdmin;
 use turnstile_core::agent::Agent;
 use turnstile_core::ids::{ConversationId, Namespace};
 use turnstile_core::session::{AgentSession, ContextPolicy, LeasePolicy, MAX_INPUT_BYTES};
 use turnstile_core::store::PartLimits;
-use turnstile_core::{Error, Store};
+use turnstile_core::Store;
 
 /// What a server runs requests with: one agent on one store, in one
 /// namespace, or with [`Server::with_tokens`] in the namespace of each
@@ -232,27 +231,6 @@ impl Server {
             .fallback(errors::no_route)
             .layer(DefaultBodyLimit::max(self.body_limit()))
             .with_state(self)
-    }
-
-    /// A conversation of `tenant`'s: [`Error::NotFound`] for one that does
-    /// not exist or is another tenant's (answered alike).
-    async fn summary(
-        &self,
-        tenant: &Tenant,
-        conversation: ConversationId,
-    ) -> Result<ConversationSummary, Error> {
-        let stale_after = ListFilter::default().stale_after;
-        match self
-            .store
-            .conversation_summary(conversation, stale_after)
-            .await?
-        {
-            Some(summary) if summary.namespace == tenant.namespace => Ok(summary),
-            _ => Err(Error::NotFound {
-                what: "conversation",
-                id: conversation.to_string(),
-            }),
-        }
     }
 
     /// The session of a request of `namespace` on `conversation`.

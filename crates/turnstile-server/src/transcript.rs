@@ -40,18 +40,18 @@ pub(crate) async fn get_transcript(
     let conversation_id = input::conversation(path)?;
     let query = input::query(query, "from=SEQ (default 0), limit=N (1 to 500)")?;
     let limit = input::page_limit(query.limit, 100, MAX_PAGE)?;
-    let end = server
-        .summary(&tenant, conversation_id)
-        .await?
-        .transcript_entries;
-    let from = query.from.unwrap_or(0).min(end);
-    let to = end.min(from.saturating_add(limit));
-    let entries = server
+    server
         .store
-        .transcript_range(conversation_id, from, to)
+        .conversation(&tenant.namespace, conversation_id)
         .await?;
-    Ok(Json(Page {
-        entries,
-        next: (to < end).then_some(to),
-    }))
+    // One entry past the page tells whether another follows.
+    let from = query.from.unwrap_or(0);
+    let mut entries = server
+        .store
+        .transcript_range(conversation_id, from, from.saturating_add(limit + 1))
+        .await?;
+    let to = from.saturating_add(limit);
+    let next = (entries.len() as u64 > limit).then_some(to);
+    entries.truncate(limit as usize);
+    Ok(Json(Page { entries, next }))
 }

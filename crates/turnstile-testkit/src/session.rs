@@ -27,6 +27,15 @@ pub fn ns() -> Namespace {
     Namespace::new("session-tests").expect("valid namespace")
 }
 
+/// The text of the last user message of a model's context: the input a
+/// test model answers.
+pub fn last_input(messages: &[Message]) -> Option<&str> {
+    messages.iter().rev().find_map(|m| match m {
+        Message::User { content } => content.as_plain_text(),
+        _ => None,
+    })
+}
+
 /// Input and output tokens; no cache tokens.
 pub fn usage(input_tokens: u64, output_tokens: u64) -> Usage {
     Usage {

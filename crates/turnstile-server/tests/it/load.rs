@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tokio::task::JoinSet;
 use turnstile::{Agent, ConversationId, RequestId, RunContext, Store};
 use turnstile_server::Server;
@@ -19,7 +18,7 @@ use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
 use crate::support::{
-    counting_script, start_server, store_in, Running, Sse, SseReader, ONE_REQUEST,
+    assert_as_stored, counting_script, start_server, store_in, Running, Sse, SseReader, ONE_REQUEST,
 };
 
 const CLIENTS: usize = 200;
@@ -107,15 +106,7 @@ async fn two_hundred_clients_of_twenty_requests_lose_and_repeat_nothing() {
         let ids: Vec<u64> = seen.iter().map(|e| e.id).collect();
         let expected = (1..=(REQUESTS * ONE_REQUEST.len()) as u64).collect::<Vec<_>>();
         assert_eq!(ids, expected, "{conversation}: each once, in order");
-        let stored: Vec<Value> = store
-            .events_after(conversation, 0, 1000)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| serde_json::to_value(e).unwrap())
-            .collect();
-        let sent: Vec<Value> = seen.into_iter().map(|e| e.data).collect();
-        assert_eq!(sent, stored, "{conversation}: as stored");
+        assert_as_stored(store.as_ref(), conversation, &seen).await;
         assert_eq!(
             store
                 .conversation(&ns(), conversation)

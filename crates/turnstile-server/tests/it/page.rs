@@ -13,7 +13,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 use turnstile::agent::{Model, ModelRequest, ModelResponse};
 use turnstile::{async_trait, Agent, Message, ModelError, ToolCall};
-use turnstile_testkit::session::usage;
+use turnstile_testkit::session::{last_input, usage};
 use turnstile_testkit::tools::CountingTool;
 
 use crate::support::{start, store_in};
@@ -34,15 +34,7 @@ impl Model for SlowModel {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let input = request
-            .messages
-            .iter()
-            .rev()
-            .find_map(|m| match m {
-                Message::User { content } => Some(content.text().into_owned()),
-                _ => None,
-            })
-            .unwrap_or_default();
+        let input = last_input(request.messages).unwrap_or_default();
         let answered_tool = matches!(request.messages.last(), Some(Message::Tool { .. }));
         let text = match () {
             _ if input.contains("deploy") && !answered_tool => {

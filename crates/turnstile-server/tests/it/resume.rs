@@ -3,12 +3,11 @@
 //! stored. (A cut can drop bytes of later events already received: the
 //! reconnect asks for them again.)
 
-use serde_json::Value;
 use turnstile::{ConversationId, RequestId};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{counting_script, start, store_in, SseReader, ONE_REQUEST};
+use crate::support::{assert_as_stored, counting_script, start, store_in, SseReader, ONE_REQUEST};
 
 const REQUESTS: usize = 100;
 
@@ -82,15 +81,6 @@ async fn a_follower_cut_off_at_random_points_of_100_requests_sees_every_event_on
         let kinds: Vec<&str> = request.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(kinds, ONE_REQUEST, "request {i}");
     }
-    let id: ConversationId = conversation.parse().unwrap();
-    let stored: Vec<Value> = store
-        .events_after(id, 0, total as u32 + 1)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| serde_json::to_value(e).unwrap())
-        .collect();
-    let sent: Vec<Value> = seen.into_iter().map(|e| e.data).collect();
-    assert_eq!(sent, stored);
+    assert_as_stored(store.as_ref(), conversation.parse().unwrap(), &seen).await;
     assert_eq!(count.calls(), REQUESTS, "each call ran once");
 }

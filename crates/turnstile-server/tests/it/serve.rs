@@ -9,7 +9,9 @@ use turnstile::{ConversationId, RequestId};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{counting_script, start, store_in, Sse, SseReader, ONE_REQUEST};
+use crate::support::{
+    assert_as_stored, counting_script, start, store_in, Sse, SseReader, ONE_REQUEST,
+};
 
 fn kinds(events: &[Sse]) -> Vec<&str> {
     events.iter().map(|e| e.kind.as_str()).collect()
@@ -143,14 +145,7 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
     assert_eq!(kinds(&seen[4..]), ONE_REQUEST);
     assert!(seen[4..].iter().all(|e| e.data["request_id"] == second_key));
     // The data is the stored event.
-    let id: ConversationId = conversation.parse().unwrap();
-    let stored = store.events_after(id, 0, 100).await.unwrap();
-    let as_json: Vec<Value> = stored
-        .iter()
-        .map(|e| serde_json::to_value(e).unwrap())
-        .collect();
-    let sent: Vec<Value> = seen.iter().map(|e| e.data.clone()).collect();
-    assert_eq!(sent, as_json);
+    assert_as_stored(store.as_ref(), conversation.parse().unwrap(), &seen).await;
 
     // `?after=` does what the header does.
     let mut after = SseReader::new(

@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use turnstile::agent::Agent;
-use turnstile::ScriptedReply;
+use turnstile::{ConversationId, ScriptedReply};
 use turnstile::{SqliteStore, StoreAdmin};
 use turnstile_server::Server;
 use turnstile_testkit::session::{call, ns, text_reply, tools_reply, usage};
@@ -133,6 +133,25 @@ impl Running {
         let status = response.status().as_u16();
         (status, response.json().await.expect("a JSON answer"))
     }
+}
+
+/// Asserts that the events `seen` on a stream are the stored log of
+/// `conversation`, event for event, from its first.
+pub async fn assert_as_stored(store: &dyn StoreAdmin, conversation: ConversationId, seen: &[Sse]) {
+    let limit = u32::try_from(seen.len() + 1).unwrap();
+    let stored: Vec<Value> = store
+        .events_after(conversation, 0, limit)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    let sent: Vec<&Value> = seen.iter().map(|e| &e.data).collect();
+    assert_eq!(
+        sent,
+        stored.iter().collect::<Vec<_>>(),
+        "{conversation}: as stored"
+    );
 }
 
 /// The status and the JSON answer of `request`.

@@ -21,24 +21,26 @@ async fn answer(request: RequestBuilder) -> (u16, Value) {
     (status, body)
 }
 
-fn post(server: &Running, conversation: &str, token: Option<&str>, input: &str) -> RequestBuilder {
-    let request = server
-        .client
-        .post(server.requests(conversation))
-        .header("idempotency-key", RequestId::new().to_string())
-        .json(&json!({ "input": input }));
+/// `request`, with `token` as its bearer when there is one.
+fn with_token(request: RequestBuilder, token: Option<&str>) -> RequestBuilder {
     match token {
         Some(token) => request.bearer_auth(token),
         None => request,
     }
 }
 
+fn post(server: &Running, conversation: &str, token: Option<&str>, input: &str) -> RequestBuilder {
+    let request = server
+        .client
+        .post(server.requests(conversation))
+        .header("idempotency-key", RequestId::new().to_string())
+        .json(&json!({ "input": input }));
+    with_token(request, token)
+}
+
 fn events(server: &Running, conversation: &str, token: Option<&str>) -> RequestBuilder {
     let request = server.client.get(server.events(conversation));
-    match token {
-        Some(token) => request.bearer_auth(token),
-        None => request,
-    }
+    with_token(request, token)
 }
 
 #[tokio::test]
@@ -164,10 +166,7 @@ fn call_route(
     if !body.is_null() {
         request = request.json(body);
     }
-    match token {
-        Some(token) => request.bearer_auth(token),
-        None => request,
-    }
+    with_token(request, token)
 }
 
 #[tokio::test]

@@ -28,8 +28,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use turnstile::agent::{ModelRequest, ModelResponse};
 use turnstile::{
-    Agent, ConversationId, Message, Model, ModelError, Namespace, RequestId, ScriptedModel,
-    ScriptedReply, Tool, ToolCall, ToolContext, ToolError, ToolSpec, Usage,
+    Agent, ConversationId, Model, ModelError, Namespace, RequestId, ScriptedModel, ScriptedReply,
+    Tool, ToolCall, ToolContext, ToolError, ToolSpec, Usage,
 };
 
 use crate::tools::append_line;
@@ -304,14 +304,7 @@ impl Model for PlanModel {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let input = request
-            .messages
-            .iter()
-            .rev()
-            .find_map(|m| match m {
-                Message::User { content } => content.as_plain_text(),
-                _ => None,
-            })
+        let input = crate::session::last_input(request.messages)
             .ok_or_else(|| ModelError::fatal("no user message in the context"))?;
         let script = self
             .scripts
