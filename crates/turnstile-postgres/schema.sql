@@ -96,6 +96,22 @@ END $$;
 
 
 --
+-- Name: event_checkpoint_saved(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_checkpoint_saved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 9::smallint,
+        (SELECT request_id FROM runs
+         WHERE conversation_id = NEW.conversation_id AND run_id = NEW.run_id),
+        NEW.run_id, NEW.turn, NULL, NULL, NEW.created_at);
+    RETURN NULL;
+END $$;
+
+
+--
 -- Name: event_clock(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -411,7 +427,7 @@ CREATE TABLE public.events (
     entry_seq bigint,
     call_id bytea,
     at bigint NOT NULL,
-    CONSTRAINT events_kind_check CHECK (((kind >= 0) AND (kind <= 8)))
+    CONSTRAINT events_kind_check CHECK (((kind >= 0) AND (kind <= 9)))
 );
 
 
@@ -875,6 +891,13 @@ CREATE TRIGGER event_approval_decided AFTER UPDATE OF status ON public.approvals
 --
 
 CREATE CONSTRAINT TRIGGER event_approval_requested AFTER INSERT ON public.approvals DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.event_approval_requested();
+
+
+--
+-- Name: loop_checkpoints event_checkpoint_saved; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_checkpoint_saved AFTER UPDATE OF phase ON public.loop_checkpoints FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND (old.phase <> 'ready'::text))) EXECUTE FUNCTION public.event_checkpoint_saved();
 
 
 --

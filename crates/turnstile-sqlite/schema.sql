@@ -336,25 +336,6 @@ CREATE TABLE first_run_checkpoints (
     PRIMARY KEY (request_id, turn)
 ) WITHOUT ROWID;
 
-CREATE TABLE events (
-    conversation_key INTEGER NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
-    seq              INTEGER NOT NULL,
-    kind             INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 8),
-    request_id       BLOB NOT NULL,
-    run_id           BLOB,
-    turn             INTEGER,
-    entry_seq        INTEGER,
-    call_id          TEXT,
-    at               INTEGER NOT NULL,
-    PRIMARY KEY (conversation_key, seq)
-) WITHOUT ROWID;
-
-CREATE TRIGGER events_numbered AFTER INSERT ON events
-BEGIN
-    UPDATE admissions SET event_seq = NEW.seq
-    WHERE conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
-END;
-
 CREATE TRIGGER event_admitted AFTER INSERT ON requests
 BEGIN
     INSERT INTO events (conversation_key, seq, kind, request_id, run_id, entry_seq, at)
@@ -461,3 +442,22 @@ CREATE TABLE tokens (
     created_at  INTEGER NOT NULL,
     revoked_at  INTEGER
 ) WITHOUT ROWID;
+
+CREATE TABLE "events" (
+    conversation_key INTEGER NOT NULL REFERENCES conversations (key) ON DELETE CASCADE,
+    seq              INTEGER NOT NULL,
+    kind             INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 9),
+    request_id       BLOB NOT NULL,
+    run_id           BLOB,
+    turn             INTEGER,
+    entry_seq        INTEGER,
+    call_id          TEXT,
+    at               INTEGER NOT NULL,
+    PRIMARY KEY (conversation_key, seq)
+) WITHOUT ROWID;
+
+CREATE TRIGGER events_numbered AFTER INSERT ON events
+BEGIN
+    UPDATE admissions SET event_seq = NEW.seq
+    WHERE conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+END;

@@ -41,7 +41,7 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
     commit_answer(&*store, &fence, 2, count, "4").await?;
 
     let events = all_events(&*store, conversation).await?;
-    assert_eq!(seqs(&events), [1, 2, 3, 4]);
+    assert_eq!(seqs(&events), [1, 2, 3, 4, 5]);
     assert!(events.iter().all(|e| e.request_id == fence.request_id));
     assert_eq!(
         steps(&events),
@@ -54,6 +54,10 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
             LoggedStep::ToolFinished {
                 turn: 1,
                 call_id: "call-1".into()
+            },
+            LoggedStep::CheckpointSaved {
+                run_id: fence.run_id,
+                turn: 1
             },
             LoggedStep::Committed {
                 run_id: fence.run_id
@@ -72,15 +76,15 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
     // Read on from any number: the rest, in pages.
     let page = store.events_after(conversation, 1, 2).await?;
     assert_eq!(page, events[1..3]);
-    assert_eq!(store.events_after(conversation, 4, 10).await?, []);
+    assert_eq!(store.events_after(conversation, 5, 10).await?, []);
     assert_eq!(store.events_after(conversation, 99, 10).await?, []);
 
     // The next request numbers on. Its input follows the first request's
     // four entries; its answer is its message 1, before its commit too.
     let second = admit(&*store, conversation, "and 3+3?").await?;
     tool_turn(&*store, &second, 1, 1, tool_call("call-2", "{}"), "r2").await?;
-    let more = store.events_after(conversation, 4, 10).await?;
-    assert_eq!(seqs(&more), [5, 6, 7]);
+    let more = store.events_after(conversation, 5, 10).await?;
+    assert_eq!(seqs(&more), [6, 7, 8, 9]);
     assert!(more.iter().all(|e| e.request_id == second.request_id));
     let (
         LoggedStep::Admitted {
@@ -106,7 +110,7 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
     let other = new_conversation(&*store).await?;
     complete_request(&*store, other, "elsewhere", 0, "done").await?;
     assert_eq!(seqs(&all_events(&*store, other).await?), [1, 2]);
-    assert_eq!(all_events(&*store, conversation).await?.len(), 7);
+    assert_eq!(all_events(&*store, conversation).await?.len(), 9);
     Ok(())
 }
 
@@ -152,6 +156,11 @@ pub async fn refused_steps_log_nothing(store: SharedStore) -> TestResult {
     ));
     assert!(matches!(
         commit_answer(&*store, &fence, 1, 1, "late").await,
+        Err(Error::Fenced { .. })
+    ));
+    let ended = checkpoint(fence.run_id, 1, CheckpointPhase::Ready, 3);
+    assert!(matches!(
+        store.finish_turn(&fence, &ended, &[], None).await,
         Err(Error::Fenced { .. })
     ));
     assert!(matches!(
@@ -234,13 +243,17 @@ pub async fn stops_approvals_takeovers_and_abandons_are_logged(store: SharedStor
             },
         )
         .await?;
+    // The resumed run ends the turn: its checkpoint names the run.
+    let ended = checkpoint(resumed.run_id, 1, CheckpointPhase::Ready, 3);
+    let result = Message::tool("gated", "deleted", false);
+    store.finish_turn(&resumed, &ended, &[result], None).await?;
     store.fail_run(&resumed, "model unavailable", None).await?;
     store
         .abandon(conversation, fence.request_id, resumed.revision)
         .await?;
 
     let events = all_events(&*store, conversation).await?;
-    assert_eq!(seqs(&events), (1..=9).collect::<Vec<_>>());
+    assert_eq!(seqs(&events), (1..=10).collect::<Vec<_>>());
     let gated = || ("gated".to_owned(), 1);
     let (call_id, turn) = gated();
     assert_eq!(
@@ -266,6 +279,10 @@ pub async fn stops_approvals_takeovers_and_abandons_are_logged(store: SharedStor
                 run_id: resumed.run_id
             },
             LoggedStep::ToolFinished { turn, call_id },
+            LoggedStep::CheckpointSaved {
+                run_id: resumed.run_id,
+                turn
+            },
             LoggedStep::Stopped {
                 run_id: resumed.run_id
             },
@@ -281,7 +298,7 @@ pub async fn pruned_and_deleted_events_go_with_their_rows_and_no_number_returns(
     let conversation = new_conversation(&*store).await?;
     complete_request(&*store, conversation, "first", 1, "one").await?;
     complete_request(&*store, conversation, "second", 0, "two").await?;
-    assert_eq!(all_events(&*store, conversation).await?.len(), 6);
+    assert_eq!(all_events(&*store, conversation).await?.len(), 7);
     // A fork copies the history, not the log.
     let fork = ConversationId::new();
     store
@@ -293,11 +310,11 @@ pub async fn pruned_and_deleted_events_go_with_their_rows_and_no_number_returns(
     let report = store
         .prune(&PruneOptions::older_than(Duration::ZERO))
         .await?;
-    assert_eq!(report.deleted.events, 6);
+    assert_eq!(report.deleted.events, 7);
     assert!(all_events(&*store, conversation).await?.is_empty());
     let next = admit(&*store, conversation, "third").await?;
     let events = all_events(&*store, conversation).await?;
-    assert_eq!(seqs(&events), [7]);
+    assert_eq!(seqs(&events), [8]);
     assert_eq!(events[0].request_id, next.request_id);
     store
         .abandon(conversation, next.request_id, next.revision)

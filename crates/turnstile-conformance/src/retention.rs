@@ -84,21 +84,21 @@ async fn retention(store: &dyn StoreAdmin) -> Result<Retention, Error> {
 
 /// What no replay of the completed request needs: run `a1` and its
 /// checkpoint, `a2`'s checkpoints of turns 1 (seeded) and 2, the two
-/// journal rows, and its 7 events (admitted; per tool turn the answer and
-/// the result journaled; `a2` started; committed).
+/// journal rows, and its 9 events (admitted; per tool turn the answer, the
+/// result journaled and the checkpoint saved; `a2` started; committed).
 fn completed_prunable() -> TableCounts {
     TableCounts {
         runs: 1,
         loop_checkpoints: 3,
         tool_calls: 2,
-        events: 7,
+        events: 9,
         ..TableCounts::default()
     }
 }
 
 /// Everything of the abandoned request but its row: run `b`, its
 /// checkpoint, its journal row, its three pending messages (input, model
-/// answer, tool result), its turn's verification report and its 4 events.
+/// answer, tool result), its turn's verification report and its 5 events.
 fn abandoned_prunable() -> TableCounts {
     TableCounts {
         runs: 1,
@@ -106,7 +106,7 @@ fn abandoned_prunable() -> TableCounts {
         tool_calls: 1,
         run_messages: 3,
         verification_reports: 1,
-        events: 4,
+        events: 5,
         ..TableCounts::default()
     }
 }
@@ -314,7 +314,7 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
     // and their runs; 3 checkpoints (turns 1 and 2 of the committed run,
     // turn 1 of the abandoned one), as many verification reports; 2
     // journal rows; the abandoned request's 3 pending messages; the log's
-    // 8 events (4 of each request). Of the held conversation's committed
+    // 10 events (5 of each request). Of the held conversation's committed
     // request only its 2 events go.
     let expected = TableCounts {
         conversations: 1,
@@ -327,7 +327,7 @@ pub async fn prune_with_transcripts_deletes_idle_conversations_whole_and_spares_
         tool_calls: 2,
         run_messages: 3,
         approvals: 0,
-        events: 10,
+        events: 12,
     };
     let options = PruneOptions {
         include_transcripts: true,

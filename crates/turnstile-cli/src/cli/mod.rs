@@ -126,7 +126,8 @@ pub enum Command {
     Export(ExportArgs),
     /// A conversation's event log as JSON Lines, one object per step a
     /// watcher cares about (admitted, answered, tool finished, approval
-    /// requested or decided, run started, stopped, committed, abandoned);
+    /// requested or decided, checkpoint saved, run started, stopped,
+    /// committed, abandoned);
     /// with --follow, each new one as its step commits, from any process.
     Events(EventsArgs),
     /// Delete what no replay needs from old finished requests (optionally

@@ -20,8 +20,15 @@ fn kinds(events: &[Value]) -> Vec<&str> {
 }
 
 /// What one request of the add script logs: its admission, the model's
-/// call of `add`, its result journaled, the commit of the answer.
-const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
+/// call of `add`, its result journaled, the turn's end, the commit of the
+/// answer.
+const ONE_REQUEST: [&str; 5] = [
+    "admitted",
+    "answered",
+    "tool_finished",
+    "checkpoint_saved",
+    "committed",
+];
 
 #[test]
 fn events_prints_the_log_and_follow_prints_what_another_process_commits() {
@@ -37,12 +44,14 @@ fn events_prints_the_log_and_follow_prints_what_another_process_commits() {
     let all = lines(&all.stdout);
     assert_eq!(kinds(&all), ONE_REQUEST);
     let seqs: Vec<_> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, [1, 2, 3, 4]);
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
     let request = all[0]["request_id"].clone();
     assert!(all.iter().all(|e| e["request_id"] == request));
     assert_eq!(all[2]["call_id"], "c1");
     assert_eq!(all[2]["turn"], 1);
     assert_eq!(all[1]["entry_seq"], 1);
+    assert_eq!(all[3]["turn"], 1);
+    assert_eq!(all[3]["run_id"], all[0]["run_id"]);
     let later = turnstile(&["events", &conversation, "--db", db_arg, "--after", "2"]);
     later.assert_success();
     assert_eq!(lines(&later.stdout), all[2..]);
@@ -54,7 +63,7 @@ fn events_prints_the_log_and_follow_prints_what_another_process_commits() {
         "--db",
         db_arg,
         "--after",
-        "4",
+        "5",
         "--follow",
         "--poll",
         "20ms",
@@ -76,7 +85,7 @@ fn events_prints_the_log_and_follow_prints_what_another_process_commits() {
         followed.push(serde_json::from_str::<Value>(&line).unwrap());
     }
     assert_eq!(kinds(&followed), ONE_REQUEST);
-    assert_eq!(followed[0]["seq"], 5);
+    assert_eq!(followed[0]["seq"], 6);
     assert_ne!(followed[0]["request_id"], request);
     let sent = Command::new("kill")
         .args(["-TERM", &follower.id().to_string()])

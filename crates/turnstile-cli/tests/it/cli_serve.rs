@@ -55,11 +55,17 @@ async fn serve_runs_requests_streams_events_and_stops_on_sigterm() {
             Some((field("id:")?, field("event:")?))
         })
         .collect();
-    let expected: Vec<(String, String)> = ["admitted", "answered", "tool_finished", "committed"]
-        .iter()
-        .enumerate()
-        .map(|(i, kind)| ((i + 1).to_string(), kind.to_string()))
-        .collect();
+    let expected: Vec<(String, String)> = [
+        "admitted",
+        "answered",
+        "tool_finished",
+        "checkpoint_saved",
+        "committed",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, kind)| ((i + 1).to_string(), kind.to_string()))
+    .collect();
     assert_eq!(sent, expected, "{text}");
 
     // SIGTERM with the stream open: the server ends it and exits.

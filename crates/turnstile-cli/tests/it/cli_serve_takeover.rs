@@ -75,7 +75,7 @@ async fn takeover_on(db: &str, dir: &Path) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let mut seen: Vec<Sse> = Vec::new();
-    while seen.last().is_none_or(|e| e.kind != "tool_finished") {
+    while seen.last().is_none_or(|e| e.kind != "checkpoint_saved") {
         seen.push(reader.next().await);
     }
     // The answer takes two seconds: the server dies in the middle of it.
@@ -108,14 +108,16 @@ async fn takeover_on(db: &str, dir: &Path) {
             "admitted",
             "answered",
             "tool_finished",
+            "checkpoint_saved",
             "run_started",
             "committed"
         ]
     );
     let first_run = &seen[0].data["run_id"];
-    let taken_over_by = &seen[3].data["run_id"];
+    assert_eq!(&seen[3].data["run_id"], first_run);
+    let taken_over_by = &seen[4].data["run_id"];
     assert_ne!(taken_over_by, first_run);
-    assert_eq!(&seen[4].data["run_id"], taken_over_by);
+    assert_eq!(&seen[5].data["run_id"], taken_over_by);
 
     // The same key replays the answer on the survivor.
     let replayed = post(&second_base).await.unwrap();

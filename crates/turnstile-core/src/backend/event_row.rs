@@ -16,14 +16,15 @@ pub struct EventRow {
     pub at: i64,
     /// The step's code: 0 admitted, 1 run started, 2 answered, 3 tool
     /// finished, 4 approval requested, 5 approval decided, 6 stopped,
-    /// 7 committed, 8 abandoned.
+    /// 7 committed, 8 abandoned, 9 checkpoint saved.
     pub kind: i64,
     /// The request's id, 16 bytes.
     pub request_id: Vec<u8>,
     /// `None` where the run is the request's first (its id is the
     /// request's), or the kind names none.
     pub run_id: Option<Vec<u8>>,
-    /// The tool call's turn, for the kinds about a tool call.
+    /// The tool call's turn, for the kinds about a tool call; the turn
+    /// that ended, for a saved checkpoint.
     pub turn: Option<i64>,
     /// The transcript entry of an answer, or of an admitted request's
     /// input.
@@ -93,6 +94,10 @@ impl EventRow {
             6 => LoggedStep::Stopped { run_id: run_id()? },
             7 => LoggedStep::Committed { run_id: run_id()? },
             8 => LoggedStep::Abandoned,
+            9 => LoggedStep::CheckpointSaved {
+                run_id: run_id()?,
+                turn: turn()?,
+            },
             other => return Err(row.corrupt(format!("kind {other} is no event's"))),
         };
         Ok(LoggedEvent {

@@ -81,6 +81,14 @@ pub enum LoggedStep {
         /// The call's id.
         call_id: String,
     },
+    /// A turn ended with its tool results: its loop checkpoint is durable,
+    /// and a run that continues the request starts from it (the next turn).
+    CheckpointSaved {
+        /// The run that saved it.
+        run_id: RunId,
+        /// The request's turn that ended.
+        turn: u32,
+    },
     /// A run stopped without committing (a failure, a deadline, a wait for
     /// approval): the request still holds its admission.
     Stopped {
@@ -100,7 +108,8 @@ pub enum LoggedStep {
 impl LoggedStep {
     /// Its kind as the JSON names it: `admitted`, `run_started`,
     /// `answered`, `tool_finished`, `approval_requested`,
-    /// `approval_decided`, `stopped`, `committed` or `abandoned`.
+    /// `approval_decided`, `checkpoint_saved`, `stopped`, `committed` or
+    /// `abandoned`.
     pub fn kind(&self) -> &'static str {
         match self {
             LoggedStep::Admitted { .. } => "admitted",
@@ -109,6 +118,7 @@ impl LoggedStep {
             LoggedStep::ToolFinished { .. } => "tool_finished",
             LoggedStep::ApprovalRequested { .. } => "approval_requested",
             LoggedStep::ApprovalDecided { .. } => "approval_decided",
+            LoggedStep::CheckpointSaved { .. } => "checkpoint_saved",
             LoggedStep::Stopped { .. } => "stopped",
             LoggedStep::Committed { .. } => "committed",
             LoggedStep::Abandoned => "abandoned",

@@ -130,7 +130,8 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
             (server.clone(), conversation.clone(), second_key.clone());
         tokio::spawn(async move { server.post(&conversation, &key, "count again").await })
     };
-    while seen.len() < 8 {
+    let per_request = ONE_REQUEST.len();
+    while seen.len() < 2 * per_request {
         seen.push(stream.next().await);
     }
     assert_eq!(posting.await.unwrap().0, 200);
@@ -138,12 +139,14 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
     let ids: Vec<_> = seen.iter().map(|e| e.id).collect();
     assert_eq!(
         ids,
-        (1..=8).collect::<Vec<_>>(),
+        (1..=2 * per_request as u64).collect::<Vec<_>>(),
         "each event once, in order"
     );
-    assert_eq!(kinds(&seen[..4]), ONE_REQUEST);
-    assert_eq!(kinds(&seen[4..]), ONE_REQUEST);
-    assert!(seen[4..].iter().all(|e| e.data["request_id"] == second_key));
+    assert_eq!(kinds(&seen[..per_request]), ONE_REQUEST);
+    assert_eq!(kinds(&seen[per_request..]), ONE_REQUEST);
+    assert!(seen[per_request..]
+        .iter()
+        .all(|e| e.data["request_id"] == second_key));
     // The data is the stored event.
     assert_as_stored(store.as_ref(), conversation.parse().unwrap(), &seen).await;
 
@@ -151,13 +154,13 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
     let mut after = SseReader::new(
         server
             .client
-            .get(format!("{}?after=6", server.events(&conversation)))
+            .get(format!("{}?after=8", server.events(&conversation)))
             .send()
             .await
             .unwrap(),
     );
-    assert_eq!(after.next().await.id, 7);
-    assert_eq!(after.next().await.id, 8);
+    assert_eq!(after.next().await.id, 9);
+    assert_eq!(after.next().await.id, 10);
 }
 
 #[tokio::test]

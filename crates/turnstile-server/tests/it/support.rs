@@ -21,7 +21,13 @@ pub struct Running {
 }
 
 /// The events of one request of [`counting_script`].
-pub const ONE_REQUEST: [&str; 4] = ["admitted", "answered", "tool_finished", "committed"];
+pub const ONE_REQUEST: [&str; 5] = [
+    "admitted",
+    "answered",
+    "tool_finished",
+    "checkpoint_saved",
+    "committed",
+];
 
 /// Each request's script (it starts over with every request): `count`
 /// called, then the answer `counted`.

@@ -87,12 +87,19 @@ async fn a_follower_sees_each_step_once_and_a_reconnect_from_its_last_number_mis
                 LoggedStep::Admitted { .. } => "admitted",
                 LoggedStep::Answered { .. } => "answered",
                 LoggedStep::ToolFinished { .. } => "tool finished",
+                LoggedStep::CheckpointSaved { turn: 1, .. } => "turn 1 saved",
                 LoggedStep::Committed { .. } => "committed",
                 _ => "other",
             })
             .collect()
     };
-    let one_request = ["admitted", "answered", "tool finished", "committed"];
+    let one_request = [
+        "admitted",
+        "answered",
+        "tool finished",
+        "turn 1 saved",
+        "committed",
+    ];
     assert_eq!(steps(first), one_request);
     assert_eq!(steps(second), one_request);
     // Nothing more is there to follow.

@@ -45,8 +45,10 @@ async fn undo_0021(path: &Path) -> TestResult {
         .map(|trigger| format!("DROP TRIGGER \"{trigger}\""))
         .collect();
     undo_0022.extend([
-        // The step that names the table (installed again at the next open).
+        // The steps that name the table (installed again at the next open).
         "DROP VIEW conversation_opens".to_owned(),
+        "DROP VIEW turn_write_batches".to_owned(),
+        "DROP VIEW turn_writes".to_owned(),
         "DROP TABLE events".to_owned(),
         "ALTER TABLE admissions DROP COLUMN event_seq".to_owned(),
         "DROP TABLE tokens".to_owned(),

@@ -7,6 +7,7 @@ mod compat;
 mod corrupt;
 mod growth;
 mod migrate_0021;
+mod migrate_0024;
 mod migration_kill;
 mod processes;
 mod reopen;
