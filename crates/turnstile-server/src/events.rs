@@ -59,7 +59,7 @@ pub(crate) async fn get_events(
             }
         }
     });
-    // The live text goes along while the log lasts: the stream ends with
+    // The live events go along while the log lasts: the stream ends with
     // the log (its conversation deleted), the server or the token.
     let durable = durable
         .map(Some)

@@ -78,7 +78,7 @@ pub struct Server {
     body_within: Duration,
     attachments_within: usize,
     /// The text of the answers streaming, for the event streams.
-    live: live::LiveText,
+    live: live::LiveEvents,
     /// The runs started, waited for by [`serve`] once it stops taking
     /// connections.
     runs: TaskTracker,
@@ -106,7 +106,7 @@ impl Server {
             head_within: Duration::from_secs(30),
             body_within: Duration::from_secs(60),
             attachments_within: PartLimits::DEFAULT_MAX_PART_BYTES as usize,
-            live: live::LiveText::default(),
+            live: live::LiveEvents::default(),
             runs: TaskTracker::new(),
             closing: None,
         }

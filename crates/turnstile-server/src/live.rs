@@ -1,7 +1,11 @@
-//! Live text: the pieces of a model's answer as it streams, sent to the
-//! event streams of its conversation while they are connected. Unlike the
-//! durable log they are not stored, numbered or sent again: a client that
-//! reconnects reads the answer whole in the transcript once `committed`.
+//! Live events: the pieces of a model's answer as it streams, and each
+//! tool call as it starts, sent to the event streams of its conversation
+//! while they are connected. Unlike the durable log they are not stored,
+//! numbered or sent again: a client that reconnects reads the answer whole
+//! in the transcript once `committed`, and a call's result as
+//! `tool_finished`. A tool's start is no durable step (the call was
+//! journaled with the answer that made it, which `answered` tells), so it
+//! is live only.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,11 +20,18 @@ use turnstile_core::outcome::Outcome;
 use turnstile_core::session::EventStream;
 use turnstile_core::Error;
 
-/// Pieces held for a slow event stream before it skips some (it reads the
-/// answer whole in the transcript all the same).
+/// Live events held for a slow event stream before it skips some (it
+/// reads the answer whole in the transcript all the same).
 const BACKLOG: usize = 256;
 
-/// One piece of an answer.
+/// What a run tells the connected streams as it happens.
+enum LiveEvent {
+    /// One piece of an answer: `event: delta`.
+    Delta(Delta),
+    /// A tool call about to run: `event: tool_started`.
+    ToolStarted(ToolStarted),
+}
+
 #[derive(Serialize)]
 struct Delta {
     request_id: RequestId,
@@ -28,16 +39,37 @@ struct Delta {
     text: String,
 }
 
-type Channels = HashMap<ConversationId, broadcast::Sender<Arc<Delta>>>;
+#[derive(Serialize)]
+struct ToolStarted {
+    request_id: RequestId,
+    turn: u32,
+    call_id: String,
+    name: String,
+}
+
+impl LiveEvent {
+    /// As a server-sent event, with no `id`.
+    fn sse(&self) -> SseEvent {
+        let (kind, data) = match self {
+            LiveEvent::Delta(delta) => ("delta", serde_json::to_string(delta)),
+            LiveEvent::ToolStarted(started) => ("tool_started", serde_json::to_string(started)),
+        };
+        SseEvent::default()
+            .event(kind)
+            .data(data.unwrap_or_default())
+    }
+}
+
+type Channels = HashMap<ConversationId, broadcast::Sender<Arc<LiveEvent>>>;
 
 /// A channel per conversation that a run streams in or a client follows,
 /// dropped once neither does.
 #[derive(Clone, Default)]
-pub(crate) struct LiveText {
+pub(crate) struct LiveEvents {
     channels: Arc<Mutex<Channels>>,
 }
 
-impl LiveText {
+impl LiveEvents {
     fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
         // A poisoned map only means a holder panicked between two plain
         // map operations: it is whole.
@@ -45,7 +77,7 @@ impl LiveText {
     }
 
     /// The conversation's channel, opened if nobody has it open.
-    fn channel(&self, conversation_id: ConversationId) -> broadcast::Sender<Arc<Delta>> {
+    fn channel(&self, conversation_id: ConversationId) -> broadcast::Sender<Arc<LiveEvent>> {
         self.channels()
             .entry(conversation_id)
             .or_insert_with(|| broadcast::channel(BACKLOG).0)
@@ -65,8 +97,9 @@ impl LiveText {
     }
 
     /// Drives `run` (a request's or a takeover's event stream) to its
-    /// outcome, sending its text as it streams; `None` if the stream ended
-    /// without one (which [`EventStream`] never does).
+    /// outcome, sending its text and its tools' starts as they happen;
+    /// `None` if the stream ended without one (which [`EventStream`] never
+    /// does).
     pub(crate) async fn drive(
         &self,
         conversation_id: ConversationId,
@@ -82,16 +115,30 @@ impl LiveText {
         let sender = self.channel(conversation_id);
         let mut outcome = Ok(None);
         while let Some(event) = run.next().await {
+            // Nobody following is no failure: what is sent live is
+            // durable with its step.
             match event {
                 Ok(Event::TextDelta { turn, text }) => {
-                    // Nobody following is no failure: the text is durable
-                    // with its answer.
                     let delta = Delta {
                         request_id,
                         turn,
                         text,
                     };
-                    let _ = sender.send(Arc::new(delta));
+                    let _ = sender.send(Arc::new(LiveEvent::Delta(delta)));
+                }
+                Ok(Event::ToolStarted {
+                    turn,
+                    call_id,
+                    name,
+                    ..
+                }) => {
+                    let started = ToolStarted {
+                        request_id,
+                        turn,
+                        call_id,
+                        name,
+                    };
+                    let _ = sender.send(Arc::new(LiveEvent::ToolStarted(started)));
                 }
                 Ok(Event::ConversationCommitted { outcome: done, .. }) => {
                     outcome = Ok(Some(*done));
@@ -107,8 +154,8 @@ impl LiveText {
         outcome
     }
 
-    /// The pieces of `conversation_id`'s answers from now on, as
-    /// server-sent events of kind `delta` with no `id`.
+    /// `conversation_id`'s live events from now on, as server-sent events
+    /// of kind `delta` or `tool_started`, with no `id`.
     pub(crate) fn follow(
         &self,
         conversation_id: ConversationId,
@@ -123,11 +170,7 @@ impl LiveText {
         futures_util::stream::unfold(following, |mut following| async move {
             loop {
                 match following.receiver.recv().await {
-                    Ok(delta) => {
-                        let data = serde_json::to_string(&*delta).unwrap_or_default();
-                        let event = SseEvent::default().event("delta").data(data);
-                        return Some((event, following));
-                    }
+                    Ok(live) => return Some((live.sse(), following)),
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return None,
                 }
@@ -139,12 +182,12 @@ impl LiveText {
 /// A stream's subscription. Its fields drop in order: unsubscribed first,
 /// then the channel released, counting this stream out.
 struct Following {
-    receiver: broadcast::Receiver<Arc<Delta>>,
+    receiver: broadcast::Receiver<Arc<LiveEvent>>,
     _release: Release,
 }
 
 struct Release {
-    live: LiveText,
+    live: LiveEvents,
     conversation_id: ConversationId,
 }
 

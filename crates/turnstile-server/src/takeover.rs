@@ -15,7 +15,7 @@ use turnstile_core::session::{AgentSession, ResumePolicy};
 use turnstile_core::store::ExpiredLease;
 use turnstile_core::Error;
 
-use crate::live::LiveText;
+use crate::live::LiveEvents;
 use crate::Server;
 
 /// Expired leases taken over per look.
@@ -99,7 +99,7 @@ enum Taken {
     Refused,
 }
 
-async fn take_over(session: AgentSession, live: LiveText, lease: &ExpiredLease) -> Taken {
+async fn take_over(session: AgentSession, live: LiveEvents, lease: &ExpiredLease) -> Taken {
     // A model call that was in flight is asked again; a tool call in doubt
     // runs again only when its tool settles it. Both judged in the claim's
     // own transaction, so an owner that wakes meanwhile cannot slip a tool

@@ -18,9 +18,9 @@ pub struct Sse {
 pub struct SseReader {
     response: reqwest::Response,
     buffer: String,
-    /// The live text read so far: the `data` of each `delta` event (which
-    /// has no `id`), in order.
-    pub deltas: Vec<Value>,
+    /// The live events read so far (they have no `id`), in order: each
+    /// one's kind (`delta`, `tool_started`) and `data`.
+    pub live: Vec<(String, Value)>,
 }
 
 impl SseReader {
@@ -38,12 +38,12 @@ impl SseReader {
         Self {
             response,
             buffer: String::new(),
-            deltas: Vec::new(),
+            live: Vec::new(),
         }
     }
 
     /// The next numbered event, within 10 s; keep-alive comments are
-    /// skipped and live text is kept in [`SseReader::deltas`].
+    /// skipped and live events are kept in [`SseReader::live`].
     pub async fn next(&mut self) -> Sse {
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
@@ -51,8 +51,8 @@ impl SseReader {
                 if let Some(event) = parse(&block) {
                     return event;
                 }
-                if let Some(delta) = live_text(&block) {
-                    self.deltas.push(delta);
+                if let Some(live) = live(&block) {
+                    self.live.push(live);
                 }
                 continue;
             }
@@ -86,10 +86,29 @@ fn parse(block: &str) -> Option<Sse> {
     })
 }
 
-/// The data of a `delta` event, which has no `id`.
-fn live_text(block: &str) -> Option<Value> {
-    let is_delta = block.lines().any(|l| l.trim_end() == "event: delta");
-    let numbered = block.lines().any(|l| l.starts_with("id:"));
+/// The kind and data of a live event: one with no `id`.
+fn live(block: &str) -> Option<(String, Value)> {
+    if block.lines().any(|l| l.starts_with("id:")) {
+        return None;
+    }
+    let kind = block.lines().find_map(|l| l.strip_prefix("event:"))?;
     let data = block.lines().find_map(|l| l.strip_prefix("data:"))?;
-    (is_delta && !numbered).then(|| serde_json::from_str(data.trim()).expect("JSON data"))
+    let data = serde_json::from_str(data.trim()).expect("JSON data");
+    Some((kind.trim().to_owned(), data))
+}
+
+impl SseReader {
+    /// The `data` of each live `delta` read so far, in order.
+    pub fn deltas(&self) -> Vec<&Value> {
+        self.live_of("delta")
+    }
+
+    /// The `data` of each live event of `kind` read so far, in order.
+    pub fn live_of(&self, kind: &str) -> Vec<&Value> {
+        self.live
+            .iter()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, data)| data)
+            .collect()
+    }
 }

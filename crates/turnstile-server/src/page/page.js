@@ -141,6 +141,10 @@ function onEvent(kind, id, data) {
     $("live").textContent += data.text;
     return;
   }
+  if (kind === "tool_started") {
+    $("live").textContent = `running ${data.name}…`;
+    return;
+  }
   if (kind === "error") {
     sayError(data);
     return;
@@ -153,7 +157,7 @@ function onEvent(kind, id, data) {
   item.dataset.seq = seq;
   item.dataset.kind = kind;
   $("events").append(item);
-  if (["answered", "committed", "abandoned", "stopped", "run_started"].includes(kind)) {
+  if (["answered", "checkpoint_saved", "committed", "abandoned", "stopped", "run_started"].includes(kind)) {
     $("live").textContent = "";
   }
   if (kind === "committed" || kind === "abandoned") loadTranscript();

@@ -147,6 +147,24 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
     assert!(seen[per_request..]
         .iter()
         .all(|e| e.data["request_id"] == second_key));
+    // The second request's tool call was told live as it started, with no
+    // number: the call its `tool_finished` names.
+    let finished = &seen[per_request + 2];
+    let started = stream.live_of("tool_started");
+    assert_eq!(started.len(), 1, "{:?}", stream.live);
+    assert_eq!(
+        (
+            &started[0]["request_id"],
+            &started[0]["call_id"],
+            &started[0]["turn"]
+        ),
+        (
+            &finished.data["request_id"],
+            &finished.data["call_id"],
+            &finished.data["turn"]
+        )
+    );
+    assert_eq!(started[0]["name"], "count");
     // The data is the stored event.
     assert_as_stored(store.as_ref(), conversation.parse().unwrap(), &seen).await;
 
@@ -391,14 +409,11 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
     assert_eq!(kinds(&seen), ["admitted", "committed"]);
     // Each piece in order before the commit, with no number: they add up
     // to the answer, and only the request run while connected sent any.
-    let pieces: Vec<&str> = connected
-        .deltas
-        .iter()
-        .map(|d| d["text"].as_str().unwrap())
-        .collect();
-    assert_eq!(pieces.len(), 6, "{:?}", connected.deltas);
+    let deltas = connected.deltas();
+    let pieces: Vec<&str> = deltas.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    assert_eq!(pieces.len(), 6, "{deltas:?}");
     assert_eq!(pieces.concat(), answer["final_text"].as_str().unwrap());
-    assert!(connected.deltas.iter().all(|d| d["request_id"] == key));
+    assert!(deltas.iter().all(|d| d["request_id"] == key));
 
     // A reconnect gets the durable events again, and the live text of the
     // request that streams now only.
@@ -409,6 +424,7 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
     for _ in 0..6 {
         again.next().await;
     }
-    assert_eq!(again.deltas.len(), 6, "{:?}", again.deltas);
-    assert!(again.deltas.iter().all(|d| d["request_id"] == third));
+    let deltas = again.deltas();
+    assert_eq!(deltas.len(), 6, "{deltas:?}");
+    assert!(deltas.iter().all(|d| d["request_id"] == third));
 }
