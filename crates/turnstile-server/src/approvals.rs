@@ -86,6 +86,7 @@ pub(crate) async fn decide(
         }
     };
     let revision = decided.map_err(ApiError::of_named_request)?;
+    server.live.stepped(conversation_id);
     // The decision is written: nothing after it may answer an error. A
     // continuation while calls still wait is refused, writing nothing.
     let waiting = match session.pending_approvals().await {

@@ -100,6 +100,8 @@ pub(crate) async fn delete(
             query.revision,
         )
         .await?;
+    // Its followers hear that it is gone.
+    server.live.stepped(conversation_id);
     Ok(Json(report))
 }
 

@@ -47,18 +47,20 @@ pub(crate) async fn get_events(
         .await?;
     let session = server.session(tenant.namespace, conversation_id);
     let ended = ended(&server, tenant.token);
-    let live = server.live.follow(conversation_id);
-    let durable = session.follow_events(after, server.poll).map(|event| {
-        match event {
-            Ok(event) => sse_event(&event),
-            // The stream ends after it: the client reconnects from the
-            // last number it saw, and hears why.
-            Err(error) => {
-                let error = ApiError::from(error);
-                Event::default().event("error").data(error.document())
+    let (live, stepped) = server.live.follow(conversation_id);
+    let durable = session
+        .follow_events_woken(after, server.poll, stepped)
+        .map(|event| {
+            match event {
+                Ok(event) => sse_event(&event),
+                // The stream ends after it: the client reconnects from the
+                // last number it saw, and hears why.
+                Err(error) => {
+                    let error = ApiError::from(error);
+                    Event::default().event("error").data(error.document())
+                }
             }
-        }
-    });
+        });
     // The live events go along while the log lasts: the stream ends with
     // the log (its conversation deleted), the server or the token.
     let durable = durable

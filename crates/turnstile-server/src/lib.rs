@@ -138,8 +138,10 @@ impl Server {
     }
 
     /// How often a followed event log is read again while nothing new is
-    /// there (a step committed by another process is seen that late at
-    /// most).
+    /// there (default 100 ms): a step committed by another process is seen
+    /// that late at most. A step of this server's own runs, decisions,
+    /// abandons and deletes wakes the followers of its conversation at
+    /// once.
     pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self

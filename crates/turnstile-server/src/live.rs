@@ -6,6 +6,10 @@
 //! `tool_finished`. A tool's start is no durable step (the call was
 //! journaled with the answer that made it, which `answered` tells), so it
 //! is live only.
+//!
+//! Beside them, each conversation's followers are woken whenever a run of
+//! this server writes a durable step, so they read the log at once rather
+//! than at their next poll (which still finds other processes' steps).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use axum::response::sse::Event as SseEvent;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use turnstile_core::events::Event;
 use turnstile_core::ids::{ConversationId, RequestId};
 use turnstile_core::outcome::Outcome;
@@ -60,7 +64,14 @@ impl LiveEvent {
     }
 }
 
-type Channels = HashMap<ConversationId, broadcast::Sender<Arc<LiveEvent>>>;
+/// What a conversation's runs send its followers.
+struct Channel {
+    live: broadcast::Sender<Arc<LiveEvent>>,
+    /// Sent to after each durable step of a run of this server.
+    stepped: watch::Sender<()>,
+}
+
+type Channels = HashMap<ConversationId, Arc<Channel>>;
 
 /// A channel per conversation that a run streams in or a client follows,
 /// dropped once neither does.
@@ -77,22 +88,37 @@ impl LiveEvents {
     }
 
     /// The conversation's channel, opened if nobody has it open.
-    fn channel(&self, conversation_id: ConversationId) -> broadcast::Sender<Arc<LiveEvent>> {
+    fn channel(&self, conversation_id: ConversationId) -> Arc<Channel> {
         self.channels()
             .entry(conversation_id)
-            .or_insert_with(|| broadcast::channel(BACKLOG).0)
+            .or_insert_with(|| {
+                Arc::new(Channel {
+                    live: broadcast::channel(BACKLOG).0,
+                    stepped: watch::Sender::new(()),
+                })
+            })
             .clone()
     }
 
     /// Drops the conversation's channel once no run sends on it and no
-    /// stream follows it (the map's own sender is the one left).
+    /// stream follows it (the map's own handle is the one left).
     fn release(&self, conversation_id: ConversationId) {
         let mut channels = self.channels();
+        // A follower's wake-up receiver goes with its live stream, whose
+        // guard calls this: only the live receivers are counted.
         if channels
             .get(&conversation_id)
-            .is_some_and(|s| s.strong_count() == 1 && s.receiver_count() == 0)
+            .is_some_and(|c| Arc::strong_count(c) == 1 && c.live.receiver_count() == 0)
         {
             channels.remove(&conversation_id);
+        }
+    }
+
+    /// Wakes the conversation's followers, if it has any: a step of this
+    /// server that no run drives (a decision, an abandon) was written.
+    pub(crate) fn stepped(&self, conversation_id: ConversationId) {
+        if let Some(channel) = self.channels().get(&conversation_id) {
+            channel.stepped.send_replace(());
         }
     }
 
@@ -112,9 +138,19 @@ impl LiveEvents {
             live: self.clone(),
             conversation_id,
         };
-        let sender = self.channel(conversation_id);
+        let channel = self.channel(conversation_id);
+        let sender = &channel.live;
         let mut outcome = Ok(None);
         while let Some(event) = run.next().await {
+            // The events that are not live follow durable steps (an error,
+            // the stop it wrote): the followers read the log. A wake with
+            // nothing new costs one read.
+            if !matches!(
+                event,
+                Ok(Event::TextDelta { .. } | Event::ToolStarted { .. })
+            ) {
+                channel.stepped.send_replace(());
+            }
             // Nobody following is no failure: what is sent live is
             // durable with its step.
             match event {
@@ -155,19 +191,26 @@ impl LiveEvents {
     }
 
     /// `conversation_id`'s live events from now on, as server-sent events
-    /// of kind `delta` or `tool_started`, with no `id`.
+    /// of kind `delta` or `tool_started`, with no `id`; and what wakes a
+    /// follower of its durable log (the channel stays while the live
+    /// stream does).
     pub(crate) fn follow(
         &self,
         conversation_id: ConversationId,
-    ) -> impl Stream<Item = SseEvent> + Send + 'static {
+    ) -> (
+        impl Stream<Item = SseEvent> + Send + 'static,
+        watch::Receiver<()>,
+    ) {
+        let channel = self.channel(conversation_id);
         let following = Following {
-            receiver: self.channel(conversation_id).subscribe(),
+            receiver: channel.live.subscribe(),
             _release: Release {
                 live: self.clone(),
                 conversation_id,
             },
         };
-        futures_util::stream::unfold(following, |mut following| async move {
+        let stepped = channel.stepped.subscribe();
+        let live = futures_util::stream::unfold(following, |mut following| async move {
             loop {
                 match following.receiver.recv().await {
                     Ok(live) => return Some((live.sse(), following)),
@@ -175,7 +218,8 @@ impl LiveEvents {
                     Err(broadcast::error::RecvError::Closed) => return None,
                 }
             }
-        })
+        });
+        (live, stepped)
     }
 }
 

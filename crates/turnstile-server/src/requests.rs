@@ -204,6 +204,7 @@ pub(crate) async fn abandon_request(
         .abandon(request_id, body.revision)
         .await
         .map_err(ApiError::of_named_request)?;
+    server.live.stepped(conversation_id);
     Ok(Json(Moved { revision }))
 }
 

@@ -3,7 +3,8 @@
 //! conversation reads its event stream. Nothing is lost or repeated: every
 //! request commits once, every call runs once, every follower sees its
 //! conversation's events once each, in order, as stored. It prints the
-//! request latency (p50, p99) and the events delivered per second, and,
+//! request latency (p50, p99), the events delivered per second and how
+//! long after its answer a request's `committed` reached its follower, and,
 //! as the baseline of the same run, the same requests sent by 200 tasks
 //! straight to `AgentSession::run` on a database of their own; the figures
 //! in `docs/performance.md` are of a release build.
@@ -24,9 +25,21 @@ use crate::support::{
 const CLIENTS: usize = 200;
 const REQUESTS: usize = 20;
 
+/// What one client saw.
+struct Seen {
+    conversation: ConversationId,
+    /// Each request's latency.
+    latencies: Vec<Duration>,
+    /// The events its follower read.
+    events: Vec<Sse>,
+    /// How long after each request's answer its follower read its
+    /// `committed`, in milliseconds (below zero: before it).
+    commit_delays: Vec<f64>,
+}
+
 /// One client: creates its conversation, follows it, and sends its
-/// requests; the latency of each, and the events its follower read.
-async fn client(server: Arc<Running>) -> (ConversationId, Vec<Duration>, Vec<Sse>) {
+/// requests.
+async fn client(server: Arc<Running>) -> Seen {
     let conversation = ConversationId::new();
     server.create(&conversation.to_string()).await;
     let response = server
@@ -38,12 +51,18 @@ async fn client(server: Arc<Running>) -> (ConversationId, Vec<Duration>, Vec<Sse
     let mut reader = SseReader::new(response);
     let follower = tokio::spawn(async move {
         let mut seen = Vec::with_capacity(REQUESTS * ONE_REQUEST.len());
+        let mut committed_at = Vec::with_capacity(REQUESTS);
         while seen.len() < REQUESTS * ONE_REQUEST.len() {
-            seen.push(reader.next().await);
+            let event = reader.next().await;
+            if event.kind == "committed" {
+                committed_at.push(Instant::now());
+            }
+            seen.push(event);
         }
-        seen
+        (seen, committed_at)
     });
     let mut latencies = Vec::with_capacity(REQUESTS);
+    let mut answered_at = Vec::with_capacity(REQUESTS);
     for i in 0..REQUESTS {
         let started = Instant::now();
         let key = RequestId::new().to_string();
@@ -51,9 +70,26 @@ async fn client(server: Arc<Running>) -> (ConversationId, Vec<Duration>, Vec<Sse
             .post(&conversation.to_string(), &key, &format!("count {i}"))
             .await;
         assert_eq!(status, 200, "{body}");
+        answered_at.push(Instant::now());
         latencies.push(started.elapsed());
     }
-    (conversation, latencies, follower.await.unwrap())
+    let (events, committed_at) = follower.await.unwrap();
+    let commit_delays = answered_at
+        .iter()
+        .zip(&committed_at)
+        .map(
+            |(answered, committed)| match committed.checked_duration_since(*answered) {
+                Some(after) => after.as_secs_f64() * 1e3,
+                None => -(answered.duration_since(*committed).as_secs_f64() * 1e3),
+            },
+        )
+        .collect();
+    Seen {
+        conversation,
+        latencies,
+        events,
+        commit_delays,
+    }
 }
 
 /// The baseline: the same requests, sent by as many tasks straight to the
@@ -98,10 +134,17 @@ async fn two_hundred_clients_of_twenty_requests_lose_and_repeat_nothing() {
         clients.spawn(client(server.clone()));
     }
     let mut latencies = Vec::with_capacity(CLIENTS * REQUESTS);
+    let mut commit_delays = Vec::with_capacity(CLIENTS * REQUESTS);
     let mut delivered = 0;
     while let Some(done) = clients.join_next().await {
-        let (conversation, took, seen) = done.unwrap();
+        let Seen {
+            conversation,
+            latencies: took,
+            events: seen,
+            commit_delays: delays,
+        } = done.unwrap();
         latencies.extend(took);
+        commit_delays.extend(delays);
         delivered += seen.len();
         let ids: Vec<u64> = seen.iter().map(|e| e.id).collect();
         let expected = (1..=(REQUESTS * ONE_REQUEST.len()) as u64).collect::<Vec<_>>();
@@ -122,15 +165,20 @@ async fn two_hundred_clients_of_twenty_requests_lose_and_repeat_nothing() {
 
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+    assert_eq!(commit_delays.len(), CLIENTS * REQUESTS);
+    commit_delays.sort_by(f64::total_cmp);
+    let delay_at = |q: f64| commit_delays[((commit_delays.len() - 1) as f64 * q).round() as usize];
     eprintln!(
         "load: {} requests by {CLIENTS} clients in {:.2} s: request p50 {:.1} ms, p99 {:.1} ms; \
-         {delivered} events delivered, {:.0} events/s; in process {:.2} s, HTTP ÷ in process \
-         {:.2}",
+         {delivered} events delivered, {:.0} events/s; committed read {:.1} ms (p50), {:.1} ms \
+         (p99) after the answer; in process {:.2} s, HTTP ÷ in process {:.2}",
         latencies.len(),
         elapsed.as_secs_f64(),
         at(0.5).as_secs_f64() * 1e3,
         at(0.99).as_secs_f64() * 1e3,
         delivered as f64 / elapsed.as_secs_f64(),
+        delay_at(0.5),
+        delay_at(0.99),
         baseline.as_secs_f64(),
         elapsed.as_secs_f64() / baseline.as_secs_f64(),
     );

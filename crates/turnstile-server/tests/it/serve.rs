@@ -3,6 +3,7 @@
 //! writes nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use turnstile::{ConversationId, RequestId};
@@ -10,7 +11,7 @@ use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
 use crate::support::{
-    assert_as_stored, counting_script, start, store_in, Sse, SseReader, ONE_REQUEST,
+    assert_as_stored, counting_script, start, start_server, store_in, Sse, SseReader, ONE_REQUEST,
 };
 
 fn kinds(events: &[Sse]) -> Vec<&str> {
@@ -427,4 +428,43 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
     let deltas = again.deltas();
     assert_eq!(deltas.len(), 6, "{deltas:?}");
     assert!(deltas.iter().all(|d| d["request_id"] == third));
+}
+
+#[tokio::test]
+async fn a_follower_reads_this_servers_steps_at_once_not_at_its_next_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir).await;
+    let agent = agent(
+        scripted(counting_script()),
+        vec![CountingTool::new("count")],
+    );
+    // A poll far longer than the reader waits for an event (10 s): only a
+    // wake from the server's own steps delivers them in time.
+    let server = start_server(
+        turnstile_server::Server::new(store.clone(), agent, ns())
+            .with_poll(Duration::from_secs(3600)),
+    )
+    .await;
+    let conversation = ConversationId::new().to_string();
+    server.create(&conversation).await;
+    let mut stream = SseReader::new(
+        server
+            .client
+            .get(server.events(&conversation))
+            .send()
+            .await
+            .unwrap(),
+    );
+    // Twice: the wake-ups go on after the first request.
+    for request in ["count", "count again"] {
+        let key = RequestId::new().to_string();
+        let (status, body) = server.post(&conversation, &key, request).await;
+        assert_eq!(status, 200, "{body}");
+        let mut seen = Vec::new();
+        while seen.len() < ONE_REQUEST.len() {
+            seen.push(stream.next().await);
+        }
+        assert_eq!(kinds(&seen), ONE_REQUEST);
+        assert!(seen.iter().all(|e| e.data["request_id"] == key));
+    }
 }
