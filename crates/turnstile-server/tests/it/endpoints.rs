@@ -8,7 +8,7 @@ use turnstile::{Agent, ConversationId, RequestId};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{start, store_in, Running, SseReader};
+use crate::support::{start, store_in, Running};
 
 fn conversation_path(id: &str) -> String {
     format!("/v1/conversations/{id}")
@@ -52,13 +52,7 @@ async fn stopped_for_approval(server: &Running, conversation: &str) -> (String, 
 /// Reads `conversation`'s event stream until its `committed` or
 /// `abandoned` event: the kinds read.
 async fn until_released(server: &Running, conversation: &str) -> Vec<String> {
-    let response = server
-        .client
-        .get(server.events(conversation))
-        .send()
-        .await
-        .unwrap();
-    let mut reader = SseReader::new(response);
+    let mut reader = server.follow(conversation, 0).await;
     let mut kinds = Vec::new();
     loop {
         let event = reader.next().await;

@@ -19,7 +19,7 @@ use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
 use crate::support::{
-    assert_as_stored, counting_script, start_server, store_in, Running, Sse, SseReader, ONE_REQUEST,
+    assert_as_stored, counting_script, start_server, store_in, Running, Sse, ONE_REQUEST,
 };
 
 const CLIENTS: usize = 200;
@@ -42,13 +42,7 @@ struct Seen {
 async fn client(server: Arc<Running>) -> Seen {
     let conversation = ConversationId::new();
     server.create(&conversation.to_string()).await;
-    let response = server
-        .client
-        .get(server.events(&conversation.to_string()))
-        .send()
-        .await
-        .unwrap();
-    let mut reader = SseReader::new(response);
+    let mut reader = server.follow(&conversation.to_string(), 0).await;
     let follower = tokio::spawn(async move {
         let mut seen = Vec::with_capacity(REQUESTS * ONE_REQUEST.len());
         let mut committed_at = Vec::with_capacity(REQUESTS);

@@ -7,7 +7,7 @@ use turnstile::{ConversationId, RequestId};
 use turnstile_testkit::session::*;
 use turnstile_testkit::tools::CountingTool;
 
-use crate::support::{assert_as_stored, counting_script, start, store_in, SseReader, ONE_REQUEST};
+use crate::support::{assert_as_stored, counting_script, start, store_in, ONE_REQUEST};
 
 const REQUESTS: usize = 100;
 
@@ -51,14 +51,7 @@ async fn a_follower_cut_off_at_random_points_of_100_requests_sees_every_event_on
     let (mut state, mut reconnects) = (0x2545_f491_4f6c_dd1d_u64, 0);
     while seen.len() < total {
         let after = seen.last().map_or(0, |e: &crate::support::Sse| e.id);
-        let response = server
-            .client
-            .get(server.events(&conversation))
-            .header("last-event-id", after.to_string())
-            .send()
-            .await
-            .unwrap();
-        let mut reader = SseReader::new(response);
+        let mut reader = server.follow(&conversation, after).await;
         let cut = 1 + next(&mut state) % 9;
         for _ in 0..cut {
             if seen.len() == total {

@@ -101,14 +101,7 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
         .await;
     assert_eq!(status, 200, "{first}");
 
-    let mut stream = SseReader::new(
-        server
-            .client
-            .get(server.events(&conversation))
-            .send()
-            .await
-            .unwrap(),
-    );
+    let mut stream = server.follow(&conversation, 0).await;
     let mut seen = Vec::new();
     for _ in 0..2 {
         seen.push(stream.next().await);
@@ -116,15 +109,7 @@ async fn events_stream_each_step_once_and_a_reconnect_with_last_event_id_resumes
     drop(stream); // the connection drops after event 2
 
     // Reconnect from the last event seen; the next request runs meanwhile.
-    let mut stream = SseReader::new(
-        server
-            .client
-            .get(server.events(&conversation))
-            .header("last-event-id", "2")
-            .send()
-            .await
-            .unwrap(),
-    );
+    let mut stream = server.follow(&conversation, 2).await;
     let second_key = RequestId::new().to_string();
     let posting = {
         let (server, conversation, key) =
@@ -392,14 +377,7 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
         .await;
     assert_eq!(status, 200);
 
-    let open = |after: u64| {
-        server
-            .client
-            .get(server.events(&conversation))
-            .header("last-event-id", after.to_string())
-            .send()
-    };
-    let mut connected = SseReader::new(open(2).await.unwrap());
+    let mut connected = server.follow(&conversation, 2).await;
     let key = RequestId::new().to_string();
     let (status, answer) = server.post(&conversation, &key, "second").await;
     assert_eq!(status, 200, "{answer}");
@@ -418,7 +396,7 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
 
     // A reconnect gets the durable events again, and the live text of the
     // request that streams now only.
-    let mut again = SseReader::new(open(0).await.unwrap());
+    let mut again = server.follow(&conversation, 0).await;
     let third = RequestId::new().to_string();
     let (status, _) = server.post(&conversation, &third, "third").await;
     assert_eq!(status, 200);
@@ -447,14 +425,7 @@ async fn a_follower_reads_this_servers_steps_at_once_not_at_its_next_poll() {
     .await;
     let conversation = ConversationId::new().to_string();
     server.create(&conversation).await;
-    let mut stream = SseReader::new(
-        server
-            .client
-            .get(server.events(&conversation))
-            .send()
-            .await
-            .unwrap(),
-    );
+    let mut stream = server.follow(&conversation, 0).await;
     // Twice: the wake-ups go on after the first request.
     for request in ["count", "count again"] {
         let key = RequestId::new().to_string();

@@ -100,6 +100,19 @@ impl Running {
         format!("{}/v1/conversations/{conversation}/events", self.base)
     }
 
+    /// `conversation`'s event stream from after event `after`, sent as
+    /// `Last-Event-ID` (0: from the first).
+    pub async fn follow(&self, conversation: &str, after: u64) -> SseReader {
+        let response = self
+            .client
+            .get(self.events(conversation))
+            .header("last-event-id", after.to_string())
+            .send()
+            .await
+            .unwrap();
+        SseReader::new(response)
+    }
+
     /// `path` on this server.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
