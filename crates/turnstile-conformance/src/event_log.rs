@@ -38,6 +38,9 @@ pub async fn a_request_logs_each_step_once_in_order_and_reads_page_by_page(
     assert!(all_events(&*store, conversation).await?.is_empty());
     let fence = admit(&*store, conversation, "what is 2+2?").await?;
     let count = tool_turn(&*store, &fence, 1, 1, tool_call("call-1", "{}"), "r1").await?;
+    // The turn's end written again (a retried write) logs nothing more.
+    let ended = checkpoint(fence.run_id, 1, CheckpointPhase::Ready, count);
+    store.finish_turn(&fence, &ended, &[], None).await?;
     commit_answer(&*store, &fence, 2, count, "4").await?;
 
     let events = all_events(&*store, conversation).await?;

@@ -33,6 +33,19 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM admissions
                       WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
                         AND run_id = NEW.run_id AND active_request_id = NEW.request_id);
+    -- A turn that ends is logged: kind 9, checkpoint saved
+    -- (`migrations/0024_checkpoint_saved_events.sql`), when this write
+    -- turns the turn's written-ahead checkpoint `ready`, as PostgreSQL's
+    -- trigger does; read before the writes below change it.
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, turn, at)
+    SELECT c.key, a.event_seq + 1, 9, NEW.request_id, NULLIF(NEW.run_id, NEW.request_id),
+        ended.turn, NEW.now
+    FROM admissions a JOIN conversations c ON c.id = a.conversation_id,
+        (SELECT value ->> '$.turn' AS turn FROM json_each(NEW.checkpoints)
+         WHERE value ->> '$.phase' = 'ready' ORDER BY turn DESC LIMIT 1) AS ended
+    WHERE a.conversation_id = NEW.conversation_id
+      AND EXISTS (SELECT 1 FROM all_checkpoints
+                  WHERE run_id = NEW.run_id AND turn = ended.turn AND phase <> 'ready');
     -- Write. A folded run (`claim.sql`) keeps its latest turn's checkpoint in
     -- the request's row and the earlier turns' in `first_run_checkpoints`; a
     -- run of its own keeps them all in `loop_checkpoints`. The row's
@@ -117,15 +130,6 @@ BEGIN
     SET run_state = 2 /* failed */, run_error = NEW.failure, run_ended_early_at = NEW.now
     WHERE NEW.failure IS NOT NULL AND request_id = NEW.request_id
       AND NEW.run_id = NEW.request_id;
-    -- A turn that ended (its checkpoint `ready`) is logged: kind 9,
-    -- checkpoint saved (`migrations/0024_checkpoint_saved_events.sql`).
-    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, turn, at)
-    SELECT c.key, a.event_seq + 1, 9, NEW.request_id, NULLIF(NEW.run_id, NEW.request_id),
-        ended.turn, NEW.now
-    FROM admissions a JOIN conversations c ON c.id = a.conversation_id,
-        (SELECT value ->> '$.turn' AS turn FROM json_each(NEW.checkpoints)
-         WHERE value ->> '$.phase' = 'ready' ORDER BY turn DESC LIMIT 1) AS ended
-    WHERE a.conversation_id = NEW.conversation_id;
 END;
 
 -- The turn writes of one group transaction as one statement (as claims
