@@ -142,12 +142,21 @@ impl LiveEvents {
         let sender = &channel.live;
         let mut outcome = Ok(None);
         while let Some(event) = run.next().await {
-            // The events that are not live follow durable steps (an error,
-            // the stop it wrote): the followers read the log. A wake with
-            // nothing new costs one read.
-            if !matches!(
+            // The events sent once a logged step is written wake the
+            // followers to read it: a claim or takeover (`RunStarted`), an
+            // answer with calls (the round that follows it: a call started,
+            // answered or waiting for approval), a turn's end, the commit,
+            // and the stop an error wrote. `ModelResponded` is sent before
+            // its answer is written, and the rest log nothing.
+            if matches!(
                 event,
-                Ok(Event::TextDelta { .. } | Event::ToolStarted { .. })
+                Ok(Event::RunStarted { .. }
+                    | Event::ToolStarted { .. }
+                    | Event::ToolFinished { .. }
+                    | Event::ApprovalRequested { .. }
+                    | Event::CheckpointSaved { .. }
+                    | Event::ConversationCommitted { .. })
+                    | Err(_)
             ) {
                 channel.stepped.send_replace(());
             }

@@ -13,6 +13,8 @@ const state = {
   // The number of the last durable event shown: a reconnect asks for the
   // ones after it, and an event at or below it is never shown again.
   lastSeq: 0,
+  // The tool call shown as running, until its result or the round's end.
+  runningCall: null,
   // Committed transcript entries shown.
   shown: 0,
   following: null,
@@ -142,7 +144,9 @@ function onEvent(kind, id, data) {
     return;
   }
   if (kind === "tool_started") {
-    $("live").textContent = `running ${data.name}…`;
+    // Its own line: the answer that made the call may be read after it.
+    state.runningCall = data.call_id;
+    $("running").textContent = `running ${data.name}…`;
     return;
   }
   if (kind === "error") {
@@ -157,8 +161,13 @@ function onEvent(kind, id, data) {
   item.dataset.seq = seq;
   item.dataset.kind = kind;
   $("events").append(item);
-  if (["answered", "checkpoint_saved", "committed", "abandoned", "stopped", "run_started"].includes(kind)) {
+  if (["answered", "committed", "abandoned", "stopped", "run_started"].includes(kind)) {
     $("live").textContent = "";
+  }
+  const roundOver = ["checkpoint_saved", "committed", "abandoned", "stopped"].includes(kind);
+  if (roundOver || (kind === "tool_finished" && data.call_id === state.runningCall)) {
+    state.runningCall = null;
+    $("running").textContent = "";
   }
   if (kind === "committed" || kind === "abandoned") loadTranscript();
   if (kind.startsWith("approval_") || kind === "stopped" || kind === "committed") loadApprovals();
@@ -210,10 +219,18 @@ async function follow(conversation, signal) {
 
 async function open(conversation) {
   if (state.following) state.following.abort();
-  Object.assign(state, { conversation, lastSeq: 0, shown: 0, following: new AbortController() });
+  Object.assign(state, {
+    conversation,
+    lastSeq: 0,
+    shown: 0,
+    runningCall: null,
+    following: new AbortController(),
+  });
   history.replaceState(null, "", `/?conversation=${conversation}`);
   $("conversation-id").textContent = conversation;
-  for (const id of ["messages", "live", "events", "approvals", "status"]) $(id).replaceChildren();
+  for (const id of ["messages", "live", "running", "events", "approvals", "status"]) {
+    $(id).replaceChildren();
+  }
   for (const button of document.querySelectorAll("#conversations button")) {
     if (button.dataset.id === conversation) button.setAttribute("aria-current", "true");
     else button.removeAttribute("aria-current");

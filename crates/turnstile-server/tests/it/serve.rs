@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 use turnstile::{ConversationId, RequestId};
 use turnstile_testkit::session::*;
-use turnstile_testkit::tools::CountingTool;
+use turnstile_testkit::tools::{BlockingTool, CountingTool};
 
 use crate::support::{
     assert_as_stored, counting_script, start, start_server, store_in, Sse, SseReader, ONE_REQUEST,
@@ -412,30 +412,49 @@ async fn live_text_streams_to_the_connected_and_is_never_sent_again() {
 async fn a_follower_reads_this_servers_steps_at_once_not_at_its_next_poll() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(&dir).await;
-    let agent = agent(
-        scripted(counting_script()),
-        vec![CountingTool::new("count")],
-    );
+    // The first request's call waits until released: the steps before it
+    // must reach the follower while the request is in flight.
+    let tool = BlockingTool::new("count", 1);
+    let agent = agent(scripted(counting_script()), vec![tool.clone()]);
     // A poll far longer than the reader waits for an event (10 s): only a
     // wake from the server's own steps delivers them in time.
-    let server = start_server(
-        turnstile_server::Server::new(store.clone(), agent, ns())
-            .with_poll(Duration::from_secs(3600)),
-    )
-    .await;
+    let server = Arc::new(
+        start_server(
+            turnstile_server::Server::new(store.clone(), agent, ns())
+                .with_poll(Duration::from_secs(3600)),
+        )
+        .await,
+    );
     let conversation = ConversationId::new().to_string();
     server.create(&conversation).await;
     let mut stream = server.follow(&conversation, 0).await;
-    // Twice: the wake-ups go on after the first request.
-    for request in ["count", "count again"] {
-        let key = RequestId::new().to_string();
-        let (status, body) = server.post(&conversation, &key, request).await;
-        assert_eq!(status, 200, "{body}");
-        let mut seen = Vec::new();
-        while seen.len() < ONE_REQUEST.len() {
-            seen.push(stream.next().await);
-        }
-        assert_eq!(kinds(&seen), ONE_REQUEST);
-        assert!(seen.iter().all(|e| e.data["request_id"] == key));
+
+    let key = RequestId::new().to_string();
+    let posting = {
+        let (server, conversation, key) = (server.clone(), conversation.clone(), key.clone());
+        tokio::spawn(async move { server.post(&conversation, &key, "count").await })
+    };
+    tool.entered().await;
+    let before_the_tool = [stream.next().await, stream.next().await];
+    assert_eq!(kinds(&before_the_tool), ONE_REQUEST[..2]);
+    assert_eq!(stream.live_of("tool_started").len(), 1);
+    tool.release();
+    let mut after_the_tool = Vec::new();
+    while after_the_tool.len() < ONE_REQUEST.len() - 2 {
+        after_the_tool.push(stream.next().await);
     }
+    assert_eq!(kinds(&after_the_tool), ONE_REQUEST[2..]);
+    let (status, body) = posting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    // The wake-ups go on after the first request.
+    let key = RequestId::new().to_string();
+    let (status, body) = server.post(&conversation, &key, "count again").await;
+    assert_eq!(status, 200, "{body}");
+    let mut seen = Vec::new();
+    while seen.len() < ONE_REQUEST.len() {
+        seen.push(stream.next().await);
+    }
+    assert_eq!(kinds(&seen), ONE_REQUEST);
+    assert!(seen.iter().all(|e| e.data["request_id"] == key));
 }
