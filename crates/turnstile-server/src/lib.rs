@@ -77,7 +77,8 @@ pub struct Server {
     head_within: Duration,
     body_within: Duration,
     attachments_within: usize,
-    /// The text of the answers streaming, for the event streams.
+    /// What the event streams are sent beside the log (answers' text,
+    /// tools' starts) and what wakes their followers.
     live: live::LiveEvents,
     /// The runs started, waited for by [`serve`] once it stops taking
     /// connections.

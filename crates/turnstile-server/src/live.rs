@@ -7,9 +7,9 @@
 //! journaled with the answer that made it, which `answered` tells), so it
 //! is live only.
 //!
-//! Beside them, each conversation's followers are woken whenever a run of
-//! this server writes a durable step, so they read the log at once rather
-//! than at their next poll (which still finds other processes' steps).
+//! Beside them, each conversation's followers are woken whenever this
+//! server writes a logged step, so they read the log at once rather than
+//! at their next poll (which still finds other processes' steps).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -67,7 +67,7 @@ impl LiveEvent {
 /// What a conversation's runs send its followers.
 struct Channel {
     live: broadcast::Sender<Arc<LiveEvent>>,
-    /// Sent to after each durable step of a run of this server.
+    /// Sent to after each logged step this server writes.
     stepped: watch::Sender<()>,
 }
 
@@ -115,7 +115,8 @@ impl LiveEvents {
     }
 
     /// Wakes the conversation's followers, if it has any: a step of this
-    /// server that no run drives (a decision, an abandon) was written.
+    /// server that no run drives (a decision, an abandon, a delete) was
+    /// written.
     pub(crate) fn stepped(&self, conversation_id: ConversationId) {
         if let Some(channel) = self.channels().get(&conversation_id) {
             channel.stepped.send_replace(());

@@ -19,7 +19,8 @@ pub struct SseReader {
     response: reqwest::Response,
     buffer: String,
     /// The live events read so far (they have no `id`), in order: each
-    /// one's kind (`delta`, `tool_started`) and `data`.
+    /// one's kind (`delta`, `tool_started`, or an `error` that ends the
+    /// stream) and `data`.
     pub live: Vec<(String, Value)>,
 }
 
@@ -66,6 +67,20 @@ impl SseReader {
                 .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
         }
     }
+
+    /// The `data` of each live `delta` read so far, in order.
+    pub fn deltas(&self) -> Vec<&Value> {
+        self.live_of("delta")
+    }
+
+    /// The `data` of each live event of `kind` read so far, in order.
+    pub fn live_of(&self, kind: &str) -> Vec<&Value> {
+        self.live
+            .iter()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, data)| data)
+            .collect()
+    }
 }
 
 fn parse(block: &str) -> Option<Sse> {
@@ -95,20 +110,4 @@ fn live(block: &str) -> Option<(String, Value)> {
     let data = block.lines().find_map(|l| l.strip_prefix("data:"))?;
     let data = serde_json::from_str(data.trim()).expect("JSON data");
     Some((kind.trim().to_owned(), data))
-}
-
-impl SseReader {
-    /// The `data` of each live `delta` read so far, in order.
-    pub fn deltas(&self) -> Vec<&Value> {
-        self.live_of("delta")
-    }
-
-    /// The `data` of each live event of `kind` read so far, in order.
-    pub fn live_of(&self, kind: &str) -> Vec<&Value> {
-        self.live
-            .iter()
-            .filter(|(k, _)| k == kind)
-            .map(|(_, data)| data)
-            .collect()
-    }
 }
