@@ -10,7 +10,7 @@ use turnstile_core::{
 
 use crate::support::{
     admit, checkpoint, commit_answer, complete_request, new_conversation, new_request, ns, recover,
-    tool_call, tool_turn, SharedStore, Snapshot, TestResult,
+    recovery_of, tool_call, tool_turn, SharedStore, Snapshot, TestResult,
 };
 
 pub async fn ensure_conversation_is_idempotent_and_starts_idle(store: SharedStore) -> TestResult {
@@ -374,16 +374,8 @@ pub async fn recovery_claim_with_stale_revision_conflicts_and_changes_nothing(
 
     // Revision 1 is stale: the admission moved to revision 2.
     let stale = RecoveryClaim {
-        conversation_id: conversation,
-        request_id: first.request_id,
-        expected_revision: first.revision,
         from_run: second.run_id,
-        new_run: RunId::new(),
-        reject_in_flight: false,
-        resolved: None,
-        retry_model_call: false,
-        agent_fingerprint: None,
-        budget_change: None,
+        ..recovery_of(&first)
     };
     match store.claim_recovery(&stale).await {
         Err(Error::Conflict {
@@ -409,16 +401,10 @@ pub async fn recovery_claim_refuses_a_turn_in_flight_unless_its_tool_round_is_re
     start.turn = 2;
     store.begin_turn(&first, &start).await?;
     let claim = |resolved: Option<(u32, u32)>, retry_model_call: bool| RecoveryClaim {
-        conversation_id: conversation,
-        request_id: first.request_id,
-        expected_revision: first.revision,
-        from_run: first.run_id,
-        new_run: RunId::new(),
         reject_in_flight: true,
         resolved: resolved.map(|(turn, answered)| ResolvedRound { turn, answered }),
         retry_model_call,
-        agent_fingerprint: None,
-        budget_change: None,
+        ..recovery_of(&first)
     };
     let runs = [first.run_id];
     let refused = |turn| {
@@ -486,16 +472,9 @@ pub async fn recovery_claim_that_retries_a_model_call_takes_a_turn_in_flight(
     start.turn = 2;
     store.begin_turn(&first, &start).await?;
     let claim = |retry_model_call| RecoveryClaim {
-        conversation_id: conversation,
-        request_id: first.request_id,
-        expected_revision: first.revision,
-        from_run: first.run_id,
-        new_run: RunId::new(),
         reject_in_flight: true,
-        resolved: None,
         retry_model_call,
-        agent_fingerprint: None,
-        budget_change: None,
+        ..recovery_of(&first)
     };
     assert!(matches!(
         store.claim_recovery(&claim(false)).await,

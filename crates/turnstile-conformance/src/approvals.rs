@@ -10,15 +10,13 @@ use turnstile_core::store::{
     AgentChange, ApprovalDecision, ApprovalStatus, Fence, PendingApproval, RecoveryClaim,
     RunStatus, ToolResult, Verdict,
 };
-use turnstile_core::{
-    CheckpointPhase, Error, LoopCheckpoint, Message, Revision, RunId, Store, ToolCall,
-};
+use turnstile_core::{CheckpointPhase, Error, LoopCheckpoint, Message, Revision, Store, ToolCall};
 
 use crate::activity::SharedAdmin;
 use crate::admin::{conversation_ids, filter, request_ids, run_ids, tick, PATIENT};
 use crate::support::{
-    admit, checkpoint, commit_answer, new_conversation, new_request, recover, tool_call,
-    SharedStore, Snapshot, TestResult,
+    admit, checkpoint, commit_answer, new_conversation, new_request, recover, recovery_of,
+    tool_call, SharedStore, Snapshot, TestResult,
 };
 
 const REASON: &str = "awaiting approval of 1 tool call(s)";
@@ -466,16 +464,9 @@ pub async fn recovery_claim_with_another_fingerprint_records_the_agent_change(
     let first = admit(&*store, conversation, "hello").await?;
     let upgraded = store
         .claim_recovery(&RecoveryClaim {
-            conversation_id: conversation,
-            request_id: first.request_id,
-            expected_revision: first.revision,
-            from_run: first.run_id,
-            new_run: RunId::new(),
             reject_in_flight: true,
-            resolved: None,
-            retry_model_call: false,
             agent_fingerprint: Some("fp-2".into()),
-            budget_change: None,
+            ..recovery_of(&first)
         })
         .await?;
     let admission = store.admission(conversation).await?;

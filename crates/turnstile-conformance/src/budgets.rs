@@ -3,7 +3,7 @@
 //! its new run, and the request takes the new budget.
 
 use turnstile_core::store::{BudgetChange, RecoveryClaim};
-use turnstile_core::{Budget, Revision, RunId};
+use turnstile_core::{Budget, Revision};
 
 use crate::support::*;
 
@@ -53,16 +53,8 @@ pub async fn recovery_claim_with_a_budget_change_records_it_and_the_request_keep
     };
     let raised = store
         .claim_recovery(&RecoveryClaim {
-            conversation_id: conversation,
-            request_id: first.request_id,
-            expected_revision: first.revision,
-            from_run: first.run_id,
-            new_run: RunId::new(),
-            reject_in_flight: false,
-            resolved: None,
-            retry_model_call: false,
-            agent_fingerprint: None,
             budget_change: Some(change),
+            ..recovery_of(&first)
         })
         .await?;
     let run = store.run(raised.run_id).await?.expect("new run");
@@ -86,19 +78,12 @@ pub async fn recovery_claim_with_a_budget_change_records_it_and_the_request_keep
     // A refused recovery claim (a stale revision) changes nothing.
     let stale = store
         .claim_recovery(&RecoveryClaim {
-            conversation_id: conversation,
-            request_id: first.request_id,
             expected_revision: raised.revision,
-            from_run: plain.run_id,
-            new_run: RunId::new(),
-            reject_in_flight: false,
-            resolved: None,
-            retry_model_call: false,
-            agent_fingerprint: None,
             budget_change: Some(BudgetChange {
                 from: budget(5),
                 to: budget(9),
             }),
+            ..recovery_of(&plain)
         })
         .await;
     assert!(stale.is_err(), "{stale:?}");

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use tokio::sync::Barrier;
-use turnstile_core::store::{ClaimOutcome, RecoveryClaim, RunStatus};
-use turnstile_core::{Error, Revision, RunId};
+use turnstile_core::store::{ClaimOutcome, RunStatus};
+use turnstile_core::{Error, Revision};
 
-use crate::support::{admit, new_conversation, new_request, SharedStore, TestResult};
+use crate::support::{admit, new_conversation, new_request, recovery_of, SharedStore, TestResult};
 
 const TASKS: usize = 32;
 
@@ -65,18 +65,7 @@ pub async fn concurrent_recovery_claims_at_one_revision_admit_exactly_one(
     let tasks: Vec<_> = (0..TASKS)
         .map(|_| {
             let (store, start) = (store.clone(), start.clone());
-            let claim = RecoveryClaim {
-                conversation_id: conversation,
-                request_id: stalled.request_id,
-                expected_revision: stalled.revision,
-                from_run: stalled.run_id,
-                new_run: RunId::new(),
-                reject_in_flight: false,
-                resolved: None,
-                retry_model_call: false,
-                agent_fingerprint: None,
-                budget_change: None,
-            };
+            let claim = recovery_of(&stalled);
             tokio::spawn(async move {
                 start.wait().await;
                 (claim.new_run, store.claim_recovery(&claim).await)

@@ -245,22 +245,26 @@ impl Snapshot {
     }
 }
 
+/// The plain claim moving `fence`'s request to a new run: no check of a
+/// turn in flight, the same agent and budget. Tests change a field or two.
+pub fn recovery_of(fence: &Fence) -> RecoveryClaim {
+    RecoveryClaim {
+        conversation_id: fence.conversation_id,
+        request_id: fence.request_id,
+        expected_revision: fence.revision,
+        from_run: fence.run_id,
+        new_run: RunId::new(),
+        reject_in_flight: false,
+        resolved: None,
+        retry_model_call: false,
+        agent_fingerprint: None,
+        budget_change: None,
+    }
+}
+
 /// Moves an active request to a new run, as a recovering process would.
 pub async fn recover(store: &dyn Store, fence: &Fence) -> Result<Fence, Error> {
-    store
-        .claim_recovery(&RecoveryClaim {
-            conversation_id: fence.conversation_id,
-            request_id: fence.request_id,
-            expected_revision: fence.revision,
-            from_run: fence.run_id,
-            new_run: RunId::new(),
-            reject_in_flight: false,
-            resolved: None,
-            retry_model_call: false,
-            agent_fingerprint: None,
-            budget_change: None,
-        })
-        .await
+    store.claim_recovery(&recovery_of(fence)).await
 }
 
 /// A store handle for tasks.
