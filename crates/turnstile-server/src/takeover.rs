@@ -29,12 +29,6 @@ const REFUSED_FOR: Duration = Duration::from_secs(300);
 /// A lease as listed: the run that held it, at its revision.
 type Lease = (RunId, Revision);
 
-/// How a takeover ended, told to the loop.
-enum Report {
-    Ended(Lease),
-    Refused(Lease),
-}
-
 /// Looks for expired leases every renewal interval until `closing` turns
 /// true, and takes each request over in a task of the server's runs; one
 /// takeover per lease at a time.
@@ -50,15 +44,10 @@ pub(crate) async fn take_over_expired(server: Server, mut closing: watch::Receiv
             _ = closing.wait_for(|closed| *closed) => return,
             () = tokio::time::sleep(policy.renew_every()) => {}
         }
-        while let Ok(ended) = reports.try_recv() {
-            match ended {
-                Report::Ended(lease) => {
-                    under_way.remove(&lease);
-                }
-                Report::Refused(lease) => {
-                    under_way.remove(&lease);
-                    refused.insert(lease, Instant::now());
-                }
+        while let Ok((lease, taken)) = reports.try_recv() {
+            under_way.remove(&lease);
+            if let Taken::Refused = taken {
+                refused.insert(lease, Instant::now());
             }
         }
         refused.retain(|_, at| at.elapsed() < REFUSED_FOR);
@@ -84,18 +73,17 @@ pub(crate) async fn take_over_expired(server: Server, mut closing: watch::Receiv
             let session = server.session(lease.namespace.clone(), lease.conversation_id);
             let (live, report) = (server.live.clone(), report.clone());
             server.runs.spawn(async move {
-                let ended = match take_over(session, live, &lease).await {
-                    Taken::Refused => Report::Refused(key),
-                    Taken::Ended => Report::Ended(key),
-                };
-                let _ = report.send(ended);
+                let taken = take_over(session, live, &lease).await;
+                let _ = report.send((key, taken));
             });
         }
     }
 }
 
+/// How a takeover ended, told to the loop with its lease.
 enum Taken {
     Ended,
+    /// For a reason that stays: left to an operator for a while.
     Refused,
 }
 
