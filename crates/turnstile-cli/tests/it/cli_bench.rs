@@ -68,7 +68,14 @@ fn json_figures_are_present_positive_and_consistent() {
     assert!(number(&report, "/turns_per_second") > 0.0);
 
     assert_eq!(report["turn_latency"]["samples"], 12, "one per turn");
-    for figure in ["turn_latency", "latest_checkpoint", "replay"] {
+    for figure in [
+        "turn_latency",
+        "latest_checkpoint",
+        "replay",
+        "steps/claim_context",
+        "steps/claim",
+        "steps/commit",
+    ] {
         let samples = number(&report, &format!("/{figure}/samples"));
         let p50 = number(&report, &format!("/{figure}/p50_ms"));
         let p99 = number(&report, &format!("/{figure}/p99_ms"));
@@ -78,8 +85,17 @@ fn json_figures_are_present_positive_and_consistent() {
     }
 
     let storage = &report["storage"];
+    // As many requests of the timed steps as the workload's.
+    let steps = number(&report, "/steps/commit/samples");
+    assert_eq!(steps, 12.0, "{report}");
+    assert_eq!(number(&report, "/steps/claim/samples"), steps);
+    assert_eq!(number(&report, "/steps/claim_context/samples"), steps);
     let text = number(storage, "/message_text_bytes");
-    assert_eq!(text, (2 * 12 * 300) as f64, "two 300-byte messages a turn");
+    assert_eq!(
+        text,
+        2.0 * (12.0 + steps) * 300.0,
+        "two 300-byte messages a turn, the steps' included"
+    );
     let in_use = number(storage, "/bytes_in_use");
     let pages = number(storage, "/page_count") - number(storage, "/freelist_count");
     assert_eq!(in_use, pages * number(storage, "/page_size"));
@@ -112,6 +128,12 @@ fn assert_baseline_and_ratios(report: &Value) {
         number(report, "/ratios/turn_p50_vs_bare_turn"),
         number(report, "/turn_latency/p50_ms") / bare_turn
     ));
+    for step in ["claim", "commit"] {
+        assert!(close(
+            number(report, &format!("/ratios/{step}_p50_vs_bare_turn")),
+            number(report, &format!("/steps/{step}/p50_ms")) / bare_turn
+        ));
+    }
     assert!(close(
         number(report, "/ratios/turns_per_second_vs_bare_commits"),
         number(report, "/turns_per_second") / bare_commits
@@ -250,16 +272,18 @@ async fn a_db_run_keeps_a_database_with_every_message() {
     .await
     .unwrap();
     let counts: [i64; 5] = std::array::from_fn(|i| row.get(i));
-    assert_eq!(counts[0], 2 * 3 * 2, "two messages per turn");
+    // The workload's requests, then as many of the timed steps, in
+    // conversations of their own.
+    assert_eq!(counts[0], 2 * (2 * 3 * 2), "two messages per turn");
     assert_eq!(counts[1], counts[0], "every message's text differs");
     assert_eq!((counts[2], counts[3]), (200, 200), "message size");
-    assert_eq!(counts[4], 3, "conversations");
+    assert_eq!(counts[4], 2 * 3, "conversations");
     let completed: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM requests WHERE status = 'completed'")
             .fetch_one(&mut conn)
             .await
             .unwrap();
-    assert_eq!(completed, 6, "one committed request per turn");
+    assert_eq!(completed, 2 * 6, "one committed request per turn");
     conn.close().await.unwrap();
 
     // The file now exists: a second run refuses it and leaves it alone.

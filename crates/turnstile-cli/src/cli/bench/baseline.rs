@@ -12,6 +12,7 @@ use turnstile_bench::baseline::sqlite;
 
 use super::args::BenchDurability;
 use super::stats::Latency;
+use super::steps::Steps;
 use crate::cli::exit::CliError;
 
 #[derive(Debug, Serialize)]
@@ -30,14 +31,26 @@ pub(super) struct Baseline {
 pub(super) struct Ratios {
     /// The workload's one-turn request p50 ÷ the bare one-turn transaction's.
     pub turn_p50_vs_bare_turn: f64,
+    /// A request's first durable moment alone (`steps.claim`) ÷ the same.
+    pub claim_p50_vs_bare_turn: f64,
+    /// Its second (`steps.commit`) ÷ the same.
+    pub commit_p50_vs_bare_turn: f64,
     /// The workload's turns per second ÷ bare single-row commits per second.
     pub turns_per_second_vs_bare_commits: f64,
 }
 
 impl Ratios {
-    pub(super) fn of(turn_p50_ms: f64, turns_per_second: f64, baseline: &Baseline) -> Self {
+    pub(super) fn of(
+        turn_p50_ms: f64,
+        turns_per_second: f64,
+        steps: &Steps,
+        baseline: &Baseline,
+    ) -> Self {
+        let bare_turn = baseline.bare_turn_p50_ms.max(f64::MIN_POSITIVE);
         Self {
-            turn_p50_vs_bare_turn: turn_p50_ms / baseline.bare_turn_p50_ms.max(f64::MIN_POSITIVE),
+            turn_p50_vs_bare_turn: turn_p50_ms / bare_turn,
+            claim_p50_vs_bare_turn: steps.claim.p50_ms / bare_turn,
+            commit_p50_vs_bare_turn: steps.commit.p50_ms / bare_turn,
             turns_per_second_vs_bare_commits: turns_per_second
                 / baseline.bare_commit_per_second.max(f64::MIN_POSITIVE),
         }

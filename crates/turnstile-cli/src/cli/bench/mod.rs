@@ -1,7 +1,8 @@
 //! `turnstile bench`: a fixed workload through the public API (SqliteStore,
 //! AgentSession, a zero-latency ScriptedModel) on a fresh database, and what
 //! it cost: per-turn latency, turns per second, storage per message byte,
-//! latest-checkpoint and replay reads. With `--db postgres://…` the same
+//! latest-checkpoint and replay reads, and a one-turn request's store calls
+//! timed alone (SQLite). With `--db postgres://…` the same
 //! workload runs on the server at concurrency 1, 8 and 64, against a
 //! bare-commit baseline measured there in the same run (`postgres`).
 //!
@@ -10,6 +11,7 @@
 //! - `text`: varied message text;
 //! - `workload`: the conversations, driven concurrently;
 //! - `reads`: the sampled read latencies;
+//! - `steps`: a one-turn request's store calls, timed alone;
 //! - `storage`: pages in use after a WAL checkpoint;
 //! - `stats` and `report`: the figures and their rendering.
 
@@ -20,6 +22,7 @@ mod postgres;
 mod reads;
 mod report;
 mod stats;
+mod steps;
 mod storage;
 mod text;
 mod workload;
@@ -114,6 +117,7 @@ pub(super) struct Figures {
     latest_checkpoint: Latency,
     replay: Latency,
     storage: report::Storage,
+    steps: steps::Steps,
     baseline: baseline::Baseline,
 }
 
@@ -162,16 +166,21 @@ async fn measure(
     let written = Workload::from(params).run(shared.clone()).await?;
     let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
     let replay = reads::replays(&shared, &written.samples, params).await?;
+    let steps = steps::measure(shared.clone(), params).await?;
     drop(shared);
+    // Every message stored, the steps' requests' included.
+    let (text_bytes, image_bytes) = written.raw_bytes();
+    let raw = (text_bytes + steps.message_text_bytes, image_bytes);
     let storage = match location.in_memory() {
-        true => storage::in_memory(&store, written.raw_bytes()).await?,
-        false => storage::measure(&store, location.db(), written.raw_bytes()).await?,
+        true => storage::in_memory(&store, raw).await?,
+        false => storage::measure(&store, location.db(), raw).await?,
     };
     Ok(Figures {
         written,
         latest_checkpoint,
         replay,
         storage,
+        steps,
         baseline,
     })
 }

@@ -60,6 +60,9 @@ pub(super) struct BenchReport {
     /// `AgentSession::run` of sampled committed requests again, one at a time.
     replay: Latency,
     storage: Storage,
+    /// A one-turn request's store calls, timed alone on sampled
+    /// conversations after the workload.
+    steps: super::steps::Steps,
     /// The floors, measured in the same run on the same kind of database.
     baseline: super::baseline::Baseline,
     ratios: super::baseline::Ratios,
@@ -83,8 +86,10 @@ impl BenchReport {
             ratios: super::baseline::Ratios::of(
                 turn_latency.p50_ms,
                 turns_per_second,
+                &figures.steps,
                 &figures.baseline,
             ),
+            steps: figures.steps,
             baseline: figures.baseline,
             turn_latency,
             latest_checkpoint: figures.latest_checkpoint,
@@ -146,6 +151,30 @@ impl BenchReport {
                     ),
                 ),
                 (
+                    "claim read",
+                    latency(
+                        &self.steps.claim_context,
+                        &format!(
+                            "Store::claim_context with the model's window, {} requests alone",
+                            self.steps.claim_context.samples
+                        ),
+                    ),
+                ),
+                (
+                    "claim",
+                    latency(
+                        &self.steps.claim,
+                        "Store::claim with the first turn's write-ahead (durable moment 1)",
+                    ),
+                ),
+                (
+                    "commit",
+                    latency(
+                        &self.steps.commit,
+                        "Store::commit of the answer, releasing the admission (durable moment 2)",
+                    ),
+                ),
+                (
                     "storage",
                     format!(
                         "{:.2} database bytes per message byte (text and images)",
@@ -170,8 +199,10 @@ impl BenchReport {
                 (
                     "  message text",
                     format!(
-                        "{} bytes in {} messages (inputs and answers; ids, roles and JSON not counted)",
-                        s.message_text_bytes, self.messages
+                        "{} bytes in {} messages (inputs and answers, the timed steps' too; \
+                         ids, roles and JSON not counted)",
+                        s.message_text_bytes,
+                        self.messages + 2 * self.steps.commit.samples as u64
                     ),
                 ),
                 (
@@ -200,8 +231,11 @@ impl BenchReport {
                 (
                     "ratios",
                     format!(
-                        "turn p50 ÷ bare turn p50 = {:.2} · turns/s ÷ bare commits/s = {:.2}",
+                        "turn p50 ÷ bare turn p50 = {:.2} (claim {:.2}, commit {:.2}) · \
+                         turns/s ÷ bare commits/s = {:.2}",
                         self.ratios.turn_p50_vs_bare_turn,
+                        self.ratios.claim_p50_vs_bare_turn,
+                        self.ratios.commit_p50_vs_bare_turn,
                         self.ratios.turns_per_second_vs_bare_commits
                     ),
                 ),
