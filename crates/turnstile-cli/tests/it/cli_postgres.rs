@@ -793,6 +793,11 @@ fn bench_runs_on_the_server_against_a_bare_commit_baseline() {
         assert!(run["turns_per_second"].as_f64().unwrap() > 0.0);
         assert!(run["turn_latency"]["p50_ms"].as_f64().unwrap() > 0.0);
         assert!(run["storage"]["bytes_per_message_byte"].as_f64().unwrap() > 1.0);
+        // As many requests timed step by step as the workload's.
+        for step in ["claim_context", "claim", "commit"] {
+            assert_eq!(run["steps"][step]["samples"], 64, "{report:#}");
+            assert!(run["steps"][step]["p50_ms"].as_f64().unwrap() > 0.0);
+        }
     }
     let baseline = &report["baseline"];
     for (which, connections) in [("single_connection", 1), ("concurrent", 64)] {

@@ -18,6 +18,7 @@ use super::args::BenchArgs;
 use super::reads;
 use super::report::WorkloadParams;
 use super::stats::Latency;
+use super::steps::{self, Steps};
 use super::text::{self, Role};
 use super::workload::Workload;
 use crate::cli::db::PgUrl;
@@ -81,6 +82,8 @@ struct Run {
     /// `AgentSession::run` of sampled committed requests again, one at a time.
     replay: Latency,
     storage: Storage,
+    /// A one-turn request's store calls, timed alone after the storage.
+    steps: Steps,
 }
 
 #[derive(Debug, Serialize)]
@@ -292,6 +295,7 @@ async fn workload(
     let latest_checkpoint = reads::latest_checkpoints(shared.as_ref(), &written.samples).await?;
     let replay = reads::replays(&shared, &written.samples, params).await?;
     let storage = store.storage().await?;
+    let steps = steps::measure(shared, &level).await?;
     store.close().await;
     let turns = written.latencies.len() as u64;
     let wall_seconds = written.wall.as_secs_f64();
@@ -304,6 +308,7 @@ async fn workload(
         turn_latency: Latency::of(written.latencies),
         latest_checkpoint,
         replay,
+        steps,
         storage: Storage {
             message_text_bytes: written.message_text_bytes,
             image_bytes: written.image_bytes,
@@ -391,6 +396,32 @@ fn print(out: &mut dyn Write, style: Style, report: &Report) -> Result<(), CliEr
             first.replay.samples
         ),
     ));
+    for (name, step, what) in [
+        (
+            "claim read",
+            &first.steps.claim_context,
+            "Store::claim_context with the model's window",
+        ),
+        (
+            "claim",
+            &first.steps.claim,
+            "Store::claim with the first turn's write-ahead",
+        ),
+        (
+            "commit",
+            &first.steps.commit,
+            "Store::commit of the answer, releasing the admission",
+        ),
+    ] {
+        rows.push((
+            name.into(),
+            format!(
+                "{}   {what}, {} requests alone after the workload",
+                latency(step),
+                step.samples
+            ),
+        ));
+    }
     rows.push((
         "storage".into(),
         format!(
