@@ -201,16 +201,17 @@ $$;
 --
 
 CREATE FUNCTION public.log_event(uuid, smallint, uuid, uuid, bigint, bigint, bytea, bigint) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $_$
+BEGIN
     WITH counted AS (
         UPDATE admissions SET event_seq = event_seq + 1 WHERE conversation_id = $1
         RETURNING event_seq
     )
     INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn, entry_seq,
         call_id, at)
-    SELECT $1, event_seq, $2, $3, NULLIF($4, $3), $5, $6, $7, $8 FROM counted
-$_$;
+    SELECT $1, event_seq, $2, $3, NULLIF($4, $3), $5, $6, $7, $8 FROM counted;
+END $_$;
 
 
 --
