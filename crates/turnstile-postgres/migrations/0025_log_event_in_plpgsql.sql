@@ -1,7 +1,8 @@
 -- Every event is numbered and written by `log_event`. Before version 18,
 -- PostgreSQL plans the body of a `LANGUAGE sql` function again at each
--- call from a trigger; PL/pgSQL keeps its statements' plans for the
--- session. The same statement, the same rows, without the planning.
+-- call from a trigger; PL/pgSQL keeps its statement parsed for the
+-- connection, and after the first few calls its plan. The same statement,
+-- the same rows.
 CREATE OR REPLACE FUNCTION log_event(uuid, smallint, uuid, uuid, bigint, bigint, bytea, bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN

@@ -85,11 +85,16 @@ fn json_figures_are_present_positive_and_consistent() {
     }
 
     let storage = &report["storage"];
-    // As many requests of the timed steps as the workload's.
-    let steps = number(&report, "/steps/commit/samples");
+    // As many requests of the timed steps as the workload's, each timed.
+    let steps = number(&report, "/steps/requests");
     assert_eq!(steps, 12.0, "{report}");
-    assert_eq!(number(&report, "/steps/claim/samples"), steps);
-    assert_eq!(number(&report, "/steps/claim_context/samples"), steps);
+    for step in ["claim_context", "claim", "commit"] {
+        assert_eq!(number(&report, &format!("/steps/{step}/samples")), steps);
+    }
+    assert_eq!(
+        number(&report, "/steps/message_text_bytes"),
+        2.0 * steps * 300.0
+    );
     let text = number(storage, "/message_text_bytes");
     assert_eq!(
         text,
@@ -196,12 +201,14 @@ fn an_image_with_each_input_is_counted_in_the_storage_figure() {
     run.assert_success();
     let report = run.json();
     let storage = &report["storage"];
-    assert_eq!(number(storage, "/image_bytes"), 300_000.0, "{report}");
-    // Six distinct images, each stored once: the database holds at least
-    // their bytes, and the figure divides by text and images together.
+    // Six requests of the workload and six of the timed steps.
+    assert_eq!(number(&report, "/steps/image_bytes"), 300_000.0, "{report}");
+    assert_eq!(number(storage, "/image_bytes"), 600_000.0, "{report}");
+    // Twelve distinct images, each stored once: the database holds at
+    // least their bytes, and the figure divides by text and images together.
     let in_use = number(storage, "/bytes_in_use");
-    assert!(in_use >= 300_000.0, "{report}");
-    let raw = number(storage, "/message_text_bytes") + 300_000.0;
+    assert!(in_use >= 600_000.0, "{report}");
+    let raw = number(storage, "/message_text_bytes") + 600_000.0;
     let ratio = number(storage, "/bytes_per_message_byte");
     assert!((ratio - in_use / raw).abs() < 1e-9, "{report}");
     assert_eq!(
@@ -231,6 +238,9 @@ fn the_human_report_says_what_it_counts() {
         "removed",
         "bare turn",
         "bare commit",
+        "claim read",
+        "durable moment 1",
+        "durable moment 2",
         "ratios",
     ] {
         assert!(run.stdout.contains(label), "{label:?} in {}", run.stdout);

@@ -48,8 +48,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "C",
           value_parser = clap::value_parser!(u32).range(1..=1_024))]
     pub concurrency: Option<u32>,
-    /// Write to this new file and keep it (an existing file is refused).
-    /// Default: a fresh temp directory, removed afterwards. Or a PostgreSQL
+    /// Write to this new file and keep it (an existing file is refused); it
+    /// also holds the requests of the timed steps, as many as the
+    /// workload's up to 200, in conversations of their own. Default: a
+    /// fresh temp directory, removed afterwards. Or a PostgreSQL
     /// URL: each workload then runs in a new schema of that database
     /// (`turnstile_bench_…`), dropped afterwards.
     #[arg(long, value_name = "PATH|URL", conflicts_with = "in_memory")]

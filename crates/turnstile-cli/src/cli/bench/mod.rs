@@ -2,7 +2,7 @@
 //! AgentSession, a zero-latency ScriptedModel) on a fresh database, and what
 //! it cost: per-turn latency, turns per second, storage per message byte,
 //! latest-checkpoint and replay reads, and a one-turn request's store calls
-//! timed alone (SQLite). With `--db postgres://…` the same
+//! timed alone. With `--db postgres://…` the same
 //! workload runs on the server at concurrency 1, 8 and 64, against a
 //! bare-commit baseline measured there in the same run (`postgres`).
 //!
@@ -88,10 +88,12 @@ fn validate(args: &BenchArgs) -> Result<WorkloadParams, CliError> {
             "--conversations × --turns is {turns} turns; at most {MAX_TURNS}"
         )));
     }
-    let text_bytes = turns * 2 * u64::from(args.message_bytes);
+    let requests = turns + turns.min(u64::from(steps::MAX_REQUESTS));
+    let text_bytes = requests * 2 * u64::from(args.message_bytes);
     if text_bytes > MAX_MESSAGE_TEXT_BYTES {
         return Err(CliError::Usage(format!(
-            "the workload writes {text_bytes} bytes of message text; at most {MAX_MESSAGE_TEXT_BYTES}"
+            "the workload and its timed steps write {text_bytes} bytes of message text; \
+             at most {MAX_MESSAGE_TEXT_BYTES}"
         )));
     }
     let concurrency = args.concurrency.unwrap_or(1);
@@ -168,9 +170,12 @@ async fn measure(
     let replay = reads::replays(&shared, &written.samples, params).await?;
     let steps = steps::measure(shared.clone(), params).await?;
     drop(shared);
-    // Every message stored, the steps' requests' included.
+    // Every message and image stored, the steps' requests' included.
     let (text_bytes, image_bytes) = written.raw_bytes();
-    let raw = (text_bytes + steps.message_text_bytes, image_bytes);
+    let raw = (
+        text_bytes + steps.message_text_bytes,
+        image_bytes + steps.image_bytes,
+    );
     let storage = match location.in_memory() {
         true => storage::in_memory(&store, raw).await?,
         false => storage::measure(&store, location.db(), raw).await?,

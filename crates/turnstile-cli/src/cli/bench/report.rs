@@ -60,8 +60,8 @@ pub(super) struct BenchReport {
     /// `AgentSession::run` of sampled committed requests again, one at a time.
     replay: Latency,
     storage: Storage,
-    /// A one-turn request's store calls, timed alone on sampled
-    /// conversations after the workload.
+    /// A one-turn request's store calls, timed alone after the workload,
+    /// in new conversations.
     steps: super::steps::Steps,
     /// The floors, measured in the same run on the same kind of database.
     baseline: super::baseline::Baseline,
@@ -202,13 +202,13 @@ impl BenchReport {
                         "{} bytes in {} messages (inputs and answers, the timed steps' too; \
                          ids, roles and JSON not counted)",
                         s.message_text_bytes,
-                        self.messages + 2 * self.steps.commit.samples as u64
+                        self.messages + 2 * u64::from(self.steps.requests)
                     ),
                 ),
                 (
                     "  images",
                     format!(
-                        "{} bytes, one image with each input (stored once each)",
+                        "{} bytes, one image with each input, the steps' too (stored once each)",
                         s.image_bytes
                     ),
                 ),

@@ -1,15 +1,16 @@
 //! A one-turn request's store calls, timed alone: after the workload and
 //! its reads, new conversations of the workload's shape, one request after
-//! another, each sent through the `Store` trait as the session sends it. The read before
-//! the claim (with the model's window), the claim (with the first turn's
-//! write-ahead) and the commit of the answer; the last two are the request's
-//! durable moments. What a request takes beyond the three is the session's
-//! own work and its hand-offs.
+//! another, each sent through the `Store` trait as the session sends it.
+//! The read before the claim (with the model's window), the claim (with
+//! the first turn's write-ahead) and the commit of the answer; the last two
+//! are the request's durable moments. What a request takes beyond the three
+//! is the session's own work and its hand-offs.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+use tokio::task::JoinSet;
 
 use super::report::WorkloadParams;
 use super::stats::Latency;
@@ -20,10 +21,12 @@ use turnstile::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile::message::Message;
 use turnstile::session::ContextPolicy;
 use turnstile::store::{ClaimOutcome, InputHash, NewRequest, Store};
-use turnstile::{ConversationId, RequestId, RunId, Usage};
+use turnstile::{ConversationId, RequestId, RunId};
 
 #[derive(Debug, Serialize)]
 pub(super) struct Steps {
+    /// Requests timed.
+    pub requests: u32,
     /// `Store::claim_context` with the default policy's window.
     pub claim_context: Latency,
     /// `Store::claim`, with the first turn's write-ahead.
@@ -31,50 +34,58 @@ pub(super) struct Steps {
     /// `Store::commit` of the answer, with the release of the admission.
     pub commit: Latency,
     /// The text of the inputs and answers these requests stored.
-    #[serde(skip)]
     pub message_text_bytes: u64,
+    /// The bytes of the images sent with their inputs.
+    pub image_bytes: u64,
 }
 
 /// The most requests timed: as many as the workload's, up to this.
-const MAX_REQUESTS: u32 = 200;
+pub(super) const MAX_REQUESTS: u32 = 200;
 
 /// Times the steps on a task of the runtime's, where the workload's
 /// requests ran: a future polled by the bench's own thread is woken more
-/// slowly after each step.
+/// slowly after each step. The task is aborted if the bench stops.
 pub(super) async fn measure(
     store: Arc<dyn Store>,
     params: &WorkloadParams,
 ) -> Result<Steps, CliError> {
-    let workload = params
+    let workload_requests = params
         .conversations
         .saturating_mul(params.turns_per_conversation);
     let shape = Shape {
-        requests: workload.min(MAX_REQUESTS),
+        requests: workload_requests.min(MAX_REQUESTS),
         first_conversation: params.conversations,
         turns: params.turns_per_conversation.max(1),
-        bytes: params.message_bytes as usize,
+        message_bytes: params.message_bytes as usize,
+        image_bytes: params.image_bytes as usize,
     };
-    tokio::spawn(async move { time(store.as_ref(), shape).await })
-        .await
-        .map_err(|e| CliError::Failed(format!("the timed steps failed: {e}")))?
+    let mut task = JoinSet::new();
+    task.spawn(async move { time_requests(store.as_ref(), shape).await });
+    match task.join_next().await {
+        Some(Ok(steps)) => steps,
+        Some(Err(e)) => Err(CliError::Failed(format!("the timed steps failed: {e}"))),
+        None => Err(CliError::Failed("the timed steps did not run".into())),
+    }
 }
 
 /// The steps' `requests`, in conversations of the workload's shape:
 /// numbered after the workload's (for their text), of `turns` requests
-/// each, with messages of `bytes`.
+/// each, with its messages and images.
 struct Shape {
     requests: u32,
     first_conversation: u32,
     turns: u32,
-    bytes: usize,
+    message_bytes: usize,
+    image_bytes: usize,
 }
 
-async fn time(store: &dyn Store, shape: Shape) -> Result<Steps, CliError> {
+async fn time_requests(store: &dyn Store, shape: Shape) -> Result<Steps, CliError> {
     let Shape {
         requests,
         first_conversation,
         turns,
-        bytes,
+        message_bytes,
+        image_bytes,
     } = shape;
     let namespace = workload::namespace()?;
     let window = ContextPolicy::default().window();
@@ -105,28 +116,20 @@ async fn time(store: &dyn Store, shape: Shape) -> Result<Steps, CliError> {
                 )))
             }
         };
-        let input = text::message(conversation, turn, Role::User, bytes);
-        let answer = text::message(conversation, turn, Role::Assistant, bytes);
-        message_text_bytes += (input.len() + answer.len()) as u64;
+        let input = workload::input(conversation, turn, message_bytes, image_bytes)?;
+        let answer = text::message(conversation, turn, Role::Assistant, message_bytes);
+        message_text_bytes += (input.text().len() + answer.len()) as u64;
+        // As the workload's session sends it (`session/admit.rs`).
         let run_id = RunId::first_of(request_id);
-        let first_turn = LoopCheckpoint {
-            run_id,
-            turn: 1,
-            phase: CheckpointPhase::TurnInFlight,
-            usage: Usage::default(),
-            tool_calls_count: 0,
-            verification_reports: Vec::new(),
-            message_count: 1,
-            created_at: 0,
-        };
+        let first_turn = turnstile_bench::first_turn(run_id);
         let claim = NewRequest {
             conversation_id,
             request_id,
-            input_sha256: InputHash::of(&input),
-            input: Message::user(input),
+            input_sha256: InputHash::of_content(&input)?,
+            input: Message::User { content: input },
             expected_revision: admission.revision,
             run_id,
-            agent_fingerprint: "bench".into(),
+            agent_fingerprint: workload::agent(answer.clone()).fingerprint(),
             first_turn: Some(first_turn.clone()),
             deadline_at: None,
             budget: Default::default(),
@@ -151,9 +154,11 @@ async fn time(store: &dyn Store, shape: Shape) -> Result<Steps, CliError> {
         commits.push(started.elapsed());
     }
     Ok(Steps {
+        requests,
         claim_context: Latency::of(reads),
         claim: Latency::of(claims),
         commit: Latency::of(commits),
         message_text_bytes,
+        image_bytes: u64::from(requests) * image_bytes as u64,
     })
 }

@@ -162,14 +162,21 @@ pub(super) fn session(
     namespace: &Namespace,
     answer: String,
 ) -> AgentSession {
-    let model = ScriptedModel::named("bench", vec![ScriptedReply::text(answer)]);
     AgentSession::new(
-        Agent::new(Arc::new(model)),
+        agent(answer),
         store.clone(),
         conversation_id,
         namespace.clone(),
         ContextPolicy::default(),
     )
+}
+
+/// The agent of a session: a scripted model that answers `answer`.
+pub(super) fn agent(answer: String) -> Agent {
+    Agent::new(Arc::new(ScriptedModel::named(
+        "bench",
+        vec![ScriptedReply::text(answer)],
+    )))
 }
 
 /// The input of one turn: its text, and an image of `image_bytes` (none
