@@ -19,24 +19,6 @@ SET client_min_messages = warning;
 SET row_security = off;
 
 --
--- Name: event_admitted(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.event_admitted() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM log_event(NEW.conversation_id, 0::smallint, NEW.request_id,
-        (SELECT run_id FROM admissions WHERE conversation_id = NEW.conversation_id),
-        NULL,
-        (SELECT transcript_length FROM conversations
-         WHERE conversation_id = NEW.conversation_id),
-        NULL, NEW.created_at);
-    RETURN NULL;
-END $$;
-
-
---
 -- Name: event_answered(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -864,13 +846,6 @@ CREATE UNIQUE INDEX tool_calls_by_call_id ON public.tool_calls USING btree (conv
 --
 
 CREATE TRIGGER conversation_not_deleted AFTER INSERT ON public.conversations FOR EACH ROW EXECUTE FUNCTION public.turnstile_refuse_deleted_conversation();
-
-
---
--- Name: requests event_admitted; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER event_admitted AFTER INSERT ON public.requests FOR EACH ROW EXECUTE FUNCTION public.event_admitted();
 
 
 --

@@ -1,8 +1,10 @@
 //! The claim of an idle admission by a new request: one statement that
 //! checks the request id is not taken anywhere in the store, fences on the
 //! expected idle revision (the compare-and-swap) and writes the request,
-//! its id in `request_ids`, its first run, its input and the first turn's
-//! write-ahead when it starts now.
+//! its id in `request_ids`, its first run, its input, the first turn's
+//! write-ahead when it starts now, and its `admitted` event (written here,
+//! not by a trigger: numbered in the admission's own update, it costs no
+//! second update of that row).
 //!
 //! Refusals, explained by reads after the statement wrote nothing: a taken
 //! request id is that request ([`ClaimOutcome::Existing`]; a retry whose
@@ -22,9 +24,9 @@ use turnstile_core::Error;
 
 /// The claim as one statement: the admission's compare-and-swap, only
 /// while the request id is not taken anywhere in the store, records the
-/// request, its id in `request_ids`, its first run, its input and the first
-/// turn's write-ahead when it starts now. A request id already taken is that
-/// request, whatever its conversation.
+/// request, its id in `request_ids`, its first run, its input, the first
+/// turn's write-ahead when it starts now and its event. A request id already
+/// taken is that request, whatever its conversation.
 pub(crate) async fn claim(
     conn: &mut PgConnection,
     claim: &NewRequest,
@@ -131,10 +133,19 @@ async fn claim_statement(
                    input_tokens = $11, output_tokens = $12, cache_read_tokens = $13,
                    cache_write_tokens = $14, summary_passes = 0, summary_from_seq = NULL,
                    summary_through_seq = NULL, summary_version = NULL,
-                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $5
+                                      summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $5,
+                   event_seq = event_seq + 1
                WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
                  AND NOT EXISTS (SELECT 1 FROM taken)
-               RETURNING revision
+               RETURNING revision, event_seq
+           ), admitted AS (
+               -- The claim's event, numbered by the update above: kind 0, with
+               -- where the request's messages begin.
+               INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
+                   entry_seq, call_id, at)
+               SELECT $6, claimed.event_seq, 0, $1, NULLIF($3, $1), NULL, c.transcript_length,
+                   NULL, $5
+               FROM claimed, conversations c WHERE c.conversation_id = $6
            ), reserved AS (
                INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
