@@ -133,22 +133,6 @@ END $$;
 
 
 --
--- Name: event_settled(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.event_settled() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM log_event(NEW.conversation_id,
-        (CASE NEW.status WHEN 'completed' THEN 7 ELSE 8 END)::smallint, NEW.request_id,
-        CASE NEW.status WHEN 'completed' THEN NEW.committed_run_id END,
-        NULL, NULL, NULL, COALESCE(NEW.completed_at, event_clock()));
-    RETURN NULL;
-END $$;
-
-
---
 -- Name: event_tool_finished(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -888,13 +872,6 @@ CREATE TRIGGER event_run_started AFTER INSERT ON public.runs FOR EACH ROW WHEN (
 --
 
 CREATE TRIGGER event_run_stopped AFTER UPDATE OF status ON public.runs FOR EACH ROW WHEN (((new.status = 'failed'::text) AND (old.status <> 'failed'::text))) EXECUTE FUNCTION public.event_run_stopped();
-
-
---
--- Name: requests event_settled; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER event_settled AFTER UPDATE OF status ON public.requests FOR EACH ROW WHEN (((new.status <> old.status) AND (new.status = ANY (ARRAY['completed'::text, 'abandoned'::text])))) EXECUTE FUNCTION public.event_settled();
 
 
 --

@@ -2,7 +2,8 @@
 //! a statement that fences on the expected active revision (the
 //! compare-and-swap) and writes the release (the admission idle, its run
 //! and its request abandoned, by a token of the call so that a retry whose
-//! first attempt committed knows it), then one that moves the request's
+//! first attempt committed knows it, and its `abandoned` event), then one
+//! that moves the request's
 //! messages from the transcript, where they followed the committed
 //! entries, to `run_messages`.
 //!
@@ -40,9 +41,15 @@ pub(crate) async fn abandon(
                    agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
                    cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
                    summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
-                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1
+                                      summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1,
+                   event_seq = event_seq + 1
                WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
-               RETURNING revision
+               RETURNING revision, event_seq
+           ), abandoned AS (
+               -- The abandon's event, numbered by the release: kind 8.
+               INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
+                   entry_seq, call_id, at)
+               SELECT $2, event_seq, 8, $4, NULL, NULL, NULL, NULL, $1 FROM released
            ), run AS (
                UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, $1)
                WHERE conversation_id = $2 AND run_id = (SELECT run_id FROM held)

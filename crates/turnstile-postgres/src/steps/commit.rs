@@ -2,7 +2,8 @@
 //! the admission's release itself, and which appends the final answer to
 //! the request's messages in the transcript and moves the transcript's
 //! committed length past it, bumps the conversation version, stores the
-//! outcome for replay and completes the run. There is no moment where the
+//! outcome for replay, completes the run and logs its `committed` event
+//! (numbered by the release). There is no moment where the
 //! answer is committed but the conversation is still held. A retry whose
 //! first attempt committed finds the outcome stored, and returns it.
 //!
@@ -52,10 +53,18 @@ pub(crate) async fn commit(
                    agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
                    cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
                    summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
-                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1
+                                      summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1,
+                   event_seq = event_seq + 1
                WHERE conversation_id = $2 AND revision = $3 AND run_id = $4
                  AND active_request_id = $5
-               RETURNING conversation_id
+               RETURNING conversation_id, event_seq
+           ), committed AS (
+               -- The commit's event, numbered by the release: kind 7, with
+               -- the committing run unless it is the request's first.
+               INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
+                   entry_seq, call_id, at)
+               SELECT conversation_id, event_seq, 7, $5, NULLIF($4, $5), NULL, NULL, NULL, $1
+               FROM released
            ), completed AS (
                INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
                    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
