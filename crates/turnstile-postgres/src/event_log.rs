@@ -1,5 +1,6 @@
-//! Reading a conversation's event log (written by the schema's triggers:
-//! `migrations/0022_event_log.sql`).
+//! Reading a conversation's event log (written by the schema's triggers,
+//! `migrations/0022_event_log.sql` and `0024`, and by the claim, commit and
+//! abandon statements, `0026`).
 
 use sqlx::PgConnection;
 

@@ -3,9 +3,8 @@
 //! compare-and-swap) and writes the release (the admission idle, its run
 //! and its request abandoned, by a token of the call so that a retry whose
 //! first attempt committed knows it, and its `abandoned` event), then one
-//! that moves the request's
-//! messages from the transcript, where they followed the committed
-//! entries, to `run_messages`.
+//! that moves the request's messages from the transcript, where they
+//! followed the committed entries, to `run_messages`.
 //!
 //! Refusal: a moved admission is explained by reading it (`diagnose`).
 
@@ -41,7 +40,7 @@ pub(crate) async fn abandon(
                    agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
                    cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
                    summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
-                                      summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1,
                    event_seq = event_seq + 1
                WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
                RETURNING revision, event_seq

@@ -133,7 +133,7 @@ async fn claim_statement(
                    input_tokens = $11, output_tokens = $12, cache_read_tokens = $13,
                    cache_write_tokens = $14, summary_passes = 0, summary_from_seq = NULL,
                    summary_through_seq = NULL, summary_version = NULL,
-                                      summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $5,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $5,
                    event_seq = event_seq + 1
                WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
                  AND NOT EXISTS (SELECT 1 FROM taken)

@@ -53,7 +53,7 @@ pub(crate) async fn commit(
                    agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
                    cache_read_tokens = 0, cache_write_tokens = 0, summary_passes = 0,
                    summary_from_seq = NULL, summary_through_seq = NULL, summary_version = NULL,
-                                      summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1,
+                   summary_prompt_sha256 = NULL, revision = revision + 1, updated_at = $1,
                    event_seq = event_seq + 1
                WHERE conversation_id = $2 AND revision = $3 AND run_id = $4
                  AND active_request_id = $5
