@@ -2,9 +2,9 @@
 //! AgentSession, a zero-latency ScriptedModel) on a fresh database, and what
 //! it cost: per-turn latency, turns per second, storage per message byte,
 //! latest-checkpoint and replay reads, and a one-turn request's store calls
-//! timed alone. With `--db postgres://…` the same
-//! workload runs on the server at concurrency 1, 8 and 64, against a
-//! bare-commit baseline measured there in the same run (`postgres`).
+//! timed alone. With `--db postgres://…` the same workload runs on the
+//! server at concurrency 1, 8 and 64, against a bare-commit baseline
+//! measured there in the same run (`postgres`).
 //!
 //! - `location`: where the database lives (a removed temp dir, or a new
 //!   `--db` file that is kept);
