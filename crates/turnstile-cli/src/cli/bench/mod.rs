@@ -88,7 +88,7 @@ fn validate(args: &BenchArgs) -> Result<WorkloadParams, CliError> {
             "--conversations × --turns is {turns} turns; at most {MAX_TURNS}"
         )));
     }
-    let requests = turns + turns.min(u64::from(steps::MAX_REQUESTS));
+    let requests = turns + u64::from(steps::timed_requests(turns));
     let text_bytes = requests * 2 * u64::from(args.message_bytes);
     if text_bytes > MAX_MESSAGE_TEXT_BYTES {
         return Err(CliError::Usage(format!(

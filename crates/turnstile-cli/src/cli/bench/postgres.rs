@@ -396,31 +396,8 @@ fn print(out: &mut dyn Write, style: Style, report: &Report) -> Result<(), CliEr
             first.replay.samples
         ),
     ));
-    for (name, step, what) in [
-        (
-            "claim read",
-            &first.steps.claim_context,
-            "Store::claim_context with the model's window",
-        ),
-        (
-            "claim",
-            &first.steps.claim,
-            "Store::claim with the first turn's write-ahead",
-        ),
-        (
-            "commit",
-            &first.steps.commit,
-            "Store::commit of the answer, releasing the admission",
-        ),
-    ] {
-        rows.push((
-            name.into(),
-            format!(
-                "{}   {what}, {} requests alone after the workload",
-                latency(step),
-                step.samples
-            ),
-        ));
+    for (label, step, what) in first.steps.described() {
+        rows.push((label.into(), format!("{}   {what}", latency(step))));
     }
     rows.push((
         "storage".into(),

@@ -112,6 +112,10 @@ impl BenchReport {
             (None, 0) => "in memory".to_owned(),
             (None, _) => "a temp file, removed".to_owned(),
         };
+        let [claim_read, claim, commit] = self
+            .steps
+            .described()
+            .map(|(label, step, what)| (label, latency(step, &what)));
         output::table(
             out,
             "",
@@ -150,30 +154,9 @@ impl BenchReport {
                         ),
                     ),
                 ),
-                (
-                    "claim read",
-                    latency(
-                        &self.steps.claim_context,
-                        &format!(
-                            "Store::claim_context with the model's window, {} requests alone",
-                            self.steps.claim_context.samples
-                        ),
-                    ),
-                ),
-                (
-                    "claim",
-                    latency(
-                        &self.steps.claim,
-                        "Store::claim with the first turn's write-ahead (durable moment 1)",
-                    ),
-                ),
-                (
-                    "commit",
-                    latency(
-                        &self.steps.commit,
-                        "Store::commit of the answer, releasing the admission (durable moment 2)",
-                    ),
-                ),
+                claim_read,
+                claim,
+                commit,
                 (
                     "storage",
                     format!(

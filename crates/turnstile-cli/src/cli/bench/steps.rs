@@ -40,7 +40,37 @@ pub(super) struct Steps {
 }
 
 /// The most requests timed: as many as the workload's, up to this.
-pub(super) const MAX_REQUESTS: u32 = 200;
+const MAX_REQUESTS: u32 = 200;
+
+/// How many requests are timed after a workload of `workload_requests`.
+pub(super) fn timed_requests(workload_requests: u64) -> u32 {
+    u32::try_from(workload_requests).map_or(MAX_REQUESTS, |n| n.min(MAX_REQUESTS))
+}
+
+impl Steps {
+    /// Each call's row in a human report: its label, its latencies and
+    /// what was timed.
+    pub(super) fn described(&self) -> [(&'static str, &Latency, String); 3] {
+        let alone = |what: &str| format!("{what}, {} requests alone", self.requests);
+        [
+            (
+                "claim read",
+                &self.claim_context,
+                alone("Store::claim_context with the model's window"),
+            ),
+            (
+                "claim",
+                &self.claim,
+                alone("Store::claim with the first turn's write-ahead (durable moment 1)"),
+            ),
+            (
+                "commit",
+                &self.commit,
+                alone("Store::commit of the answer, releasing the admission (durable moment 2)"),
+            ),
+        ]
+    }
+}
 
 /// Times the steps on a task of the runtime's, where the workload's
 /// requests ran: a future polled by the bench's own thread is woken more
@@ -49,11 +79,10 @@ pub(super) async fn measure(
     store: Arc<dyn Store>,
     params: &WorkloadParams,
 ) -> Result<Steps, CliError> {
-    let workload_requests = params
-        .conversations
-        .saturating_mul(params.turns_per_conversation);
+    let workload_requests =
+        u64::from(params.conversations) * u64::from(params.turns_per_conversation);
     let shape = Shape {
-        requests: workload_requests.min(MAX_REQUESTS),
+        requests: timed_requests(workload_requests),
         first_conversation: params.conversations,
         turns: params.turns_per_conversation.max(1),
         message_bytes: params.message_bytes as usize,
