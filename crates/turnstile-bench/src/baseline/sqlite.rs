@@ -28,6 +28,20 @@ pub struct Floors {
     pub bare_turns: Vec<Duration>,
     /// The bare single-row commits.
     pub bare_commits: Commits,
+    /// The SQLite they and the store ran on.
+    pub build: SqliteBuild,
+}
+
+/// The linked SQLite, and whether it takes the two process-wide mutexes
+/// that make connections on several threads queue on each other (off in
+/// this workspace's builds: `.cargo/config.toml`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SqliteBuild {
+    pub version: String,
+    /// Memory statistics, updated under one mutex by every allocation.
+    pub memory_statistics: bool,
+    /// One page cache for every connection, under one mutex.
+    pub shared_page_cache: bool,
 }
 
 /// Measures both floors, `samples` of each, with `message_bytes` per
@@ -53,6 +67,7 @@ pub async fn measure(
         None => SqliteConnectOptions::from_str("sqlite::memory:").map_err(failed("open"))?,
     };
     let mut conn = options.connect().await.map_err(failed("open"))?;
+    let build = build(&mut conn).await?;
     for ddl in [
         "CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation BLOB NOT NULL,
              seq INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL)",
@@ -97,6 +112,22 @@ pub async fn measure(
     Ok(Floors {
         bare_turns,
         bare_commits,
+        build,
+    })
+}
+
+async fn build(conn: &mut SqliteConnection) -> Result<SqliteBuild, BaselineError> {
+    let (version, memstatus_off, memory_management): (String, bool, bool) = sqlx::query_as(
+        "SELECT sqlite_version(), sqlite_compileoption_used('DEFAULT_MEMSTATUS=0'),
+                sqlite_compileoption_used('ENABLE_MEMORY_MANAGEMENT')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(failed("read the SQLite build"))?;
+    Ok(SqliteBuild {
+        version,
+        memory_statistics: !memstatus_off,
+        shared_page_cache: memory_management,
     })
 }
 

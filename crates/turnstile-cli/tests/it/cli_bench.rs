@@ -143,6 +143,17 @@ fn assert_baseline_and_ratios(report: &Value) {
         number(report, "/ratios/turns_per_second_vs_bare_commits"),
         number(report, "/turns_per_second") / bare_commits
     ));
+    // The workspace builds SQLite without its process-wide mutexes
+    // (`.cargo/config.toml`), and the report says which SQLite ran.
+    let build = &report["baseline"]["sqlite_build"];
+    assert!(
+        build["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.")),
+        "{report}"
+    );
+    assert_eq!(build["memory_statistics"], false, "{report}");
+    assert_eq!(build["shared_page_cache"], false, "{report}");
 }
 
 #[test]
@@ -242,6 +253,7 @@ fn the_human_report_says_what_it_counts() {
         "durable moment 1",
         "durable moment 2",
         "ratios",
+        "memory statistics off · a page cache per connection",
     ] {
         assert!(run.stdout.contains(label), "{label:?} in {}", run.stdout);
     }

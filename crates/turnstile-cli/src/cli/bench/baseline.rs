@@ -24,6 +24,8 @@ pub(super) struct Baseline {
     pub bare_commit_per_second: f64,
     pub bare_turn: Latency,
     pub bare_commit: Latency,
+    /// The SQLite the floors and the store ran on.
+    pub sqlite_build: sqlite::SqliteBuild,
 }
 
 /// The run's figures over its baseline.
@@ -77,5 +79,6 @@ pub(super) async fn measure(
             / commits.wall.max(Duration::from_nanos(1)).as_secs_f64(),
         bare_turn,
         bare_commit: Latency::of(commits.latencies),
+        sqlite_build: floors.build,
     })
 }

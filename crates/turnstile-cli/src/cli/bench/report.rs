@@ -223,8 +223,21 @@ impl BenchReport {
                     ),
                 ),
                 ("database", database),
+                ("sqlite", sqlite_build(&self.baseline.sqlite_build)),
             ],
         )?;
+        let build = &self.baseline.sqlite_build;
+        if build.memory_statistics || build.shared_page_cache {
+            writeln!(
+                out,
+                "{}",
+                style.yellow(
+                    "this SQLite takes process-wide mutexes that slow concurrent sessions: \
+                     build it with the LIBSQLITE3_FLAGS of turnstile's .cargo/config.toml \
+                     (README, \"SQLite's build\")"
+                )
+            )?;
+        }
         if self.debug_build {
             writeln!(
                 out,
@@ -234,6 +247,18 @@ impl BenchReport {
         }
         Ok(())
     }
+}
+
+fn sqlite_build(build: &turnstile_bench::baseline::sqlite::SqliteBuild) -> String {
+    let statistics = match build.memory_statistics {
+        true => "memory statistics on",
+        false => "memory statistics off",
+    };
+    let cache = match build.shared_page_cache {
+        true => "one page cache for all connections",
+        false => "a page cache per connection",
+    };
+    format!("{} · {statistics} · {cache}", build.version)
 }
 
 /// The line printed before the workload starts, which can take a while.
