@@ -80,7 +80,11 @@ pub struct SqliteOptions {
     pub durability: Durability,
     /// How long a write waits for another process's write lock.
     pub busy_timeout: Duration,
-    /// The most reader connections (each opened when first needed).
+    /// The most reader connections (each opened when first needed). By
+    /// default one per core, at least two and at most four: each is a
+    /// thread, and more of them than cores only take turns on the cores
+    /// (`docs/performance.md`, "Readers"); two, so that one long read (an
+    /// export, an integrity check) leaves one for the rest.
     pub readers: u32,
     /// A size quota for the database file, in bytes; `None` (the default)
     /// sets none. A write that would grow the database past it fails with
@@ -133,13 +137,18 @@ impl Default for SqliteOptions {
         Self {
             durability: Durability::Full,
             busy_timeout: Duration::from_secs(30),
-            readers: 4,
+            readers: default_readers(),
             max_database_bytes: None,
             existing_only: false,
             part_limits: PartLimits::default(),
             on_migration: None,
         }
     }
+}
+
+fn default_readers() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+    cores.clamp(2, 4) as u32
 }
 
 /// The SQLite implementation of [`Store`].
