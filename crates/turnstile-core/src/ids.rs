@@ -18,7 +18,10 @@ macro_rules! uuid_id {
         pub struct $name(Uuid);
 
         impl $name {
-            /// A fresh, random id.
+            /// A fresh id. Conversation, request and run ids are UUID v7: a
+            /// millisecond timestamp, then random bits (ordered within the
+            /// process). Rows keyed by ids made one after another then land
+            /// side by side in the stores' indexes, not on a random page each.
             #[allow(clippy::new_without_default)]
             pub fn new() -> Self {
                 Self($new)
@@ -79,16 +82,18 @@ macro_rules! uuid_id {
 }
 
 uuid_id!(
-    /// A conversation: an append-only transcript with one admission.
+    /// A conversation: an append-only transcript with one admission. A
+    /// fresh one is time-ordered (UUID v7).
     ConversationId,
     "conversation id",
-    Uuid::new_v4()
+    Uuid::now_v7()
 );
 uuid_id!(
-    /// The caller-chosen idempotency key of one user input.
+    /// The caller-chosen idempotency key of one user input. A fresh one is
+    /// time-ordered (UUID v7).
     RequestId,
     "request id",
-    Uuid::new_v4()
+    Uuid::now_v7()
 );
 uuid_id!(
     /// One execution attempt of a request. A fresh one is time-ordered
