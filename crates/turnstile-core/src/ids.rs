@@ -20,8 +20,9 @@ macro_rules! uuid_id {
         impl $name {
             /// A fresh id. Conversation, request and run ids are UUID v7: a
             /// millisecond timestamp, then random bits (ordered within the
-            /// process). Rows keyed by ids made one after another then land
-            /// side by side in the stores' indexes, not on a random page each.
+            /// process), so an id tells when it was made. Rows keyed by ids
+            /// made one after another then land side by side in the stores'
+            /// indexes, not on a random page each.
             #[allow(clippy::new_without_default)]
             pub fn new() -> Self {
                 Self($new)

@@ -35,7 +35,7 @@ pub struct Floors {
 /// The linked SQLite, and whether it takes the two process-wide mutexes
 /// that make connections on several threads queue on each other (off in
 /// this workspace's builds: `.cargo/config.toml`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, serde::Serialize)]
 pub struct SqliteBuild {
     pub version: String,
     /// Memory statistics, updated under one mutex by every allocation.
@@ -67,7 +67,7 @@ pub async fn measure(
         None => SqliteConnectOptions::from_str("sqlite::memory:").map_err(failed("open"))?,
     };
     let mut conn = options.connect().await.map_err(failed("open"))?;
-    let build = build(&mut conn).await?;
+    let build = sqlite_build(&mut conn).await?;
     for ddl in [
         "CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation BLOB NOT NULL,
              seq INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL)",
@@ -116,7 +116,7 @@ pub async fn measure(
     })
 }
 
-async fn build(conn: &mut SqliteConnection) -> Result<SqliteBuild, BaselineError> {
+async fn sqlite_build(conn: &mut SqliteConnection) -> Result<SqliteBuild, BaselineError> {
     let (version, memstatus_off, memory_management): (String, bool, bool) = sqlx::query_as(
         "SELECT sqlite_version(), sqlite_compileoption_used('DEFAULT_MEMSTATUS=0'),
                 sqlite_compileoption_used('ENABLE_MEMORY_MANAGEMENT')",

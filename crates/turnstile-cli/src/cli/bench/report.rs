@@ -223,7 +223,7 @@ impl BenchReport {
                     ),
                 ),
                 ("database", database),
-                ("sqlite", sqlite_build(&self.baseline.sqlite_build)),
+                ("sqlite", described(&self.baseline.sqlite_build)),
             ],
         )?;
         let build = &self.baseline.sqlite_build;
@@ -249,7 +249,7 @@ impl BenchReport {
     }
 }
 
-fn sqlite_build(build: &turnstile_bench::baseline::sqlite::SqliteBuild) -> String {
+fn described(build: &turnstile_bench::baseline::sqlite::SqliteBuild) -> String {
     let statistics = match build.memory_statistics {
         true => "memory statistics on",
         false => "memory statistics off",
