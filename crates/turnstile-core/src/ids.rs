@@ -18,11 +18,11 @@ macro_rules! uuid_id {
         pub struct $name(Uuid);
 
         impl $name {
-            /// A fresh id. Conversation, request and run ids are UUID v7: a
-            /// millisecond timestamp, then random bits (ordered within the
-            /// process), so an id tells when it was made. Rows keyed by ids
-            /// made one after another then land side by side in the stores'
-            /// indexes, not on a random page each.
+            /// A fresh, time-ordered id (UUID v7): a millisecond timestamp,
+            /// then random bits (ordered within the process), so an id tells
+            /// when it was made. Rows keyed by ids made one after another
+            /// then land side by side in the stores' indexes, not on a random
+            /// page each.
             #[allow(clippy::new_without_default)]
             pub fn new() -> Self {
                 Self($new)

@@ -81,10 +81,11 @@ pub struct SqliteOptions {
     /// How long a write waits for another process's write lock.
     pub busy_timeout: Duration,
     /// The most reader connections (each opened when first needed). By
-    /// default one per core, at least two and at most four: each is a
-    /// thread, and more of them than cores only take turns on the cores
-    /// (`docs/performance.md`, "Readers"); two, so that one long read (an
-    /// export, an integrity check) leaves one for the rest.
+    /// default one per core, at least two and at most four (four when the
+    /// core count is unknown): each is a thread, and more of them than
+    /// cores only take turns on the cores (`docs/performance.md`,
+    /// "Readers"); two, so that one long read (a listing of every
+    /// conversation, in one transaction) leaves one for the rest.
     pub readers: u32,
     /// A size quota for the database file, in bytes; `None` (the default)
     /// sets none. A write that would grow the database past it fails with
