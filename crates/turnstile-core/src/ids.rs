@@ -83,15 +83,13 @@ macro_rules! uuid_id {
 }
 
 uuid_id!(
-    /// A conversation: an append-only transcript with one admission. A
-    /// fresh one is time-ordered (UUID v7).
+    /// A conversation: an append-only transcript with one admission.
     ConversationId,
     "conversation id",
     Uuid::now_v7()
 );
 uuid_id!(
-    /// The caller-chosen idempotency key of one user input. A fresh one is
-    /// time-ordered (UUID v7).
+    /// The caller-chosen idempotency key of one user input.
     RequestId,
     "request id",
     Uuid::now_v7()

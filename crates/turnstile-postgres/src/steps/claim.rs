@@ -138,14 +138,18 @@ async fn claim_statement(
                WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
                  AND NOT EXISTS (SELECT 1 FROM taken)
                RETURNING revision, event_seq
+           ), start AS (
+               -- Where the request's messages begin: after the committed
+               -- entries, which no read passes.
+               SELECT c.transcript_length AS seq
+               FROM claimed, conversations c WHERE c.conversation_id = $6
            ), admitted AS (
                -- The claim's event, numbered by the update above: kind 0, with
                -- where the request's messages begin.
                INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
                    entry_seq, call_id, at)
-               SELECT $6, claimed.event_seq, 0, $1, NULLIF($3, $1), NULL, c.transcript_length,
-                   NULL, $5
-               FROM claimed, conversations c WHERE c.conversation_id = $6
+               SELECT $6, claimed.event_seq, 0, $1, NULLIF($3, $1), NULL, start.seq, NULL, $5
+               FROM claimed, start
            ), reserved AS (
                INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
@@ -156,10 +160,8 @@ async fn claim_statement(
                INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
                SELECT $6, $3, $1, 'running', $5 FROM claimed
            ), input AS (
-               -- after the committed entries, which no read passes
                INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
-               SELECT $6, c.transcript_length, $1, $8, $9, $10
-               FROM claimed, conversations c WHERE c.conversation_id = $6
+               SELECT $6, start.seq, $1, $8, $9, $10 FROM start
            ), first_turn AS (
                INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
                    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
