@@ -472,7 +472,7 @@ fn transcript_entry(
     content: String,
     meta: Option<&str>,
 ) -> Result<TranscriptEntry, Error> {
-    let key = format!("{conversation_id}/{seq}");
+    let key = EntryKey(conversation_id, seq);
     let row = Row {
         table: "transcript",
         key: &key,
@@ -489,14 +489,15 @@ fn transcript_entry(
 /// request (with its committing run's last checkpoint), the admission
 /// (only for an unknown request) and the transcript window (only when the
 /// conversation is in `namespace`, the request unknown and the admission
-/// idle: the rows a claim would use), as one row. The window is one JSON
-/// array in it: a row per entry would be a message per entry from sqlx's
-/// worker thread, each carrying a copy of every other column.
+/// idle: the rows a claim would use), as one row. The window is one value
+/// in it ([`window_entries`] reads it): a row per entry would be a message
+/// per entry from sqlx's worker thread, each carrying a copy of every other
+/// column.
 /// Its conditions are in its `LIMIT` (0 when they fail) rather than its
 /// `WHERE`: SQLite re-checks a `WHERE` term with a subquery on every row, so
 /// a replay would walk a long transcript's whole index to find nothing.
-/// The texts are read `AS TEXT`, as the row reads decode them: JSON
-/// functions would refuse a BLOB, or read it as JSONB.
+/// The texts are read `AS TEXT`, as the row reads decode them, and measured
+/// as BLOBs: in bytes, embedded NULs included.
 pub(super) async fn load_claim_context(
     reader: &ReadConnections,
     namespace: &Namespace,
@@ -551,8 +552,12 @@ pub(super) async fn load_claim_context(
                       AS "reports_count?: i64",
                   (SELECT conversation_id FROM deleted_requests WHERE request_id = ?2)
                       AS "deleted_in?: Vec<u8>",
-                  (SELECT json_group_array(json_array(seq, hex(request_id), CAST(role AS TEXT),
-                              CAST(content AS TEXT), CAST(meta AS TEXT)) ORDER BY seq)
+                  (SELECT COALESCE(group_concat(seq || ':' || hex(request_id) || ':'
+                              || length(CAST(role AS BLOB)) || ':'
+                              || length(CAST(content AS BLOB)) || ':'
+                              || COALESCE(length(CAST(meta AS BLOB)), -1) || ':'
+                              || CAST(role AS TEXT) || CAST(content AS TEXT)
+                              || COALESCE(CAST(meta AS TEXT), ''), '' ORDER BY seq), '')
                    FROM (SELECT seq, request_id, role, content, meta FROM transcript
                          WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
                            AND seq < (SELECT transcript_length FROM conversations WHERE id = ?1)
@@ -689,40 +694,91 @@ pub(super) async fn load_claim_context(
     })
 }
 
-/// The window of [`load_claim_context`] from its JSON array of `[seq,
-/// request id in hex, role, content, meta]`, oldest entry first. The
-/// array is read as bytes, so text that is not UTF-8 is `Corrupt` here
+/// The window of [`load_claim_context`]: its entries oldest first, each a
+/// header `seq:request id in hex:role bytes:content bytes:meta bytes:` (-1
+/// for no meta) followed by the role, the content and the meta themselves.
+/// Lengths rather than JSON: nothing to escape on SQLite's side or to
+/// unescape on this one, for texts that are most of the window's bytes. The
+/// texts are read as bytes, so one that is not UTF-8 is `Corrupt` here
 /// rather than a failed read.
 fn window_entries(
     conversation_id: ConversationId,
     window: &[u8],
 ) -> Result<Vec<TranscriptEntry>, Error> {
-    type Entry = (i64, String, String, String, Option<String>);
-    let entries: Vec<Entry> = serde_json::from_slice(window).map_err(|e| {
+    let corrupt = |what: &str| {
         Row {
             table: "transcript",
             key: &conversation_id,
         }
-        .corrupt(format!("the window as JSON: {e}"))
-    })?;
-    entries
-        .into_iter()
-        .map(|(seq, request_id, role, content, meta)| {
-            let request_id = uuid::Uuid::try_parse(&request_id).map_err(|e| {
-                Row {
-                    table: "transcript",
-                    key: &format!("{conversation_id}/{seq}"),
-                }
-                .corrupt(format!("request_id: {e}"))
-            })?;
-            transcript_entry(
-                conversation_id,
-                seq,
-                request_id.as_bytes(),
-                &role,
-                content,
-                meta.as_deref(),
-            )
-        })
-        .collect()
+        .corrupt(format!("the window: {what}"))
+    };
+    let mut rest = window;
+    let mut entries = Vec::new();
+    while !rest.is_empty() {
+        let mut header = [&b""[..]; 5];
+        for field in &mut header {
+            let end = next_colon(rest).ok_or_else(|| corrupt("an entry's header ends early"))?;
+            (*field, rest) = (&rest[..end], &rest[end + 1..]);
+        }
+        let [seq, request_id, role, content, meta] = header;
+        let seq = number(seq).ok_or_else(|| corrupt("a seq that is not an integer"))?;
+        let lengths = (number(role), number(content), number(meta));
+        let (Some(role), Some(content), Some(meta)) = lengths else {
+            return Err(corrupt("an entry's lengths are not numbers"));
+        };
+        let mut take = |length: i64| {
+            let length = usize::try_from(length).map_err(|_| corrupt("a negative length"))?;
+            if rest.len() < length {
+                return Err(corrupt("an entry ends early"));
+            }
+            let (taken, after) = rest.split_at(length);
+            rest = after;
+            Ok(taken)
+        };
+        let role = take(role)?;
+        let content = take(content)?;
+        let meta = match meta {
+            -1 => None,
+            length => Some(take(length)?),
+        };
+        let key = EntryKey(conversation_id, seq);
+        let row = Row {
+            table: "transcript",
+            key: &key,
+        };
+        let text = |column: &str, bytes: &[u8]| {
+            String::from_utf8(bytes.to_vec()).map_err(|e| row.corrupt(format!("{column}: {e}")))
+        };
+        let request_id = uuid::Uuid::try_parse_ascii(request_id)
+            .map_err(|e| row.corrupt(format!("request_id: {e}")))?;
+        let meta = meta.map(|meta| text("meta", meta)).transpose()?;
+        entries.push(transcript_entry(
+            conversation_id,
+            seq,
+            request_id.as_bytes(),
+            &text("role", role)?,
+            text("content", content)?,
+            meta.as_deref(),
+        )?);
+    }
+    Ok(entries)
+}
+
+/// Where the next `:` of a window's header is.
+fn next_colon(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b':')
+}
+
+/// A window header's number.
+fn number(field: &[u8]) -> Option<i64> {
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
+/// A transcript entry's key as an error names it, formatted only then.
+struct EntryKey(ConversationId, i64);
+
+impl std::fmt::Display for EntryKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.0, self.1)
+    }
 }

@@ -170,6 +170,20 @@ pub fn decode_message(
     content: String,
     meta: Option<&str>,
 ) -> Result<Message, Error> {
+    // A text message with nothing in its meta, most of a transcript, as the
+    // general way below decodes it, without building a JSON object for it.
+    if meta.is_none() {
+        match role {
+            "user" => return Ok(Message::User {
+                content: content.into(),
+            }),
+            "assistant" => return Ok(Message::assistant(content)),
+            "system" => return Ok(Message::System {
+                content: content.into(),
+            }),
+            _ => {}
+        }
+    }
     let mut fields = match meta {
         None => serde_json::Map::new(),
         Some(text) => match serde_json::from_str(text) {
@@ -446,6 +460,29 @@ impl CheckpointRow {
 mod tests {
     use super::*;
     use crate::message::{Content, Part, ProviderMetadata, Reasoning, ToolCall};
+
+    #[test]
+    fn a_text_message_without_meta_decodes_as_the_general_way_does() {
+        let row = Row {
+            table: "transcript",
+            key: &"c/0",
+        };
+        for role in ["user", "assistant", "system"] {
+            for text in ["", "hello", "nul\0inside \"quoted\""] {
+                let general: Message =
+                    serde_json::from_value(serde_json::json!({"role": role, "content": text}))
+                        .expect("the general way");
+                let decoded = decode_message(&row, role, text.to_owned(), None);
+                assert_eq!(decoded.expect("decoded"), general, "{role}: {text:?}");
+            }
+        }
+        // The other roles go the general way: a tool result without its
+        // call id, an unknown role, are still corrupt.
+        for role in ["tool", "robot"] {
+            let decoded = decode_message(&row, role, "x".to_owned(), None);
+            assert!(matches!(decoded, Err(Error::Corrupt { .. })), "{role}: {decoded:?}");
+        }
+    }
 
     #[test]
     fn every_kind_of_message_round_trips_through_its_columns() {
