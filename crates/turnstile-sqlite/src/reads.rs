@@ -756,7 +756,7 @@ fn window_entries(
             conversation_id,
             seq,
             request_id.as_bytes(),
-            &text("role", role)?,
+            std::str::from_utf8(role).map_err(|e| row.corrupt(format!("role: {e}")))?,
             text("content", content)?,
             meta.as_deref(),
         )?);
@@ -780,5 +780,60 @@ struct EntryKey(ConversationId, i64);
 impl std::fmt::Display for EntryKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.0, self.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "00112233445566778899AABBCCDDEEFF";
+
+    fn entry(seq: i64, role: &str, content: &str, meta: Option<&str>) -> Vec<u8> {
+        let meta_bytes = meta.map_or(-1, |m| m.len() as i64);
+        let mut bytes = format!(
+            "{seq}:{ID}:{}:{}:{meta_bytes}:{role}{content}",
+            role.len(),
+            content.len()
+        )
+        .into_bytes();
+        bytes.extend_from_slice(meta.unwrap_or("").as_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_window_reads_texts_with_any_bytes_by_their_lengths() {
+        let conversation = ConversationId::new();
+        let mut window = entry(0, "user", "a:b\0c 1:2:3:", None);
+        window.extend(entry(1, "assistant", "é", Some("{}")));
+        let entries = window_entries(conversation, &window).expect("read");
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].message, Message::user("a:b\0c 1:2:3:"));
+        assert_eq!(entries[1].message, Message::assistant("é"));
+        assert_eq!(entries[1].seq, 1);
+        assert!(window_entries(conversation, b"").expect("empty").is_empty());
+    }
+
+    #[test]
+    fn a_malformed_window_is_corrupt_not_a_panic() {
+        let conversation = ConversationId::new();
+        let whole = entry(0, "user", "hello", None);
+        let malformed: [&[u8]; 6] = [
+            &whole[..whole.len() - 1],
+            &whole[..10],
+            b"0:00:4:5:-1:userhello",
+            b"x:00112233445566778899AABBCCDDEEFF:4:5:-1:userhello",
+            b"0:00112233445566778899AABBCCDDEEFF:4:-5:-1:userhello",
+            b"0:00112233445566778899AABBCCDDEEFF:4:99999999999999999999:-1:u",
+        ];
+        for bytes in malformed {
+            match window_entries(conversation, bytes) {
+                Err(Error::Corrupt { table, .. }) => assert_eq!(table, "transcript"),
+                other => panic!(
+                    "{:?}: expected Corrupt, got {other:?}",
+                    String::from_utf8_lossy(bytes)
+                ),
+            }
+        }
     }
 }

@@ -174,13 +174,17 @@ pub fn decode_message(
     // general way below decodes it, without building a JSON object for it.
     if meta.is_none() {
         match role {
-            "user" => return Ok(Message::User {
-                content: content.into(),
-            }),
+            "user" => {
+                return Ok(Message::User {
+                    content: content.into(),
+                })
+            }
             "assistant" => return Ok(Message::assistant(content)),
-            "system" => return Ok(Message::System {
-                content: content.into(),
-            }),
+            "system" => {
+                return Ok(Message::System {
+                    content: content.into(),
+                })
+            }
             _ => {}
         }
     }
@@ -480,7 +484,10 @@ mod tests {
         // call id, an unknown role, are still corrupt.
         for role in ["tool", "robot"] {
             let decoded = decode_message(&row, role, "x".to_owned(), None);
-            assert!(matches!(decoded, Err(Error::Corrupt { .. })), "{role}: {decoded:?}");
+            assert!(
+                matches!(decoded, Err(Error::Corrupt { .. })),
+                "{role}: {decoded:?}"
+            );
         }
     }
 
