@@ -1,5 +1,5 @@
-//! The transcript window of `claim_context` arrives as one JSON array from
-//! SQLite. What the transcript holds arrives through it as the
+//! The transcript window of `claim_context` arrives as one value from
+//! SQLite, its entries one after another. What the transcript holds arrives through it as the
 //! row-per-entry reads (`transcript_range`, `transcript_window`) read it,
 //! and an entry that cannot be decoded is a typed `Corrupt` error, not a
 //! panic.
