@@ -497,7 +497,9 @@ fn transcript_entry(
 /// `WHERE`: SQLite re-checks a `WHERE` term with a subquery on every row, so
 /// a replay would walk a long transcript's whole index to find nothing.
 /// The texts are read `AS TEXT`, as the row reads decode them, and measured
-/// as BLOBs: in bytes, embedded NULs included.
+/// as BLOBs: in bytes, embedded NULs included. A NULL where the schema
+/// allows none is written `NULL`, which no header reads as a number: the
+/// entry is `Corrupt` rather than left out of the concatenation.
 pub(super) async fn load_claim_context(
     reader: &ReadConnections,
     namespace: &Namespace,
@@ -553,10 +555,11 @@ pub(super) async fn load_claim_context(
                   (SELECT conversation_id FROM deleted_requests WHERE request_id = ?2)
                       AS "deleted_in?: Vec<u8>",
                   (SELECT COALESCE(group_concat(seq || ':' || hex(request_id) || ':'
-                              || length(CAST(role AS BLOB)) || ':'
-                              || length(CAST(content AS BLOB)) || ':'
+                              || COALESCE(length(CAST(role AS BLOB)), 'NULL') || ':'
+                              || COALESCE(length(CAST(content AS BLOB)), 'NULL') || ':'
                               || COALESCE(length(CAST(meta AS BLOB)), -1) || ':'
-                              || CAST(role AS TEXT) || CAST(content AS TEXT)
+                              || COALESCE(CAST(role AS TEXT), '')
+                              || COALESCE(CAST(content AS TEXT), '')
                               || COALESCE(CAST(meta AS TEXT), ''), '' ORDER BY seq), '')
                    FROM (SELECT seq, request_id, role, content, meta FROM transcript
                          WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1)
@@ -717,7 +720,8 @@ fn window_entries(
     while !rest.is_empty() {
         let mut header = [&b""[..]; 5];
         for field in &mut header {
-            let end = next_colon(rest).ok_or_else(|| corrupt("an entry's header ends early"))?;
+            let end = rest.iter().position(|&b| b == b':');
+            let end = end.ok_or_else(|| corrupt("an entry's header ends early"))?;
             (*field, rest) = (&rest[..end], &rest[end + 1..]);
         }
         let [seq, request_id, role, content, meta] = header;
@@ -746,27 +750,21 @@ fn window_entries(
             table: "transcript",
             key: &key,
         };
-        let text = |column: &str, bytes: &[u8]| {
-            String::from_utf8(bytes.to_vec()).map_err(|e| row.corrupt(format!("{column}: {e}")))
+        let text = |column: &str, bytes| {
+            std::str::from_utf8(bytes).map_err(|e| row.corrupt(format!("{column}: {e}")))
         };
         let request_id = uuid::Uuid::try_parse_ascii(request_id)
             .map_err(|e| row.corrupt(format!("request_id: {e}")))?;
-        let meta = meta.map(|meta| text("meta", meta)).transpose()?;
         entries.push(transcript_entry(
             conversation_id,
             seq,
             request_id.as_bytes(),
-            std::str::from_utf8(role).map_err(|e| row.corrupt(format!("role: {e}")))?,
-            text("content", content)?,
-            meta.as_deref(),
+            text("role", role)?,
+            text("content", content)?.to_owned(),
+            meta.map(|meta| text("meta", meta)).transpose()?,
         )?);
     }
     Ok(entries)
-}
-
-/// Where the next `:` of a window's header is.
-fn next_colon(bytes: &[u8]) -> Option<usize> {
-    bytes.iter().position(|&b| b == b':')
 }
 
 /// A window header's number.
@@ -818,9 +816,10 @@ mod tests {
     fn a_malformed_window_is_corrupt_not_a_panic() {
         let conversation = ConversationId::new();
         let whole = entry(0, "user", "hello", None);
-        let malformed: [&[u8]; 6] = [
+        let malformed: [&[u8]; 7] = [
             &whole[..whole.len() - 1],
             &whole[..10],
+            b"0:00112233445566778899AABBCCDDEEFF:NULL:5:-1:hello",
             b"0:00:4:5:-1:userhello",
             b"x:00112233445566778899AABBCCDDEEFF:4:5:-1:userhello",
             b"0:00112233445566778899AABBCCDDEEFF:4:-5:-1:userhello",

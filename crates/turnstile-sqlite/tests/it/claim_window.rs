@@ -1,8 +1,8 @@
 //! The transcript window of `claim_context` arrives as one value from
-//! SQLite, its entries one after another. What the transcript holds arrives through it as the
-//! row-per-entry reads (`transcript_range`, `transcript_window`) read it,
-//! and an entry that cannot be decoded is a typed `Corrupt` error, not a
-//! panic.
+//! SQLite, its entries one after another. What the transcript holds arrives
+//! through it as the row-per-entry reads (`transcript_range`,
+//! `transcript_window`) read it, and an entry that cannot be decoded is a
+//! typed `Corrupt` error, not a panic.
 
 use std::path::Path;
 
