@@ -174,17 +174,9 @@ pub fn decode_message(
     // general way below decodes it, without building a JSON object for it.
     if meta.is_none() {
         match role {
-            "user" => {
-                return Ok(Message::User {
-                    content: content.into(),
-                })
-            }
+            "user" => return Ok(Message::user(content)),
             "assistant" => return Ok(Message::assistant(content)),
-            "system" => {
-                return Ok(Message::System {
-                    content: content.into(),
-                })
-            }
+            "system" => return Ok(Message::system(content)),
             _ => {}
         }
     }
