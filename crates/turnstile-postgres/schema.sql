@@ -105,6 +105,20 @@ $$;
 
 
 --
+-- Name: event_first_run_stopped(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.event_first_run_stopped() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM log_event(NEW.conversation_id, 6::smallint, NEW.request_id, NEW.request_id,
+        NULL, NULL, NULL, COALESCE(NEW.run_ended_at, event_clock()));
+    RETURN NULL;
+END $$;
+
+
+--
 -- Name: event_run_started(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -281,6 +295,195 @@ CREATE TABLE public.admissions (
 
 
 --
+-- Name: first_run_checkpoints; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.first_run_checkpoints (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    turn bigint NOT NULL,
+    phase text NOT NULL,
+    input_tokens bigint NOT NULL,
+    output_tokens bigint NOT NULL,
+    cache_read_tokens bigint NOT NULL,
+    cache_write_tokens bigint NOT NULL,
+    tool_calls_count bigint NOT NULL,
+    reports_count bigint NOT NULL,
+    message_count bigint NOT NULL,
+    created_at bigint NOT NULL
+);
+
+
+--
+-- Name: loop_checkpoints; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.loop_checkpoints (
+    conversation_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    turn bigint NOT NULL,
+    phase text NOT NULL,
+    input_tokens bigint NOT NULL,
+    output_tokens bigint NOT NULL,
+    cache_read_tokens bigint NOT NULL,
+    cache_write_tokens bigint NOT NULL,
+    tool_calls_count bigint NOT NULL,
+    reports_count bigint NOT NULL,
+    message_count bigint NOT NULL,
+    created_at bigint NOT NULL
+);
+
+
+--
+-- Name: requests; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.requests (
+    conversation_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    input_sha256 bytea NOT NULL,
+    status text NOT NULL,
+    committed_run_id uuid,
+    conversation_version bigint,
+    first_seq bigint,
+    end_seq bigint,
+    created_at bigint NOT NULL,
+    completed_at bigint,
+    abandoned_by uuid,
+    deadline_at bigint,
+    budget jsonb,
+    run_status text,
+    run_error bytea,
+    run_ended_at bigint,
+    turn bigint,
+    phase text,
+    input_tokens bigint,
+    output_tokens bigint,
+    cache_read_tokens bigint,
+    cache_write_tokens bigint,
+    tool_calls_count bigint,
+    reports_count bigint,
+    message_count bigint,
+    checkpoint_at bigint,
+    CONSTRAINT requests_run_status_check CHECK ((run_status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'superseded'::text, 'abandoned'::text]))),
+    CONSTRAINT requests_status_check CHECK ((status = ANY (ARRAY['active'::text, 'completed'::text, 'abandoned'::text])))
+);
+
+
+--
+-- Name: all_checkpoints; Type: VIEW; Schema: public; Owner: -
+--
+
+CREATE VIEW public.all_checkpoints AS
+ SELECT requests.conversation_id,
+    requests.request_id AS run_id,
+    requests.turn,
+    requests.phase,
+    requests.input_tokens,
+    requests.output_tokens,
+    requests.cache_read_tokens,
+    requests.cache_write_tokens,
+    requests.tool_calls_count,
+    requests.reports_count,
+    requests.message_count,
+    requests.checkpoint_at AS created_at
+   FROM public.requests
+  WHERE (requests.phase IS NOT NULL)
+UNION ALL
+ SELECT first_run_checkpoints.conversation_id,
+    first_run_checkpoints.request_id AS run_id,
+    first_run_checkpoints.turn,
+    first_run_checkpoints.phase,
+    first_run_checkpoints.input_tokens,
+    first_run_checkpoints.output_tokens,
+    first_run_checkpoints.cache_read_tokens,
+    first_run_checkpoints.cache_write_tokens,
+    first_run_checkpoints.tool_calls_count,
+    first_run_checkpoints.reports_count,
+    first_run_checkpoints.message_count,
+    first_run_checkpoints.created_at
+   FROM public.first_run_checkpoints
+UNION ALL
+ SELECT loop_checkpoints.conversation_id,
+    loop_checkpoints.run_id,
+    loop_checkpoints.turn,
+    loop_checkpoints.phase,
+    loop_checkpoints.input_tokens,
+    loop_checkpoints.output_tokens,
+    loop_checkpoints.cache_read_tokens,
+    loop_checkpoints.cache_write_tokens,
+    loop_checkpoints.tool_calls_count,
+    loop_checkpoints.reports_count,
+    loop_checkpoints.message_count,
+    loop_checkpoints.created_at
+   FROM public.loop_checkpoints;
+
+
+--
+-- Name: request_ids; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.request_ids (
+    request_id uuid NOT NULL,
+    conversation_id uuid NOT NULL
+);
+
+
+--
+-- Name: runs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.runs (
+    conversation_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    resumed_from uuid,
+    status text NOT NULL,
+    error bytea,
+    started_at bigint NOT NULL,
+    ended_at bigint,
+    agent_fingerprint text,
+    replaced_fingerprint text,
+    budget_change jsonb,
+    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'superseded'::text, 'abandoned'::text])))
+);
+
+
+--
+-- Name: all_runs; Type: VIEW; Schema: public; Owner: -
+--
+
+CREATE VIEW public.all_runs AS
+ SELECT k.conversation_id,
+    k.request_id AS run_id,
+    k.request_id,
+    NULL::uuid AS resumed_from,
+    q.run_status AS status,
+    q.run_error AS error,
+    q.created_at AS started_at,
+    q.run_ended_at AS ended_at,
+    NULL::text AS agent_fingerprint,
+    NULL::text AS replaced_fingerprint,
+    NULL::jsonb AS budget_change
+   FROM (public.request_ids k
+     JOIN public.requests q ON (((q.conversation_id = k.conversation_id) AND (q.request_id = k.request_id))))
+  WHERE (q.run_status IS NOT NULL)
+UNION ALL
+ SELECT runs.conversation_id,
+    runs.run_id,
+    runs.request_id,
+    runs.resumed_from,
+    runs.status,
+    runs.error,
+    runs.started_at,
+    runs.ended_at,
+    runs.agent_fingerprint,
+    runs.replaced_fingerprint,
+    runs.budget_change
+   FROM public.runs;
+
+
+--
 -- Name: approvals; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -399,58 +602,6 @@ CREATE TABLE public.events (
 
 
 --
--- Name: loop_checkpoints; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.loop_checkpoints (
-    conversation_id uuid NOT NULL,
-    run_id uuid NOT NULL,
-    turn bigint NOT NULL,
-    phase text NOT NULL,
-    input_tokens bigint NOT NULL,
-    output_tokens bigint NOT NULL,
-    cache_read_tokens bigint NOT NULL,
-    cache_write_tokens bigint NOT NULL,
-    tool_calls_count bigint NOT NULL,
-    reports_count bigint NOT NULL,
-    message_count bigint NOT NULL,
-    created_at bigint NOT NULL
-);
-
-
---
--- Name: request_ids; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.request_ids (
-    request_id uuid NOT NULL,
-    conversation_id uuid NOT NULL
-);
-
-
---
--- Name: requests; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.requests (
-    conversation_id uuid NOT NULL,
-    request_id uuid NOT NULL,
-    input_sha256 bytea NOT NULL,
-    status text NOT NULL,
-    committed_run_id uuid,
-    conversation_version bigint,
-    first_seq bigint,
-    end_seq bigint,
-    created_at bigint NOT NULL,
-    completed_at bigint,
-    abandoned_by uuid,
-    deadline_at bigint,
-    budget jsonb,
-    CONSTRAINT requests_status_check CHECK ((status = ANY (ARRAY['active'::text, 'completed'::text, 'abandoned'::text])))
-);
-
-
---
 -- Name: run_messages; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -461,26 +612,6 @@ CREATE TABLE public.run_messages (
     role text NOT NULL,
     content bytea NOT NULL,
     meta text
-);
-
-
---
--- Name: runs; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.runs (
-    conversation_id uuid NOT NULL,
-    run_id uuid NOT NULL,
-    request_id uuid NOT NULL,
-    resumed_from uuid,
-    status text NOT NULL,
-    error bytea,
-    started_at bigint NOT NULL,
-    ended_at bigint,
-    agent_fingerprint text,
-    replaced_fingerprint text,
-    budget_change jsonb,
-    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'superseded'::text, 'abandoned'::text])))
 );
 
 
@@ -651,6 +782,14 @@ ALTER TABLE ONLY public.deleted_runs
 
 ALTER TABLE ONLY public.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (conversation_id, seq);
+
+
+--
+-- Name: first_run_checkpoints first_run_checkpoints_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.first_run_checkpoints
+    ADD CONSTRAINT first_run_checkpoints_pkey PRIMARY KEY (conversation_id, request_id, turn);
 
 
 --
@@ -861,6 +1000,13 @@ CREATE TRIGGER event_checkpoint_saved AFTER UPDATE OF phase ON public.loop_check
 
 
 --
+-- Name: requests event_first_run_stopped; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER event_first_run_stopped AFTER UPDATE OF run_status ON public.requests FOR EACH ROW WHEN (((new.run_status = 'failed'::text) AND (old.run_status <> 'failed'::text))) EXECUTE FUNCTION public.event_first_run_stopped();
+
+
+--
 -- Name: runs event_run_started; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -967,6 +1113,14 @@ ALTER TABLE ONLY public.blob_bytes
 
 ALTER TABLE ONLY public.events
     ADD CONSTRAINT events_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(conversation_id) ON DELETE CASCADE;
+
+
+--
+-- Name: first_run_checkpoints first_run_checkpoints_conversation_id_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.first_run_checkpoints
+    ADD CONSTRAINT first_run_checkpoints_conversation_id_request_id_fkey FOREIGN KEY (conversation_id, request_id) REFERENCES public.requests(conversation_id, request_id) ON DELETE CASCADE;
 
 
 --

@@ -283,7 +283,7 @@ pub(crate) async fn decide_approval(
                UPDATE admissions SET revision = revision + 1, updated_at = $4
                WHERE conversation_id = $1 AND active_request_id = $2 AND revision = $5
                  AND EXISTS (SELECT 1 FROM target)
-                 AND EXISTS (SELECT 1 FROM runs r WHERE r.conversation_id = $1
+                 AND EXISTS (SELECT 1 FROM all_runs r WHERE r.conversation_id = $1
                              AND r.run_id = admissions.run_id AND r.status = 'failed')
                RETURNING revision
            ), decided AS (
@@ -335,7 +335,7 @@ pub(crate) async fn decide_approval(
         Ok(admission) => {
             let run = admission.active.as_ref().map(|a| a.run_id.as_uuid());
             let stopped = sqlx::query_scalar!(
-                r#"SELECT EXISTS (SELECT 1 FROM runs WHERE conversation_id = $1 AND run_id = $2
+                r#"SELECT EXISTS (SELECT 1 FROM all_runs WHERE conversation_id = $1 AND run_id = $2
                                   AND status = 'failed') AS "stopped!""#,
                 conversation,
                 run

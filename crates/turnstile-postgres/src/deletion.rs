@@ -72,8 +72,9 @@ pub(crate) async fn delete_in(
              (SELECT COUNT(*) FROM transcript t JOIN conversations c USING (conversation_id)
               WHERE t.conversation_id = $1 AND t.seq < c.transcript_length) AS "transcript!",
              (SELECT COUNT(*) FROM requests WHERE conversation_id = $1) AS "requests!",
-             (SELECT COUNT(*) FROM runs WHERE conversation_id = $1) AS "runs!",
-             (SELECT COUNT(*) FROM loop_checkpoints WHERE conversation_id = $1) AS "loop_checkpoints!",
+             (SELECT COUNT(*) FROM all_runs WHERE conversation_id = $1) AS "runs!",
+             (SELECT COUNT(*) FROM all_checkpoints WHERE conversation_id = $1)
+                 AS "loop_checkpoints!",
              (SELECT COUNT(*) FROM verification_reports
               WHERE conversation_id = $1) AS "verification_reports!",
              (SELECT COUNT(*) FROM tool_calls WHERE conversation_id = $1) AS "tool_calls!",
@@ -109,7 +110,7 @@ pub(crate) async fn delete_in(
     ];
     sqlx::query!(
         "INSERT INTO deleted_runs (conversation_id, run_id)
-         SELECT conversation_id, run_id FROM runs WHERE conversation_id = $1",
+         SELECT conversation_id, run_id FROM all_runs WHERE conversation_id = $1",
         id.as_uuid()
     )
     .execute(&mut *conn)

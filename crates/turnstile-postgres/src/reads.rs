@@ -24,9 +24,10 @@ pub(crate) async fn load_run(
     run_id: RunId,
 ) -> Result<Option<RunRecord>, Error> {
     let Some(row) = sqlx::query!(
-        "SELECT request_id, resumed_from, status, error, started_at, ended_at,
-                agent_fingerprint, replaced_fingerprint, budget_change::text
-         FROM runs WHERE run_id = $1",
+        r#"SELECT request_id AS "request_id!", resumed_from, status AS "status!", error,
+                  started_at AS "started_at!", ended_at, agent_fingerprint, replaced_fingerprint,
+                  budget_change::text
+           FROM all_runs WHERE run_id = $1"#,
         run_id.as_uuid()
     )
     .fetch_optional(&mut *conn)
@@ -137,12 +138,16 @@ pub(crate) async fn load_checkpoints(
 ) -> Result<Vec<LoopCheckpoint>, Error> {
     let limit: Option<i64> = latest_only.then_some(1);
     let rows = sqlx::query!(
-        "SELECT c.turn, c.phase, c.input_tokens, c.output_tokens, c.cache_read_tokens,
-                c.cache_write_tokens, c.tool_calls_count, c.reports_count, c.message_count,
-                c.created_at, r.conversation_id, r.request_id
-         FROM runs r JOIN loop_checkpoints c
-             ON c.conversation_id = r.conversation_id AND c.run_id = r.run_id
-         WHERE r.run_id = $1 ORDER BY c.turn DESC LIMIT $2",
+        r#"SELECT c.turn AS "turn!", c.phase AS "phase!", c.input_tokens AS "input_tokens!",
+                  c.output_tokens AS "output_tokens!",
+                  c.cache_read_tokens AS "cache_read_tokens!",
+                  c.cache_write_tokens AS "cache_write_tokens!",
+                  c.tool_calls_count AS "tool_calls_count!", c.reports_count AS "reports_count!",
+                  c.message_count AS "message_count!", c.created_at AS "created_at!",
+                  r.conversation_id AS "conversation_id!", r.request_id AS "request_id!"
+           FROM all_runs r JOIN all_checkpoints c
+               ON c.conversation_id = r.conversation_id AND c.run_id = r.run_id
+           WHERE r.run_id = $1 ORDER BY c.turn DESC LIMIT $2"#,
         run_id.as_uuid(),
         limit
     )
@@ -297,7 +302,7 @@ pub(crate) async fn load_request(
            FROM request_ids k
            JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
            LEFT JOIN LATERAL (
-               SELECT * FROM loop_checkpoints l
+               SELECT * FROM all_checkpoints l
                WHERE l.conversation_id = r.conversation_id AND l.run_id = r.committed_run_id
                ORDER BY l.turn DESC LIMIT 1
            ) c ON true

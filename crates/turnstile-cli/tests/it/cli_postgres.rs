@@ -340,7 +340,7 @@ async fn prune_counts_in_a_dry_run_then_trims_old_finished_requests() {
     let mut resume = on("resume", &url, &conversation);
     resume.extend([run_id.as_str(), "--revision", &revision, "--model", &fast]);
     turnstile(&resume).assert_success();
-    let runs = || Server::shared().psql(&name, "SELECT COUNT(*) FROM runs");
+    let runs = || Server::shared().psql(&name, "SELECT COUNT(*) FROM all_runs");
     assert_eq!(runs(), "3");
 
     let dry = ops(&["prune", "--older-than", "0s", "--dry-run"], &url);

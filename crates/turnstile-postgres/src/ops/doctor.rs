@@ -59,7 +59,7 @@ const INVARIANTS: [(&str, &str); 6] = [
     ),
     (
         "completed requests without their committing run",
-        "SELECT COUNT(*) FROM requests r LEFT JOIN runs ru
+        "SELECT COUNT(*) FROM requests r LEFT JOIN all_runs ru
              ON ru.conversation_id = r.conversation_id AND ru.run_id = r.committed_run_id
          WHERE r.status = 'completed' AND ru.run_id IS NULL",
     ),
@@ -184,7 +184,7 @@ pub(super) async fn doctor(
                           WHERE ap.conversation_id = a.conversation_id
                               AND ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
                  FROM admissions a WHERE a.active_request_id IS NOT NULL) a
-           LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id"#,
+           LEFT JOIN all_runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id"#,
         cutoff(stale_after),
         now_ms()
     )

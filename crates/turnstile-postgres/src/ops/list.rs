@@ -67,7 +67,7 @@ async fn stuck_keys(
         r#"SELECT a.conversation_id, a.active_request_id AS "request_id!", a.run_id
            FROM admissions a
            JOIN conversations c ON c.conversation_id = a.conversation_id
-           LEFT JOIN runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
+           LEFT JOIN all_runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
            WHERE a.active_request_id IS NOT NULL
              AND (ru.status IS NULL OR ru.status <> 'running'
                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1
@@ -179,11 +179,11 @@ pub(super) async fn list_runs(
             .collect()
     } else {
         sqlx::query_scalar!(
-            "SELECT ru.run_id FROM runs ru
+            r#"SELECT ru.run_id AS "run_id!" FROM all_runs ru
              JOIN conversations c ON c.conversation_id = ru.conversation_id
              WHERE ($1::text IS NULL OR c.namespace = $1)
                AND ($2::uuid IS NULL OR ru.conversation_id = $2)
-             ORDER BY ru.started_at DESC, ru.run_id DESC LIMIT $3",
+             ORDER BY ru.started_at DESC, ru.run_id DESC LIMIT $3"#,
             k.namespace,
             k.conversation,
             k.limit
@@ -252,9 +252,9 @@ async fn request_summary(
     let Some(row) = sqlx::query!(
         r#"SELECT r.conversation_id, c.namespace, r.status, r.committed_run_id,
                   r.conversation_version, r.created_at, r.completed_at,
-                  (SELECT COUNT(*) FROM runs ru WHERE ru.conversation_id = r.conversation_id
+                  (SELECT COUNT(*) FROM all_runs ru WHERE ru.conversation_id = r.conversation_id
                        AND ru.request_id = r.request_id) AS "runs!",
-                  (SELECT ru.run_id::text FROM runs ru
+                  (SELECT ru.run_id::text FROM all_runs ru
                    WHERE ru.conversation_id = r.conversation_id AND ru.request_id = r.request_id
                    ORDER BY ru.started_at DESC, ru.run_id DESC LIMIT 1) AS "newest_run?"
            FROM request_ids k
@@ -320,10 +320,11 @@ async fn run_summary(
     cutoff: i64,
 ) -> Result<Option<RunSummary>, Error> {
     let Some(row) = sqlx::query!(
-        "SELECT ru.request_id, ru.conversation_id, c.namespace, ru.resumed_from, ru.status,
-                ru.error, ru.started_at, ru.ended_at
-         FROM runs ru JOIN conversations c ON c.conversation_id = ru.conversation_id
-         WHERE ru.run_id = $1",
+        r#"SELECT ru.request_id AS "request_id!", ru.conversation_id AS "conversation_id!",
+                  c.namespace, ru.resumed_from, ru.status AS "status!", ru.error,
+                  ru.started_at AS "started_at!", ru.ended_at
+           FROM all_runs ru JOIN conversations c ON c.conversation_id = ru.conversation_id
+           WHERE ru.run_id = $1"#,
         id
     )
     .fetch_optional(&mut *conn)
@@ -422,14 +423,14 @@ async fn run_position(
     run_id: RunId,
 ) -> Result<(Option<RunStatus>, u64, Option<CheckpointMark>), Error> {
     let row = sqlx::query!(
-        r#"SELECT ru.status,
-                  (SELECT COUNT(*) FROM loop_checkpoints c
+        r#"SELECT ru.status AS "status!",
+                  (SELECT COUNT(*) FROM all_checkpoints c
                    WHERE c.conversation_id = ru.conversation_id AND c.run_id = ru.run_id)
                       AS "rows!",
                   l.turn AS "turn?", l.phase AS "phase?", l.created_at AS "created_at?"
-           FROM runs ru
+           FROM all_runs ru
            LEFT JOIN LATERAL (
-               SELECT turn, phase, created_at FROM loop_checkpoints c
+               SELECT turn, phase, created_at FROM all_checkpoints c
                WHERE c.conversation_id = ru.conversation_id AND c.run_id = ru.run_id
                ORDER BY turn DESC LIMIT 1
            ) l ON true

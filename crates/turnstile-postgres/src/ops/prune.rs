@@ -103,7 +103,7 @@ pub(super) async fn prune(
 }
 
 /// The tables prune deletes from.
-const TABLES: [&str; 13] = [
+const TABLES: [&str; 14] = [
     "conversations",
     "admissions",
     "request_ids",
@@ -111,6 +111,7 @@ const TABLES: [&str; 13] = [
     "runs",
     "run_messages",
     "loop_checkpoints",
+    "first_run_checkpoints",
     "verification_reports",
     "tool_calls",
     "approvals",
@@ -208,6 +209,28 @@ async fn prune_requests(
                                    WHERE k.conversation_id = c.conversation_id
                                      AND k.run_id = c.run_id))
                RETURNING 1
+           ), first_checkpoints AS (
+               -- A folded run's (migration 0027) earlier turns, whether it
+               -- committed (its last checkpoint, in the request's row, stays)
+               -- or not.
+               DELETE FROM first_run_checkpoints f USING batch b
+               WHERE f.conversation_id = b.conversation_id AND f.request_id = b.request_id
+               RETURNING 1
+           ), folded_runs AS (
+               SELECT q.conversation_id, q.request_id, q.phase IS NOT NULL AS checkpointed
+               FROM requests q JOIN batch b
+                   ON q.conversation_id = b.conversation_id AND q.request_id = b.request_id
+               WHERE q.request_id <> b.committing_run AND q.run_status IS NOT NULL
+           ), unfolded AS (
+               -- A folded run that did not commit leaves its request's row,
+               -- with its checkpoint.
+               UPDATE requests q
+               SET run_status = NULL, run_error = NULL, run_ended_at = NULL, turn = NULL,
+                   phase = NULL, input_tokens = NULL, output_tokens = NULL,
+                   cache_read_tokens = NULL, cache_write_tokens = NULL, tool_calls_count = NULL,
+                   reports_count = NULL, message_count = NULL, checkpoint_at = NULL
+               FROM folded_runs f
+               WHERE q.conversation_id = f.conversation_id AND q.request_id = f.request_id
            ), asked AS (
                -- Deleted here to be counted (the journal's would cascade).
                DELETE FROM approvals a USING batch b
@@ -236,13 +259,15 @@ async fn prune_requests(
                  AND ru.run_id <> b.committing_run
                RETURNING 1
            )
-           SELECT (SELECT COUNT(*) FROM checkpoints) AS checkpoints,
+           SELECT (SELECT COUNT(*) FROM checkpoints) + (SELECT COUNT(*) FROM first_checkpoints)
+                      + (SELECT COUNT(*) FROM folded_runs WHERE checkpointed) AS checkpoints,
                   (SELECT COUNT(*) FROM journal) AS journal,
                   (SELECT COUNT(*) FROM asked) AS approvals,
                   (SELECT COUNT(*) FROM pending) AS pending,
                   (SELECT COUNT(*) FROM reports) AS reports,
                   (SELECT COUNT(*) FROM logged) AS events,
-                  (SELECT COUNT(*) FROM old_runs) AS runs"#,
+                  (SELECT COUNT(*) FROM old_runs) + (SELECT COUNT(*) FROM folded_runs)
+                      AS runs"#,
         &conversations,
         &requests,
         &abandoned,
@@ -292,8 +317,8 @@ async fn prune_conversations(
         r#"SELECT
              (SELECT COUNT(*) FROM transcript WHERE conversation_id = ANY($1)) AS "transcript!",
              (SELECT COUNT(*) FROM requests WHERE conversation_id = ANY($1)) AS "requests!",
-             (SELECT COUNT(*) FROM runs WHERE conversation_id = ANY($1)) AS "runs!",
-             (SELECT COUNT(*) FROM loop_checkpoints WHERE conversation_id = ANY($1))
+             (SELECT COUNT(*) FROM all_runs WHERE conversation_id = ANY($1)) AS "runs!",
+             (SELECT COUNT(*) FROM all_checkpoints WHERE conversation_id = ANY($1))
                  AS "loop_checkpoints!",
              (SELECT COUNT(*) FROM verification_reports WHERE conversation_id = ANY($1))
                  AS "verification_reports!",

@@ -54,8 +54,19 @@ pub(crate) async fn abandon(
                WHERE conversation_id = $2 AND run_id = (SELECT run_id FROM held)
                  AND status IN ('running', 'failed') AND EXISTS (SELECT 1 FROM released)
            ), request AS (
-               UPDATE requests SET status = 'abandoned', completed_at = $1, abandoned_by = $5
-               WHERE conversation_id = $2 AND request_id = $4 AND EXISTS (SELECT 1 FROM released)
+               -- A run folded into the request's row (migration 0027) is
+               -- abandoned there when it holds the admission.
+               UPDATE requests q
+               SET status = 'abandoned', completed_at = $1, abandoned_by = $5,
+                   run_status = CASE WHEN h.run_id = $4 AND q.run_status IN ('running', 'failed')
+                                     THEN 'abandoned' ELSE q.run_status END,
+                   run_ended_at = CASE WHEN h.run_id = $4
+                                           AND q.run_status IN ('running', 'failed')
+                                       THEN COALESCE(q.run_ended_at, $1)
+                                       ELSE q.run_ended_at END
+               FROM held h
+               WHERE q.conversation_id = $2 AND q.request_id = $4
+                 AND EXISTS (SELECT 1 FROM released)
            )
            SELECT revision AS "revision!" FROM released"#,
         now_ms(),

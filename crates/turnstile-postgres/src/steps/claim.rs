@@ -1,10 +1,11 @@
 //! The claim of an idle admission by a new request: one statement that
 //! checks the request id is not taken anywhere in the store, fences on the
 //! expected idle revision (the compare-and-swap) and writes the request,
-//! its id in `request_ids`, its first run, its input, the first turn's
-//! write-ahead when it starts now, and its `admitted` event (written here,
-//! not by a trigger: numbered in the admission's own update, it costs no
-//! second update of that row).
+//! its id in `request_ids`, its first run (in the request's own row when
+//! it carries the request's id, as the engine's first run does: migration
+//! 0027), its input, the first turn's write-ahead when it starts now, and
+//! its `admitted` event (written here, not by a trigger: numbered in the
+//! admission's own update, it costs no second update of that row).
 //!
 //! Refusals, explained by reads after the statement wrote nothing: a taken
 //! request id is that request ([`ClaimOutcome::Existing`]; a retry whose
@@ -153,12 +154,24 @@ async fn claim_statement(
            ), reserved AS (
                INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
+               -- A run that carries the request's id is folded into its
+               -- row, with its first turn's write-ahead (migration 0027).
                INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at,
-                   deadline_at, budget)
-               SELECT $6, $1, $2, 'active', $5, $28, $29::text::jsonb FROM claimed
+                   deadline_at, budget, run_status, turn, phase, input_tokens, output_tokens,
+                   cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
+                   message_count, checkpoint_at)
+               SELECT $6, $1, $2, 'active', $5, $28, $29::text::jsonb,
+                   CASE WHEN $3 = $1 THEN 'running' END, c.turn, c.phase, c.input, c.output,
+                   c.cache_read, c.cache_write, c.tool_calls, c.reports, c.messages,
+                   CASE WHEN c.turn IS NOT NULL THEN $5 END
+               FROM claimed LEFT JOIN UNNEST($15::bigint[], $16::text[], $17::bigint[],
+                   $18::bigint[], $19::bigint[], $20::bigint[], $21::bigint[], $22::bigint[],
+                   $23::bigint[])
+                   AS c(turn, phase, input, output, cache_read, cache_write, tool_calls, reports,
+                        messages) ON $3 = $1
            ), run AS (
                INSERT INTO runs (conversation_id, run_id, request_id, status, started_at)
-               SELECT $6, $3, $1, 'running', $5 FROM claimed
+               SELECT $6, $3, $1, 'running', $5 FROM claimed WHERE $3 <> $1
            ), input AS (
                INSERT INTO transcript (conversation_id, seq, request_id, role, content, meta)
                SELECT $6, start.seq, $1, $8, $9, $10 FROM start
@@ -172,6 +185,7 @@ async fn claim_statement(
                    $19::bigint[], $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[])
                    AS c(turn, phase, input, output, cache_read, cache_write, tool_calls, reports,
                         messages)
+               WHERE $3 <> $1
            ), reports AS (
                INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
                    detail)

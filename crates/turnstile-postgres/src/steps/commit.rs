@@ -2,7 +2,8 @@
 //! the admission's release itself, and which appends the final answer to
 //! the request's messages in the transcript and moves the transcript's
 //! committed length past it, bumps the conversation version, stores the
-//! outcome for replay, completes the run and logs its `committed` event
+//! outcome for replay, completes the run (in the request's own row when it
+//! is folded there: migration 0027) and logs its `committed` event
 //! (numbered by the release). There is no moment where the
 //! answer is committed but the conversation is still held. A retry whose
 //! first attempt committed finds the outcome stored, and returns it.
@@ -47,7 +48,17 @@ pub(crate) async fn commit(
     // the transcript already, after its committed entries: the final answer
     // follows them, and the transcript's length moves past it.
     let placed = sqlx::query!(
-        r#"WITH released AS (
+        r#"WITH folded AS (
+               -- The committing run folded into its request's row (migration
+               -- 0027), with that row's checkpoint.
+               SELECT true AS yes, q.turn IS NULL OR q.turn <= $10 AS latest, q.turn, q.phase,
+                   q.input_tokens, q.output_tokens,
+                   q.cache_read_tokens, q.cache_write_tokens, q.tool_calls_count,
+                   q.reports_count, q.message_count, q.checkpoint_at
+               FROM requests q
+               WHERE q.conversation_id = $2 AND q.request_id = $5 AND $4 = $5
+                 AND q.run_status IS NOT NULL
+           ), released AS (
                UPDATE admissions
                SET active_request_id = NULL, input_sha256 = NULL, run_id = NULL,
                    agent_fingerprint = NULL, input_tokens = 0, output_tokens = 0,
@@ -70,8 +81,31 @@ pub(crate) async fn commit(
                    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
                    reports_count, message_count, created_at)
                SELECT conversation_id, $4, $10, 'completed', $11, $12, $13, $14, $15, $16, $17, $1
-               FROM released
+               FROM released WHERE NOT EXISTS (SELECT 1 FROM folded)
                ON CONFLICT (conversation_id, run_id, turn) DO UPDATE SET
+                   phase = EXCLUDED.phase, input_tokens = EXCLUDED.input_tokens,
+                   output_tokens = EXCLUDED.output_tokens,
+                   cache_read_tokens = EXCLUDED.cache_read_tokens,
+                   cache_write_tokens = EXCLUDED.cache_write_tokens,
+                   tool_calls_count = EXCLUDED.tool_calls_count,
+                   reports_count = EXCLUDED.reports_count,
+                   message_count = EXCLUDED.message_count, created_at = EXCLUDED.created_at
+           ), earlier AS (
+               -- A folded run's turns before the row's: the row's own
+               -- checkpoint when the committed turn is later, or the
+               -- `completed` checkpoint when the row holds a later turn.
+               INSERT INTO first_run_checkpoints (conversation_id, request_id, turn, phase,
+                   input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                   tool_calls_count, reports_count, message_count, created_at)
+               SELECT r.conversation_id, $5, fo.turn, fo.phase, fo.input_tokens,
+                   fo.output_tokens, fo.cache_read_tokens, fo.cache_write_tokens,
+                   fo.tool_calls_count, fo.reports_count, fo.message_count, fo.checkpoint_at
+               FROM released r, folded fo WHERE fo.turn < $10
+               UNION ALL
+               SELECT r.conversation_id, $5, $10, 'completed', $11, $12, $13, $14, $15, $16, $17,
+                   $1
+               FROM released r, folded fo WHERE NOT fo.latest
+               ON CONFLICT (conversation_id, request_id, turn) DO UPDATE SET
                    phase = EXCLUDED.phase, input_tokens = EXCLUDED.input_tokens,
                    output_tokens = EXCLUDED.output_tokens,
                    cache_read_tokens = EXCLUDED.cache_read_tokens,
@@ -102,8 +136,23 @@ pub(crate) async fn commit(
            ), request AS (
                UPDATE requests q SET status = 'completed', committed_run_id = $4,
                    conversation_version = p.version, first_seq = p.first_seq,
-                   end_seq = p.first_seq + (SELECT n FROM pending) + 1, completed_at = $1
-               FROM placed p WHERE q.conversation_id = $2 AND q.request_id = $5
+                   end_seq = p.first_seq + (SELECT n FROM pending) + 1, completed_at = $1,
+                   -- A folded run completes, and its `completed` checkpoint is
+                   -- the row's unless the row holds a later turn.
+                   run_status = CASE WHEN fo.yes THEN 'completed' ELSE q.run_status END,
+                   run_ended_at = CASE WHEN fo.yes THEN $1 ELSE q.run_ended_at END,
+                   turn = CASE WHEN fo.latest THEN $10 ELSE q.turn END,
+                   phase = CASE WHEN fo.latest THEN 'completed' ELSE q.phase END,
+                   input_tokens = CASE WHEN fo.latest THEN $11 ELSE q.input_tokens END,
+                   output_tokens = CASE WHEN fo.latest THEN $12 ELSE q.output_tokens END,
+                   cache_read_tokens = CASE WHEN fo.latest THEN $13 ELSE q.cache_read_tokens END,
+                   cache_write_tokens = CASE WHEN fo.latest THEN $14 ELSE q.cache_write_tokens END,
+                   tool_calls_count = CASE WHEN fo.latest THEN $15 ELSE q.tool_calls_count END,
+                   reports_count = CASE WHEN fo.latest THEN $16 ELSE q.reports_count END,
+                   message_count = CASE WHEN fo.latest THEN $17 ELSE q.message_count END,
+                   checkpoint_at = CASE WHEN fo.latest THEN $1 ELSE q.checkpoint_at END
+               FROM placed p LEFT JOIN folded fo ON true
+               WHERE q.conversation_id = $2 AND q.request_id = $5
            ), run AS (
                UPDATE runs SET status = 'completed', ended_at = $1
                WHERE conversation_id = $2 AND run_id = $4 AND EXISTS (SELECT 1 FROM released)

@@ -96,8 +96,9 @@ pub(crate) async fn claim_recovery_in(
     // back.
     if claim.reject_in_flight {
         let latest = sqlx::query!(
-            "SELECT turn, phase FROM loop_checkpoints WHERE conversation_id = $1 AND run_id = $2
-             ORDER BY turn DESC LIMIT 1",
+            r#"SELECT turn AS "turn!", phase AS "phase!" FROM all_checkpoints
+               WHERE conversation_id = $1 AND run_id = $2
+               ORDER BY turn DESC LIMIT 1"#,
             conversation,
             from_run
         )
@@ -144,9 +145,17 @@ pub(crate) async fn claim_recovery_in(
                  started_at, agent_fingerprint, replaced_fingerprint, budget_change)
              VALUES ($2, $4, $5, $3, 'running', $1, $6::text,
                  CASE WHEN $6::text IS NOT NULL THEN $7::text END, $8::text::jsonb)
-         ), budgeted AS (
-             UPDATE requests SET budget = $9::text::jsonb
-             WHERE conversation_id = $2 AND request_id = $5 AND $8::text IS NOT NULL
+         ), request AS (
+             -- The request takes a new budget; a run folded into its row
+             -- (migration 0027) is superseded there.
+             UPDATE requests
+             SET budget = CASE WHEN $8::text IS NOT NULL THEN $9::text::jsonb ELSE budget END,
+                 run_status = CASE WHEN $3 = $5 AND run_status IN ('running', 'failed')
+                                   THEN 'superseded' ELSE run_status END,
+                 run_ended_at = CASE WHEN $3 = $5 AND run_status IN ('running', 'failed')
+                                     THEN COALESCE(run_ended_at, $1) ELSE run_ended_at END
+             WHERE conversation_id = $2 AND request_id = $5
+               AND ($8::text IS NOT NULL OR ($3 = $5 AND run_status IN ('running', 'failed')))
          )
          INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
@@ -154,7 +163,7 @@ pub(crate) async fn claim_recovery_in(
          SELECT conversation_id, $4, turn, phase, input_tokens, output_tokens,
              cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
              message_count, $1
-         FROM loop_checkpoints WHERE conversation_id = $2 AND run_id = $3
+         FROM all_checkpoints WHERE conversation_id = $2 AND run_id = $3
          ORDER BY turn DESC LIMIT 1",
         now,
         conversation,

@@ -11,6 +11,10 @@
 //! SQLite's trigger does). A retry whose first attempt committed finds its
 //! messages stored, and is done.
 //!
+//! A run folded into its request's row (the claim's, migration 0027) keeps
+//! its latest checkpoint there and its earlier turns' in
+//! `first_run_checkpoints`; the step logs the end of its turns itself.
+//!
 //! Refusal: a replaced owner is [`Error::Fenced`]; nothing is written.
 
 use sqlx::PgConnection;
@@ -218,25 +222,60 @@ pub(crate) async fn write_step(
     let call_names: Vec<&[u8]> = calls.iter().map(|c| c.name.as_bytes()).collect();
     let call_arguments: Vec<&[u8]> = calls.iter().map(|c| c.arguments.as_bytes()).collect();
     let fenced_rows = sqlx::query_scalar!(
-        r#"WITH fence AS (
+        r#"WITH folded AS (
+               -- The run folded into its request's row (migration 0027), with
+               -- that row's checkpoint; no row for a run in `runs`.
+               SELECT q.turn, q.phase, q.input_tokens, q.output_tokens, q.cache_read_tokens,
+                   q.cache_write_tokens, q.tool_calls_count, q.reports_count, q.message_count,
+                   q.checkpoint_at
+               FROM requests q
+               WHERE q.conversation_id = $1 AND q.request_id = $4 AND $3 = $4
+                 AND q.run_status IS NOT NULL
+           ), given AS (
+               SELECT * FROM UNNEST($10::bigint[], $11::text[], $12::bigint[], $13::bigint[],
+                   $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[])
+                   WITH ORDINALITY AS c(turn, phase, input, output, cache_read, cache_write,
+                        tool_calls, reports, messages, position)
+           ), latest AS (
+               -- The folded row's checkpoint after this write: the given one of
+               -- the latest turn, unless the row holds a later turn.
+               SELECT g.* FROM given g, folded fo
+               WHERE fo.turn IS NULL OR fo.turn <= g.turn
+               ORDER BY g.turn DESC, g.position DESC LIMIT 1
+           ), ended AS (
+               -- A folded run's turn this write turns `ready`, logged here
+               -- (kind 9) as the trigger on `loop_checkpoints` logs a run's
+               -- of its own: the checkpoint may leave the request's row.
+               SELECT g.turn FROM given g, folded fo
+               WHERE g.phase = 'ready'
+                 AND EXISTS (SELECT 1 FROM all_checkpoints k
+                             WHERE k.conversation_id = $1 AND k.run_id = $3 AND k.turn = g.turn
+                               AND k.phase <> 'ready')
+               ORDER BY g.turn DESC LIMIT 1
+           ), fence AS (
                UPDATE admissions
                SET input_tokens = COALESCE($5, input_tokens),
                    output_tokens = COALESCE($6, output_tokens),
                    cache_read_tokens = COALESCE($7, cache_read_tokens),
-                   cache_write_tokens = COALESCE($8, cache_write_tokens), updated_at = $9
+                   cache_write_tokens = COALESCE($8, cache_write_tokens), updated_at = $9,
+                   event_seq = event_seq + (SELECT COUNT(*) FROM ended)
                WHERE conversation_id = $1 AND revision = $2 AND run_id = $3
                  AND active_request_id = $4
-               RETURNING conversation_id
+               RETURNING conversation_id, event_seq
+           ), turn_ended AS (
+               INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
+                   entry_seq, call_id, at)
+               SELECT f.conversation_id, f.event_seq, 9, $4, NULLIF($3, $4), e.turn, NULL, NULL,
+                   $9
+               FROM fence f, ended e
            ), saved AS (
                INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
                    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
                    reports_count, message_count, created_at)
                SELECT f.conversation_id, $3, c.turn, c.phase, c.input, c.output, c.cache_read,
                    c.cache_write, c.tool_calls, c.reports, c.messages, $9
-               FROM fence f, UNNEST($10::bigint[], $11::text[], $12::bigint[], $13::bigint[],
-                   $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[])
-                   AS c(turn, phase, input, output, cache_read, cache_write, tool_calls, reports,
-                        messages)
+               FROM fence f, given c
+               WHERE NOT EXISTS (SELECT 1 FROM folded)
                ON CONFLICT (conversation_id, run_id, turn) DO UPDATE SET
                    phase = EXCLUDED.phase, input_tokens = EXCLUDED.input_tokens,
                    output_tokens = EXCLUDED.output_tokens,
@@ -245,6 +284,49 @@ pub(crate) async fn write_step(
                    tool_calls_count = EXCLUDED.tool_calls_count,
                    reports_count = EXCLUDED.reports_count,
                    message_count = EXCLUDED.message_count, created_at = EXCLUDED.created_at
+           ), earlier AS (
+               -- A folded run's turns before the row's: the row's own
+               -- checkpoint when this write brings a later turn, and given
+               -- checkpoints of turns before the latest.
+               INSERT INTO first_run_checkpoints (conversation_id, request_id, turn, phase,
+                   input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                   tool_calls_count, reports_count, message_count, created_at)
+               SELECT f.conversation_id, $4, fo.turn, fo.phase, fo.input_tokens,
+                   fo.output_tokens, fo.cache_read_tokens, fo.cache_write_tokens,
+                   fo.tool_calls_count, fo.reports_count, fo.message_count, fo.checkpoint_at
+               FROM fence f, folded fo, latest l
+               WHERE fo.turn < l.turn AND fo.turn NOT IN (SELECT turn FROM given)
+               UNION ALL
+               SELECT f.conversation_id, $4, g.turn, g.phase, g.input, g.output, g.cache_read,
+                   g.cache_write, g.tool_calls, g.reports, g.messages, $9
+               FROM fence f, folded fo, given g
+               WHERE g.turn < GREATEST(fo.turn, (SELECT MAX(turn) FROM given))
+               ON CONFLICT (conversation_id, request_id, turn) DO UPDATE SET
+                   phase = EXCLUDED.phase, input_tokens = EXCLUDED.input_tokens,
+                   output_tokens = EXCLUDED.output_tokens,
+                   cache_read_tokens = EXCLUDED.cache_read_tokens,
+                   cache_write_tokens = EXCLUDED.cache_write_tokens,
+                   tool_calls_count = EXCLUDED.tool_calls_count,
+                   reports_count = EXCLUDED.reports_count,
+                   message_count = EXCLUDED.message_count, created_at = EXCLUDED.created_at
+           ), folded_row AS (
+               -- The folded run's latest checkpoint, and its failure.
+               UPDATE requests q
+               SET turn = COALESCE(l.turn, q.turn), phase = COALESCE(l.phase, q.phase),
+                   input_tokens = COALESCE(l.input, q.input_tokens),
+                   output_tokens = COALESCE(l.output, q.output_tokens),
+                   cache_read_tokens = COALESCE(l.cache_read, q.cache_read_tokens),
+                   cache_write_tokens = COALESCE(l.cache_write, q.cache_write_tokens),
+                   tool_calls_count = COALESCE(l.tool_calls, q.tool_calls_count),
+                   reports_count = COALESCE(l.reports, q.reports_count),
+                   message_count = COALESCE(l.messages, q.message_count),
+                   checkpoint_at = CASE WHEN l.turn IS NULL THEN q.checkpoint_at ELSE $9 END,
+                   run_status = CASE WHEN $32::bytea IS NULL THEN q.run_status ELSE 'failed' END,
+                   run_error = COALESCE($32::bytea, q.run_error),
+                   run_ended_at = CASE WHEN $32::bytea IS NULL THEN q.run_ended_at ELSE $9 END
+               FROM fence f, folded fo LEFT JOIN latest l ON true
+               WHERE q.conversation_id = f.conversation_id AND q.request_id = $4
+                 AND (l.turn IS NOT NULL OR $32::bytea IS NOT NULL)
            ), reports AS (
                INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
                    detail)

@@ -165,9 +165,9 @@ impl Backend for Postgres {
                     c.input_tokens, c.output_tokens,
                     c.cache_read_tokens, c.cache_write_tokens
              FROM admissions a
-             LEFT JOIN loop_checkpoints c ON c.conversation_id = a.conversation_id
+             LEFT JOIN all_checkpoints c ON c.conversation_id = a.conversation_id
                  AND c.run_id = a.run_id
-                 AND c.turn = (SELECT MAX(turn) FROM loop_checkpoints
+                 AND c.turn = (SELECT MAX(turn) FROM all_checkpoints
                                WHERE conversation_id = a.conversation_id AND run_id = a.run_id)
              WHERE a.active_request_id IS NOT NULL",
         )
@@ -192,7 +192,7 @@ impl Backend for Postgres {
         let pg = PostgresStore::connect_with(options(&self.url))
             .await
             .expect("reconnect");
-        let rows = sqlx::query_as("SELECT request_id, run_id FROM runs")
+        let rows = sqlx::query_as("SELECT request_id, run_id FROM all_runs")
             .fetch_all(&self.pool)
             .await
             .expect("list runs");

@@ -11,6 +11,7 @@ mod crash_torture;
 mod fork_cost;
 mod lease_takeover;
 mod migrate_0019;
+mod migrate_0027;
 mod server_crash;
 mod sessions;
 mod stuck_order;

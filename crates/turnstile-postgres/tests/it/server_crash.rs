@@ -289,7 +289,7 @@ async fn assert_acked_durable(pool: &PgPool, acked: &[Acked], at: &str) -> usize
                 .fetch_one(pool)
                 .await,
                 "record_model_response" => sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM loop_checkpoints WHERE run_id = $1 AND turn = $2
+                    "SELECT EXISTS (SELECT 1 FROM all_checkpoints WHERE run_id = $1 AND turn = $2
                      AND phase NOT IN ('turn_in_flight', 'model_pending'))",
                 )
                 .bind(write.run.map(|r| r.as_uuid()))
@@ -297,7 +297,7 @@ async fn assert_acked_durable(pool: &PgPool, acked: &[Acked], at: &str) -> usize
                 .fetch_one(pool)
                 .await,
                 "finish_turn" => sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM loop_checkpoints WHERE run_id = $1 AND turn = $2
+                    "SELECT EXISTS (SELECT 1 FROM all_checkpoints WHERE run_id = $1 AND turn = $2
                      AND phase = 'ready')",
                 )
                 .bind(write.run.map(|r| r.as_uuid()))
@@ -453,7 +453,7 @@ async fn server_crashes_mid_run_lose_nothing_acknowledged_and_every_request_comp
     assert!(violations.is_empty(), "inconsistent: {violations:#?}");
     let mut runs_per_request: BTreeMap<RequestId, i64> = BTreeMap::new();
     for (_, request) in plan.requests() {
-        let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM runs WHERE request_id = $1")
+        let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM all_runs WHERE request_id = $1")
             .bind(request.id.as_uuid())
             .fetch_one(&pool)
             .await

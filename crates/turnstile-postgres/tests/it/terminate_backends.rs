@@ -140,7 +140,7 @@ async fn assert_committed_once(
     drop(conn);
     assert!(violations.is_empty(), "inconsistent: {violations:#?}");
     let runs: Vec<(uuid::Uuid, i64)> =
-        sqlx::query_as("SELECT request_id, COUNT(*) FROM runs GROUP BY request_id")
+        sqlx::query_as("SELECT request_id, COUNT(*) FROM all_runs GROUP BY request_id")
             .fetch_all(pool)
             .await
             .expect("count runs");
@@ -765,7 +765,7 @@ async fn state(store: &dyn Store, pool: &PgPool, conversation: &ConversationPlan
             request.index, record.status
         ));
         let runs: Vec<uuid::Uuid> = sqlx::query_scalar(
-            "SELECT run_id FROM runs WHERE request_id = $1 ORDER BY started_at, run_id",
+            "SELECT run_id FROM all_runs WHERE request_id = $1 ORDER BY started_at, run_id",
         )
         .bind(request.id.as_uuid())
         .fetch_all(pool)

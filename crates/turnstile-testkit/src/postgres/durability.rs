@@ -167,7 +167,8 @@ pub fn inspect_pool(url: &str, schema: &str) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// Rows per turnstile table in the schema: two runs of the same work must
+/// Rows per turnstile table in the schema (runs and checkpoints wherever
+/// they are kept, through their views): two runs of the same work must
 /// have the same counts, or one of them wrote something twice (or lost it).
 pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
     let mut counts = BTreeMap::new();
@@ -176,10 +177,10 @@ pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
         "admissions",
         "request_ids",
         "requests",
-        "runs",
+        "all_runs",
         "run_messages",
         "transcript",
-        "loop_checkpoints",
+        "all_checkpoints",
         "verification_reports",
         "tool_calls",
         "approvals",
@@ -266,12 +267,12 @@ pub async fn consistency_violations(conn: &mut sqlx::PgConnection) -> Vec<String
         ),
         (
             "a request has at most one running run",
-            "SELECT request_id::text FROM runs WHERE status = 'running'
+            "SELECT request_id::text FROM all_runs WHERE status = 'running'
              GROUP BY request_id HAVING COUNT(*) > 1",
         ),
         (
             "a finished request has no running run",
-            "SELECT DISTINCT u.request_id::text FROM runs u JOIN requests r
+            "SELECT DISTINCT u.request_id::text FROM all_runs u JOIN requests r
                  ON r.conversation_id = u.conversation_id AND r.request_id = u.request_id
              WHERE u.status = 'running' AND r.status <> 'active'",
         ),
