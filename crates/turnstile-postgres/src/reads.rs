@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::codec::{db, text, to_i64, Row};
 use turnstile_core::backend::{
     decode_budget, decode_budget_change, decode_message, decode_tool_result, AdmissionRow,
-    CheckpointRow,
+    CheckpointRow, EntryKey,
 };
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
@@ -426,7 +426,7 @@ fn transcript_entry(
     content: Vec<u8>,
     meta: Option<String>,
 ) -> Result<TranscriptEntry, Error> {
-    let key = format!("{conversation_id}/{seq}");
+    let key = EntryKey(conversation_id, seq);
     let row = Row {
         table: "transcript",
         key: &key,

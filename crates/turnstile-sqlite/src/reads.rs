@@ -6,7 +6,7 @@ use sqlx::SqliteConnection;
 use super::admission::AdmissionColumns;
 use super::codec::{db, decode_message, to_i64, Row};
 use turnstile_core::backend::{
-    decode_budget, decode_budget_change, decode_tool_result, CheckpointRow,
+    decode_budget, decode_budget_change, decode_tool_result, CheckpointRow, EntryKey,
 };
 use turnstile_core::checkpoint::{CheckpointPhase, LoopCheckpoint};
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, RunId};
@@ -770,15 +770,6 @@ fn window_entries(
 /// A window header's number.
 fn number(field: &[u8]) -> Option<i64> {
     std::str::from_utf8(field).ok()?.parse().ok()
-}
-
-/// A transcript entry's key as an error names it, formatted only then.
-struct EntryKey(ConversationId, i64);
-
-impl std::fmt::Display for EntryKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.0, self.1)
-    }
 }
 
 #[cfg(test)]

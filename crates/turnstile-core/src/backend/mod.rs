@@ -55,6 +55,7 @@ pub use refusals::{
 pub use rows::{
     budget_change_json, budget_json, decode_budget, decode_budget_change, decode_message,
     decode_metadata, decode_tool_result, message_columns, metadata_json, now_ms,
-    stored_messages_json, to_i64, to_json, tool_result_columns, AdmissionRow, CheckpointRow, Row,
+    stored_messages_json, to_i64, to_json, tool_result_columns, AdmissionRow, CheckpointRow,
+    EntryKey, Row,
 };
 pub use stuck::is_stuck;

@@ -30,6 +30,16 @@ pub fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// A transcript entry's key, `conversation/seq`, as an error names it:
+/// formatted only then, not for every entry read.
+pub struct EntryKey(pub ConversationId, pub i64);
+
+impl std::fmt::Display for EntryKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.0, self.1)
+    }
+}
+
 /// Decoding context: which row of which table is being read.
 #[derive(Clone, Copy)]
 pub struct Row<'a> {
