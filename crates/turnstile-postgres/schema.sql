@@ -235,6 +235,19 @@ $$;
 
 
 --
+-- Name: turnstile_row_moved(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.turnstile_row_moved() RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'turnstile: a run''s row changed while this step waited for its lock'
+        USING ERRCODE = 'serialization_failure';
+END $$;
+
+
+--
 -- Name: turnstile_take_blobs(); Type: FUNCTION; Schema: public; Owner: -
 --
 

@@ -91,6 +91,17 @@ CREATE TRIGGER event_first_run_stopped AFTER UPDATE OF run_status ON requests
 FOR EACH ROW WHEN (NEW.run_status = 'failed' AND OLD.run_status <> 'failed')
 EXECUTE FUNCTION event_first_run_stopped();
 
+-- A step writes a folded run's row from its statement's snapshot, taken
+-- before the step waited for the admission's lock. When another statement
+-- of the same run changed the row meanwhile (a first attempt still running
+-- when its retry or the next step started), the step stops here as a
+-- serialization failure, which the store retries with a fresh snapshot.
+CREATE FUNCTION turnstile_row_moved() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'turnstile: a run''s row changed while this step waited for its lock'
+        USING ERRCODE = 'serialization_failure';
+END $$;
+
 -- A turn's end (kind 9, 0024) of a folded run is logged by the step that
 -- writes it (`src/steps/turn_write.rs`): the turn's checkpoint may move from
 -- the request's row to `first_run_checkpoints` as it turns `ready`.

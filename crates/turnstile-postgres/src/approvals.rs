@@ -284,7 +284,8 @@ pub(crate) async fn decide_approval(
                WHERE conversation_id = $1 AND active_request_id = $2 AND revision = $5
                  AND EXISTS (SELECT 1 FROM target)
                  AND EXISTS (SELECT 1 FROM all_runs r WHERE r.conversation_id = $1
-                             AND r.run_id = admissions.run_id AND r.status = 'failed')
+                             AND r.request_id = $2 AND r.run_id = admissions.run_id
+                             AND r.status = 'failed')
                RETURNING revision
            ), decided AS (
                UPDATE approvals a SET status = $6, reason = $7, decided_at = $4,

@@ -54,9 +54,14 @@ pub(crate) async fn load_expired_leases(
                   a.run_id AS "run_id!", a.revision, a.lease_expires_at AS "lease_expires_at!"
            FROM admissions a
            JOIN conversations c ON c.conversation_id = a.conversation_id
-           JOIN all_runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
            WHERE a.lease_expires_at IS NOT NULL AND a.active_request_id IS NOT NULL
-             AND a.lease_expires_at < $1 AND ru.status = 'running'
+             AND a.lease_expires_at < $1
+             -- The holding run's status by its key: a scalar subquery, which
+             -- the planner keeps per row (a join to the view would scan its
+             -- every place).
+             AND (SELECT r.status FROM all_runs r
+                  WHERE r.conversation_id = a.conversation_id AND r.run_id = a.run_id)
+                 = 'running'
            ORDER BY a.lease_expires_at LIMIT $2
            FOR UPDATE OF a SKIP LOCKED"#,
         now,

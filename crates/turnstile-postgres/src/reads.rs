@@ -145,8 +145,14 @@ pub(crate) async fn load_checkpoints(
                   c.tool_calls_count AS "tool_calls_count!", c.reports_count AS "reports_count!",
                   c.message_count AS "message_count!", c.created_at AS "created_at!",
                   r.conversation_id AS "conversation_id!", r.request_id AS "request_id!"
-           FROM all_runs r JOIN all_checkpoints c
-               ON c.conversation_id = r.conversation_id AND c.run_id = r.run_id
+           FROM all_runs r
+           -- Lateral, so that each place the views read is looked up by
+           -- its key; a join of the two views would scan them.
+           CROSS JOIN LATERAL (
+               SELECT * FROM all_checkpoints k
+               WHERE k.conversation_id = r.conversation_id AND k.run_id = r.run_id
+               ORDER BY k.turn DESC LIMIT $2
+           ) c
            WHERE r.run_id = $1 ORDER BY c.turn DESC LIMIT $2"#,
         run_id.as_uuid(),
         limit

@@ -184,7 +184,12 @@ pub(super) async fn doctor(
                           WHERE ap.conversation_id = a.conversation_id
                               AND ap.request_id = a.active_request_id AND ap.status = 'awaiting') AS awaiting
                  FROM admissions a WHERE a.active_request_id IS NOT NULL) a
-           LEFT JOIN all_runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id"#,
+           -- The holding run's status by its key (as `list::stuck_keys`).
+           CROSS JOIN LATERAL (
+               SELECT (SELECT r.status FROM all_runs r
+                       WHERE r.conversation_id = a.conversation_id AND r.run_id = a.run_id)
+                   AS status
+           ) ru"#,
         cutoff(stale_after),
         now_ms()
     )

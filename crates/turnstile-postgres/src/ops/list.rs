@@ -67,7 +67,14 @@ async fn stuck_keys(
         r#"SELECT a.conversation_id, a.active_request_id AS "request_id!", a.run_id
            FROM admissions a
            JOIN conversations c ON c.conversation_id = a.conversation_id
-           LEFT JOIN all_runs ru ON ru.conversation_id = a.conversation_id AND ru.run_id = a.run_id
+           -- The holding run's status, looked up by its key: a scalar
+           -- subquery, which the planner keeps per row (a join to the view
+           -- would scan its every place).
+           CROSS JOIN LATERAL (
+               SELECT (SELECT r.status FROM all_runs r
+                       WHERE r.conversation_id = a.conversation_id AND r.run_id = a.run_id)
+                   AS status
+           ) ru
            WHERE a.active_request_id IS NOT NULL
              AND (ru.status IS NULL OR ru.status <> 'running'
                   OR CASE WHEN a.lease_expires_at IS NULL THEN a.updated_at < $1

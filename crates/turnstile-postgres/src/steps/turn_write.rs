@@ -227,7 +227,7 @@ pub(crate) async fn write_step(
                -- that row's checkpoint; no row for a run in `runs`.
                SELECT q.turn, q.phase, q.input_tokens, q.output_tokens, q.cache_read_tokens,
                    q.cache_write_tokens, q.tool_calls_count, q.reports_count, q.message_count,
-                   q.checkpoint_at
+                   q.checkpoint_at, q.run_status
                FROM requests q
                WHERE q.conversation_id = $1 AND q.request_id = $4 AND $3 = $4
                  AND q.run_status IS NOT NULL
@@ -246,12 +246,12 @@ pub(crate) async fn write_step(
                -- A folded run's turn this write turns `ready`, logged here
                -- (kind 9) as the trigger on `loop_checkpoints` logs a run's
                -- of its own: the checkpoint may leave the request's row.
-               SELECT g.turn FROM given g, folded fo
-               WHERE g.phase = 'ready'
-                 AND EXISTS (SELECT 1 FROM all_checkpoints k
-                             WHERE k.conversation_id = $1 AND k.run_id = $3 AND k.turn = g.turn
+               SELECT r.turn
+               FROM (SELECT g.turn FROM given g, folded fo WHERE g.phase = 'ready'
+                     ORDER BY g.turn DESC LIMIT 1) r
+               WHERE EXISTS (SELECT 1 FROM all_checkpoints k
+                             WHERE k.conversation_id = $1 AND k.run_id = $3 AND k.turn = r.turn
                                AND k.phase <> 'ready')
-               ORDER BY g.turn DESC LIMIT 1
            ), fence AS (
                UPDATE admissions
                SET input_tokens = COALESCE($5, input_tokens),
@@ -327,6 +327,16 @@ pub(crate) async fn write_step(
                FROM fence f, folded fo LEFT JOIN latest l ON true
                WHERE q.conversation_id = f.conversation_id AND q.request_id = $4
                  AND (l.turn IS NOT NULL OR $32::bytea IS NOT NULL)
+                 -- The row as this statement's snapshot read it, or it
+                 -- changed while the fence waited: see the end.
+                 AND (q.turn, q.phase, q.input_tokens, q.output_tokens, q.cache_read_tokens,
+                      q.cache_write_tokens, q.tool_calls_count, q.reports_count, q.message_count,
+                      q.checkpoint_at, q.run_status)
+                     IS NOT DISTINCT FROM
+                     (fo.turn, fo.phase, fo.input_tokens, fo.output_tokens, fo.cache_read_tokens,
+                      fo.cache_write_tokens, fo.tool_calls_count, fo.reports_count,
+                      fo.message_count, fo.checkpoint_at, fo.run_status)
+               RETURNING 1
            ), reports AS (
                INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
                    detail)
@@ -359,7 +369,14 @@ pub(crate) async fn write_step(
                FROM fence f
                WHERE r.conversation_id = f.conversation_id AND r.run_id = $3 AND $32::bytea IS NOT NULL
            )
-           SELECT COUNT(*) AS "fenced!" FROM fence"#,
+           -- A folded row that changed since the snapshot was not written:
+           -- the statement stops as a serialization failure (migration 0027),
+           -- and is retried with a fresh snapshot.
+           SELECT COUNT(*) AS "fenced!" FROM fence
+           WHERE CASE WHEN EXISTS (SELECT 1 FROM folded)
+                           AND (EXISTS (SELECT 1 FROM latest) OR $32::bytea IS NOT NULL)
+                           AND NOT EXISTS (SELECT 1 FROM folded_row)
+                      THEN turnstile_row_moved() ELSE true END"#,
         fence.conversation_id.as_uuid(),
         to_i64(fence.revision.0),
         fence.run_id.as_uuid(),

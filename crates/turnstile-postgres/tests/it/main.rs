@@ -8,6 +8,7 @@ mod abandon_race;
 mod conformance;
 mod connect;
 mod crash_torture;
+mod folded_row_race;
 mod fork_cost;
 mod lease_takeover;
 mod migrate_0019;

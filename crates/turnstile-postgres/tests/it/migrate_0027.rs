@@ -16,7 +16,7 @@ use turnstile_testkit::postgres::{database_url, fresh_options};
 
 /// The database as the build before 0027 left it: every folded run back in
 /// `runs`, its checkpoints in `loop_checkpoints`, 0027 not applied.
-const UNDO_0027: [&str; 10] = [
+const UNDO_0027: [&str; 11] = [
     "INSERT INTO runs (conversation_id, run_id, request_id, status, error, started_at, ended_at)
      SELECT conversation_id, request_id, request_id, run_status, run_error, created_at,
          run_ended_at
@@ -40,6 +40,7 @@ const UNDO_0027: [&str; 10] = [
     "DROP TABLE first_run_checkpoints",
     "DROP TRIGGER event_first_run_stopped ON requests",
     "DROP FUNCTION event_first_run_stopped()",
+    "DROP FUNCTION turnstile_row_moved()",
     "ALTER TABLE requests DROP COLUMN run_status, DROP COLUMN run_error,
          DROP COLUMN run_ended_at, DROP COLUMN turn, DROP COLUMN phase,
          DROP COLUMN input_tokens, DROP COLUMN output_tokens, DROP COLUMN cache_read_tokens,

@@ -200,7 +200,7 @@ pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
 /// crashed when (the PostgreSQL stand-in for SQLite's integrity check): a
 /// description of each rule broken, none when all hold.
 pub async fn consistency_violations(conn: &mut sqlx::PgConnection) -> Vec<String> {
-    let rules: [(&str, &str); 13] = [
+    let rules: [(&str, &str); 15] = [
         (
             "no event is numbered past its admission's counter",
             "SELECT e.conversation_id::text FROM events e
@@ -264,6 +264,17 @@ pub async fn consistency_violations(conn: &mut sqlx::PgConnection) -> Vec<String
             "SELECT r.request_id::text FROM requests r LEFT JOIN request_ids k
                  ON k.request_id = r.request_id
              WHERE k.conversation_id IS DISTINCT FROM r.conversation_id",
+        ),
+        (
+            "a run has one checkpoint per turn, wherever it is kept",
+            "SELECT run_id::text FROM all_checkpoints
+             GROUP BY conversation_id, run_id, turn HAVING COUNT(*) > 1",
+        ),
+        (
+            "a first run's earlier checkpoints are of turns before the one in its request's row",
+            "SELECT f.request_id::text FROM first_run_checkpoints f JOIN requests r
+                 ON r.conversation_id = f.conversation_id AND r.request_id = f.request_id
+             WHERE r.phase IS NULL OR f.turn >= r.turn",
         ),
         (
             "a request has at most one running run",
