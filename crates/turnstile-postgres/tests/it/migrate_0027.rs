@@ -6,6 +6,7 @@
 
 use sqlx::PgPool;
 use turnstile::checkpoint::CheckpointPhase;
+use turnstile::ids::RunId;
 use turnstile::store::RunStatus;
 use turnstile::{PostgresStore, Store};
 use turnstile_conformance::support::{
@@ -77,14 +78,7 @@ async fn a_one_turn_request_writes_one_bookkeeping_row() {
     assert_eq!(checkpoints[0].phase, CheckpointPhase::Completed);
     let replayed = store.request(fence.request_id).await.expect("request");
     assert_eq!(replayed.and_then(|r| r.outcome), Some(outcome));
-    let turns: Vec<u32> = store
-        .checkpoints(tool_fence.run_id)
-        .await
-        .expect("checkpoints")
-        .iter()
-        .map(|c| c.turn)
-        .collect();
-    assert_eq!(turns, [1, 2, 3]);
+    assert_eq!(turns(&store, tool_fence.run_id).await, [1, 2, 3]);
     pool.close().await;
     store.close().await;
 }
@@ -133,14 +127,7 @@ async fn runs_written_before_0027_read_as_before_and_a_held_request_commits() {
         .await
         .expect("the held request commits");
     assert_eq!(outcome.run_id, held.run_id);
-    let turns: Vec<u32> = store
-        .checkpoints(held.run_id)
-        .await
-        .expect("checkpoints")
-        .iter()
-        .map(|c| c.turn)
-        .collect();
-    assert_eq!(turns, [1, 2, 3]);
+    assert_eq!(turns(&store, held.run_id).await, [1, 2, 3]);
     let replayed = store.request(held.request_id).await.expect("request");
     assert_eq!(replayed.and_then(|r| r.outcome), Some(outcome));
     let (next, _) = complete_request(&store, conversation, "third", 0, "third answer")
@@ -162,4 +149,15 @@ async fn rows(pool: &PgPool, table: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count")
+}
+
+/// The turns of `run`'s checkpoints, oldest first.
+async fn turns(store: &PostgresStore, run: RunId) -> Vec<u32> {
+    store
+        .checkpoints(run)
+        .await
+        .expect("checkpoints")
+        .iter()
+        .map(|c| c.turn)
+        .collect()
 }
