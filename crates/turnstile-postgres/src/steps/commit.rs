@@ -54,7 +54,7 @@ pub(crate) async fn commit(
                SELECT true AS yes, q.turn IS NULL OR q.turn <= $10 AS latest, q.turn, q.phase,
                    q.input_tokens, q.output_tokens,
                    q.cache_read_tokens, q.cache_write_tokens, q.tool_calls_count,
-                   q.reports_count, q.message_count, q.checkpoint_at, q.run_status
+                   q.reports_count, q.message_count, q.checkpoint_at, q.xmin AS row_version
                FROM requests q
                WHERE q.conversation_id = $2 AND q.request_id = $5 AND $4 = $5
                  AND q.run_status IS NOT NULL
@@ -153,16 +153,9 @@ pub(crate) async fn commit(
                    checkpoint_at = CASE WHEN fo.latest THEN $1 ELSE q.checkpoint_at END
                FROM placed p LEFT JOIN folded fo ON true
                WHERE q.conversation_id = $2 AND q.request_id = $5
-                 -- A folded row as this statement's snapshot read it, or it
-                 -- changed while the release waited: see the end.
-                 AND (fo.yes IS NULL
-                      OR (q.turn, q.phase, q.input_tokens, q.output_tokens, q.cache_read_tokens,
-                          q.cache_write_tokens, q.tool_calls_count, q.reports_count,
-                          q.message_count, q.checkpoint_at, q.run_status)
-                         IS NOT DISTINCT FROM
-                         (fo.turn, fo.phase, fo.input_tokens, fo.output_tokens,
-                          fo.cache_read_tokens, fo.cache_write_tokens, fo.tool_calls_count,
-                          fo.reports_count, fo.message_count, fo.checkpoint_at, fo.run_status))
+                 -- A folded row at the version this statement's snapshot read,
+                 -- or it changed while the release waited: see the end.
+                 AND (fo.yes IS NULL OR q.xmin = fo.row_version)
                RETURNING 1
            ), run AS (
                UPDATE runs SET status = 'completed', ended_at = $1

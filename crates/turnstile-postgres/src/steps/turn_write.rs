@@ -227,7 +227,7 @@ pub(crate) async fn write_step(
                -- that row's checkpoint; no row for a run in `runs`.
                SELECT q.turn, q.phase, q.input_tokens, q.output_tokens, q.cache_read_tokens,
                    q.cache_write_tokens, q.tool_calls_count, q.reports_count, q.message_count,
-                   q.checkpoint_at, q.run_status
+                   q.checkpoint_at, q.xmin AS row_version
                FROM requests q
                WHERE q.conversation_id = $1 AND q.request_id = $4 AND $3 = $4
                  AND q.run_status IS NOT NULL
@@ -327,15 +327,9 @@ pub(crate) async fn write_step(
                FROM fence f, folded fo LEFT JOIN latest l ON true
                WHERE q.conversation_id = f.conversation_id AND q.request_id = $4
                  AND (l.turn IS NOT NULL OR $32::bytea IS NOT NULL)
-                 -- The row as this statement's snapshot read it, or it
+                 -- The row version this statement's snapshot read, or the row
                  -- changed while the fence waited: see the end.
-                 AND (q.turn, q.phase, q.input_tokens, q.output_tokens, q.cache_read_tokens,
-                      q.cache_write_tokens, q.tool_calls_count, q.reports_count, q.message_count,
-                      q.checkpoint_at, q.run_status)
-                     IS NOT DISTINCT FROM
-                     (fo.turn, fo.phase, fo.input_tokens, fo.output_tokens, fo.cache_read_tokens,
-                      fo.cache_write_tokens, fo.tool_calls_count, fo.reports_count,
-                      fo.message_count, fo.checkpoint_at, fo.run_status)
+                 AND q.xmin = fo.row_version
                RETURNING 1
            ), reports AS (
                INSERT INTO verification_reports (conversation_id, request_id, seq, turn, passed,
