@@ -19,6 +19,7 @@ pub mod admission;
 pub mod approvals;
 pub mod blobs;
 pub mod budgets;
+pub mod claim_memory;
 pub mod concurrency;
 pub mod deletion;
 pub mod event_log;
@@ -65,6 +66,7 @@ macro_rules! suite {
     admission::recovery_claim_that_retries_a_model_call_takes_a_turn_in_flight,
     admission::abandon_with_stale_revision_is_refused_and_changes_nothing,
     admission::abandon_releases_admission_and_burns_request,
+    claim_memory::a_next_request_claimed_from_memory_sees_what_a_read_shows_whatever_changed,
     fencing::turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing,
     fencing::commit_of_a_replaced_owner_is_fenced_and_writes_nothing,
     fencing::owner_writes_after_commit_or_abandon_are_fenced,

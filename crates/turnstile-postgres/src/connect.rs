@@ -112,6 +112,7 @@ impl PostgresStore {
             location,
             schema: options.schema.clone(),
             part_limits: options.part_limits,
+            claim_memory: Default::default(),
         };
         retrying!(|_retry| store.prepare_schema(options.existing_only))?;
         Ok(store)

@@ -31,6 +31,7 @@ mod schema_sql;
 mod steps;
 mod summaries;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,7 +39,7 @@ use sqlx::PgPool;
 
 use retry::{autocommit, transaction};
 use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
-use turnstile_core::backend::StepBlobs;
+use turnstile_core::backend::{ClaimMemory, StepBlobs};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{BlobHash, Message, Usage};
@@ -118,6 +119,9 @@ pub struct PostgresStore {
     location: String,
     schema: Option<String>,
     part_limits: PartLimits,
+    /// Conversations' states after their commits, shared by the store's
+    /// clones: their next requests claim without reading first.
+    claim_memory: Arc<ClaimMemory>,
 }
 
 /// A step whose messages name blobs (`$blobs`): one transaction that
@@ -190,6 +194,10 @@ impl Store for PostgresStore {
             conn,
             conversation_id
         ))
+    }
+
+    fn claim_memory(&self) -> Option<&ClaimMemory> {
+        Some(&self.claim_memory)
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {

@@ -45,7 +45,7 @@ use batch::{Applied, BatchKind};
 use codec::db;
 use futures_core::future::BoxFuture;
 use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
-use turnstile_core::backend::StepBlobs;
+use turnstile_core::backend::{ClaimMemory, StepBlobs};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{BlobHash, Message, Usage};
@@ -165,6 +165,9 @@ pub struct SqliteStore {
     /// cannot write): there is no log to fold at close.
     look_only: bool,
     part_limits: PartLimits,
+    /// Conversations' states after their commits, shared by the store's
+    /// clones: their next requests claim without reading first.
+    claim_memory: Arc<ClaimMemory>,
 }
 
 impl SqliteStore {
@@ -289,6 +292,10 @@ impl Store for SqliteStore {
     ) -> Result<ClaimContext, Error> {
         reads::load_claim_context(&self.reader, namespace, conversation_id, request_id, window)
             .await
+    }
+
+    fn claim_memory(&self) -> Option<&ClaimMemory> {
+        Some(&self.claim_memory)
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {

@@ -202,6 +202,7 @@ impl SqliteStore {
             path: Some(path.to_owned()),
             look_only,
             part_limits: options.part_limits,
+            claim_memory: Default::default(),
         })
     }
 
@@ -230,6 +231,7 @@ impl SqliteStore {
             path: None,
             look_only: false,
             part_limits: PartLimits::default(),
+            claim_memory: Default::default(),
         })
     }
 

@@ -42,12 +42,14 @@
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 
 mod blobs;
+mod claim_memory;
 mod event_row;
 mod refusals;
 mod rows;
 mod stuck;
 
 pub use blobs::{checked_blob, missing_blob, wrong_blob_size, StepBlobs};
+pub use claim_memory::{ClaimMemory, Recalled};
 pub use event_row::EventRow;
 pub use refusals::{
     cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,

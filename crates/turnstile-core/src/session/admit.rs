@@ -7,7 +7,7 @@ use super::turns::first_turn_may_start;
 use super::AgentSession;
 use crate::agent::{Budget, RunContext};
 use crate::error::Error;
-use crate::ids::{RequestId, RunId};
+use crate::ids::{RequestId, Revision, RunId};
 use crate::message::{Content, Message};
 use crate::outcome::Outcome;
 use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
@@ -21,8 +21,15 @@ const CLAIM_ATTEMPTS: usize = 8;
 enum Admitted {
     Replay(Outcome),
     /// With the model's context when the claim saved the first turn's
-    /// write-ahead.
-    Claimed(Fence, Option<Vec<Message>>),
+    /// write-ahead, and the window it was made from.
+    Claimed(Fence, Option<Vec<Message>>, Option<Window>),
+}
+
+/// The committed entries' messages a claim's context was made from, the
+/// last `limit` of the conversation's.
+struct Window {
+    limit: u32,
+    messages: Vec<Message>,
 }
 
 impl AgentSession {
@@ -45,11 +52,24 @@ impl AgentSession {
             .await?
         {
             Admitted::Replay(outcome) => Ok(outcome),
-            Admitted::Claimed(fence, prefix) => {
+            Admitted::Claimed(fence, prefix, window) => {
                 let input = Message::User {
                     content: input.clone(),
                 };
-                self.drive_fresh(fence, input, prefix, ctx, events).await
+                let outcome = self.drive_fresh(fence, input, prefix, ctx, events).await?;
+                if let (Some(memory), Some(window)) = (self.store.claim_memory(), window) {
+                    // The commit moved the revision on from the claim's.
+                    let revision = Revision(fence.revision.0 + 1);
+                    memory.remember(
+                        &self.namespace,
+                        self.conversation_id,
+                        revision,
+                        window.limit,
+                        window.messages,
+                        &outcome.messages,
+                    );
+                }
+                Ok(outcome)
             }
         }
     }
@@ -70,12 +90,18 @@ impl AgentSession {
         // the model's context. The conversation is created only once the
         // request is known to be new, so a refusal writes nothing.
         let window = first_turn_ahead.then(|| self.policy.window());
+        let hash = InputHash::of_content(input)?;
+        if let Some(limit) = window {
+            let recalled = self.claim_recalled(request_id, input, hash, limit, deadline_at, budget);
+            if let Some(admitted) = recalled.await? {
+                return Ok(admitted);
+            }
+        }
         let read = || {
             self.store
                 .claim_context(&self.namespace, self.conversation_id, request_id, window)
         };
         let mut context = read().await?;
-        let hash = InputHash::of_content(input)?;
         if let Some(record) = context.request.take() {
             return self.existing(record, hash).await.map(Admitted::Replay);
         }
@@ -117,27 +143,27 @@ impl AgentSession {
             // claim expects: no commit can come between (a commit moves the
             // revision), and a damaged transcript refuses the request before
             // it holds the conversation or claims a turn in flight.
-            let prefix = match first_turn_ahead {
-                true => Some(self.window_prefix(std::mem::take(&mut context.window))),
-                false => None,
-            };
-            let run_id = RunId::first_of(request_id);
-            let claim = NewRequest {
-                conversation_id: self.conversation_id,
+            let window = window.map(|limit| Window {
+                limit,
+                messages: std::mem::take(&mut context.window)
+                    .into_iter()
+                    .map(|entry| entry.message)
+                    .collect(),
+            });
+            let prefix = window.as_ref().map(|w| self.window_prefix(&w.messages));
+            let claim = self.new_request(
                 request_id,
-                input_sha256: hash,
-                input: Message::User {
-                    content: input.clone(),
-                },
-                expected_revision: admission.revision,
-                run_id,
-                agent_fingerprint: self.fingerprint(),
-                first_turn: first_turn_ahead.then(|| first_turn(run_id)),
+                input,
+                hash,
+                admission.revision,
+                window.is_some(),
                 deadline_at,
                 budget,
-            };
+            );
             match self.store.claim(&claim).await {
-                Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence, prefix)),
+                Ok(ClaimOutcome::Admitted(fence)) => {
+                    return Ok(Admitted::Claimed(fence, prefix, window))
+                }
                 Ok(ClaimOutcome::Existing(record)) => {
                     return self.existing(record, hash).await.map(Admitted::Replay)
                 }
@@ -146,6 +172,90 @@ impl AgentSession {
                 Err(Error::Conflict { .. }) if attempt < CLAIM_ATTEMPTS => {}
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// The claim of a conversation whose last commit the store remembers,
+    /// at the revision and with the window it remembers, without reading
+    /// first (see [`ClaimMemory`](crate::backend::ClaimMemory)). `None` when
+    /// it remembers nothing or the claim was refused (the admission moved
+    /// since, or the conversation is gone): the caller reads and claims as
+    /// ever.
+    async fn claim_recalled(
+        &self,
+        request_id: RequestId,
+        input: &Content,
+        hash: InputHash,
+        limit: u32,
+        deadline_at: Option<i64>,
+        budget: Budget,
+    ) -> Result<Option<Admitted>, Error> {
+        let Some(recalled) = self
+            .store
+            .claim_memory()
+            .and_then(|memory| memory.take(&self.namespace, self.conversation_id, limit))
+        else {
+            return Ok(None);
+        };
+        let claim = self.new_request(
+            request_id,
+            input,
+            hash,
+            recalled.revision,
+            true,
+            deadline_at,
+            budget,
+        );
+        match self.store.claim(&claim).await {
+            Ok(ClaimOutcome::Admitted(fence)) => {
+                let prefix = self.window_prefix(&recalled.window);
+                let window = Window {
+                    limit,
+                    messages: recalled.window,
+                };
+                Ok(Some(Admitted::Claimed(fence, Some(prefix), Some(window))))
+            }
+            Ok(ClaimOutcome::Existing(record)) => self
+                .existing(record, hash)
+                .await
+                .map(|o| Some(Admitted::Replay(o))),
+            Err(
+                Error::Conflict { .. }
+                | Error::Busy { .. }
+                | Error::NotFound { .. }
+                | Error::Deleted { .. },
+            ) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The claim of `request_id` at `expected_revision`, saving its first
+    /// turn's write-ahead when `first_turn_ahead`.
+    #[allow(clippy::too_many_arguments)]
+    fn new_request(
+        &self,
+        request_id: RequestId,
+        input: &Content,
+        hash: InputHash,
+        expected_revision: Revision,
+        first_turn_ahead: bool,
+        deadline_at: Option<i64>,
+        budget: Budget,
+    ) -> NewRequest {
+        let run_id = RunId::first_of(request_id);
+        NewRequest {
+            conversation_id: self.conversation_id,
+            request_id,
+            input_sha256: hash,
+            input: Message::User {
+                content: input.clone(),
+            },
+            expected_revision,
+            run_id,
+            agent_fingerprint: self.fingerprint(),
+            first_turn: first_turn_ahead.then(|| first_turn(run_id)),
+            deadline_at,
+            budget,
         }
     }
 

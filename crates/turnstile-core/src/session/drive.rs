@@ -13,7 +13,7 @@ use crate::events::Event;
 use crate::ids::RunId;
 use crate::message::Message;
 use crate::outcome::Outcome;
-use crate::store::{AgentChange, Fence, TranscriptEntry};
+use crate::store::{AgentChange, Fence};
 
 impl AgentSession {
     /// A fresh claim: the request is at its start, or at its first turn
@@ -210,7 +210,8 @@ impl AgentSession {
                 .store
                 .transcript_window(self.conversation_id, self.policy.window())
                 .await?;
-            return Ok(self.window_prefix(window));
+            let messages: Vec<Message> = window.into_iter().map(|e| e.message).collect();
+            return Ok(self.window_prefix(&messages));
         }
         let mut prefix = Vec::new();
         if !self.agent.system_prompt.is_empty() {
@@ -232,21 +233,16 @@ impl AgentSession {
     /// The model's context without a summary agent: the system prompt and
     /// the plain sliding `window` (as read with the policy's window), moved
     /// forward to start at a user message.
-    pub(super) fn window_prefix(&self, window: Vec<TranscriptEntry>) -> Vec<Message> {
+    pub(super) fn window_prefix(&self, window: &[Message]) -> Vec<Message> {
         let mut prefix = Vec::new();
         if !self.agent.system_prompt.is_empty() {
             prefix.push(Message::system(self.agent.system_prompt.clone()));
         }
         let start = window
             .iter()
-            .position(|e| matches!(e.message, Message::User { .. }))
+            .position(|m| matches!(m, Message::User { .. }))
             .unwrap_or(window.len());
-        prefix.extend(
-            window
-                .into_iter()
-                .skip(start)
-                .map(|e| self.policy.shown(e.message)),
-        );
+        prefix.extend(window[start..].iter().map(|m| self.policy.shown(m.clone())));
         prefix
     }
 }

@@ -130,6 +130,14 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// What this store remembers of conversations after their commits, so
+    /// that a conversation's next request can claim without reading first
+    /// (see [`ClaimMemory`](crate::backend::ClaimMemory)); `None`, the
+    /// default, when it remembers nothing and every claim reads first.
+    fn claim_memory(&self) -> Option<&crate::backend::ClaimMemory> {
+        None
+    }
+
     /// Claims an idle admission at `expected_revision` for a new request:
     /// records the request, its first run and the user input as its first
     /// message. A run has no checkpoint until its first turn starts.

@@ -1,0 +1,271 @@
+//! What a store remembers of a conversation after a commit, so that the
+//! conversation's next request can claim without reading first.
+//!
+//! A new request reads its claim's context (the conversation, whether the
+//! request is known, the admission and the model's window) and then claims
+//! at the revision it read. After a session commits, it knows all of that
+//! for the next request: the admission is idle at the revision after the
+//! commit's, and the window is the one it read with the request's messages
+//! added. The next request of the conversation, from any session on the
+//! same store, claims at that revision with that window and skips the read.
+//! The claim's compare-and-swap is what makes that safe: any change of the
+//! admission since (another request, a deletion, an approval, a change of
+//! agent or budget) moves the revision, the claim is refused and writes
+//! nothing, and the session reads as it always did. A request id that is
+//! known already is answered by the claim as the read would have answered
+//! it ([`ClaimOutcome::Existing`](crate::store::ClaimOutcome::Existing)).
+//!
+//! A remembered entry is taken, not copied: two requests of one
+//! conversation never both claim from it. Windows whose messages name
+//! images or files are not remembered (their stored form is a reference,
+//! not the bytes the session holds). The memory is bounded in bytes; past
+//! the bound it forgets the longest-unused conversations.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::error::Error;
+use crate::ids::{ConversationId, Namespace, Revision};
+use crate::message::Message;
+
+use super::blobs::StepBlobs;
+use super::rows::{decode_message, message_columns, Row};
+
+/// The bytes of message text a store keeps at most, over all remembered
+/// conversations.
+const MAX_BYTES: usize = 16 << 20;
+
+/// Per-store memory of conversations' states after their last commit
+/// through it (see the module docs). A store that keeps one returns it from
+/// [`Store::claim_memory`](crate::store::Store::claim_memory).
+#[derive(Debug, Default)]
+pub struct ClaimMemory {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    conversations: HashMap<ConversationId, Remembered>,
+    bytes: usize,
+    /// Counts uses, to forget the longest-unused conversation first.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Remembered {
+    namespace: Namespace,
+    revision: Revision,
+    /// The window's size asked for when it was read.
+    limit: u32,
+    /// The last `limit` committed entries' messages (fewer when the
+    /// conversation has fewer), oldest first, as a read returns them.
+    window: Vec<Message>,
+    bytes: usize,
+    used: u64,
+}
+
+/// A conversation's state as remembered: claim at `revision` with `window`.
+#[derive(Debug)]
+pub struct Recalled {
+    /// The admission's revision after the last commit.
+    pub revision: Revision,
+    /// The model's window after it, oldest first.
+    pub window: Vec<Message>,
+}
+
+impl ClaimMemory {
+    /// Takes what is remembered of `conversation_id` for a claim in
+    /// `namespace` with a window of `limit` entries; `None` when nothing
+    /// matching is.
+    pub fn take(
+        &self,
+        namespace: &Namespace,
+        conversation_id: ConversationId,
+        limit: u32,
+    ) -> Option<Recalled> {
+        let mut inner = self.lock();
+        let remembered = inner.conversations.remove(&conversation_id)?;
+        inner.bytes -= remembered.bytes;
+        (remembered.namespace == *namespace && remembered.limit == limit).then_some(Recalled {
+            revision: remembered.revision,
+            window: remembered.window,
+        })
+    }
+
+    /// Forgets `conversation_id` (a claim of it was refused, or it failed).
+    pub fn forget(&self, conversation_id: ConversationId) {
+        let mut inner = self.lock();
+        if let Some(gone) = inner.conversations.remove(&conversation_id) {
+            inner.bytes -= gone.bytes;
+        }
+    }
+
+    /// Remembers `conversation_id` after a commit that left its admission
+    /// idle at `revision`: the window read for the request (`window`, the
+    /// last `limit` entries before it) followed by the messages the request
+    /// added. Messages are kept as a read would return them; a request
+    /// whose messages name images or files is not remembered.
+    pub fn remember(
+        &self,
+        namespace: &Namespace,
+        conversation_id: ConversationId,
+        revision: Revision,
+        limit: u32,
+        mut window: Vec<Message>,
+        added: &[Message],
+    ) {
+        let Ok(Some(added)) = as_read(conversation_id, added) else {
+            self.forget(conversation_id);
+            return;
+        };
+        window.extend(added);
+        let excess = window.len().saturating_sub(limit as usize);
+        window.drain(..excess);
+        let bytes = window.iter().map(text_bytes).sum::<usize>();
+        if bytes > MAX_BYTES / 16 {
+            self.forget(conversation_id);
+            return;
+        }
+        let mut inner = self.lock();
+        inner.clock += 1;
+        let used = inner.clock;
+        let remembered = Remembered {
+            namespace: namespace.clone(),
+            revision,
+            limit,
+            window,
+            bytes,
+            used,
+        };
+        if let Some(old) = inner.conversations.insert(conversation_id, remembered) {
+            inner.bytes -= old.bytes;
+        }
+        inner.bytes += bytes;
+        while inner.bytes > MAX_BYTES {
+            let Some(oldest) = inner
+                .conversations
+                .iter()
+                .min_by_key(|(_, r)| r.used)
+                .map(|(id, _)| *id)
+            else {
+                break;
+            };
+            if let Some(gone) = inner.conversations.remove(&oldest) {
+                inner.bytes -= gone.bytes;
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // The map is consistent after every statement that changes it: a
+        // panic elsewhere while it was held leaves nothing half-done.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// `messages` as a read of the transcript returns them (stored and decoded
+/// again); `None` when one names an image or a file.
+fn as_read(
+    conversation_id: ConversationId,
+    messages: &[Message],
+) -> Result<Option<Vec<Message>>, Error> {
+    if StepBlobs::of(messages).is_some() {
+        return Ok(None);
+    }
+    let row = Row {
+        table: "transcript",
+        key: &conversation_id,
+    };
+    messages
+        .iter()
+        .map(|message| {
+            let (role, content, meta) = message_columns(message)?;
+            decode_message(&row, &role, content, meta.as_deref())
+        })
+        .collect::<Result<Vec<_>, Error>>()
+        .map(Some)
+}
+
+/// About what a message costs to keep: its text, or its JSON when it is
+/// more than text.
+fn text_bytes(message: &Message) -> usize {
+    let plain = match message {
+        Message::Assistant {
+            tool_calls,
+            provider_metadata,
+            ..
+        } if !tool_calls.is_empty() || provider_metadata.is_some() => None,
+        _ => message.content().as_plain_text(),
+    };
+    std::mem::size_of::<Message>()
+        + plain.map_or_else(
+            || serde_json::to_string(message).map_or(0, |json| json.len()),
+            str::len,
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns() -> Namespace {
+        Namespace::new("tests").expect("namespace")
+    }
+
+    #[test]
+    fn a_remembered_window_keeps_the_last_entries_and_is_taken_once() {
+        let memory = ClaimMemory::default();
+        let id = ConversationId::new();
+        let window = vec![Message::user("a"), Message::assistant("b")];
+        let added = [Message::user("c"), Message::assistant("d")];
+        memory.remember(&ns(), id, Revision(4), 3, window, &added);
+        let recalled = memory.take(&ns(), id, 3).expect("remembered");
+        assert_eq!(recalled.revision, Revision(4));
+        assert_eq!(
+            recalled.window,
+            vec![
+                Message::assistant("b"),
+                Message::user("c"),
+                Message::assistant("d")
+            ]
+        );
+        assert!(memory.take(&ns(), id, 3).is_none(), "taken, not copied");
+    }
+
+    #[test]
+    fn another_namespace_or_window_size_recalls_nothing() {
+        let memory = ClaimMemory::default();
+        let id = ConversationId::new();
+        let other = Namespace::new("other").expect("namespace");
+        memory.remember(&ns(), id, Revision(2), 50, vec![], &[Message::user("a")]);
+        assert!(memory.take(&other, id, 50).is_none());
+        memory.remember(&ns(), id, Revision(2), 50, vec![], &[Message::user("a")]);
+        assert!(memory.take(&ns(), id, 10).is_none());
+        assert_eq!(
+            memory.lock().bytes,
+            0,
+            "what was taken is no longer counted"
+        );
+    }
+
+    #[test]
+    fn past_its_bound_the_memory_forgets_the_longest_unused() {
+        let memory = ClaimMemory::default();
+        let text = "x".repeat(MAX_BYTES / 64);
+        let ids: Vec<ConversationId> = (0..80).map(|_| ConversationId::new()).collect();
+        for id in &ids {
+            memory.remember(&ns(), *id, Revision(2), 50, vec![], &[Message::user(&text)]);
+        }
+        assert!(memory.lock().bytes <= MAX_BYTES);
+        assert!(
+            memory.take(&ns(), ids[0], 50).is_none(),
+            "the first is forgotten"
+        );
+        assert!(
+            memory.take(&ns(), ids[79], 50).is_some(),
+            "the last is kept"
+        );
+    }
+}
