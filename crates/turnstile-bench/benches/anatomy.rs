@@ -449,6 +449,7 @@ async fn steps(dir: &Path) {
             input_sha256: InputHash::of(&input),
             input: Message::user(input.clone()),
             expected_revision: Revision(revision),
+            expected_created_at: None,
             run_id,
             agent_fingerprint: "bench".into(),
             first_turn: Some(support::first_turn(run_id)),

@@ -91,6 +91,7 @@ fn step(c: &mut Criterion) {
                         input_sha256: turnstile::store::InputHash::of(&input),
                         input: turnstile::Message::user(input.clone()),
                         expected_revision: revision,
+                        expected_created_at: None,
                         run_id: turnstile::RunId::first_of(request_id),
                         agent_fingerprint: "bench".into(),
                         first_turn: None,

@@ -251,6 +251,7 @@ pub async fn claim(store: &dyn Store, conversation: ConversationId) -> Fence {
         input_sha256: InputHash::of(&input),
         input: Message::user(input),
         expected_revision: revision,
+        expected_created_at: None,
         run_id,
         agent_fingerprint: "bench".into(),
         first_turn: Some(first_turn(run_id)),

@@ -10,18 +10,25 @@ use turnstile_core::admin::PruneOptions;
 use turnstile_core::agent::{ModelRequest, ModelResponse};
 use turnstile_core::{
     async_trait, Agent, AgentSession, Content, ContextPolicy, ConversationId, Error, Message,
-    Model, ModelError, ProviderMetadata, RequestId, RunContext, Store,
+    Model, ModelError, ProviderMetadata, RequestId, RunContext, Store, Tool, ToolCall, ToolContext,
+    ToolError, ToolSpec,
 };
 
 use crate::activity::SharedAdmin;
 use crate::admin::tick;
-use crate::support::{admit, complete_request, ns, TestResult};
+use crate::support::{
+    admit, admitted, complete_request, new_conversation, new_request, ns, TestResult,
+};
 
 /// The window the sessions here ask for: small, so that it slides.
 const WINDOW: u32 = 4;
 
+/// The input that makes [`Recorder`] call [`Echo`] first.
+const USE_THE_TOOL: &str = "use the tool";
+
 /// A model that answers each call with a numbered text and provider
-/// metadata (whitespace kept), and records what it was shown.
+/// metadata (whitespace kept), or with a call of [`Echo`] when the last
+/// message is [`USE_THE_TOOL`], and records what it was shown.
 #[derive(Default)]
 struct Recorder {
     seen: Mutex<Vec<Vec<Message>>>,
@@ -38,6 +45,14 @@ impl Model for Recorder {
         seen.push(request.messages.to_vec());
         let metadata = ProviderMetadata::new(format!(r#"{{ "call" :  {} }}"#, seen.len()))
             .map_err(|e| ModelError::fatal(e.to_string()))?;
+        if request.messages.last() == Some(&Message::user(USE_THE_TOOL)) {
+            let call = ToolCall::new("call-1", "echo", serde_json::json!({ "say": "é \"x\"" }));
+            return Ok(ModelResponse {
+                tool_calls: vec![call],
+                provider_metadata: Some(metadata),
+                ..ModelResponse::default()
+            });
+        }
         Ok(ModelResponse {
             content: Content::from(format!("answer {}", seen.len())),
             provider_metadata: Some(metadata),
@@ -52,8 +67,35 @@ impl Recorder {
     }
 
     fn last(&self) -> Vec<Message> {
+        self.call(self.calls().saturating_sub(1))
+    }
+
+    /// The messages of call `n` (from 0).
+    fn call(&self, n: usize) -> Vec<Message> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.last().cloned().unwrap_or_default()
+        seen.get(n).cloned().unwrap_or_default()
+    }
+}
+
+/// A tool that answers its arguments back.
+struct Echo;
+
+#[async_trait]
+impl Tool for Echo {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "echo".into(),
+            description: "Answers its arguments".into(),
+            parameters: serde_json::json!({ "type": "object" }),
+        }
+    }
+
+    async fn call(
+        &self,
+        arguments: serde_json::Value,
+        _: ToolContext,
+    ) -> Result<Content, ToolError> {
+        Ok(Content::from(arguments.to_string()))
     }
 }
 
@@ -61,7 +103,8 @@ impl Recorder {
 fn session(store: &SharedAdmin, model: &Arc<Recorder>, id: ConversationId) -> AgentSession {
     let store: Arc<dyn Store> = store.clone();
     let policy = ContextPolicy::new(WINDOW).expect("a valid window");
-    AgentSession::new(Agent::new(model.clone()), store, id, ns(), policy)
+    let agent = Agent::new(model.clone()).with_tool(Arc::new(Echo));
+    AgentSession::new(agent, store, id, ns(), policy)
 }
 
 /// What a read-first claim shows the model for `input`: the last
@@ -96,11 +139,19 @@ async fn run_and_check(
 ) -> Result<RequestId, Box<dyn std::error::Error + Send + Sync>> {
     let expected = read_first_context(store, id, input).await?;
     let request_id = RequestId::new();
+    let first_call = model.calls();
     let outcome = session(store, model, id)
         .run(request_id, input, RunContext::default())
         .await?;
     assert!(!outcome.replayed, "{input}: a new request");
-    assert_eq!(model.last(), expected, "{input}: the model's context");
+    assert_eq!(
+        model.call(first_call),
+        expected,
+        "{input}: the model's context"
+    );
+    if let Some(memory) = store.claim_memory() {
+        assert!(memory.remembers(id), "{input}: remembered after its commit");
+    }
     Ok(request_id)
 }
 
@@ -113,6 +164,9 @@ pub async fn a_next_request_claimed_from_memory_sees_what_a_read_shows_whatever_
     for n in 1..=4 {
         run_and_check(&store, &model, id, &format!("question {n}")).await?;
     }
+    // A request with a tool round adds its call and result as stored.
+    run_and_check(&store, &model, id, USE_THE_TOOL).await?;
+    run_and_check(&store, &model, id, "after the tool").await?;
 
     // A request committed behind the memory's back (straight through the
     // store) is in the next request's context.
@@ -167,5 +221,29 @@ pub async fn a_next_request_claimed_from_memory_sees_what_a_read_shows_whatever_
         .await;
     assert!(matches!(deleted, Err(Error::Deleted { .. })), "{deleted:?}");
     assert_eq!(model.calls(), calls);
+    Ok(())
+}
+
+pub async fn a_claim_naming_another_creation_time_conflicts_and_writes_nothing(
+    store: SharedAdmin,
+) -> TestResult {
+    let id = new_conversation(&*store).await?;
+    let created_at = store.conversation(&ns(), id).await?.created_at;
+    let before = store.admission(id).await?;
+    // The conversation as one created again under its id would be.
+    let mut claim = new_request(id, before.revision, "elsewhere");
+    claim.expected_created_at = Some(created_at + 1);
+    let refused = store.claim(&claim).await;
+    assert!(
+        matches!(refused, Err(Error::Conflict { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(store.admission(id).await?, before, "nothing written");
+    assert_eq!(store.request(claim.request_id).await?, None);
+    assert_eq!(store.request_messages(claim.request_id, 1).await?, []);
+    // The one it is.
+    claim.expected_created_at = Some(created_at);
+    let fence = admitted(&*store, &claim).await?;
+    assert_eq!(fence.revision.0, before.revision.0 + 1);
     Ok(())
 }

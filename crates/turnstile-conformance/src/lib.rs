@@ -67,6 +67,7 @@ macro_rules! suite {
     admission::abandon_with_stale_revision_is_refused_and_changes_nothing,
     admission::abandon_releases_admission_and_burns_request,
     claim_memory::a_next_request_claimed_from_memory_sees_what_a_read_shows_whatever_changed,
+    claim_memory::a_claim_naming_another_creation_time_conflicts_and_writes_nothing,
     fencing::turn_writes_of_a_replaced_owner_are_fenced_and_write_nothing,
     fencing::commit_of_a_replaced_owner_is_fenced_and_writes_nothing,
     fencing::owner_writes_after_commit_or_abandon_are_fenced,

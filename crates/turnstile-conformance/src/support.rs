@@ -43,6 +43,7 @@ pub fn new_request(
         input_sha256: InputHash::of(input),
         input: Message::user(input),
         expected_revision,
+        expected_created_at: None,
         run_id: RunId::first_of(request_id),
         agent_fingerprint: "fp".into(),
         first_turn: None,

@@ -497,6 +497,8 @@ impl Store for PostgresStore {
         expected_version: u64,
         active_revision: Option<Revision>,
     ) -> Result<DeleteReport, Error> {
+        // Its text leaves the process's memory with its rows.
+        self.claim_memory.forget(id);
         // One token per call, the same across its attempts.
         let token = uuid::Uuid::new_v4();
         transaction!(self, |conn, _retry| deletion::delete_in(

@@ -614,6 +614,8 @@ impl Store for SqliteStore {
         expected_version: u64,
         active_revision: Option<Revision>,
     ) -> Result<DeleteReport, Error> {
+        // Its text leaves the process's memory with its rows.
+        self.claim_memory.forget(id);
         deletion::delete_conversation(self, namespace, id, expected_version, active_revision).await
     }
 

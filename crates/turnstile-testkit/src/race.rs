@@ -717,6 +717,7 @@ impl Racers {
             input_sha256: InputHash::of(&input),
             input: Message::user(input),
             expected_revision: expected,
+            expected_created_at: None,
             run_id: RunId::first_of(request_id),
             agent_fingerprint: self.fingerprint.clone(),
             // The owner writes its turn's write-ahead itself.

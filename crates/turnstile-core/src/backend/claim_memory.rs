@@ -55,6 +55,9 @@ struct Inner {
 struct Remembered {
     namespace: Namespace,
     revision: Revision,
+    /// When the conversation was created: one created again under its id
+    /// after a prune counts its revisions from 0 again.
+    created_at: i64,
     /// The window's size asked for when it was read.
     limit: u32,
     /// The last `limit` committed entries' messages (fewer when the
@@ -69,6 +72,9 @@ struct Remembered {
 pub struct Recalled {
     /// The admission's revision after the last commit.
     pub revision: Revision,
+    /// When the conversation was created (the claim checks it with the
+    /// revision, [`NewRequest::expected_created_at`](crate::store::NewRequest::expected_created_at)).
+    pub created_at: i64,
     /// The model's window after it, oldest first.
     pub window: Vec<Message>,
 }
@@ -88,6 +94,7 @@ impl ClaimMemory {
         inner.bytes -= remembered.bytes;
         (remembered.namespace == *namespace && remembered.limit == limit).then_some(Recalled {
             revision: remembered.revision,
+            created_at: remembered.created_at,
             window: remembered.window,
         })
     }
@@ -101,19 +108,24 @@ impl ClaimMemory {
     }
 
     /// Remembers `conversation_id` after a commit that left its admission
-    /// idle at `revision`: the window read for the request (`window`, the
-    /// last `limit` entries before it) followed by the messages the request
-    /// added. Messages are kept as a read would return them; a request
-    /// whose messages name images or files is not remembered.
+    /// idle at `after.revision`: the window read for the request
+    /// (`after.window`, the last `limit` entries before it) followed by the
+    /// messages the request added. Messages are kept as a read would return
+    /// them; a request whose messages name images or files is not
+    /// remembered.
     pub fn remember(
         &self,
         namespace: &Namespace,
         conversation_id: ConversationId,
-        revision: Revision,
         limit: u32,
-        mut window: Vec<Message>,
+        after: Recalled,
         added: &[Message],
     ) {
+        let Recalled {
+            revision,
+            created_at,
+            mut window,
+        } = after;
         let Ok(Some(added)) = as_read(conversation_id, added) else {
             self.forget(conversation_id);
             return;
@@ -132,6 +144,7 @@ impl ClaimMemory {
         let remembered = Remembered {
             namespace: namespace.clone(),
             revision,
+            created_at,
             limit,
             window,
             bytes,
@@ -141,19 +154,36 @@ impl ClaimMemory {
             inner.bytes -= old.bytes;
         }
         inner.bytes += bytes;
-        while inner.bytes > MAX_BYTES {
-            let Some(oldest) = inner
+        if inner.bytes > MAX_BYTES {
+            // Down to three quarters of the bound at once, so that a full
+            // memory sorts its entries once per many commits, not per commit.
+            let mut by_use: Vec<(u64, ConversationId)> = inner
                 .conversations
                 .iter()
-                .min_by_key(|(_, r)| r.used)
-                .map(|(id, _)| *id)
-            else {
-                break;
-            };
-            if let Some(gone) = inner.conversations.remove(&oldest) {
-                inner.bytes -= gone.bytes;
+                .map(|(id, r)| (r.used, *id))
+                .collect();
+            by_use.sort_unstable();
+            for (_, oldest) in by_use {
+                if inner.bytes <= MAX_BYTES / 4 * 3 {
+                    break;
+                }
+                if let Some(gone) = inner.conversations.remove(&oldest) {
+                    inner.bytes -= gone.bytes;
+                }
             }
         }
+    }
+
+    /// Forgets every conversation (a prune deleted some of them whole).
+    pub fn clear(&self) {
+        let mut inner = self.lock();
+        inner.conversations.clear();
+        inner.bytes = 0;
+    }
+
+    /// Whether a claim of `conversation_id` may be made from memory now.
+    pub fn remembers(&self, conversation_id: ConversationId) -> bool {
+        self.lock().conversations.contains_key(&conversation_id)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -214,13 +244,21 @@ mod tests {
         Namespace::new("tests").expect("namespace")
     }
 
+    fn after(revision: u64, window: Vec<Message>) -> Recalled {
+        Recalled {
+            revision: Revision(revision),
+            created_at: 7,
+            window,
+        }
+    }
+
     #[test]
     fn a_remembered_window_keeps_the_last_entries_and_is_taken_once() {
         let memory = ClaimMemory::default();
         let id = ConversationId::new();
         let window = vec![Message::user("a"), Message::assistant("b")];
         let added = [Message::user("c"), Message::assistant("d")];
-        memory.remember(&ns(), id, Revision(4), 3, window, &added);
+        memory.remember(&ns(), id, 3, after(4, window), &added);
         let recalled = memory.take(&ns(), id, 3).expect("remembered");
         assert_eq!(recalled.revision, Revision(4));
         assert_eq!(
@@ -239,9 +277,9 @@ mod tests {
         let memory = ClaimMemory::default();
         let id = ConversationId::new();
         let other = Namespace::new("other").expect("namespace");
-        memory.remember(&ns(), id, Revision(2), 50, vec![], &[Message::user("a")]);
+        memory.remember(&ns(), id, 50, after(2, vec![]), &[Message::user("a")]);
         assert!(memory.take(&other, id, 50).is_none());
-        memory.remember(&ns(), id, Revision(2), 50, vec![], &[Message::user("a")]);
+        memory.remember(&ns(), id, 50, after(2, vec![]), &[Message::user("a")]);
         assert!(memory.take(&ns(), id, 10).is_none());
         assert_eq!(
             memory.lock().bytes,
@@ -256,7 +294,7 @@ mod tests {
         let text = "x".repeat(MAX_BYTES / 64);
         let ids: Vec<ConversationId> = (0..80).map(|_| ConversationId::new()).collect();
         for id in &ids {
-            memory.remember(&ns(), *id, Revision(2), 50, vec![], &[Message::user(&text)]);
+            memory.remember(&ns(), *id, 50, after(2, vec![]), &[Message::user(&text)]);
         }
         assert!(memory.lock().bytes <= MAX_BYTES);
         assert!(

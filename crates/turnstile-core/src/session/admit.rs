@@ -6,6 +6,7 @@ use super::turns::first_turn;
 use super::turns::first_turn_may_start;
 use super::AgentSession;
 use crate::agent::{Budget, RunContext};
+use crate::backend::Recalled;
 use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::message::{Content, Message};
@@ -26,9 +27,10 @@ enum Admitted {
 }
 
 /// The committed entries' messages a claim's context was made from, the
-/// last `limit` of the conversation's.
+/// last `limit` of the conversation created at `created_at`.
 struct Window {
     limit: u32,
+    created_at: i64,
     messages: Vec<Message>,
 }
 
@@ -60,14 +62,13 @@ impl AgentSession {
                 if let (Some(memory), Some(window)) = (self.store.claim_memory(), window) {
                     // The commit moved the revision on from the claim's.
                     let revision = Revision(fence.revision.0 + 1);
-                    memory.remember(
-                        &self.namespace,
-                        self.conversation_id,
+                    let after = Recalled {
                         revision,
-                        window.limit,
-                        window.messages,
-                        &outcome.messages,
-                    );
+                        created_at: window.created_at,
+                        window: window.messages,
+                    };
+                    let id = self.conversation_id;
+                    memory.remember(&self.namespace, id, window.limit, after, &outcome.messages);
                 }
                 Ok(outcome)
             }
@@ -143,8 +144,10 @@ impl AgentSession {
             // claim expects: no commit can come between (a commit moves the
             // revision), and a damaged transcript refuses the request before
             // it holds the conversation or claims a turn in flight.
-            let window = window.map(|limit| Window {
+            let created_at = context.conversation.as_ref().map(|c| c.created_at);
+            let window = window.zip(created_at).map(|(limit, created_at)| Window {
                 limit,
+                created_at,
                 messages: std::mem::take(&mut context.window)
                     .into_iter()
                     .map(|entry| entry.message)
@@ -155,8 +158,8 @@ impl AgentSession {
                 request_id,
                 input,
                 hash,
-                admission.revision,
-                window.is_some(),
+                (admission.revision, created_at),
+                first_turn_ahead,
                 deadline_at,
                 budget,
             );
@@ -201,7 +204,7 @@ impl AgentSession {
             request_id,
             input,
             hash,
-            recalled.revision,
+            (recalled.revision, Some(recalled.created_at)),
             true,
             deadline_at,
             budget,
@@ -211,6 +214,7 @@ impl AgentSession {
                 let prefix = self.window_prefix(&recalled.window);
                 let window = Window {
                     limit,
+                    created_at: recalled.created_at,
                     messages: recalled.window,
                 };
                 Ok(Some(Admitted::Claimed(fence, Some(prefix), Some(window))))
@@ -229,15 +233,16 @@ impl AgentSession {
         }
     }
 
-    /// The claim of `request_id` at `expected_revision`, saving its first
-    /// turn's write-ahead when `first_turn_ahead`.
+    /// The claim of `request_id` at `expected`, the admission's revision
+    /// and the conversation's creation time as read or remembered, saving
+    /// its first turn's write-ahead when `first_turn_ahead`.
     #[allow(clippy::too_many_arguments)]
     fn new_request(
         &self,
         request_id: RequestId,
         input: &Content,
         hash: InputHash,
-        expected_revision: Revision,
+        (expected_revision, expected_created_at): (Revision, Option<i64>),
         first_turn_ahead: bool,
         deadline_at: Option<i64>,
         budget: Budget,
@@ -251,6 +256,7 @@ impl AgentSession {
                 content: input.clone(),
             },
             expected_revision,
+            expected_created_at,
             run_id,
             agent_fingerprint: self.fingerprint(),
             first_turn: first_turn_ahead.then(|| first_turn(run_id)),

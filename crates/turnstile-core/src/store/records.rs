@@ -168,6 +168,13 @@ pub struct NewRequest {
     /// The admission's revision read before the claim: the compare-and-swap
     /// token.
     pub expected_revision: Revision,
+    /// When set, the conversation must also be the one created at this time
+    /// (Unix milliseconds, [`Conversation::created_at`]), or the claim is
+    /// refused as a `Conflict` and writes nothing: a conversation deleted
+    /// whole (a prune leaves no tombstone) and created again under its id
+    /// counts its revisions from 0 again, so a revision read or remembered
+    /// before is not enough to tell the two apart.
+    pub expected_created_at: Option<i64>,
     /// The first run of the request.
     pub run_id: RunId,
     /// The agent's fingerprint, held with the admission.

@@ -138,6 +138,11 @@ async fn claim_statement(
                    event_seq = event_seq + 1
                WHERE conversation_id = $6 AND revision = $7 AND active_request_id IS NULL
                  AND NOT EXISTS (SELECT 1 FROM taken)
+                 -- The conversation's creation, when the claim names it: one
+                 -- created again under its id counts from revision 0.
+                 AND ($30::bigint IS NULL OR EXISTS (
+                     SELECT 1 FROM conversations
+                     WHERE conversation_id = $6 AND created_at = $30))
                RETURNING revision, event_seq
            ), start AS (
                -- Where the request's messages begin: after the committed
@@ -222,7 +227,8 @@ async fn claim_statement(
         &reports.passed,
         &reports.details as &[&[u8]],
         claim.deadline_at,
-        budget_json(&claim.budget)
+        budget_json(&claim.budget),
+        claim.expected_created_at
     )
     .fetch_optional(&mut *conn)
     .await

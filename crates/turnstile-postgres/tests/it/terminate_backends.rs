@@ -1054,6 +1054,7 @@ async fn a_retried_abandon_does_not_claim_another_callers_abandon() {
         input_sha256: turnstile::store::InputHash::of("abandon me"),
         input: turnstile::Message::user("abandon me"),
         expected_revision: turnstile::Revision(0),
+        expected_created_at: None,
         run_id: turnstile::RunId::new(),
         agent_fingerprint: "fingerprint".into(),
         first_turn: None,

@@ -55,6 +55,10 @@ impl StoreAdmin for SqliteStore {
     }
 
     async fn prune(&self, options: &PruneOptions) -> Result<PruneReport, Error> {
+        // What a prune deletes leaves the process's memory with its rows.
+        if !options.dry_run {
+            self.claim_memory.clear();
+        }
         prune::prune(self, options).await
     }
 

@@ -54,6 +54,8 @@ struct ClaimRow<'a> {
     deadline_at: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expected_created_at: Option<i64>,
 }
 
 impl ClaimStep {
@@ -96,9 +98,9 @@ impl ClaimStep {
                  input_sha256, agent_fingerprint, now, input_role, input_content, input_meta,
                  turn, phase, input_tokens, output_tokens, cache_read_tokens,
                  cache_write_tokens, tool_calls_count, reports_count, message_count, reports,
-                 deadline_at, budget)
+                 deadline_at, budget, expected_created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, ?19, ?20, ?21, ?22)",
+                 ?18, ?19, ?20, ?21, ?22, ?23)",
             conversation,
             request,
             run,
@@ -120,7 +122,8 @@ impl ClaimStep {
             message_count,
             reports,
             claim.deadline_at,
-            budget
+            budget,
+            claim.expected_created_at
         )
         .execute(&mut *tx)
         .await;
@@ -197,6 +200,7 @@ impl ClaimStep {
             reports: self.reports.as_deref(),
             deadline_at: claim.deadline_at,
             budget: budget_json(&claim.budget),
+            expected_created_at: claim.expected_created_at,
         })
     }
 
@@ -247,7 +251,7 @@ pub(crate) async fn batch(
                expected_revision, input_sha256, agent_fingerprint, now, input_role,
                input_content, input_meta, turn, phase, input_tokens, output_tokens,
                cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-               message_count, reports, deadline_at, budget)
+               message_count, reports, deadline_at, budget, expected_created_at)
            SELECT key, unhex(fields ->> '$.conversation'), unhex(fields ->> '$.request'),
                unhex(fields ->> '$.run'), fields ->> '$.expected_revision',
                unhex(fields ->> '$.input_sha256'), fields ->> '$.agent_fingerprint',
@@ -257,7 +261,7 @@ pub(crate) async fn batch(
                fields ->> '$.cache_read_tokens', fields ->> '$.cache_write_tokens',
                fields ->> '$.tool_calls_count', fields ->> '$.reports_count',
                fields ->> '$.message_count', fields -> '$.reports', fields ->> '$.deadline_at',
-               fields ->> '$.budget'
+               fields ->> '$.budget', fields ->> '$.expected_created_at'
            FROM steps
            RETURNING CAST(step AS INTEGER) AS "step!: i64",
                (SELECT revision FROM admissions

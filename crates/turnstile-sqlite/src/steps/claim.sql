@@ -20,9 +20,11 @@ CREATE VIEW claims (
     -- Unix milliseconds, or NULL
     deadline_at,
     -- a JSON object of the limits set, or NULL
-    budget
+    budget,
+    -- the conversation's creation time the claim expects (Unix ms), or NULL
+    expected_created_at
 ) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
      WHERE 0;
 
 CREATE TRIGGER claim INSTEAD OF INSERT ON claims
@@ -31,11 +33,15 @@ BEGIN
     -- from its row (a replay, or a refusal), whatever the admission says.
     SELECT RAISE(ABORT, 'turnstile: request exists')
     WHERE EXISTS (SELECT 1 FROM requests WHERE request_id = NEW.request_id);
-    -- Fence.
+    -- Fence: the revision, and the conversation's creation when the claim
+    -- names it (one created again under its id counts from revision 0).
     SELECT RAISE(ABORT, 'turnstile: admission moved')
     WHERE NOT EXISTS (SELECT 1 FROM admissions
                       WHERE conversation_id = NEW.conversation_id
-                        AND revision = NEW.expected_revision AND active_request_id IS NULL);
+                        AND revision = NEW.expected_revision AND active_request_id IS NULL)
+       OR NOT EXISTS (SELECT 1 FROM conversations
+                      WHERE id = NEW.conversation_id
+                        AND created_at = COALESCE(NEW.expected_created_at, created_at));
     -- Write.
     UPDATE admissions
     SET active_request_id = NEW.request_id, input_sha256 = NEW.input_sha256,
@@ -101,9 +107,9 @@ CREATE VIEW claim_batches (
     step, conversation_id, request_id, run_id, expected_revision, input_sha256,
     agent_fingerprint, now, input_role, input_content, input_meta, turn, phase, input_tokens,
     output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-    message_count, reports, deadline_at, budget
+    message_count, reports, deadline_at, budget, expected_created_at
 ) AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
      WHERE 0;
 
 CREATE TRIGGER claim_batch INSTEAD OF INSERT ON claim_batches
@@ -113,14 +119,18 @@ BEGIN
        OR EXISTS (SELECT 1 FROM deleted_requests WHERE request_id = NEW.request_id)
        OR NOT EXISTS (SELECT 1 FROM admissions
                       WHERE conversation_id = NEW.conversation_id
-                        AND revision = NEW.expected_revision AND active_request_id IS NULL);
+                        AND revision = NEW.expected_revision AND active_request_id IS NULL)
+       OR NOT EXISTS (SELECT 1 FROM conversations
+                      WHERE id = NEW.conversation_id
+                        AND created_at = COALESCE(NEW.expected_created_at, created_at));
     INSERT INTO claims (conversation_id, request_id, run_id, expected_revision, input_sha256,
         agent_fingerprint, now, input_role, input_content, input_meta, turn, phase,
         input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
-        reports_count, message_count, reports, deadline_at, budget)
+        reports_count, message_count, reports, deadline_at, budget, expected_created_at)
     VALUES (NEW.conversation_id, NEW.request_id, NEW.run_id, NEW.expected_revision,
         NEW.input_sha256, NEW.agent_fingerprint, NEW.now, NEW.input_role, NEW.input_content,
         NEW.input_meta, NEW.turn, NEW.phase, NEW.input_tokens, NEW.output_tokens,
         NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.tool_calls_count,
-        NEW.reports_count, NEW.message_count, NEW.reports, NEW.deadline_at, NEW.budget);
+        NEW.reports_count, NEW.message_count, NEW.reports, NEW.deadline_at, NEW.budget,
+        NEW.expected_created_at);
 END;

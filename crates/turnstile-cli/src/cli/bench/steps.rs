@@ -157,6 +157,7 @@ async fn time_requests(store: &dyn Store, shape: Shape) -> Result<Steps, CliErro
             input_sha256: InputHash::of_content(&input)?,
             input: Message::User { content: input },
             expected_revision: admission.revision,
+            expected_created_at: None,
             run_id,
             agent_fingerprint: workload::agent(answer.clone()).fingerprint(),
             first_turn: Some(first_turn.clone()),
