@@ -39,10 +39,11 @@ use sqlx::PgPool;
 
 use retry::{autocommit, transaction};
 use steps::{abandon, claim, commit, conversation_open, recovery_claim, tool_result, turn_write};
-use turnstile_core::backend::{ClaimMemory, StepBlobs};
+use turnstile_core::backend::StepBlobs;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::ids::{ConversationId, Namespace, RequestId, Revision, RunId};
 use turnstile_core::message::{BlobHash, Message, Usage};
+use turnstile_core::store::ClaimMemory;
 use turnstile_core::store::{
     Admission, ApprovalDecision, ApprovalRecord, ClaimContext, ClaimOutcome, Conversation,
     DeleteReport, Fence, ForkOutcome, JournalEntry, LoggedEvent, NewRequest, PendingApproval,

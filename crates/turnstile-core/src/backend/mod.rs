@@ -29,6 +29,10 @@
 //!   decision), [`owns`] (whether a fence still owns its admission),
 //!   [`missing_conversation`] (`Deleted` or `NotFound`), and, before a
 //!   delete or a fork writes, [`check_delete`] and [`check_fork_cut`].
+//! - **Claiming without a read.** A store that keeps a
+//!   [`ClaimMemory`](crate::store::ClaimMemory) returns it from
+//!   [`Store::claim_memory`](crate::Store::claim_memory), so that a
+//!   conversation's next request claims without reading first.
 //! - **Judging a listing.** [`is_stuck`] is the rule of a stuck admission
 //!   (see [the admin module](crate::admin#stuck-admissions)) for a backend
 //!   that judges it in Rust rather than in SQL.
@@ -42,14 +46,12 @@
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 
 mod blobs;
-mod claim_memory;
 mod event_row;
 mod refusals;
 mod rows;
 mod stuck;
 
 pub use blobs::{checked_blob, missing_blob, wrong_blob_size, StepBlobs};
-pub use claim_memory::{ClaimMemory, Recalled};
 pub use event_row::EventRow;
 pub use refusals::{
     cas_refusal, check_delete, check_fork_cut, decision_refusal, missing_conversation, owns, Wanted,

@@ -6,12 +6,13 @@ use super::turns::first_turn;
 use super::turns::first_turn_may_start;
 use super::AgentSession;
 use crate::agent::{Budget, RunContext};
-use crate::backend::Recalled;
 use crate::error::Error;
 use crate::ids::{RequestId, Revision, RunId};
 use crate::message::{Content, Message};
 use crate::outcome::Outcome;
-use crate::store::{ClaimOutcome, Fence, InputHash, NewRequest, RequestRecord, RequestStatus};
+use crate::store::{
+    ClaimOutcome, Fence, InputHash, NewRequest, Recalled, RequestRecord, RequestStatus,
+};
 
 /// The largest input accepted, in bytes.
 pub const MAX_INPUT_BYTES: usize = 1 << 20;
@@ -180,7 +181,7 @@ impl AgentSession {
 
     /// The claim of a conversation whose last commit the store remembers,
     /// at the revision and with the window it remembers, without reading
-    /// first (see [`ClaimMemory`](crate::backend::ClaimMemory)). `None` when
+    /// first (see [`ClaimMemory`](crate::store::ClaimMemory)). `None` when
     /// it remembers nothing or the claim was refused (the admission moved
     /// since, or the conversation is gone): the caller reads and claims as
     /// ever.

@@ -7,6 +7,7 @@
 //! same contract.
 
 mod approvals;
+mod claim_memory;
 mod deletion;
 mod event_log;
 mod leases;
@@ -22,6 +23,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalRecord, ApprovalStatus, PendingApproval, Verdict,
     MAX_REJECTION_REASON_BYTES,
 };
+pub use claim_memory::{ClaimMemory, Recalled};
 pub use deletion::{DeleteReport, ForkOutcome};
 pub use event_log::{LoggedEvent, LoggedStep};
 pub use leases::ExpiredLease;
@@ -132,9 +134,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// What this store remembers of conversations after their commits, so
     /// that a conversation's next request can claim without reading first
-    /// (see [`ClaimMemory`](crate::backend::ClaimMemory)); `None`, the
+    /// (see [`ClaimMemory`]); `None`, the
     /// default, when it remembers nothing and every claim reads first.
-    fn claim_memory(&self) -> Option<&crate::backend::ClaimMemory> {
+    fn claim_memory(&self) -> Option<&ClaimMemory> {
         None
     }
 

@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use turnstile::store::ExpiredLease;
 use turnstile::store::{
-    Admission, ApprovalDecision, ApprovalRecord, ClaimOutcome, Conversation, Fence, JournalEntry,
-    LoggedEvent, NewRequest, PendingApproval, RecoveryClaim, RequestRecord, RunRecord,
-    StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult, TranscriptEntry,
+    Admission, ApprovalDecision, ApprovalRecord, ClaimMemory, ClaimOutcome, Conversation, Fence,
+    JournalEntry, LoggedEvent, NewRequest, PendingApproval, RecoveryClaim, RequestRecord,
+    RunRecord, StoredOutcome, StoredSummary, SummaryCommit, SummaryPass, ToolResult,
+    TranscriptEntry,
 };
 use turnstile::{
     ConversationId, Error, LoopCheckpoint, Message, Namespace, RequestId, Revision, RunId, Store,
@@ -149,6 +150,10 @@ impl Store for Hooked {
             self.inner.admission(conversation_id),
         )
         .await
+    }
+
+    fn claim_memory(&self) -> Option<&ClaimMemory> {
+        self.inner.claim_memory()
     }
 
     async fn claim(&self, claim: &NewRequest) -> Result<ClaimOutcome, Error> {

@@ -13,7 +13,7 @@
 //! agent or budget) moves the revision, the claim is refused and writes
 //! nothing, and the session reads as it always did. A request id that is
 //! known already is answered by the claim as the read would have answered
-//! it ([`ClaimOutcome::Existing`](crate::store::ClaimOutcome::Existing)).
+//! it ([`ClaimOutcome::Existing`](super::ClaimOutcome::Existing)).
 //!
 //! A remembered entry is taken, not copied: two requests of one
 //! conversation never both claim from it. Windows whose messages name
@@ -28,8 +28,7 @@ use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, Revision};
 use crate::message::Message;
 
-use super::blobs::StepBlobs;
-use super::rows::{decode_message, message_columns, Row};
+use crate::backend::{decode_message, message_columns, Row, StepBlobs};
 
 /// The bytes of message text a store keeps at most, over all remembered
 /// conversations.
@@ -37,7 +36,7 @@ const MAX_BYTES: usize = 16 << 20;
 
 /// Per-store memory of conversations' states after their last commit
 /// through it (see the module docs). A store that keeps one returns it from
-/// [`Store::claim_memory`](crate::store::Store::claim_memory).
+/// [`Store::claim_memory`](super::Store::claim_memory).
 #[derive(Debug, Default)]
 pub struct ClaimMemory {
     inner: Mutex<Inner>,
@@ -73,7 +72,7 @@ pub struct Recalled {
     /// The admission's revision after the last commit.
     pub revision: Revision,
     /// When the conversation was created (the claim checks it with the
-    /// revision, [`NewRequest::expected_created_at`](crate::store::NewRequest::expected_created_at)).
+    /// revision, [`NewRequest::expected_created_at`](super::NewRequest::expected_created_at)).
     pub created_at: i64,
     /// The model's window after it, oldest first.
     pub window: Vec<Message>,
