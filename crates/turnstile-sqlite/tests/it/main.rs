@@ -2,6 +2,7 @@
 //! linked into one binary. `group_commit` is a binary of its own.
 
 mod approval_faults;
+mod claim_memory;
 mod claim_window;
 mod commit_errors;
 mod concurrent_open;
