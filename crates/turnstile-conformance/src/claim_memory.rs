@@ -247,3 +247,47 @@ pub async fn a_claim_naming_another_creation_time_conflicts_and_writes_nothing(
     assert_eq!(fence.revision.0, before.revision.0 + 1);
     Ok(())
 }
+
+/// Two stores on one database, `here` and `elsewhere` (as two processes
+/// would open it): `here` remembers a conversation; `elsewhere` prunes it
+/// whole, creates it again under its id and runs it up to the revision
+/// `here` remembers. The model of `here`'s next request is shown the new
+/// transcript. Not in [`suite!`](crate::suite), which opens one store: each
+/// backend calls it with two.
+pub async fn a_conversation_pruned_and_created_again_elsewhere_up_to_the_remembered_revision_shows_its_new_transcript(
+    here: SharedAdmin,
+    elsewhere: SharedAdmin,
+) -> TestResult {
+    let model = Arc::new(Recorder::default());
+    let id = ConversationId::new();
+    run_and_check(&here, &model, id, "old question").await?;
+    let memory = here.claim_memory().ok_or("the store remembers nothing")?;
+    let remembered = here.admission(id).await?.revision;
+
+    tick().await;
+    let options = PruneOptions {
+        include_transcripts: true,
+        conversations_older_than: Some(Duration::ZERO),
+        ..PruneOptions::older_than(Duration::ZERO)
+    };
+    assert_eq!(elsewhere.prune(&options).await?.deleted.conversations, 1);
+    elsewhere.ensure_conversation(&ns(), id).await?;
+    complete_request(&*elsewhere, id, "new question", 0, "new answer").await?;
+    assert_eq!(
+        elsewhere.admission(id).await?.revision,
+        remembered,
+        "the revision remembered, in another conversation"
+    );
+    assert!(memory.remembers(id), "here did not see the prune");
+
+    run_and_check(&here, &model, id, "after").await?;
+    assert_eq!(
+        model.last(),
+        [
+            Message::user("new question"),
+            Message::assistant("new answer"),
+            Message::user("after")
+        ]
+    );
+    Ok(())
+}

@@ -313,86 +313,11 @@ async fn refusals_are_typed_and_write_nothing() {
     assert_eq!(transcript.len(), 2);
 }
 
-/// Runs `input` with a model answering `answer`; returns the context the
-/// model was shown.
-async fn ask(
-    store: &Arc<dyn Store>,
-    conversation: ConversationId,
-    input: &str,
-    answer: &str,
-) -> Vec<turnstile::Message> {
-    let model = ProbeModel::new(vec![text_reply(answer, usage(1, 1))], 0);
-    session(agent(model.clone(), Vec::new()), store, conversation)
-        .run(RequestId::new(), input, RunContext::default())
-        .await
-        .expect("request");
-    model.seen().first().cloned().expect("the model was called")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_pruned_and_created_again_elsewhere_up_to_the_remembered_revision_shows_its_new_transcript(
-) {
-    use turnstile::admin::{PruneOptions, StoreAdmin};
-    use turnstile::Message;
+) -> turnstile_conformance::support::TestResult {
     let options = fresh_options();
-    let here = same_schema(&options).await;
-    let elsewhere = turnstile::PostgresStore::connect_with(options.clone())
-        .await
-        .expect("connect again");
-    let conversation = ConversationId::new();
-    ask(&here, conversation, "old question", "old answer").await;
-    let memory = here.claim_memory().expect("a PostgreSQL store remembers");
-    assert!(memory.remembers(conversation));
-    let remembered = here
-        .admission(conversation)
-        .await
-        .expect("admission")
-        .revision;
-
-    // Another process prunes it whole and creates it again under its id,
-    // then runs it up to the revision this store remembers.
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    let prune = PruneOptions {
-        include_transcripts: true,
-        conversations_older_than: Some(std::time::Duration::ZERO),
-        ..PruneOptions::older_than(std::time::Duration::ZERO)
-    };
-    let report = elsewhere.prune(&prune).await.expect("prune");
-    assert_eq!(report.deleted.conversations, 1);
-    elsewhere
-        .ensure_conversation(&ns(), conversation)
-        .await
-        .expect("created again");
-    turnstile_conformance::support::complete_request(
-        &elsewhere,
-        conversation,
-        "new question",
-        0,
-        "new answer",
-    )
-    .await
-    .expect("a request elsewhere");
-    assert_eq!(
-        elsewhere
-            .admission(conversation)
-            .await
-            .expect("admission")
-            .revision,
-        remembered,
-        "the revision this store remembers, in another conversation"
-    );
-    assert!(
-        memory.remembers(conversation),
-        "this store did not see the prune"
-    );
-
-    let shown = ask(&here, conversation, "after", "answer").await;
-    assert_eq!(
-        shown,
-        [
-            Message::user("new question"),
-            Message::assistant("new answer"),
-            Message::user("after")
-        ]
-    );
+    let here = Arc::new(turnstile::PostgresStore::connect_with(options.clone()).await?);
+    let elsewhere = Arc::new(turnstile::PostgresStore::connect_with(options).await?);
+    turnstile_conformance::claim_memory::a_conversation_pruned_and_created_again_elsewhere_up_to_the_remembered_revision_shows_its_new_transcript(here, elsewhere).await
 }
