@@ -10,8 +10,12 @@
 //! same store, claims at that revision with that window and skips the read.
 //! The claim's compare-and-swap is what makes that safe: any change of the
 //! admission since (another request, a deletion, an approval, a change of
-//! agent or budget) moves the revision, the claim is refused and writes
-//! nothing, and the session reads as it always did. A request id that is
+//! agent or budget) moves the revision, and a conversation pruned whole and
+//! created again under its id, whose revisions count from 0 again, has
+//! another creation time, which the claim checks too
+//! ([`NewRequest::expected_created_at`](super::NewRequest::expected_created_at)).
+//! Either way the claim is refused and writes nothing, and the session
+//! reads as it always did. A request id that is
 //! known already is answered by the claim as the read would have answered
 //! it ([`ClaimOutcome::Existing`](super::ClaimOutcome::Existing)).
 //!
@@ -24,11 +28,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::backend::{decode_message, message_columns, Row, StepBlobs};
 use crate::error::Error;
 use crate::ids::{ConversationId, Namespace, Revision};
 use crate::message::Message;
-
-use crate::backend::{decode_message, message_columns, Row, StepBlobs};
 
 /// The bytes of message text a store keeps at most, over all remembered
 /// conversations.
@@ -98,7 +101,8 @@ impl ClaimMemory {
         })
     }
 
-    /// Forgets `conversation_id` (a claim of it was refused, or it failed).
+    /// Forgets `conversation_id` (deleted, or its last request not one to
+    /// remember).
     pub fn forget(&self, conversation_id: ConversationId) {
         let mut inner = self.lock();
         if let Some(gone) = inner.conversations.remove(&conversation_id) {
