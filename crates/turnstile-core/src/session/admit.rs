@@ -22,17 +22,16 @@ const CLAIM_ATTEMPTS: usize = 8;
 
 enum Admitted {
     Replay(Outcome),
-    /// With the model's context when the claim saved the first turn's
-    /// write-ahead, and the window it was made from.
-    Claimed(Fence, Option<Vec<Message>>, Option<Window>),
+    /// With the window the model's context is made from when the claim
+    /// saved the first turn's write-ahead.
+    Claimed(Fence, Option<Window>),
 }
 
-/// The committed entries' messages a claim's context was made from, the
-/// last `limit` of the conversation created at `created_at`.
+/// The committed entries a claim's context is made from, the last `limit`
+/// of the conversation, as read or remembered (`state.window`).
 struct Window {
     limit: u32,
-    created_at: i64,
-    messages: Vec<Message>,
+    state: Recalled,
 }
 
 impl AgentSession {
@@ -55,21 +54,18 @@ impl AgentSession {
             .await?
         {
             Admitted::Replay(outcome) => Ok(outcome),
-            Admitted::Claimed(fence, prefix, window) => {
+            Admitted::Claimed(fence, window) => {
                 let input = Message::User {
                     content: input.clone(),
                 };
+                let prefix = window.as_ref().map(|w| self.window_prefix(&w.state.window));
                 let outcome = self.drive_fresh(fence, input, prefix, ctx, events).await?;
-                if let (Some(memory), Some(window)) = (self.store.claim_memory(), window) {
+                if let (Some(memory), Some(mut window)) = (self.store.claim_memory(), window) {
                     // The commit moved the revision on from the claim's.
-                    let revision = Revision(fence.revision.0 + 1);
-                    let after = Recalled {
-                        revision,
-                        created_at: window.created_at,
-                        window: window.messages,
-                    };
+                    window.state.revision = Revision(fence.revision.0 + 1);
                     let id = self.conversation_id;
-                    memory.remember(&self.namespace, id, window.limit, after, &outcome.messages);
+                    let added = &outcome.messages;
+                    memory.remember(&self.namespace, id, window.limit, window.state, added);
                 }
                 Ok(outcome)
             }
@@ -146,15 +142,16 @@ impl AgentSession {
             // revision), and a damaged transcript refuses the request before
             // it holds the conversation or claims a turn in flight.
             let created_at = context.conversation.as_ref().map(|c| c.created_at);
-            let window = window.zip(created_at).map(|(limit, created_at)| Window {
-                limit,
-                created_at,
-                messages: std::mem::take(&mut context.window)
+            let window = window.zip(created_at).map(|(limit, created_at)| {
+                let messages = std::mem::take(&mut context.window)
                     .into_iter()
                     .map(|entry| entry.message)
-                    .collect(),
+                    .collect();
+                Window {
+                    limit,
+                    state: Recalled::read(admission.revision, created_at, messages),
+                }
             });
-            let prefix = window.as_ref().map(|w| self.window_prefix(&w.messages));
             let claim = self.new_request(
                 request_id,
                 input,
@@ -165,9 +162,7 @@ impl AgentSession {
                 budget,
             );
             match self.store.claim(&claim).await {
-                Ok(ClaimOutcome::Admitted(fence)) => {
-                    return Ok(Admitted::Claimed(fence, prefix, window))
-                }
+                Ok(ClaimOutcome::Admitted(fence)) => return Ok(Admitted::Claimed(fence, window)),
                 Ok(ClaimOutcome::Existing(record)) => {
                     return self.existing(record, hash).await.map(Admitted::Replay)
                 }
@@ -212,13 +207,11 @@ impl AgentSession {
         );
         match self.store.claim(&claim).await {
             Ok(ClaimOutcome::Admitted(fence)) => {
-                let prefix = self.window_prefix(&recalled.window);
                 let window = Window {
                     limit,
-                    created_at: recalled.created_at,
-                    messages: recalled.window,
+                    state: recalled,
                 };
-                Ok(Some(Admitted::Claimed(fence, Some(prefix), Some(window))))
+                Ok(Some(Admitted::Claimed(fence, Some(window))))
             }
             Ok(ClaimOutcome::Existing(record)) => self
                 .existing(record, hash)

@@ -65,6 +65,8 @@ struct Remembered {
     /// The last `limit` committed entries' messages (fewer when the
     /// conversation has fewer), oldest first, as a read returns them.
     window: Vec<Message>,
+    /// What each message of `window` costs to keep.
+    sizes: Vec<usize>,
     bytes: usize,
     used: u64,
 }
@@ -79,6 +81,21 @@ pub struct Recalled {
     pub created_at: i64,
     /// The model's window after it, oldest first.
     pub window: Vec<Message>,
+    /// What each message of `window` costs to keep, when known (a window
+    /// the memory handed out): measured once, not at every commit.
+    sizes: Vec<usize>,
+}
+
+impl Recalled {
+    /// A state read from the database rather than remembered.
+    pub fn read(revision: Revision, created_at: i64, window: Vec<Message>) -> Self {
+        Self {
+            revision,
+            created_at,
+            window,
+            sizes: Vec::new(),
+        }
+    }
 }
 
 impl ClaimMemory {
@@ -98,6 +115,7 @@ impl ClaimMemory {
             revision: remembered.revision,
             created_at: remembered.created_at,
             window: remembered.window,
+            sizes: remembered.sizes,
         })
     }
 
@@ -128,15 +146,23 @@ impl ClaimMemory {
             revision,
             created_at,
             mut window,
+            mut sizes,
         } = after;
         let Ok(Some(added)) = as_read(conversation_id, added) else {
             self.forget(conversation_id);
             return;
         };
-        window.extend(added);
+        if sizes.len() != window.len() {
+            sizes = window.iter().map(size_of_read).collect();
+        }
+        for (message, size) in added {
+            window.push(message);
+            sizes.push(size);
+        }
         let excess = window.len().saturating_sub(limit as usize);
         window.drain(..excess);
-        let bytes = window.iter().map(text_bytes).sum::<usize>();
+        sizes.drain(..excess);
+        let bytes = sizes.iter().sum::<usize>();
         if bytes > MAX_BYTES / 16 {
             self.forget(conversation_id);
             return;
@@ -150,6 +176,7 @@ impl ClaimMemory {
             created_at,
             limit,
             window,
+            sizes,
             bytes,
             used,
         };
@@ -199,11 +226,12 @@ impl ClaimMemory {
 }
 
 /// `messages` as a read of the transcript returns them (stored and decoded
-/// again); `None` when one names an image or a file.
+/// again), each with what it costs to keep (its stored columns' bytes);
+/// `None` when one names an image or a file.
 fn as_read(
     conversation_id: ConversationId,
     messages: &[Message],
-) -> Result<Option<Vec<Message>>, Error> {
+) -> Result<Option<Vec<(Message, usize)>>, Error> {
     if StepBlobs::of(messages).is_some() {
         return Ok(None);
     }
@@ -215,15 +243,20 @@ fn as_read(
         .iter()
         .map(|message| {
             let (role, content, meta) = message_columns(message)?;
-            decode_message(&row, &role, content, meta.as_deref())
+            let size = KEPT + role.len() + content.len() + meta.as_ref().map_or(0, String::len);
+            Ok((decode_message(&row, &role, content, meta.as_deref())?, size))
         })
         .collect::<Result<Vec<_>, Error>>()
         .map(Some)
 }
 
-/// About what a message costs to keep: its text, or its JSON when it is
-/// more than text.
-fn text_bytes(message: &Message) -> usize {
+/// What a message itself costs to keep beside its text.
+const KEPT: usize = std::mem::size_of::<Message>();
+
+/// About what a message of a window read from the database costs to keep:
+/// its text, or its JSON when it is more than text. Measured once per read
+/// window; the messages a request adds are measured by their stored columns.
+fn size_of_read(message: &Message) -> usize {
     let plain = match message {
         Message::Assistant {
             tool_calls,
@@ -232,11 +265,10 @@ fn text_bytes(message: &Message) -> usize {
         } if !tool_calls.is_empty() || provider_metadata.is_some() => None,
         _ => message.content().as_plain_text(),
     };
-    std::mem::size_of::<Message>()
-        + plain.map_or_else(
-            || serde_json::to_string(message).map_or(0, |json| json.len()),
-            str::len,
-        )
+    KEPT + plain.map_or_else(
+        || serde_json::to_string(message).map_or(0, |json| json.len()),
+        str::len,
+    )
 }
 
 #[cfg(test)]
@@ -248,11 +280,7 @@ mod tests {
     }
 
     fn after(revision: u64, window: Vec<Message>) -> Recalled {
-        Recalled {
-            revision: Revision(revision),
-            created_at: 7,
-            window,
-        }
+        Recalled::read(Revision(revision), 7, window)
     }
 
     #[test]
