@@ -175,14 +175,17 @@ impl AgentSession {
         // effect unjournaled, so a stop before that call is journaled again
         // must not settle the turn (the first journaled result clears it).
         let tool_running = seed.phase == CheckpointPhase::ToolsInFlight;
+        let request_start = prefix.len();
+        let mut context = prefix;
+        context.extend(messages);
         let run = RunLoop {
             agent: &self.agent,
             store: self.store.as_ref(),
             ctx,
             events,
             fence,
-            prefix,
-            messages,
+            context,
+            request_start,
             checkpoint: seed,
             reuse_journal,
             tool_running,

@@ -47,10 +47,11 @@ pub(super) struct RunLoop<'a> {
     pub ctx: &'a RunContext,
     pub events: &'a Emitter,
     pub fence: Fence,
-    /// System prompt and committed context, before the request's messages.
-    pub prefix: Vec<Message>,
-    /// The request's messages so far (the user input first).
-    pub messages: Vec<Message>,
+    /// What the model is shown: the system prompt and committed context,
+    /// then, from `request_start`, the request's messages so far (the user
+    /// input first). One list, so that a model call borrows it whole.
+    pub context: Vec<Message>,
+    pub request_start: usize,
     pub checkpoint: LoopCheckpoint,
     /// Set when resuming inside a tool round: results already journaled by
     /// the run being continued are reused, not executed again.
@@ -70,7 +71,7 @@ impl RunLoop<'_> {
     /// failure) the run is marked failed and the admission stays held.
     pub async fn run(mut self) -> Result<(StoredOutcome, Vec<Message>), Error> {
         match self.drive().await {
-            Ok(outcome) => Ok((outcome, self.messages)),
+            Ok(outcome) => Ok((outcome, self.context.split_off(self.request_start))),
             Err(error) => {
                 // A stop for approval recorded itself, with its calls.
                 if matches!(error, Error::AwaitingApproval { .. }) {
@@ -154,14 +155,8 @@ impl RunLoop<'_> {
         self.check_stop()?;
         self.back_in_flight().await?;
         let turn = self.checkpoint.turn;
-        model_context::load_shown(
-            self.store,
-            &mut self.prefix,
-            &mut self.messages,
-            self.images,
-        )
-        .await?;
-        let context = model_context::shown(&self.prefix, &self.messages, self.images);
+        model_context::load_shown(self.store, &mut self.context, self.images).await?;
+        let context = model_context::shown(&self.context, self.images);
         let events = self.events.clone();
         let on_delta = move |text: &str| {
             events.emit_now(Event::TextDelta {
@@ -215,7 +210,7 @@ impl RunLoop<'_> {
                 .store
                 .commit(&self.fence, &self.checkpoint, &answer)
                 .await?;
-            self.messages.push(answer);
+            self.context.push(answer);
             return Ok(Some(outcome));
         }
         validate_call_ids(&response.tool_calls).map_err(|source| self.model_failed(source))?;
@@ -228,7 +223,7 @@ impl RunLoop<'_> {
         self.store
             .record_model_response(&self.fence, &self.checkpoint, &assistant)
             .await?;
-        self.messages.push(assistant);
+        self.context.push(assistant);
         Ok(None)
     }
 
@@ -314,7 +309,7 @@ impl RunLoop<'_> {
         self.store
             .finish_turn(&self.fence, &self.checkpoint, &results, next.as_ref())
             .await?;
-        self.messages.extend(results);
+        self.context.extend(results);
         self.events
             .emit(Event::CheckpointSaved {
                 turn,
@@ -446,7 +441,7 @@ impl RunLoop<'_> {
     /// The tool calls of the assistant message recorded for this turn.
     fn recorded_calls(&self) -> Result<Vec<ToolCall>, Error> {
         let at = usize::try_from(self.checkpoint.message_count).unwrap_or(usize::MAX);
-        match self.messages.get(at) {
+        match self.context[self.request_start..].get(at) {
             Some(Message::Assistant { tool_calls, .. }) if !tool_calls.is_empty() => {
                 Ok(tool_calls.clone())
             }

@@ -2,6 +2,7 @@
 //! every file with their bytes loaded from the store (once per run), each
 //! older image as a text placeholder saying what it was.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -14,13 +15,12 @@ use crate::store::Store;
 /// for the run's later turns.
 pub(super) async fn load_shown(
     store: &dyn Store,
-    prefix: &mut [Message],
-    messages: &mut [Message],
+    context: &mut [Message],
     images: usize,
 ) -> Result<(), Error> {
     let mut seen_images = 0usize;
     let mut read: HashMap<BlobHash, Arc<[u8]>> = HashMap::new();
-    for message in messages.iter_mut().rev().chain(prefix.iter_mut().rev()) {
+    for message in context.iter_mut().rev() {
         for part in message.content_mut().parts_mut().iter_mut().rev() {
             let attachment = match part {
                 Part::Image(attachment) => {
@@ -60,13 +60,22 @@ pub(super) async fn load_shown(
 }
 
 /// The context as the model is sent it: images past the newest `images`
-/// replaced by their placeholders.
-pub(super) fn shown(prefix: &[Message], messages: &[Message], images: usize) -> Vec<Message> {
-    let mut context: Vec<Message> = prefix.iter().chain(messages).cloned().collect();
+/// replaced by their placeholders. A context with no more images than that
+/// is sent as it is, without a copy.
+pub(super) fn shown(context: &[Message], images: usize) -> Cow<'_, [Message]> {
+    let in_context = context
+        .iter()
+        .flat_map(|message| message.content().parts())
+        .filter(|part| is_image(part))
+        .count();
+    if in_context <= images {
+        return Cow::Borrowed(context);
+    }
+    let mut context = context.to_vec();
     let mut seen_images = 0usize;
     for message in context.iter_mut().rev() {
         for part in message.content_mut().parts_mut().iter_mut().rev() {
-            if matches!(part, Part::Image(_) | Part::ImageUrl { .. }) {
+            if is_image(part) {
                 seen_images += 1;
                 if seen_images > images {
                     if let Some(placeholder) = part.placeholder() {
@@ -76,7 +85,11 @@ pub(super) fn shown(prefix: &[Message], messages: &[Message], images: usize) -> 
             }
         }
     }
-    context
+    Cow::Owned(context)
+}
+
+fn is_image(part: &Part) -> bool {
+    matches!(part, Part::Image(_) | Part::ImageUrl { .. })
 }
 
 fn unstored(attachment: &Attachment, reason: &str) -> Error {
