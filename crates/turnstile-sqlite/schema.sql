@@ -45,7 +45,7 @@ CREATE TABLE requests (
     CASE checkpoint_phase WHEN 0 THEN 'turn_in_flight' WHEN 1 THEN 'tools_in_flight'
     WHEN 2 THEN 'model_pending' WHEN 3 THEN 'tools_pending' WHEN 4 THEN 'ready'
     WHEN 5 THEN 'completed' ELSE 'phase ' || checkpoint_phase END) VIRTUAL, checkpoint_at INTEGER GENERATED ALWAYS AS (
-    IIF(checkpoint_phase IS NULL, NULL, COALESCE(checkpoint_early_at, completed_at))) VIRTUAL) WITHOUT ROWID;
+    IIF(checkpoint_phase IS NULL, NULL, COALESCE(checkpoint_early_at, completed_at))) VIRTUAL, admitted_event INTEGER, admitted_entry INTEGER, admitted_run_id BLOB, settled_event INTEGER) WITHOUT ROWID;
 
 CREATE TABLE runs (
     run_id        BLOB PRIMARY KEY NOT NULL,
@@ -96,8 +96,6 @@ CREATE TABLE tool_calls (
     completed_at  INTEGER, result_parts TEXT,
     PRIMARY KEY (request_id, turn, call_id)
 ) WITHOUT ROWID;
-
-CREATE INDEX requests_by_conversation ON requests (conversation_id, created_at);
 
 CREATE INDEX runs_by_request ON runs (request_id);
 
@@ -336,15 +334,6 @@ CREATE TABLE first_run_checkpoints (
     PRIMARY KEY (request_id, turn)
 ) WITHOUT ROWID;
 
-CREATE TRIGGER event_admitted AFTER INSERT ON requests
-BEGIN
-    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, entry_seq, at)
-    SELECT c.key, a.event_seq + 1, 0, NEW.request_id, NULLIF(a.run_id, NEW.request_id),
-        c.transcript_length, NEW.created_at
-    FROM admissions a JOIN conversations c ON c.id = a.conversation_id
-    WHERE a.conversation_id = NEW.conversation_id;
-END;
-
 CREATE TRIGGER event_run_started AFTER INSERT ON runs
 WHEN NEW.resumed_from IS NOT NULL
 BEGIN
@@ -425,16 +414,6 @@ BEGIN
     WHERE a.conversation_id = NEW.conversation_id;
 END;
 
-CREATE TRIGGER event_settled AFTER UPDATE OF state ON requests
-WHEN NEW.state <> OLD.state AND NEW.state IN (1, 2)
-BEGIN
-    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
-    SELECT c.key, a.event_seq + 1, IIF(NEW.state = 1, 7, 8), NEW.request_id,
-        IIF(NEW.state = 1, NEW.committed_by, NULL), COALESCE(NEW.completed_at, 0)
-    FROM admissions a JOIN conversations c ON c.id = a.conversation_id
-    WHERE a.conversation_id = NEW.conversation_id;
-END;
-
 CREATE TABLE tokens (
     id          BLOB PRIMARY KEY NOT NULL,
     namespace   TEXT NOT NULL,
@@ -460,4 +439,16 @@ CREATE TRIGGER events_numbered AFTER INSERT ON events
 BEGIN
     UPDATE admissions SET event_seq = NEW.seq
     WHERE conversation_id = (SELECT id FROM conversations WHERE key = NEW.conversation_key);
+END;
+
+CREATE INDEX requests_by_conversation ON requests (conversation_id, admitted_event, created_at);
+
+CREATE TRIGGER event_settled AFTER UPDATE OF state ON requests
+WHEN NEW.state <> OLD.state AND NEW.state IN (1, 2) AND NEW.admitted_event IS NULL
+BEGIN
+    INSERT INTO events (conversation_key, seq, kind, request_id, run_id, at)
+    SELECT c.key, a.event_seq + 1, IIF(NEW.state = 1, 7, 8), NEW.request_id,
+        IIF(NEW.state = 1, NEW.committed_by, NULL), COALESCE(NEW.completed_at, 0)
+    FROM admissions a JOIN conversations c ON c.id = a.conversation_id
+    WHERE a.conversation_id = NEW.conversation_id;
 END;

@@ -119,6 +119,8 @@ async fn delete_in(
               WHERE request_id IN (SELECT id FROM reqs)) AS "approvals!: i64",
              (SELECT COUNT(*) FROM events
               WHERE conversation_key = (SELECT key FROM conversations WHERE id = ?1))
+             + (SELECT COUNT(admitted_event) + COUNT(settled_event) FROM requests
+                WHERE conversation_id = ?1)
                  AS "events!: i64",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = ?1) AS "summaries!: i64""#,
         uuid

@@ -234,6 +234,27 @@ async fn prune_requests(
     .await
     .map_err(db("prune events"))?
     .rows_affected();
+    // The admitted and settling events kept in the requests' rows
+    // (migration 0025).
+    let folded_events = sqlx::query_scalar!(
+        r#"SELECT COUNT(admitted_event) + COUNT(settled_event) AS "n!: i64" FROM requests
+           WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))"#,
+        requests
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db("count folded events"))?;
+    sqlx::query!(
+        "UPDATE requests
+         SET admitted_event = NULL, admitted_entry = NULL, admitted_run_id = NULL,
+             settled_event = NULL
+         WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))
+           AND (admitted_event IS NOT NULL OR settled_event IS NOT NULL)",
+        requests
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(db("prune folded events"))?;
     let run_messages = sqlx::query!(
         "DELETE FROM run_messages WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))",
         requests
@@ -309,7 +330,7 @@ async fn prune_requests(
         + folded_checkpoints;
     deleted.tool_calls += tool_calls;
     deleted.approvals += approvals;
-    deleted.events += events;
+    deleted.events += events + u64::try_from(folded_events).unwrap_or(0);
     deleted.run_messages += run_messages;
     deleted.verification_reports += verification_reports;
     deleted.runs += runs + folded_runs;
@@ -380,6 +401,8 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM events
               WHERE conversation_key IN (SELECT key FROM conversations
                                          WHERE id IN (SELECT id FROM doomed)))
+             + (SELECT COUNT(admitted_event) + COUNT(settled_event) FROM requests
+                WHERE conversation_id IN (SELECT id FROM doomed))
                  AS "events!: i64""#,
         doomed
     )

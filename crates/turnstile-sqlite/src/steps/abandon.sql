@@ -27,10 +27,18 @@ BEGIN
         input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
+        -- the number of the request's settling event, kept in its row
+        -- (one claimed before migration 0025 logs it in `events`)
+        event_seq = event_seq + (SELECT admitted_event IS NOT NULL FROM requests
+                                 WHERE request_id = NEW.request_id),
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
       AND active_request_id = NEW.request_id;
-    UPDATE requests SET state = 2 /* abandoned */, completed_at = NEW.now
+    UPDATE requests
+    SET state = 2 /* abandoned */, completed_at = NEW.now,
+        settled_event = IIF(admitted_event IS NULL, NULL,
+                            (SELECT event_seq FROM admissions
+                             WHERE conversation_id = NEW.conversation_id))
     WHERE request_id = NEW.request_id;
     INSERT INTO run_messages (request_id, seq, role, content, meta)
     SELECT t.request_id, t.seq - c.transcript_length, t.role, t.content, t.meta

@@ -53,6 +53,8 @@ BEGIN
         cache_write_tokens = IIF(NEW.phase IS NULL, 0, NEW.cache_write_tokens),
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
+        -- the number of the request's `admitted` event, kept in its row
+        event_seq = event_seq + 1,
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.expected_revision
       AND active_request_id IS NULL;
@@ -60,13 +62,18 @@ BEGIN
     -- checkpoint too (`folded`: none for a run with an id of its own, which
     -- has a `runs` row).
     -- The row stores codes for its words (migration 0021): an active
-    -- request, a running run.
+    -- request, a running run. It holds the request's `admitted` event
+    -- (migration 0025): its number, its input's transcript entry, its run
+    -- when that has an id of its own.
     INSERT INTO requests (request_id, conversation_id, input_sha256, state, created_at,
-        deadline_at, budget, run_state, turn, checkpoint_phase, input_tokens, output_tokens,
-        cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count, message_count,
-        checkpoint_early_at)
+        deadline_at, budget, admitted_event, admitted_entry, admitted_run_id, run_state, turn,
+        checkpoint_phase, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+        tool_calls_count, reports_count, message_count, checkpoint_early_at)
     SELECT NEW.request_id, NEW.conversation_id, NEW.input_sha256, 0, NEW.now,
-        NEW.deadline_at, NEW.budget, folded.*
+        NEW.deadline_at, NEW.budget,
+        (SELECT event_seq FROM admissions WHERE conversation_id = NEW.conversation_id),
+        (SELECT transcript_length FROM conversations WHERE id = NEW.conversation_id),
+        NULLIF(NEW.run_id, NEW.request_id), folded.*
     FROM (SELECT 1) LEFT JOIN (
         SELECT 0, NEW.turn,
             IIF(NEW.phase IS NULL, NULL,

@@ -74,6 +74,10 @@ BEGIN
         input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,
         summary_passes = 0, summary_from_seq = NULL, summary_through_seq = NULL,
         summary_version = NULL, summary_prompt_sha256 = NULL,
+        -- the number of the request's settling event, kept in its row
+        -- (one claimed before migration 0025 logs it in `events`)
+        event_seq = event_seq + (SELECT admitted_event IS NOT NULL FROM requests
+                                 WHERE request_id = NEW.request_id),
         revision = revision + 1, updated_at = NEW.now
     WHERE conversation_id = NEW.conversation_id AND revision = NEW.revision
       AND run_id = NEW.run_id;
@@ -90,7 +94,10 @@ BEGIN
                    LEFT JOIN transcript t
                        ON t.conversation_key = c.key AND t.seq >= c.transcript_length
                    WHERE c.id = NEW.conversation_id),
-        completed_at = NEW.now
+        completed_at = NEW.now,
+        settled_event = IIF(admitted_event IS NULL, NULL,
+                            (SELECT event_seq FROM admissions
+                             WHERE conversation_id = NEW.conversation_id))
     WHERE request_id = NEW.request_id;
     INSERT INTO transcript (conversation_key, seq, request_id, role, content, meta)
     VALUES ((SELECT key FROM conversations WHERE id = NEW.conversation_id),

@@ -35,6 +35,7 @@ fn store_column(column: &str, affinity: &str) -> [String; 4] {
 /// not applied.
 async fn undo_0021(path: &Path) -> TestResult {
     let pool = raw_pool(path).await?;
+    super::migrate_0025::undo_0025(&pool).await?;
     let event_triggers: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'event\\_%' ESCAPE '\\'",
     )

@@ -21,6 +21,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// same.
 async fn undo_0024(path: &Path) -> TestResult {
     let pool = raw_pool(path).await?;
+    super::migrate_0025::undo_0025(&pool).await?;
     for sql in [
         "DELETE FROM events WHERE kind = 9",
         // The old table under the name the triggers write to, as 0022 made

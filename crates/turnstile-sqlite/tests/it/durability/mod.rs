@@ -8,6 +8,7 @@ mod corrupt;
 mod growth;
 mod migrate_0021;
 mod migrate_0024;
+mod migrate_0025;
 mod migration_kill;
 mod processes;
 mod reopen;

@@ -120,7 +120,6 @@ async fn every_event_log_trigger_is_in_place_after_the_migrations() -> TestResul
     .fetch_all(&mut conn)
     .await?;
     let expected = [
-        ("event_admitted", "requests"),
         ("event_answered", "transcript"),
         ("event_approval_decided", "approvals"),
         ("event_approval_requested", "approvals"),
