@@ -378,6 +378,10 @@ CREATE TABLE public.requests (
     reports_count bigint,
     message_count bigint,
     checkpoint_at bigint,
+    admitted_event bigint,
+    admitted_entry bigint,
+    admitted_run_id uuid,
+    settled_event bigint,
     CONSTRAINT requests_run_status_check CHECK ((run_status = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'superseded'::text, 'abandoned'::text]))),
     CONSTRAINT requests_status_check CHECK ((status = ANY (ARRAY['active'::text, 'completed'::text, 'abandoned'::text])))
 );
@@ -946,7 +950,7 @@ CREATE INDEX request_ids_by_conversation ON public.request_ids USING btree (conv
 -- Name: requests_by_conversation; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX requests_by_conversation ON public.requests USING btree (conversation_id, created_at);
+CREATE INDEX requests_by_conversation ON public.requests USING btree (conversation_id, admitted_event, created_at);
 
 
 --

@@ -86,7 +86,9 @@ pub(crate) async fn delete_in(
              (SELECT COUNT(*) FROM approvals WHERE conversation_id = $1) AS "approvals!",
              (SELECT COUNT(*) FROM summaries WHERE conversation_id = $1) AS "summaries!",
              (SELECT COUNT(*) FROM request_ids WHERE conversation_id = $1) AS "request_ids!",
-             (SELECT COUNT(*) FROM events WHERE conversation_id = $1) AS "events!""#,
+             (SELECT COUNT(*) FROM events WHERE conversation_id = $1)
+             + (SELECT COUNT(admitted_event) + COUNT(settled_event) FROM requests
+                WHERE conversation_id = $1) AS "events!""#,
         id.as_uuid()
     )
     .fetch_one(&mut *conn)

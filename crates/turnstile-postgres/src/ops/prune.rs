@@ -265,7 +265,12 @@ async fn prune_requests(
                   (SELECT COUNT(*) FROM asked) AS approvals,
                   (SELECT COUNT(*) FROM pending) AS pending,
                   (SELECT COUNT(*) FROM reports) AS reports,
-                  (SELECT COUNT(*) FROM logged) AS events,
+                  (SELECT COUNT(*) FROM logged)
+                      -- and those kept in the requests' rows (migration 0028)
+                      + (SELECT COUNT(q.admitted_event) + COUNT(q.settled_event)
+                         FROM requests q JOIN batch b
+                             ON q.conversation_id = b.conversation_id
+                            AND q.request_id = b.request_id) AS events,
                   (SELECT COUNT(*) FROM old_runs) + (SELECT COUNT(*) FROM folded_runs)
                       AS runs"#,
         &conversations,
@@ -283,6 +288,20 @@ async fn prune_requests(
     deleted.verification_reports += count(counts.reports);
     deleted.runs += count(counts.runs);
     deleted.events += count(counts.events);
+    // A statement of its own: the one above updates some of these rows.
+    sqlx::query!(
+        "UPDATE requests q
+         SET admitted_event = NULL, admitted_entry = NULL, admitted_run_id = NULL,
+             settled_event = NULL
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS b(conversation_id, request_id)
+         WHERE q.conversation_id = b.conversation_id AND q.request_id = b.request_id
+           AND (q.admitted_event IS NOT NULL OR q.settled_event IS NOT NULL)",
+        &conversations,
+        &requests
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db("prune folded events"))?;
     Ok(rows.len() as i64)
 }
 
@@ -326,7 +345,9 @@ async fn prune_conversations(
              (SELECT COUNT(*) FROM approvals WHERE conversation_id = ANY($1)) AS "approvals!",
              (SELECT COUNT(*) FROM run_messages WHERE conversation_id = ANY($1))
                  AS "run_messages!",
-             (SELECT COUNT(*) FROM events WHERE conversation_id = ANY($1)) AS "events!""#,
+             (SELECT COUNT(*) FROM events WHERE conversation_id = ANY($1))
+             + (SELECT COUNT(admitted_event) + COUNT(settled_event) FROM requests
+                WHERE conversation_id = ANY($1)) AS "events!""#,
         &ids
     )
     .fetch_one(&mut *conn)

@@ -45,10 +45,14 @@ pub(crate) async fn abandon(
                WHERE conversation_id = $2 AND revision = $3 AND active_request_id = $4
                RETURNING revision, event_seq
            ), abandoned AS (
-               -- The abandon's event, numbered by the release: kind 8.
+               -- The abandon's event, numbered by the release: kind 8. Kept
+               -- in the request's row (below) when its admission is (0028).
                INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
                    entry_seq, call_id, at)
                SELECT $2, event_seq, 8, $4, NULL, NULL, NULL, NULL, $1 FROM released
+               WHERE NOT EXISTS (SELECT 1 FROM requests
+                                 WHERE conversation_id = $2 AND request_id = $4
+                                   AND admitted_event IS NOT NULL)
            ), run AS (
                UPDATE runs SET status = 'abandoned', ended_at = COALESCE(ended_at, $1)
                WHERE conversation_id = $2 AND run_id = (SELECT run_id FROM held)
@@ -58,6 +62,8 @@ pub(crate) async fn abandon(
                -- abandoned there when it holds the admission.
                UPDATE requests q
                SET status = 'abandoned', completed_at = $1, abandoned_by = $5,
+                   settled_event = CASE WHEN q.admitted_event IS NOT NULL
+                                        THEN (SELECT event_seq FROM released) END,
                    run_status = CASE WHEN h.run_id = $4 AND q.run_status IN ('running', 'failed')
                                      THEN 'abandoned' ELSE q.run_status END,
                    run_ended_at = CASE WHEN h.run_id = $4

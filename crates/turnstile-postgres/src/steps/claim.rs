@@ -4,8 +4,8 @@
 //! its id in `request_ids`, its first run (in the request's own row when
 //! it carries the request's id, as the engine's first run does: migration
 //! 0027), its input, the first turn's write-ahead when it starts now, and
-//! its `admitted` event (written here, not by a trigger: numbered in the
-//! admission's own update, it costs no second update of that row).
+//! its `admitted` event (numbered in the admission's own update, it costs
+//! no second update of that row; kept in the request's row, 0028).
 //!
 //! Refusals, explained by reads after the statement wrote nothing: a taken
 //! request id is that request ([`ClaimOutcome::Existing`]; a retry whose
@@ -149,23 +149,21 @@ async fn claim_statement(
                -- entries, which no read passes.
                SELECT c.transcript_length AS seq
                FROM claimed, conversations c WHERE c.conversation_id = $6
-           ), admitted AS (
-               -- The claim's event, numbered by the update above: kind 0, with
-               -- where the request's messages begin.
-               INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
-                   entry_seq, call_id, at)
-               SELECT $6, claimed.event_seq, 0, $1, NULLIF($3, $1), NULL, start.seq, NULL, $5
-               FROM claimed, start
            ), reserved AS (
                INSERT INTO request_ids (request_id, conversation_id) SELECT $1, $6 FROM claimed
            ), request AS (
                -- A run that carries the request's id is folded into its
-               -- row, with its first turn's write-ahead (migration 0027).
+               -- row, with its first turn's write-ahead (migration 0027). The
+               -- row holds the claim's event (0028), numbered by the update
+               -- above: with where the request's messages begin, and its run
+               -- when that has an id of its own.
                INSERT INTO requests (conversation_id, request_id, input_sha256, status, created_at,
-                   deadline_at, budget, run_status, turn, phase, input_tokens, output_tokens,
-                   cache_read_tokens, cache_write_tokens, tool_calls_count, reports_count,
-                   message_count, checkpoint_at)
-               SELECT $6, $1, $2, 'active', $5, $28, $29::text::jsonb,
+                   deadline_at, budget, admitted_event, admitted_entry, admitted_run_id,
+                   run_status, turn, phase, input_tokens, output_tokens, cache_read_tokens,
+                   cache_write_tokens, tool_calls_count, reports_count, message_count,
+                   checkpoint_at)
+               SELECT $6, $1, $2, 'active', $5, $28, $29::text::jsonb, claimed.event_seq,
+                   (SELECT seq FROM start), NULLIF($3, $1),
                    CASE WHEN $3 = $1 THEN 'running' END, c.turn, c.phase, c.input, c.output,
                    c.cache_read, c.cache_write, c.tool_calls, c.reports, c.messages,
                    CASE WHEN c.turn IS NOT NULL THEN $5 END

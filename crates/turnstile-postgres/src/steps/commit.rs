@@ -71,11 +71,15 @@ pub(crate) async fn commit(
                RETURNING conversation_id, event_seq
            ), committed AS (
                -- The commit's event, numbered by the release: kind 7, with
-               -- the committing run unless it is the request's first.
+               -- the committing run unless it is the request's first. Kept
+               -- in the request's row (below) when its admission is (0028).
                INSERT INTO events (conversation_id, seq, kind, request_id, run_id, turn,
                    entry_seq, call_id, at)
                SELECT conversation_id, event_seq, 7, $5, NULLIF($4, $5), NULL, NULL, NULL, $1
                FROM released
+               WHERE NOT EXISTS (SELECT 1 FROM requests
+                                 WHERE conversation_id = $2 AND request_id = $5
+                                   AND admitted_event IS NOT NULL)
            ), completed AS (
                INSERT INTO loop_checkpoints (conversation_id, run_id, turn, phase, input_tokens,
                    output_tokens, cache_read_tokens, cache_write_tokens, tool_calls_count,
@@ -137,6 +141,8 @@ pub(crate) async fn commit(
                UPDATE requests q SET status = 'completed', committed_run_id = $4,
                    conversation_version = p.version, first_seq = p.first_seq,
                    end_seq = p.first_seq + (SELECT n FROM pending) + 1, completed_at = $1,
+                   settled_event = CASE WHEN q.admitted_event IS NOT NULL
+                                        THEN (SELECT event_seq FROM released) END,
                    -- A folded run completes, and its `completed` checkpoint is
                    -- the row's unless the row holds a later turn.
                    run_status = CASE WHEN fo.yes THEN 'completed' ELSE q.run_status END,

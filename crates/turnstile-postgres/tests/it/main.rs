@@ -13,6 +13,7 @@ mod fork_cost;
 mod lease_takeover;
 mod migrate_0019;
 mod migrate_0027;
+mod migrate_0028;
 mod server_crash;
 mod sessions;
 mod stuck_order;
