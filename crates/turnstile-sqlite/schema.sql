@@ -185,9 +185,6 @@ CREATE TABLE deleted_runs (
     conversation_id  BLOB NOT NULL
 ) WITHOUT ROWID;
 
-CREATE INDEX admissions_held ON admissions (active_request_id)
-    WHERE active_request_id IS NOT NULL;
-
 CREATE TABLE step_set (
     id       INTEGER PRIMARY KEY CHECK (id = 1),
     version  INTEGER NOT NULL

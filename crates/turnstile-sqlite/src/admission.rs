@@ -17,8 +17,9 @@ pub(super) async fn load_recovery_usage(
     let mut conn = reader.acquire().await?;
     let request = request_id.as_uuid();
     let row = sqlx::query!(
-        "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
-         FROM admissions WHERE active_request_id = ?1",
+        "SELECT a.input_tokens, a.output_tokens, a.cache_read_tokens, a.cache_write_tokens
+         FROM requests r JOIN admissions a ON a.conversation_id = r.conversation_id
+         WHERE r.request_id = ?1 AND a.active_request_id = ?1",
         request
     )
     .fetch_optional(&mut *conn)

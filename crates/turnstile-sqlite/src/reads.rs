@@ -206,11 +206,12 @@ pub(super) async fn load_request_messages(
          WHERE request_id = ?1 AND seq < ?2
          UNION ALL
          SELECT t.seq - c.transcript_length, t.role, t.content, t.meta, 'transcript'
-         FROM admissions a
+         FROM requests r
+         JOIN admissions a ON a.conversation_id = r.conversation_id
          JOIN conversations c ON c.id = a.conversation_id
          JOIN transcript t ON t.conversation_key = c.key AND t.seq >= c.transcript_length
              AND t.seq - c.transcript_length < ?2
-         WHERE a.active_request_id = ?1 AND t.request_id = ?1
+         WHERE r.request_id = ?1 AND a.active_request_id = ?1 AND t.request_id = ?1
          ORDER BY 1"#,
         uuid,
         count

@@ -31,7 +31,7 @@ fn store_column(column: &str, affinity: &str) -> [String; 4] {
 }
 
 /// The database as the build before 0021 left it: the words and repeats in
-/// stored columns, no codes, 0021 (and the event log and tokens after it)
+/// stored columns, no codes, 0021 (and every migration after it)
 /// not applied.
 async fn undo_0021(path: &Path) -> TestResult {
     let pool = raw_pool(path).await?;
@@ -53,6 +53,10 @@ async fn undo_0021(path: &Path) -> TestResult {
         "DROP TABLE events".to_owned(),
         "ALTER TABLE admissions DROP COLUMN event_seq".to_owned(),
         "DROP TABLE tokens".to_owned(),
+        // 0026's index back.
+        "CREATE INDEX admissions_held ON admissions (active_request_id)
+         WHERE active_request_id IS NOT NULL"
+            .to_owned(),
         "DELETE FROM _sqlx_migrations WHERE version > 21".to_owned(),
     ]);
     for sql in undo_0022 {
