@@ -898,17 +898,10 @@ ALTER TABLE ONLY public.verification_reports
 
 
 --
--- Name: admissions_held; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX admissions_held ON public.admissions USING btree (active_request_id) WHERE (active_request_id IS NOT NULL);
-
-
---
 -- Name: admissions_leased; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX admissions_leased ON public.admissions USING btree (lease_expires_at) WHERE ((lease_expires_at IS NOT NULL) AND (active_request_id IS NOT NULL));
+CREATE INDEX admissions_leased ON public.admissions USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
 
 
 --
