@@ -60,7 +60,12 @@ fn install_tracing() {
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter)
         .with_filter(filter_fn(returned_error));
-    let _ = tracing_subscriber::registry().with(layer).try_init();
+    // The level filter for the whole subscriber, not for the layer alone: a
+    // span it disables is then never created (as a per-layer filter, every
+    // request's and step's spans were made and dropped unseen).
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .try_init();
 }
