@@ -1,18 +1,22 @@
 //! Migration 0028 (a request's `admitted` and settling events in its row):
 //! on a database written before it, the events logged keep their rows and
-//! numbers; a request held across it settles in `events`, as it was
-//! admitted; the next one keeps both in its row, and the log reads on
-//! without a gap.
+//! numbers; a request held across it commits or is abandoned in `events`,
+//! as it was admitted; the next one keeps both in its row, and the log
+//! reads on without a gap.
 
 use sqlx::PgPool;
-use turnstile::{PostgresStore, Store};
-use turnstile_conformance::support::{admit, commit_answer, complete_request, new_conversation};
+use turnstile::PostgresStore;
+use turnstile_conformance::event_log::{
+    a_conversation_with_a_request_held, the_log_reads_on_after_its_admission_events_moved,
+    HeldRequestEnds,
+};
 use turnstile_testkit::postgres::durability::inspect_pool;
 use turnstile_testkit::postgres::{database_url, fresh_options};
 
 /// The database as the build before 0028 left it: every event in `events`
 /// (the ones kept in the requests' rows moved there), the index by
-/// creation time, 0028 not applied.
+/// creation time, 0028 not applied (0029, which changes only the indexes
+/// of `admissions`, stays).
 const UNDO_0028: [&str; 6] = [
     "INSERT INTO events (conversation_id, seq, kind, request_id, run_id, entry_seq, at)
      SELECT conversation_id, admitted_event, 0, request_id, admitted_run_id, admitted_entry,
@@ -46,15 +50,12 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     let store = PostgresStore::connect_with(options.clone())
         .await
         .expect("connect");
-    let conversation = new_conversation(&store).await.expect("conversation");
-    complete_request(&store, conversation, "first", 0, "done")
+    let committing = a_conversation_with_a_request_held(&store)
         .await
-        .expect("a committed request");
-    let held = admit(&store, conversation, "second").await.expect("held");
-    let before = store
-        .events_after(conversation, 0, 100)
+        .expect("a committed request and a held one");
+    let abandoning = a_conversation_with_a_request_held(&store)
         .await
-        .expect("events");
+        .expect("a committed request and a held one");
     store.close().await;
     let pool = inspect_pool(database_url(), &schema);
     assert_eq!(logged_kinds(&pool).await, [], "kept in the requests' rows");
@@ -64,42 +65,32 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     }
     assert_eq!(
         logged_kinds(&pool).await,
-        [(0, 2), (7, 1)],
-        "two admissions and a commit, as 0026 logged them"
+        [(0, 4), (7, 2)],
+        "in each conversation two admissions and a commit, as 0026 logged them"
     );
 
     let store = PostgresStore::connect_with(options)
         .await
         .expect("migrated");
-    let events = store.events_after(conversation, 0, 100).await;
-    assert_eq!(events.expect("events"), before);
-    let last = before.last().expect("events").seq;
-    commit_answer(&store, &held, 1, 1, "held across")
+    for ((conversation, held, before), ends) in [
+        (committing, HeldRequestEnds::Committed),
+        (abandoning, HeldRequestEnds::Abandoned),
+    ] {
+        the_log_reads_on_after_its_admission_events_moved(
+            &store,
+            conversation,
+            &held,
+            &before,
+            ends,
+        )
         .await
-        .expect("the held request commits");
-    complete_request(&store, conversation, "third", 0, "after")
-        .await
-        .expect("the next request");
-    let after = store
-        .events_after(conversation, last, 100)
-        .await
-        .expect("events");
-    let steps: Vec<_> = after.iter().map(|e| (e.seq, e.step.kind())).collect();
-    assert_eq!(
-        steps,
-        [
-            (last + 1, "committed"),
-            (last + 2, "admitted"),
-            (last + 3, "committed"),
-        ]
-    );
-    // From inside the third request: its commit alone.
-    let inside = store.events_after(conversation, last + 2, 100).await;
-    assert_eq!(inside.expect("events"), after[2..]);
+        .expect("the log reads on");
+    }
     assert_eq!(
         logged_kinds(&pool).await,
-        [(0, 2), (7, 2)],
-        "the held request's commit logged where its admission is; the third's in its row"
+        [(0, 4), (7, 3), (8, 1)],
+        "the held requests' commit and abandon logged where their admissions are; the next \
+         requests' in their rows"
     );
     pool.close().await;
     store.close().await;

@@ -13,7 +13,7 @@ use turnstile_conformance::support::{
 
 use super::raw_pool;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// A row's `state`, `committed_by`, `run_ended_early_at` and
 /// `checkpoint_early_at`.

@@ -12,7 +12,7 @@ use turnstile_conformance::support::{
 
 use super::raw_pool;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// The database as the build before 0024 left it, near enough: its log
 /// without `checkpoint_saved` events, in a table whose kinds stop at 8, and

@@ -1,18 +1,21 @@
 //! Migration 0025 on a database written before it: a request's `admitted`
 //! and settling events move from `events` into its row. The events logged
-//! before it keep their rows and numbers; a request held across it settles
-//! in `events`, as it was admitted; the next one keeps both in its row, and
-//! the log reads on without a gap.
+//! before it keep their rows and numbers; a request held across it commits
+//! or is abandoned in `events`, as it was admitted; the next one keeps both
+//! in its row, and the log reads on without a gap.
 
 use std::path::Path;
 
 use sqlx::SqlitePool;
-use turnstile::{SqliteStore, Store};
-use turnstile_conformance::support::{admit, commit_answer, complete_request, new_conversation};
+use turnstile::SqliteStore;
+use turnstile_conformance::event_log::{
+    a_conversation_with_a_request_held, the_log_reads_on_after_its_admission_events_moved,
+    HeldRequestEnds,
+};
 
 use super::raw_pool;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// The database as 0024 left it: every event in `events` (the ones kept in
 /// the requests' rows moved there, the admissions' counters unchanged), the
@@ -90,10 +93,8 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("before-0025.db");
     let store = SqliteStore::open(&path).await?;
-    let conversation = new_conversation(&store).await?;
-    complete_request(&store, conversation, "first", 0, "done").await?;
-    let held = admit(&store, conversation, "second").await?;
-    let before = store.events_after(conversation, 0, 100).await?;
+    let committing = a_conversation_with_a_request_held(&store).await?;
+    let abandoning = a_conversation_with_a_request_held(&store).await?;
     store.close().await?;
     assert_eq!(logged_kinds(&path).await?, [], "kept in the requests' rows");
 
@@ -102,35 +103,30 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     pool.close().await;
     assert_eq!(
         logged_kinds(&path).await?,
-        [(0, 2), (7, 1)],
-        "two admissions and a commit, as 0022 logged them"
+        [(0, 4), (7, 2)],
+        "in each conversation two admissions and a commit, as 0022 logged them"
     );
 
     let store = SqliteStore::open(&path).await?;
-    assert_eq!(store.events_after(conversation, 0, 100).await?, before);
-    let last = before.last().expect("events").seq;
-    commit_answer(&store, &held, 1, 1, "held across").await?;
-    complete_request(&store, conversation, "third", 0, "after").await?;
-    let after = store.events_after(conversation, last, 100).await?;
-    let steps: Vec<_> = after.iter().map(|e| (e.seq, e.step.kind())).collect();
-    assert_eq!(
-        steps,
-        [
-            (last + 1, "committed"),
-            (last + 2, "admitted"),
-            (last + 3, "committed"),
-        ]
-    );
-    // From inside the third request: its commit alone.
-    assert_eq!(
-        store.events_after(conversation, last + 2, 100).await?,
-        after[2..]
-    );
+    for ((conversation, held, before), ends) in [
+        (committing, HeldRequestEnds::Committed),
+        (abandoning, HeldRequestEnds::Abandoned),
+    ] {
+        the_log_reads_on_after_its_admission_events_moved(
+            &store,
+            conversation,
+            &held,
+            &before,
+            ends,
+        )
+        .await?;
+    }
     store.close().await?;
     assert_eq!(
         logged_kinds(&path).await?,
-        [(0, 2), (7, 2)],
-        "the held request's commit logged where its admission is; the third's in its row"
+        [(0, 4), (7, 3), (8, 1)],
+        "the held requests' commit and abandon logged where their admissions are; the next \
+         requests' in their rows"
     );
     Ok(())
 }
