@@ -200,12 +200,30 @@ pub async fn row_counts(pool: &PgPool) -> BTreeMap<&'static str, i64> {
 /// crashed when (the PostgreSQL stand-in for SQLite's integrity check): a
 /// description of each rule broken, none when all hold.
 pub async fn consistency_violations(conn: &mut sqlx::PgConnection) -> Vec<String> {
-    let rules: [(&str, &str); 15] = [
+    let rules: [(&str, &str); 17] = [
         (
             "no event is numbered past its admission's counter",
             "SELECT e.conversation_id::text FROM events e
              JOIN admissions a ON a.conversation_id = e.conversation_id
              WHERE e.seq > a.event_seq",
+        ),
+        (
+            "no event kept in a request's row is numbered past its admission's counter",
+            "SELECT r.conversation_id::text FROM requests r
+             JOIN admissions a ON a.conversation_id = r.conversation_id
+             WHERE r.admitted_event > a.event_seq OR r.settled_event > a.event_seq",
+        ),
+        (
+            "no event number is taken twice, in the log or in the requests' rows",
+            "SELECT conversation_id::text FROM (
+                 SELECT conversation_id, seq FROM events
+                 UNION ALL
+                 SELECT conversation_id, admitted_event FROM requests
+                 WHERE admitted_event IS NOT NULL
+                 UNION ALL
+                 SELECT conversation_id, settled_event FROM requests
+                 WHERE settled_event IS NOT NULL
+             ) numbered GROUP BY conversation_id, seq HAVING COUNT(*) > 1",
         ),
         (
             "every event is of a request of its conversation",
