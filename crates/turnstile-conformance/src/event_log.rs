@@ -336,77 +336,83 @@ pub async fn pruned_and_deleted_events_go_with_their_rows_and_no_number_returns(
     Ok(())
 }
 
-/// A conversation as a migration of where a request's admission events
-/// are kept finds it: one request committed, one held. Returns the
-/// conversation, the held request's fence and the log so far; the backend
-/// then takes its database back to before the migration and opens it
-/// again, and calls [`the_log_reads_on_after_its_admission_events_moved`].
-pub async fn a_conversation_with_a_request_held(
+/// Conversations as a migration of where a request's admission events are
+/// kept finds them: in each, one request committed and one held. The
+/// backend takes its database back to before the migration, opens it again
+/// and calls [`the_logs_read_on_after_their_admission_events_moved`].
+pub struct HeldAcross {
+    /// The conversations, each with its held request's fence and its log so
+    /// far: the first's held request commits after the migration, the
+    /// second's is abandoned.
+    conversations: [(ConversationId, Fence, Vec<LoggedEvent>); 2],
+}
+
+/// Writes the conversations of [`HeldAcross`].
+pub async fn conversations_with_requests_held(store: &dyn Store) -> Result<HeldAcross, Error> {
+    Ok(HeldAcross {
+        conversations: [
+            a_conversation_with_a_request_held(store).await?,
+            a_conversation_with_a_request_held(store).await?,
+        ],
+    })
+}
+
+/// One request committed, one held; the held one's fence and the log.
+async fn a_conversation_with_a_request_held(
     store: &dyn Store,
 ) -> Result<(ConversationId, Fence, Vec<LoggedEvent>), Error> {
     let conversation = new_conversation(store).await?;
     complete_request(store, conversation, "first", 0, "done").await?;
     let held = admit(store, conversation, "second").await?;
-    let before = all_events(store, conversation).await?;
-    Ok((conversation, held, before))
+    Ok((conversation, held, all_events(store, conversation).await?))
 }
 
-/// How the request held across the migration ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeldRequestEnds {
-    Committed,
-    Abandoned,
-}
-
-/// After the migration: the log reads as before; the request held across
-/// it settles (`ends`), and the next request is admitted and commits, each
-/// event numbered after the last with no gap; read from inside the next
-/// request, its commit alone; read one event at a time from the start, the
-/// same log.
-pub async fn the_log_reads_on_after_its_admission_events_moved(
+/// After the migration, in each conversation: the log reads as before; the
+/// request held across it settles (committed in the first, abandoned in
+/// the second), and the next request is admitted and commits, each event
+/// numbered after the last with no gap; read from inside the next request,
+/// its commit alone; read one event at a time from the start, the same log.
+pub async fn the_logs_read_on_after_their_admission_events_moved(
     store: &dyn Store,
-    conversation: ConversationId,
-    held: &Fence,
-    before: &[LoggedEvent],
-    ends: HeldRequestEnds,
+    held: HeldAcross,
 ) -> TestResult {
-    assert_eq!(all_events(store, conversation).await?, before);
-    let last = before.last().ok_or("no events before")?.seq;
-    let settled = match ends {
-        HeldRequestEnds::Committed => {
-            commit_answer(store, held, 1, 1, "held across").await?;
+    let [committing, abandoning] = held.conversations;
+    for ((conversation, fence, before), commits) in [(committing, true), (abandoning, false)] {
+        assert_eq!(all_events(store, conversation).await?, before);
+        let last = before.last().ok_or("no events before")?.seq;
+        let settled = if commits {
+            commit_answer(store, &fence, 1, 1, "held across").await?;
             "committed"
-        }
-        HeldRequestEnds::Abandoned => {
+        } else {
             store
-                .abandon(conversation, held.request_id, held.revision)
+                .abandon(conversation, fence.request_id, fence.revision)
                 .await?;
             "abandoned"
+        };
+        complete_request(store, conversation, "third", 0, "after").await?;
+        let after = store.events_after(conversation, last, 100).await?;
+        let numbered: Vec<_> = after.iter().map(|e| (e.seq, e.step.kind())).collect();
+        assert_eq!(
+            numbered,
+            [
+                (last + 1, settled),
+                (last + 2, "admitted"),
+                (last + 3, "committed"),
+            ]
+        );
+        assert_eq!(
+            store.events_after(conversation, last + 2, 100).await?,
+            after[2..]
+        );
+        let whole = all_events(store, conversation).await?;
+        let mut one_at_a_time = Vec::new();
+        let mut cursor = 0;
+        while let Some(event) = store.events_after(conversation, cursor, 1).await?.pop() {
+            cursor = event.seq;
+            one_at_a_time.push(event);
         }
-    };
-    complete_request(store, conversation, "third", 0, "after").await?;
-    let after = store.events_after(conversation, last, 100).await?;
-    let numbered: Vec<_> = after.iter().map(|e| (e.seq, e.step.kind())).collect();
-    assert_eq!(
-        numbered,
-        [
-            (last + 1, settled),
-            (last + 2, "admitted"),
-            (last + 3, "committed"),
-        ]
-    );
-    assert_eq!(
-        store.events_after(conversation, last + 2, 100).await?,
-        after[2..]
-    );
-    let whole = all_events(store, conversation).await?;
-    let mut one_at_a_time = Vec::new();
-    let mut cursor = 0;
-    while let Some(event) = store.events_after(conversation, cursor, 1).await?.pop() {
-        cursor = event.seq;
-        one_at_a_time.push(event);
+        assert_eq!(one_at_a_time, whole);
+        assert_eq!(whole.len(), before.len() + 3);
     }
-    assert_eq!(one_at_a_time, whole);
-    assert_eq!(whole.len(), before.len() + 3);
     Ok(())
 }

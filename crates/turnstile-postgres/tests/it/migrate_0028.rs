@@ -7,8 +7,7 @@
 use sqlx::PgPool;
 use turnstile::PostgresStore;
 use turnstile_conformance::event_log::{
-    a_conversation_with_a_request_held, the_log_reads_on_after_its_admission_events_moved,
-    HeldRequestEnds,
+    conversations_with_requests_held, the_logs_read_on_after_their_admission_events_moved,
 };
 use turnstile_testkit::postgres::durability::inspect_pool;
 use turnstile_testkit::postgres::{database_url, fresh_options};
@@ -50,12 +49,9 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     let store = PostgresStore::connect_with(options.clone())
         .await
         .expect("connect");
-    let committing = a_conversation_with_a_request_held(&store)
+    let held = conversations_with_requests_held(&store)
         .await
-        .expect("a committed request and a held one");
-    let abandoning = a_conversation_with_a_request_held(&store)
-        .await
-        .expect("a committed request and a held one");
+        .expect("conversations with a committed request and a held one");
     store.close().await;
     let pool = inspect_pool(database_url(), &schema);
     assert_eq!(logged_kinds(&pool).await, [], "kept in the requests' rows");
@@ -72,20 +68,9 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     let store = PostgresStore::connect_with(options)
         .await
         .expect("migrated");
-    for ((conversation, held, before), ends) in [
-        (committing, HeldRequestEnds::Committed),
-        (abandoning, HeldRequestEnds::Abandoned),
-    ] {
-        the_log_reads_on_after_its_admission_events_moved(
-            &store,
-            conversation,
-            &held,
-            &before,
-            ends,
-        )
+    the_logs_read_on_after_their_admission_events_moved(&store, held)
         .await
-        .expect("the log reads on");
-    }
+        .expect("the logs read on");
     assert_eq!(
         logged_kinds(&pool).await,
         [(0, 4), (7, 3), (8, 1)],

@@ -9,8 +9,7 @@ use std::path::Path;
 use sqlx::SqlitePool;
 use turnstile::SqliteStore;
 use turnstile_conformance::event_log::{
-    a_conversation_with_a_request_held, the_log_reads_on_after_its_admission_events_moved,
-    HeldRequestEnds,
+    conversations_with_requests_held, the_logs_read_on_after_their_admission_events_moved,
 };
 
 use super::raw_pool;
@@ -93,8 +92,7 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("before-0025.db");
     let store = SqliteStore::open(&path).await?;
-    let committing = a_conversation_with_a_request_held(&store).await?;
-    let abandoning = a_conversation_with_a_request_held(&store).await?;
+    let held = conversations_with_requests_held(&store).await?;
     store.close().await?;
     assert_eq!(logged_kinds(&path).await?, [], "kept in the requests' rows");
 
@@ -108,19 +106,7 @@ async fn the_log_reads_on_across_it_and_a_request_held_across_it_settles_once() 
     );
 
     let store = SqliteStore::open(&path).await?;
-    for ((conversation, held, before), ends) in [
-        (committing, HeldRequestEnds::Committed),
-        (abandoning, HeldRequestEnds::Abandoned),
-    ] {
-        the_log_reads_on_after_its_admission_events_moved(
-            &store,
-            conversation,
-            &held,
-            &before,
-            ends,
-        )
-        .await?;
-    }
+    the_logs_read_on_after_their_admission_events_moved(&store, held).await?;
     store.close().await?;
     assert_eq!(
         logged_kinds(&path).await?,
