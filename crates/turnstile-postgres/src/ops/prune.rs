@@ -158,7 +158,10 @@ async fn prune_requests(
     // With `include_transcripts`, requests of conversations old enough to
     // be deleted whole were counted with them.
     let rows = sqlx::query!(
-        "SELECT r.conversation_id, r.request_id, r.status, r.committed_run_id
+        r#"SELECT r.conversation_id, r.request_id, r.status, r.committed_run_id,
+             -- its admitted and settling events, kept in its row (migration 0028)
+             (r.admitted_event IS NOT NULL)::int + (r.settled_event IS NOT NULL)::int
+                 AS "folded_events!"
          FROM request_ids k
          JOIN requests r ON r.conversation_id = k.conversation_id AND r.request_id = k.request_id
          WHERE k.request_id > $1 AND r.status IN ('completed', 'abandoned')
@@ -170,7 +173,7 @@ async fn prune_requests(
                            WHERE n.conversation_id = r.conversation_id
                              AND (n.created_at, n.request_id) > (r.created_at, r.request_id))
                           >= $6::bigint)
-         ORDER BY k.request_id LIMIT $5",
+         ORDER BY k.request_id LIMIT $5"#,
         *after,
         selection.status,
         selection.cutoff,
@@ -265,12 +268,7 @@ async fn prune_requests(
                   (SELECT COUNT(*) FROM asked) AS approvals,
                   (SELECT COUNT(*) FROM pending) AS pending,
                   (SELECT COUNT(*) FROM reports) AS reports,
-                  (SELECT COUNT(*) FROM logged)
-                      -- and those kept in the requests' rows (migration 0028)
-                      + (SELECT COUNT(q.admitted_event) + COUNT(q.settled_event)
-                         FROM requests q JOIN batch b
-                             ON q.conversation_id = b.conversation_id
-                            AND q.request_id = b.request_id) AS events,
+                  (SELECT COUNT(*) FROM logged) AS events,
                   (SELECT COUNT(*) FROM old_runs) + (SELECT COUNT(*) FROM folded_runs)
                       AS runs"#,
         &conversations,
@@ -287,7 +285,11 @@ async fn prune_requests(
     deleted.run_messages += count(counts.pending);
     deleted.verification_reports += count(counts.reports);
     deleted.runs += count(counts.runs);
-    deleted.events += count(counts.events);
+    deleted.events += count(counts.events)
+        + rows
+            .iter()
+            .map(|r| count(Some(i64::from(r.folded_events))))
+            .sum::<u64>();
     // A statement of its own: the one above updates some of these rows.
     sqlx::query!(
         "UPDATE requests q

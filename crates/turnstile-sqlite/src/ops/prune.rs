@@ -146,7 +146,11 @@ async fn prune_requests(
     // With `include_transcripts`, requests of conversations old enough to
     // be deleted whole were counted with them.
     let rows = sqlx::query!(
-        "SELECT r.request_id, r.status, r.committed_run_id FROM requests r
+        r#"SELECT r.request_id, r.status, r.committed_run_id,
+             -- its admitted and settling events, kept in its row (migration 0025)
+             (r.admitted_event IS NOT NULL) + (r.settled_event IS NOT NULL)
+                 AS "folded_events!: u32"
+         FROM requests r
          WHERE r.request_id > ?1 AND r.status IN ('completed', 'abandoned')
            AND (?2 IS NULL OR r.status = ?2) AND r.completed_at < ?3
            AND NOT (?4 IS NOT NULL AND EXISTS (SELECT 1 FROM admissions a
@@ -156,7 +160,7 @@ async fn prune_requests(
                            WHERE n.conversation_id = r.conversation_id
                              AND (n.created_at, n.request_id) > (r.created_at, r.request_id))
                           >= ?6)
-         ORDER BY r.request_id LIMIT ?5",
+         ORDER BY r.request_id LIMIT ?5"#,
         from,
         selection.status,
         selection.cutoff,
@@ -234,16 +238,6 @@ async fn prune_requests(
     .await
     .map_err(db("prune events"))?
     .rows_affected();
-    // The admitted and settling events kept in the requests' rows
-    // (migration 0025).
-    let folded_events = sqlx::query_scalar!(
-        r#"SELECT COUNT(admitted_event) + COUNT(settled_event) AS "n!: i64" FROM requests
-           WHERE request_id IN (SELECT unhex(value) FROM json_each(?1))"#,
-        requests
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(db("count folded events"))?;
     sqlx::query!(
         "UPDATE requests
          SET admitted_event = NULL, admitted_entry = NULL, admitted_run_id = NULL,
@@ -330,7 +324,7 @@ async fn prune_requests(
         + folded_checkpoints;
     deleted.tool_calls += tool_calls;
     deleted.approvals += approvals;
-    deleted.events += events + u64::try_from(folded_events).unwrap_or(0);
+    deleted.events += events + rows.iter().map(|r| u64::from(r.folded_events)).sum::<u64>();
     deleted.run_messages += run_messages;
     deleted.verification_reports += verification_reports;
     deleted.runs += runs + folded_runs;
