@@ -267,13 +267,25 @@ impl Write for Tracked<'_> {
     }
 }
 
+/// How many tasks a runtime worker polls from its own queue before it
+/// looks at the runtime's global one. A task woken from outside the
+/// runtime waits there, and a store's writer task is: SQLite's worker
+/// thread wakes it with each statement's result. Every step of a group
+/// transaction waits on that task, and behind 64 sessions' tasks Tokio's
+/// self-tuned interval kept it waiting (`docs/performance.md`).
+const GLOBAL_QUEUE_INTERVAL: u32 = 4;
+
 fn dispatch(cli: Cli, out: &mut dyn Write, style: Style) -> Result<(), CliError> {
     // One thread is plenty: the work is a sequence of model calls and
     // database steps, and SQLite runs on its own worker threads. The bench
     // drives many conversations at once, as an application would, and a
     // server serves many clients: on every core.
     let mut builder = match cli.command {
-        Command::Bench(_) | Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
+        Command::Bench(_) | Command::Serve(_) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.global_queue_interval(GLOBAL_QUEUE_INTERVAL);
+            builder
+        }
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let runtime = builder
