@@ -390,76 +390,88 @@ async fn one_transaction(
 }
 
 /// Sends the steps of each kind that has several in `batch` as one
-/// statement. An applied step's caller is answered into `ended`; a step
-/// its statement skipped (a refusal) goes back to `batch` to run alone,
-/// which names the refusal. If the statement fails, nothing of it is
-/// written: on a refusal raised inside it, its steps run alone in this
-/// transaction; on any other error, which may have ended the transaction,
-/// the error is returned for `ended`, and the steps run alone in the next.
+/// statement each ([`run_shared`]).
 async fn run_batched(
     conn: &mut SqliteConnection,
     batch: &mut VecDeque<Job>,
     ended: &mut Vec<Reply>,
 ) -> Result<(), Error> {
     for kind in BatchKind::ALL {
-        let of_kind = batch
-            .iter()
-            .filter(|job| job.batch.as_ref().is_some_and(|b| b.kind == kind))
-            .count();
-        if of_kind < 2 {
+        run_shared(conn, batch, kind, ended).await?;
+    }
+    Ok(())
+}
+
+/// Sends the steps of `kind` in `batch`, if there are several, as one
+/// statement. An applied step's caller is answered into `ended`; a step
+/// its statement skipped (a refusal) goes back to `batch` to run alone,
+/// which names the refusal. If the statement fails, nothing of it is
+/// written: on a refusal raised inside it, its steps run alone in this
+/// transaction; on any other error, which may have ended the transaction,
+/// the error is returned for `ended`, and the steps run alone in the next.
+async fn run_shared(
+    conn: &mut SqliteConnection,
+    batch: &mut VecDeque<Job>,
+    kind: BatchKind,
+    ended: &mut Vec<Reply>,
+) -> Result<(), Error> {
+    let of_kind = batch
+        .iter()
+        .filter(|job| job.batch.as_ref().is_some_and(|b| b.kind == kind))
+        .count();
+    if of_kind < 2 {
+        return Ok(());
+    }
+    let (mut group, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(batch)
+        .into_iter()
+        .partition(|job| job.batch.as_ref().is_some_and(|b| b.kind == kind));
+    *batch = rest;
+    let rows: Result<Vec<String>, Error> = group
+        .iter()
+        .filter_map(|job| job.batch.as_ref().map(|b| (b.row)()))
+        .collect();
+    let written = match rows {
+        Ok(rows) => batch::write(conn, kind, &rows).await,
+        Err(e) => Err(batch::Failed::Error(e)),
+    };
+    let mut returned = match written {
+        Ok(returned) => returned,
+        Err(failed) => {
+            batch.extend(group.into_iter().map(alone));
+            match failed {
+                batch::Failed::Refused => return Ok(()),
+                batch::Failed::Error(e) => return Err(e),
+            }
+        }
+    };
+    tracing::trace!(
+        ?kind,
+        steps = group.len(),
+        applied = returned.len(),
+        "steps written in one statement"
+    );
+    returned.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
+    let mut step = 0;
+    while let Some(job) = group.pop_front() {
+        let applied = match returned.last() {
+            Some((applied_step, _)) if *applied_step == step => returned.pop(),
+            _ => None,
+        };
+        step += 1;
+        let Some((_, applied)) = applied else {
+            batch.push_back(alone(job));
             continue;
-        }
-        let (mut group, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(batch)
-            .into_iter()
-            .partition(|job| job.batch.as_ref().is_some_and(|b| b.kind == kind));
-        *batch = rest;
-        let rows: Result<Vec<String>, Error> = group
-            .iter()
-            .filter_map(|job| job.batch.as_ref().map(|b| (b.row)()))
-            .collect();
-        let written = match rows {
-            Ok(rows) => batch::write(conn, kind, &rows).await,
-            Err(e) => Err(batch::Failed::Error(e)),
         };
-        let mut returned = match written {
-            Ok(returned) => returned,
-            Err(failed) => {
-                batch.extend(group.into_iter().map(alone));
-                match failed {
-                    batch::Failed::Refused => continue,
-                    batch::Failed::Error(e) => return Err(e),
-                }
-            }
-        };
-        tracing::trace!(
-            ?kind,
-            steps = group.len(),
-            applied = returned.len(),
-            "steps written in one statement"
-        );
-        returned.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
-        let mut step = 0;
-        while let Some(job) = group.pop_front() {
-            let applied = match returned.last() {
-                Some((applied_step, _)) if *applied_step == step => returned.pop(),
-                _ => None,
-            };
-            step += 1;
-            let Some((_, applied)) = applied else {
-                batch.push_back(alone(job));
-                continue;
-            };
-            let ran = (job.run)(Attempt::Applied(applied)).await;
-            if let Some(cause) = ran.failed {
-                // Written, then not understood (a corrupt row): the
-                // transaction is rolled back with it, and the steps not
-                // answered yet go on in the next.
-                (ran.reply)(None);
-                batch.extend(group.into_iter().map(alone));
-                return Err(cause.error);
-            }
-            ended.push(ran.reply);
+        let ran = (job.run)(Attempt::Applied(applied)).await;
+        if let Some(cause) = ran.failed {
+            // Written, then not understood (a corrupt row): the
+            // transaction is rolled back with it, and the steps not
+            // answered yet go on in the next.
+            (ran.reply)(None);
+            batch.extend(group.into_iter().map(alone));
+            return Err(cause.error);
         }
+        ended.push(ran.reply);
     }
     Ok(())
 }
