@@ -64,6 +64,11 @@ impl WriteConnection {
         }))
     }
 
+    /// Whether the database lives in the connection itself (no file).
+    pub(super) fn is_in_memory(&self) -> bool {
+        self.0.in_memory
+    }
+
     /// Closes the writer once the writes ahead have let it go; a later
     /// write is told the store is closed.
     pub(super) async fn close(&self) {

@@ -11,7 +11,10 @@
 //! statement skips, because it would be refused, then runs alone. Every
 //! caller, the failed ones included, is answered only once the transaction
 //! has ended: an error computed from a batch that then failed to commit
-//! would describe something that never happened.
+//! would describe something that never happened. In memory, where no
+//! flush is shared, each kind's shared statement commits on its own and
+//! its callers are answered at once: two round trips to SQLite's worker
+//! thread fewer a batch (`BEGIN`, `COMMIT`).
 //!
 //! A step that finds the writer idle and nobody queued runs at once, on a
 //! task of its own (a caller that pauses or drops its future never holds
@@ -280,7 +283,15 @@ async fn commit_batch(writer: WriteConnection, mut conn: Held, mut batch: VecDeq
         return fail_all(batch, &e).await;
     }
     loop {
-        let broken = one_transaction(&mut conn, &mut batch).await;
+        let shared = match writer.is_in_memory() {
+            true => shared_statements_alone(&mut conn, &mut batch).await,
+            false => Ok(()),
+        };
+        let broken = match shared {
+            Ok(()) if batch.is_empty() => return,
+            Ok(()) => one_transaction(&mut conn, &mut batch).await,
+            broken => broken,
+        };
         if batch.is_empty() {
             return;
         }
@@ -397,9 +408,48 @@ async fn run_batched(
     ended: &mut Vec<Reply>,
 ) -> Result<(), Error> {
     for kind in BatchKind::ALL {
-        run_shared(conn, batch, kind, ended).await?;
+        run_shared(conn, batch, kind, Commits::WithTransaction, ended).await?;
     }
     Ok(())
+}
+
+/// Sends the steps of each kind that has several in `batch` as one
+/// statement each, outside any transaction: SQLite commits each statement
+/// whole or undoes it whole, and its callers are answered as soon as it
+/// has. What a statement skipped, and the steps that share none, stay in
+/// `batch` for a transaction. For an in-memory database, where a commit
+/// flushes nothing, so a transaction around the statements would save no
+/// flush and cost two round trips.
+async fn shared_statements_alone(
+    conn: &mut SqliteConnection,
+    batch: &mut VecDeque<Job>,
+) -> Result<(), Error> {
+    if batch.len() < 2 {
+        return Ok(());
+    }
+    for kind in BatchKind::ALL {
+        let mut ended = Vec::new();
+        let written = run_shared(conn, batch, kind, Commits::WithStatement, &mut ended).await;
+        if !ended.is_empty() {
+            tracing::trace!(
+                ?kind,
+                steps = ended.len(),
+                "shared statement committed on its own"
+            );
+        }
+        answer_all(ended, None);
+        written?;
+    }
+    Ok(())
+}
+
+/// When a shared statement's writes are committed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Commits {
+    /// With the group transaction around it.
+    WithTransaction,
+    /// With the statement itself (no transaction is open).
+    WithStatement,
 }
 
 /// Sends the steps of `kind` in `batch`, if there are several, as one
@@ -413,6 +463,7 @@ async fn run_shared(
     conn: &mut SqliteConnection,
     batch: &mut VecDeque<Job>,
     kind: BatchKind,
+    commits: Commits,
     ended: &mut Vec<Reply>,
 ) -> Result<(), Error> {
     let of_kind = batch
@@ -464,12 +515,16 @@ async fn run_shared(
         };
         let ran = (job.run)(Attempt::Applied(applied)).await;
         if let Some(cause) = ran.failed {
-            // Written, then not understood (a corrupt row): the
-            // transaction is rolled back with it, and the steps not
-            // answered yet go on in the next.
-            (ran.reply)(None);
-            batch.extend(group.into_iter().map(alone));
-            return Err(cause.error);
+            if commits == Commits::WithTransaction {
+                // Written, then not understood (a corrupt row): the
+                // transaction is rolled back with it, and the steps not
+                // answered yet go on in the next.
+                (ran.reply)(None);
+                batch.extend(group.into_iter().map(alone));
+                return Err(cause.error);
+            }
+            // Committed already, as the others' steps are: its caller is
+            // told its own error, the others their results.
         }
         ended.push(ran.reply);
     }

@@ -150,6 +150,24 @@ fn shared_statements(logs: &LogBuffer) -> Vec<(String, usize, usize)> {
         .collect()
 }
 
+/// The (kind, steps) counts of the shared statements that committed on
+/// their own (in memory), logged so far.
+fn statements_committed_alone(logs: &LogBuffer) -> Vec<(String, usize)> {
+    logs.text()
+        .lines()
+        .filter(|line| line.contains("shared statement committed on its own"))
+        .filter_map(|line| {
+            let field = |name: &str| -> Option<&str> {
+                let at = line.find(name)? + name.len();
+                line[at..]
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .next()
+            };
+            Some((field("kind=")?.to_owned(), field("steps=")?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// How many checkpoint rows a run has, read on a connection of its own.
 async fn checkpoint_rows(path: &Path, fence: &Fence) -> Result<i64, sqlx::Error> {
     let mut reader = SqliteConnection::connect(&format!("sqlite:{}", path.display())).await?;
@@ -844,5 +862,137 @@ async fn a_crowd_of_model_answers_shares_one_statement_and_each_arrives_whole() 
         shared.contains(&("TurnWrite".into(), LIVE, LIVE)),
         "no statement of {LIVE} turn writes in {shared:?}"
     );
+    Ok(())
+}
+
+/// In memory, where a commit flushes nothing, a crowd's shared statements
+/// run outside any transaction and commit on their own. A crowd of claims,
+/// then one of commits, each with a refusal the statement skips, is
+/// answered as on a file: every applied step from its own row, the refused
+/// one run alone and its refusal named, and what each committed reads back.
+///
+/// On a current-thread runtime the crowd is certain: `join_all` sends every
+/// step before the runtime runs anything else, and the first, which finds
+/// the writer idle, holds it (on a task of its own) while the rest queue.
+#[tokio::test]
+async fn in_memory_a_crowds_shared_statements_commit_on_their_own() -> TestResult {
+    let logs = logs();
+    const FREE: usize = 7;
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().await?);
+    let mut claims = Vec::new();
+    for i in 0..FREE {
+        let conversation = new_conversation(store.as_ref()).await?;
+        // Earlier requests of different lengths: each claim has its own
+        // revision, each commit its own place in its transcript.
+        for j in 0..i % 3 {
+            let (q, a) = (format!("q{i}.{j}"), format!("a{i}.{j}"));
+            complete_request(store.as_ref(), conversation, &q, 0, &a).await?;
+        }
+        let revision = store.admission(conversation).await?.revision;
+        claims.push(new_request(
+            conversation,
+            revision,
+            &format!("question {i}"),
+        ));
+    }
+    // The first claim runs alone and takes its conversation; the rival for
+    // it, in the middle of the crowd, is skipped by the shared statement.
+    let rival = new_request(
+        claims[0].conversation_id,
+        claims[0].expected_revision,
+        "rival",
+    );
+    let mut sent = claims.clone();
+    sent.insert(FREE / 2, rival);
+    let results = futures_util::future::join_all(sent.iter().map(|claim| store.claim(claim))).await;
+    let mut live = Vec::new();
+    for (claim, result) in sent.iter().zip(results) {
+        if claim.request_id == sent[FREE / 2].request_id {
+            assert!(
+                matches!(result, Err(Error::Busy { .. })),
+                "expected the rival to find its conversation busy, got {result:?}"
+            );
+            continue;
+        }
+        let ClaimOutcome::Admitted(fence) = result? else {
+            panic!("claim of {} not admitted", claim.conversation_id);
+        };
+        assert_eq!(fence.request_id, claim.request_id);
+        assert_eq!(fence.revision.0, claim.expected_revision.0 + 1);
+        assert_eq!(
+            store.admission(claim.conversation_id).await?.revision,
+            fence.revision
+        );
+        live.push(fence);
+    }
+
+    // Commits: the first runs alone; a replaced owner's, first of the rest,
+    // is skipped by the shared statement and fenced alone.
+    let conversation = new_conversation(store.as_ref()).await?;
+    let zombie = admit(store.as_ref(), conversation, "zombie").await?;
+    let successor = recover(store.as_ref(), &zombie).await?;
+    let mut owners = live.clone();
+    owners.insert(1, zombie);
+    let results = futures_util::future::join_all(owners.iter().map(|fence| {
+        let store = store.clone();
+        let fence = *fence;
+        async move {
+            let answer = Message::assistant(format!("answer to {}", fence.request_id));
+            let last = checkpoint(fence.run_id, 1, CheckpointPhase::Ready, 2);
+            store.commit(&fence, &last, &answer).await
+        }
+    }))
+    .await;
+    for (fence, result) in owners.iter().zip(results) {
+        if fence.run_id == zombie.run_id {
+            match result {
+                Err(Error::Fenced { run_id, revision }) => {
+                    assert_eq!((run_id, revision), (zombie.run_id, zombie.revision));
+                }
+                other => panic!("expected the zombie to be fenced, got {other:?}"),
+            }
+            continue;
+        }
+        let outcome = result?;
+        let i = live.iter().position(|f| f == fence).expect("a live owner");
+        let earlier = (i % 3) as u64;
+        assert_eq!(
+            (
+                outcome.first_seq,
+                outcome.end_seq,
+                outcome.conversation_version
+            ),
+            (2 * earlier, 2 * earlier + 2, earlier + 1)
+        );
+        let transcript = store
+            .transcript_window(fence.conversation_id, u32::MAX)
+            .await?;
+        let messages: Vec<&Message> = transcript.iter().map(|e| &e.message).collect();
+        let question = Message::user(format!("question {i}"));
+        let answer = Message::assistant(format!("answer to {}", fence.request_id));
+        assert_eq!(&messages[2 * earlier as usize..], &[&question, &answer][..]);
+        assert!(store
+            .admission(fence.conversation_id)
+            .await?
+            .active
+            .is_none());
+    }
+    let admission = store.admission(conversation).await?;
+    assert_eq!(admission.active.map(|a| a.run_id), Some(successor.run_id));
+
+    let shared = shared_statements(&logs);
+    let alone = statements_committed_alone(&logs);
+    for kind in ["Claim", "Commit"] {
+        assert!(
+            shared.contains(&(kind.into(), FREE, FREE - 1)),
+            "no statement of {FREE} {kind} steps with {} applied in {shared:?}",
+            FREE - 1
+        );
+        assert!(
+            alone.contains(&(kind.into(), FREE - 1)),
+            "no {kind} statement of {} steps committed on its own in {alone:?}",
+            FREE - 1
+        );
+    }
     Ok(())
 }
