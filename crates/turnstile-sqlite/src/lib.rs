@@ -154,6 +154,14 @@ fn default_readers() -> u32 {
 }
 
 /// The SQLite implementation of [`Store`].
+///
+/// Its writes go through a writer task on the runtime it was opened on,
+/// which SQLite's worker thread wakes with each statement's result. A task
+/// woken from outside a multi-thread runtime waits in the runtime's global
+/// queue, so with many sessions at once the writer, which every step of a
+/// group waits on, can wait behind them; a runtime built with
+/// `tokio::runtime::Builder::global_queue_interval(4)` lets it in sooner
+/// (`turnstile bench` and `turnstile serve` do).
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     writer: write_connection::WriteConnection,
