@@ -53,13 +53,18 @@ pub(super) enum Applied {
     },
 }
 
-/// Why a shared statement wrote nothing.
+/// Why a shared statement's steps were not answered from its rows.
 pub(super) enum Failed {
     /// A step trigger refused one row by raising: SQLite undid the
     /// statement alone and the transaction goes on.
     Refused,
-    /// Anything else, which may have ended the transaction.
+    /// SQLite failed the statement, which wrote nothing; the error may
+    /// have ended the transaction.
     Error(Error),
+    /// The statement ran, then what it returned could not be read: inside
+    /// a transaction its writes are still undone with it, outside one they
+    /// are committed.
+    Unread(Error),
 }
 
 /// Writes `rows` (each a JSON object) as one statement; returns each
@@ -76,15 +81,18 @@ pub(super) async fn write(
         BatchKind::ToolResult => tool_result::batch(conn, &rows).await,
         BatchKind::Commit => commit::batch(conn, &rows).await,
     };
-    let returned = written.map_err(|e| match raised(&e) {
-        Some(_) => Failed::Refused,
-        None => Failed::Error(db("write steps together")(e)),
+    let returned = written.map_err(|e| match (raised(&e), &e) {
+        (Some(_), _) => Failed::Refused,
+        (None, sqlx::Error::Database(_)) => Failed::Error(db("write steps together")(e)),
+        // A row sqlx could not decode, or its worker gone: maybe after
+        // the statement wrote.
+        (None, _) => Failed::Unread(db("read the steps written together")(e)),
     })?;
     returned
         .into_iter()
         .map(|(step, applied)| match usize::try_from(step) {
             Ok(step) => Ok((step, applied)),
-            Err(_) => Err(Failed::Error(Error::Store(
+            Err(_) => Err(Failed::Unread(Error::Store(
                 turnstile_core::StoreError::new("a shared statement returned no step", None),
             ))),
         })

@@ -283,15 +283,17 @@ async fn commit_batch(writer: WriteConnection, mut conn: Held, mut batch: VecDeq
         return fail_all(batch, &e).await;
     }
     loop {
-        let shared = match writer.is_in_memory() {
-            true => shared_statements_alone(&mut conn, &mut batch).await,
-            false => Ok(()),
-        };
-        let broken = match shared {
-            Ok(()) if batch.is_empty() => return,
-            Ok(()) => one_transaction(&mut conn, &mut batch).await,
-            broken => broken,
-        };
+        if writer.is_in_memory() {
+            // A failed statement wrote nothing and opened no transaction:
+            // its steps run alone below, on the same connection.
+            if let Err(e) = shared_statements_alone(&mut conn, &mut batch).await {
+                tracing::warn!(error = %e, "shared statement failed");
+            }
+            if batch.is_empty() {
+                return;
+            }
+        }
+        let broken = one_transaction(&mut conn, &mut batch).await;
         if batch.is_empty() {
             return;
         }
@@ -417,9 +419,9 @@ async fn run_batched(
 /// statement each, outside any transaction: SQLite commits each statement
 /// whole or undoes it whole, and its callers are answered as soon as it
 /// has. What a statement skipped, and the steps that share none, stay in
-/// `batch` for a transaction. For an in-memory database, where a commit
-/// flushes nothing, so a transaction around the statements would save no
-/// flush and cost two round trips.
+/// `batch` for a transaction. For an in-memory database: a commit there
+/// flushes nothing, so a transaction around the statements would cost two
+/// round trips and save nothing.
 async fn shared_statements_alone(
     conn: &mut SqliteConnection,
     batch: &mut VecDeque<Job>,
@@ -444,7 +446,7 @@ async fn shared_statements_alone(
 }
 
 /// When a shared statement's writes are committed.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Commits {
     /// With the group transaction around it.
     WithTransaction,
@@ -455,10 +457,14 @@ enum Commits {
 /// Sends the steps of `kind` in `batch`, if there are several, as one
 /// statement. An applied step's caller is answered into `ended`; a step
 /// its statement skipped (a refusal) goes back to `batch` to run alone,
-/// which names the refusal. If the statement fails, nothing of it is
-/// written: on a refusal raised inside it, its steps run alone in this
-/// transaction; on any other error, which may have ended the transaction,
-/// the error is returned for `ended`, and the steps run alone in the next.
+/// which names the refusal. If SQLite fails the statement, nothing of it
+/// is written and its steps go back to run alone: after a refusal raised
+/// inside it, in this transaction; after any other error, which may have
+/// ended the transaction, in the next, and the error is returned for
+/// `ended`. If what the statement returned cannot be read, its writes are
+/// undone with the transaction when `commits` is
+/// [`Commits::WithTransaction`]; committed with the statement, they are
+/// not run again, and its callers are told the error.
 async fn run_shared(
     conn: &mut SqliteConnection,
     batch: &mut VecDeque<Job>,
@@ -487,11 +493,15 @@ async fn run_shared(
     };
     let mut returned = match written {
         Ok(returned) => returned,
+        Err(batch::Failed::Unread(e)) if commits == Commits::WithStatement => {
+            fail_all(group, &e).await;
+            return Err(e);
+        }
         Err(failed) => {
             batch.extend(group.into_iter().map(alone));
             match failed {
                 batch::Failed::Refused => return Ok(()),
-                batch::Failed::Error(e) => return Err(e),
+                batch::Failed::Error(e) | batch::Failed::Unread(e) => return Err(e),
             }
         }
     };
