@@ -14,7 +14,9 @@
 //! Steps of several statements (a summary's commit) still run in a
 //! savepoint of their own. Claims, turn writes, tool results and commits
 //! that queue together go as one statement per kind (migration 0011): a
-//! step that statement skips runs alone and gets its own answer.
+//! step that statement skips runs alone and gets its own answer. In
+//! memory, where a commit flushes nothing, those statements commit on
+//! their own, outside any transaction.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -28,8 +30,8 @@ use turnstile::store::{
     ToolResult,
 };
 use turnstile::{
-    CheckpointPhase, Content, Error, LoopCheckpoint, Message, Part, ProviderMetadata, Reasoning,
-    SqliteStore, Store, Usage,
+    CheckpointPhase, Content, ConversationId, Error, LoopCheckpoint, Message, Part,
+    ProviderMetadata, Reasoning, SqliteStore, Store, Usage,
 };
 use turnstile_conformance::logs::LogBuffer;
 use turnstile_conformance::support::{
@@ -135,19 +137,21 @@ fn shared_statements(logs: &LogBuffer) -> Vec<(String, usize, usize)> {
     text.lines()
         .filter(|line| line.contains("steps written in one statement"))
         .filter_map(|line| {
-            let field = |name: &str| -> Option<&str> {
-                let at = line.find(name)? + name.len();
-                line[at..]
-                    .split(|c: char| !c.is_ascii_alphanumeric())
-                    .next()
-            };
             Some((
-                field("kind=")?.to_owned(),
-                field("steps=")?.parse().ok()?,
-                field("applied=")?.parse().ok()?,
+                log_field(line, "kind=")?.to_owned(),
+                log_field(line, "steps=")?.parse().ok()?,
+                log_field(line, "applied=")?.parse().ok()?,
             ))
         })
         .collect()
+}
+
+/// The value of a logged event's field `name` (`kind=`, `steps=`...).
+fn log_field<'l>(line: &'l str, name: &str) -> Option<&'l str> {
+    let at = line.find(name)? + name.len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .next()
 }
 
 /// The (kind, steps) counts of the shared statements that committed on
@@ -157,15 +161,27 @@ fn statements_committed_alone(logs: &LogBuffer) -> Vec<(String, usize)> {
         .lines()
         .filter(|line| line.contains("shared statement committed on its own"))
         .filter_map(|line| {
-            let field = |name: &str| -> Option<&str> {
-                let at = line.find(name)? + name.len();
-                line[at..]
-                    .split(|c: char| !c.is_ascii_alphanumeric())
-                    .next()
-            };
-            Some((field("kind=")?.to_owned(), field("steps=")?.parse().ok()?))
+            Some((
+                log_field(line, "kind=")?.to_owned(),
+                log_field(line, "steps=")?.parse().ok()?,
+            ))
         })
         .collect()
+}
+
+/// A new conversation of `store` with `i % 3` requests committed before:
+/// conversations of a crowd each at their own revision, and each commit at
+/// its own position of its own transcript.
+async fn conversation_after_requests(
+    store: &Arc<dyn Store>,
+    i: usize,
+) -> Result<ConversationId, Error> {
+    let conversation = new_conversation(store.as_ref()).await?;
+    for j in 0..i % 3 {
+        let (q, a) = (format!("q{i}.{j}"), format!("a{i}.{j}"));
+        complete_request(store.as_ref(), conversation, &q, 0, &a).await?;
+    }
+    Ok(conversation)
 }
 
 /// How many checkpoint rows a run has, read on a connection of its own.
@@ -619,13 +635,7 @@ async fn a_crowd_of_commits_shares_one_statement_and_a_zombie_is_fenced_alone() 
     let first = admit_new(&store, "first").await?;
     let mut live = Vec::new();
     for i in 0..LIVE {
-        let conversation = new_conversation(store.as_ref()).await?;
-        // Earlier requests of different lengths, so each commit lands at its
-        // own position of its own transcript.
-        for j in 0..i % 3 {
-            let (q, a) = (format!("q{i}.{j}"), format!("a{i}.{j}"));
-            complete_request(store.as_ref(), conversation, &q, 0, &a).await?;
-        }
+        let conversation = conversation_after_requests(&store, i).await?;
         live.push(admit(store.as_ref(), conversation, &format!("question {i}")).await?);
     }
     let conversation = new_conversation(store.as_ref()).await?;
@@ -881,13 +891,7 @@ async fn in_memory_a_crowds_shared_statements_commit_on_their_own() -> TestResul
     let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().await?);
     let mut claims = Vec::new();
     for i in 0..FREE {
-        let conversation = new_conversation(store.as_ref()).await?;
-        // Earlier requests of different lengths: each claim has its own
-        // revision, each commit its own place in its transcript.
-        for j in 0..i % 3 {
-            let (q, a) = (format!("q{i}.{j}"), format!("a{i}.{j}"));
-            complete_request(store.as_ref(), conversation, &q, 0, &a).await?;
-        }
+        let conversation = conversation_after_requests(&store, i).await?;
         let revision = store.admission(conversation).await?.revision;
         claims.push(new_request(
             conversation,
