@@ -426,9 +426,6 @@ async fn shared_statements_alone(
     conn: &mut SqliteConnection,
     batch: &mut VecDeque<Job>,
 ) -> Result<(), Error> {
-    if batch.len() < 2 {
-        return Ok(());
-    }
     for kind in BatchKind::ALL {
         let mut ended = Vec::new();
         let written = run_shared(conn, batch, kind, Commits::WithStatement, &mut ended).await;

@@ -288,7 +288,7 @@ async fn prune_requests(
     deleted.events += count(counts.events)
         + rows
             .iter()
-            .map(|r| count(Some(i64::from(r.folded_events))))
+            .map(|r| u64::try_from(r.folded_events).unwrap_or(0))
             .sum::<u64>();
     // A statement of its own: the one above updates some of these rows.
     sqlx::query!(
