@@ -253,6 +253,76 @@ async fn runs_seen(
     Ok(seen)
 }
 
+/// A claim that starts its first turn now writes that turn's write-ahead
+/// with the request, and any verification report the checkpoint carries
+/// for that turn: the same reads whether the run carries the request's id
+/// or one of its own (a store may write the second kind with another
+/// statement), and a refused claim writes neither.
+pub async fn a_claims_first_turn_and_its_reports_read_back_with_either_run_id(
+    store: SharedStore,
+) -> TestResult {
+    let mut seen = Vec::new();
+    for own_id in [false, true] {
+        let conversation = new_conversation(&*store).await?;
+        let revision = store.admission(conversation).await?.revision;
+        let mut claim = new_request(conversation, revision, "a turn that starts at once");
+        if own_id {
+            claim.run_id = RunId::new();
+        }
+        let mut first = checkpoint(claim.run_id, 1, CheckpointPhase::TurnInFlight, 1);
+        first.verification_reports[0].detail =
+            format!("checked before the model, own id: {own_id}");
+        claim.first_turn = Some(first.clone());
+        let fence = admitted(&*store, &claim).await?;
+
+        let run = store.run(fence.run_id).await?.expect("the claim's run");
+        assert_eq!(
+            (run.request_id, run.status),
+            (claim.request_id, RunStatus::Running)
+        );
+        let latest = store
+            .latest_checkpoint(fence.run_id)
+            .await?
+            .expect("the first turn");
+        assert_eq!(
+            (
+                latest.turn,
+                latest.phase,
+                latest.message_count,
+                latest.usage
+            ),
+            (1, CheckpointPhase::TurnInFlight, 1, usage_after(1))
+        );
+        assert_eq!(
+            latest.verification_reports, first.verification_reports,
+            "own id: {own_id}"
+        );
+        assert_eq!(store.checkpoints(fence.run_id).await?.len(), 1);
+        seen.push((latest.turn, latest.phase, latest.verification_reports.len()));
+
+        // A second request's claim at the same revision is busy: no run,
+        // checkpoint or report of it is written.
+        let mut rival = new_request(conversation, revision, "too late");
+        if own_id {
+            rival.run_id = RunId::new();
+        }
+        rival.first_turn = Some(checkpoint(
+            rival.run_id,
+            1,
+            CheckpointPhase::TurnInFlight,
+            1,
+        ));
+        match store.claim(&rival).await {
+            Err(Error::Busy { .. }) => {}
+            other => panic!("expected Busy, own id {own_id}: got {other:?}"),
+        }
+        assert!(store.run(rival.run_id).await?.is_none());
+        assert!(store.checkpoints(rival.run_id).await?.is_empty());
+    }
+    assert_eq!(seen[0], seen[1]);
+    Ok(())
+}
+
 /// A request's first run may carry the request's id (`RunId::first_of`, as
 /// the engine's does; a store may keep it in the request's row) or an id of
 /// its own: the same steps read back the same, through turns, a failure, a
