@@ -205,7 +205,10 @@ impl Store for PostgresStore {
         let input = std::slice::from_ref(&claim.input);
         self.part_limits.check(input)?;
         match StepBlobs::of(input) {
-            None => autocommit!(self, |conn, retry| claim::claim(conn, claim, retry, false)),
+            None if !claim::writes_beyond_its_row(claim) => {
+                autocommit!(self, |conn, retry| claim::claim(conn, claim, retry, false))
+            }
+            None => transaction!(self, |conn, retry| claim::claim(conn, claim, retry, true)),
             Some(blobs) => {
                 with_blobs!(self, &blobs, |conn, retry| claim::claim(
                     conn, claim, retry, true
