@@ -212,6 +212,23 @@ struct RunsSeen {
     outcome: Option<(u32, u64, u64)>,
 }
 
+/// A claim by a new request in a new conversation, at its revision: its
+/// first run carries the request's id, as the engine's does, or (`own_id`)
+/// an id of its own.
+async fn claim_in_a_new_conversation(
+    store: &dyn turnstile_core::store::Store,
+    input: &str,
+    own_id: bool,
+) -> Result<turnstile_core::store::NewRequest, Error> {
+    let conversation = new_conversation(store).await?;
+    let revision = store.admission(conversation).await?.revision;
+    let mut claim = new_request(conversation, revision, input);
+    if own_id {
+        claim.run_id = RunId::new();
+    }
+    Ok(claim)
+}
+
 async fn runs_seen(
     store: &dyn turnstile_core::store::Store,
     request: turnstile_core::RequestId,
@@ -263,12 +280,8 @@ pub async fn a_claims_first_turn_and_its_reports_read_back_with_either_run_id(
 ) -> TestResult {
     let mut seen = Vec::new();
     for own_id in [false, true] {
-        let conversation = new_conversation(&*store).await?;
-        let revision = store.admission(conversation).await?.revision;
-        let mut claim = new_request(conversation, revision, "a turn that starts at once");
-        if own_id {
-            claim.run_id = RunId::new();
-        }
+        let mut claim =
+            claim_in_a_new_conversation(&*store, "a turn that starts at once", own_id).await?;
         let mut first = checkpoint(claim.run_id, 1, CheckpointPhase::TurnInFlight, 1);
         first.verification_reports[0].detail =
             format!("checked before the model, own id: {own_id}");
@@ -302,7 +315,7 @@ pub async fn a_claims_first_turn_and_its_reports_read_back_with_either_run_id(
 
         // A second request's claim at the same revision is busy: no run,
         // checkpoint or report of it is written.
-        let mut rival = new_request(conversation, revision, "too late");
+        let mut rival = new_request(claim.conversation_id, claim.expected_revision, "too late");
         if own_id {
             rival.run_id = RunId::new();
         }
@@ -332,12 +345,8 @@ pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
 ) -> TestResult {
     let mut seen = Vec::new();
     for own_id in [false, true] {
-        let conversation = new_conversation(&*store).await?;
-        let revision = store.admission(conversation).await?.revision;
-        let mut claim = new_request(conversation, revision, "two turns, a crash, an answer");
-        if own_id {
-            claim.run_id = RunId::new();
-        }
+        let claim =
+            claim_in_a_new_conversation(&*store, "two turns, a crash, an answer", own_id).await?;
         let first = admitted(&*store, &claim).await?;
         assert_eq!(first.run_id == RunId::first_of(claim.request_id), !own_id);
         let mut count = 1;
@@ -385,12 +394,7 @@ pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
     // same checkpoints either way, and the same refusal to read the outcome.
     let mut below = Vec::new();
     for own_id in [false, true] {
-        let conversation = new_conversation(&*store).await?;
-        let revision = store.admission(conversation).await?.revision;
-        let mut claim = new_request(conversation, revision, "a commit below its turn");
-        if own_id {
-            claim.run_id = RunId::new();
-        }
+        let claim = claim_in_a_new_conversation(&*store, "a commit below its turn", own_id).await?;
         let fence = admitted(&*store, &claim).await?;
         let run = fence.run_id;
         store
