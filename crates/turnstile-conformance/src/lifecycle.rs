@@ -1,6 +1,8 @@
 //! A request from claim to commit, and what the read API shows after.
 
-use turnstile_core::store::{InputHash, JournalStatus, RequestStatus, RunStatus};
+use turnstile_core::store::{
+    InputHash, JournalStatus, NewRequest, RequestStatus, RunStatus, Store,
+};
 use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, Revision, RunId, ToolCall};
 
 use crate::support::{
@@ -212,14 +214,14 @@ struct RunsSeen {
     outcome: Option<(u32, u64, u64)>,
 }
 
-/// A claim by a new request in a new conversation, at its revision: its
-/// first run carries the request's id, as the engine's does, or (`own_id`)
-/// an id of its own.
-async fn claim_in_a_new_conversation(
-    store: &dyn turnstile_core::store::Store,
+/// A new request to claim a new conversation at its revision, not yet
+/// claimed: its first run carries the request's id, as the engine's does,
+/// or (`own_id`) an id of its own.
+async fn request_in_a_new_conversation(
+    store: &dyn Store,
     input: &str,
     own_id: bool,
-) -> Result<turnstile_core::store::NewRequest, Error> {
+) -> Result<NewRequest, Error> {
     let conversation = new_conversation(store).await?;
     let revision = store.admission(conversation).await?.revision;
     let mut claim = new_request(conversation, revision, input);
@@ -230,7 +232,7 @@ async fn claim_in_a_new_conversation(
 }
 
 async fn runs_seen(
-    store: &dyn turnstile_core::store::Store,
+    store: &dyn Store,
     request: turnstile_core::RequestId,
     runs: &[RunId],
 ) -> Result<RunsSeen, Error> {
@@ -271,50 +273,49 @@ async fn runs_seen(
 }
 
 /// A claim that starts its first turn now writes that turn's write-ahead
-/// with the request, and any verification report the checkpoint carries
-/// for that turn: the same reads whether the run carries the request's id
-/// or one of its own (a store may write the second kind with another
-/// statement), and a refused claim writes neither.
+/// with the request, and the verification reports the checkpoint carries
+/// for that turn: they read back the same whether the run carries the
+/// request's id or one of its own, with or without a report (a store may
+/// write the run or the reports with a statement of their own), and a
+/// refused claim writes no request, run or checkpoint.
 pub async fn a_claims_first_turn_and_its_reports_read_back_with_either_run_id(
     store: SharedStore,
 ) -> TestResult {
-    let mut seen = Vec::new();
-    for own_id in [false, true] {
+    for (own_id, reported) in [(false, false), (false, true), (true, false), (true, true)] {
+        let case = format!("own id: {own_id}, a report: {reported}");
         let mut claim =
-            claim_in_a_new_conversation(&*store, "a turn that starts at once", own_id).await?;
+            request_in_a_new_conversation(&*store, "a turn that starts at once", own_id).await?;
         let mut first = checkpoint(claim.run_id, 1, CheckpointPhase::TurnInFlight, 1);
-        first.verification_reports[0].detail =
-            format!("checked before the model, own id: {own_id}");
+        if reported {
+            first.verification_reports[0].detail = format!("checked before the model; {case}");
+        } else {
+            first.verification_reports.clear();
+        }
         claim.first_turn = Some(first.clone());
         let fence = admitted(&*store, &claim).await?;
 
         let run = store.run(fence.run_id).await?.expect("the claim's run");
         assert_eq!(
             (run.request_id, run.status),
-            (claim.request_id, RunStatus::Running)
+            (claim.request_id, RunStatus::Running),
+            "{case}"
         );
-        let latest = store
-            .latest_checkpoint(fence.run_id)
-            .await?
-            .expect("the first turn");
+        let checkpoints = store.checkpoints(fence.run_id).await?;
+        let shape: Vec<_> = checkpoints
+            .iter()
+            .map(|c| (c.turn, c.phase, c.message_count, c.usage))
+            .collect();
         assert_eq!(
-            (
-                latest.turn,
-                latest.phase,
-                latest.message_count,
-                latest.usage
-            ),
-            (1, CheckpointPhase::TurnInFlight, 1, usage_after(1))
+            shape,
+            vec![(1, CheckpointPhase::TurnInFlight, 1, usage_after(1))],
+            "{case}"
         );
         assert_eq!(
-            latest.verification_reports, first.verification_reports,
-            "own id: {own_id}"
+            checkpoints[0].verification_reports, first.verification_reports,
+            "{case}"
         );
-        assert_eq!(store.checkpoints(fence.run_id).await?.len(), 1);
-        seen.push((latest.turn, latest.phase, latest.verification_reports.len()));
 
-        // A second request's claim at the same revision is busy: no run,
-        // checkpoint or report of it is written.
+        // A second request's claim at the same revision is busy.
         let mut rival = new_request(claim.conversation_id, claim.expected_revision, "too late");
         if own_id {
             rival.run_id = RunId::new();
@@ -327,12 +328,12 @@ pub async fn a_claims_first_turn_and_its_reports_read_back_with_either_run_id(
         ));
         match store.claim(&rival).await {
             Err(Error::Busy { .. }) => {}
-            other => panic!("expected Busy, own id {own_id}: got {other:?}"),
+            other => panic!("expected Busy; {case}: got {other:?}"),
         }
-        assert!(store.run(rival.run_id).await?.is_none());
-        assert!(store.checkpoints(rival.run_id).await?.is_empty());
+        assert!(store.request(rival.request_id).await?.is_none(), "{case}");
+        assert!(store.run(rival.run_id).await?.is_none(), "{case}");
+        assert!(store.checkpoints(rival.run_id).await?.is_empty(), "{case}");
     }
-    assert_eq!(seen[0], seen[1]);
     Ok(())
 }
 
@@ -346,7 +347,7 @@ pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
     let mut seen = Vec::new();
     for own_id in [false, true] {
         let claim =
-            claim_in_a_new_conversation(&*store, "two turns, a crash, an answer", own_id).await?;
+            request_in_a_new_conversation(&*store, "two turns, a crash, an answer", own_id).await?;
         let first = admitted(&*store, &claim).await?;
         assert_eq!(first.run_id == RunId::first_of(claim.request_id), !own_id);
         let mut count = 1;
@@ -394,7 +395,8 @@ pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
     // same checkpoints either way, and the same refusal to read the outcome.
     let mut below = Vec::new();
     for own_id in [false, true] {
-        let claim = claim_in_a_new_conversation(&*store, "a commit below its turn", own_id).await?;
+        let claim =
+            request_in_a_new_conversation(&*store, "a commit below its turn", own_id).await?;
         let fence = admitted(&*store, &claim).await?;
         let run = fence.run_id;
         store

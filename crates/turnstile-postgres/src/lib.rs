@@ -3,8 +3,9 @@
 //!
 //! Each durable step is one statement that commits on its own (one round
 //! trip): a claim, each turn write, a tool result, a commit, an abandon, an
-//! approval decision; a recovery claim, the summary writes and a stop for
-//! approval are one short transaction (the steps are in `steps/`, under
+//! approval decision; a recovery claim, the summary writes, a stop for
+//! approval and a claim whose run has an id of its own or whose first turn
+//! carries verification reports are one short transaction (the steps are in `steps/`, under
 //! the names of SQLite's). So no connection is held across a model or tool
 //! call. Every ownership change is one guarded `UPDATE admissions … WHERE
 //! revision = $n` whose row count decides it; every write of a run's owner starts with a fenced
@@ -205,10 +206,7 @@ impl Store for PostgresStore {
         let input = std::slice::from_ref(&claim.input);
         self.part_limits.check(input)?;
         match StepBlobs::of(input) {
-            None if !claim::writes_beyond_its_row(claim) => {
-                autocommit!(self, |conn, retry| claim::claim(conn, claim, retry, false))
-            }
-            None => transaction!(self, |conn, retry| claim::claim(conn, claim, retry, true)),
+            None => autocommit!(self, |conn, retry| claim::claim(conn, claim, retry, false)),
             Some(blobs) => {
                 with_blobs!(self, &blobs, |conn, retry| claim::claim(
                     conn, claim, retry, true

@@ -1,18 +1,20 @@
 //! The claim of an idle admission by a new request: one statement that
 //! checks the request id is not taken anywhere in the store, fences on the
 //! expected idle revision (the compare-and-swap) and writes the request,
-//! its id in `request_ids`, its first run (in the request's own row when
-//! it carries the request's id, as the engine's first run does: migration
+//! its id in `request_ids`, its first run when that carries the request's
+//! id (in the request's own row, as the engine's first run does: migration
 //! 0027), its input, the first turn's write-ahead when it starts now, and
 //! its `admitted` event (numbered in the admission's own update, it costs
 //! no second update of that row; kept in the request's row, 0028).
 //!
 //! A claim whose run has an id of its own, or whose first turn carries
-//! verification reports, writes those rows with a second statement in the
-//! same transaction ([`writes_beyond_its_row`]). The statement every other
-//! claim sends names only the tables it writes: each table a statement
-//! names costs the server its locks and executor setup even when no row
-//! goes there, which at 64 sessions was a tenth of the requests' throughput.
+//! verification reports, writes those rows with a second statement once
+//! the first has admitted it, both in one transaction
+//! ([`writes_beyond_its_row`]). So the first statement names only the four
+//! tables every claim writes, and the conversation it reads: a table a
+//! statement names costs the server its executor setup and its locks on
+//! the table and each of its indexes even when no row goes there
+//! (`docs/performance.md`, "A claim that names only the tables it writes").
 //!
 //! Refusals, explained by reads after the statement wrote nothing: a taken
 //! request id is that request ([`ClaimOutcome::Existing`]; a retry whose
@@ -35,8 +37,27 @@ use turnstile_core::Error;
 /// `request_ids`, its first run, its input, the first turn's write-ahead
 /// when it starts now and its event. A request id already taken is that
 /// request, whatever its conversation. `in_transaction` is true for a claim
-/// whose input names blobs or that [`writes_beyond_its_row`].
+/// whose input names blobs; one that [`writes_beyond_its_row`] outside a
+/// transaction opens its own.
 pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    claim: &NewRequest,
+    retry: bool,
+    in_transaction: bool,
+) -> Result<ClaimOutcome, Error> {
+    if in_transaction || !writes_beyond_its_row(claim) {
+        return claim_in(conn, claim, retry, in_transaction).await;
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn)
+        .await
+        .map_err(db("begin the claim"))?;
+    let outcome = claim_in(&mut tx, claim, retry, true).await?;
+    tx.commit().await.map_err(db("commit the claim"))?;
+    Ok(outcome)
+}
+
+/// The claim on `conn`, inside a transaction when `in_transaction`.
+async fn claim_in(
     conn: &mut PgConnection,
     claim: &NewRequest,
     retry: bool,
@@ -44,8 +65,8 @@ pub(crate) async fn claim(
 ) -> Result<ClaimOutcome, Error> {
     // A claim of the same id elsewhere that committed after this statement's
     // snapshot makes its `request_ids` insert fail: the second try sees it.
-    // Inside a transaction the failed
-    // statement is undone to a savepoint, or the transaction could not go on.
+    // Inside a transaction the failed statement is undone to a savepoint, or
+    // the transaction could not go on.
     let input = message_columns(&claim.input)?;
     let now = now_ms();
     let mut attempt = 0;
@@ -71,10 +92,6 @@ pub(crate) async fn claim(
     };
     if let Some(revision) = claimed {
         if writes_beyond_its_row(claim) {
-            debug_assert!(
-                in_transaction,
-                "a claim's second statement needs its transaction"
-            );
             run_and_reports(conn, claim, now).await?;
         }
         return Ok(ClaimOutcome::Admitted(Fence {
@@ -130,10 +147,15 @@ async fn existing(
 /// run with an id of its own (its `runs` row and its first turn's
 /// checkpoint), or verification reports with its first turn. Such a claim
 /// runs in a transaction, with a second statement for them.
-pub(crate) fn writes_beyond_its_row(claim: &NewRequest) -> bool {
-    let first: Vec<&LoopCheckpoint> = claim.first_turn.iter().collect();
+fn writes_beyond_its_row(claim: &NewRequest) -> bool {
     claim.run_id.as_uuid() != claim.request_id.as_uuid()
-        || !ReportColumns::of(&first).seqs.is_empty()
+        || claim.first_turn.as_ref().is_some_and(|first| {
+            // The reports new in its own turn, as `ReportColumns` takes them.
+            first
+                .verification_reports
+                .iter()
+                .any(|r| r.turn == first.turn)
+        })
 }
 
 /// The rows of an admitted claim that its statement leaves to this one, in

@@ -8,11 +8,12 @@
 //! side with `turnstile-sqlite/src/steps/claim.sql` and `claim.rs`.
 //!
 //! Here each step is a Rust function of one statement that commits on its
-//! own (the recovery claim, one short transaction; a claim whose run has an
-//! id of its own or whose first turn carries reports, two statements in
-//! one), fence first: the statement's first part is the guarded update or
-//! lock of the admission row, and every other part writes only rows joined
-//! to it, so a refused step writes nothing. Its refusals are told apart by what the statement
+//! own (the recovery claim, one short transaction; a claim whose run has
+//! an id of its own or whose first turn carries reports, two statements in
+//! one, the second sent only once the first admitted it), fence first: the
+//! statement's first part is the guarded update or lock of the admission
+//! row, and every other part writes only rows joined to it, so a refused
+//! step writes nothing. Its refusals are told apart by what the statement
 //! returned and, where that cannot say, by reads after it; a step retried
 //! after a lost acknowledgement (`retry`) recognises its own first
 //! attempt. This module holds what several steps share: the fence's
