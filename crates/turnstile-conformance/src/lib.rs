@@ -76,6 +76,7 @@ macro_rules! suite {
     lifecycle::a_held_requests_messages_are_in_no_transcript_read_until_its_commit,
     lifecycle::a_first_run_with_the_requests_id_reads_as_one_with_its_own,
     lifecycle::a_claims_first_turn_and_its_reports_read_back_with_either_run_id,
+    lifecycle::a_commit_with_or_without_reports_or_an_earlier_turn_reads_back_the_same,
     lifecycle::hostile_strings_round_trip_verbatim_through_commit,
     event_log::a_request_logs_each_step_once_in_order_and_reads_page_by_page,
     event_log::refused_steps_log_nothing,

@@ -1,7 +1,7 @@
 //! A request from claim to commit, and what the read API shows after.
 
 use turnstile_core::store::{
-    InputHash, JournalStatus, NewRequest, RequestStatus, RunStatus, Store,
+    InputHash, JournalStatus, LoggedStep, NewRequest, RequestStatus, RunStatus, Store,
 };
 use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, Revision, RunId, ToolCall};
 
@@ -333,6 +333,71 @@ pub async fn a_claims_first_turn_and_its_reports_read_back_with_either_run_id(
         assert!(store.request(rival.request_id).await?.is_none(), "{case}");
         assert!(store.run(rival.run_id).await?.is_none(), "{case}");
         assert!(store.checkpoints(rival.run_id).await?.is_empty(), "{case}");
+    }
+    Ok(())
+}
+
+/// A commit with or without verification reports of its turn, at the
+/// turn its run's row holds or at a later one (whose earlier checkpoint is
+/// kept): the same outcome, checkpoints, transcript and one `committed`
+/// event in every case (a store may commit the simplest with fewer tables
+/// named than the others).
+pub async fn a_commit_with_or_without_reports_or_an_earlier_turn_reads_back_the_same(
+    store: SharedStore,
+) -> TestResult {
+    for (reported, later) in [(false, false), (true, false), (false, true), (true, true)] {
+        let case = format!("reports: {reported}, a later turn: {later}");
+        let conversation = new_conversation(&*store).await?;
+        let fence = admit(&*store, conversation, "an answer at once").await?;
+        let run = fence.run_id;
+        store
+            .begin_turn(
+                &fence,
+                &checkpoint(run, 1, CheckpointPhase::TurnInFlight, 1),
+            )
+            .await?;
+        let turn = if later { 2 } else { 1 };
+        let mut last = checkpoint(run, turn, CheckpointPhase::Completed, 2);
+        if !reported {
+            last.verification_reports.retain(|r| r.turn != turn);
+        }
+        let outcome = store
+            .commit(&fence, &last, &Message::assistant("done"))
+            .await?;
+        assert_eq!(
+            (outcome.turns, outcome.verification_reports.len()),
+            (turn, last.verification_reports.len()),
+            "{case}"
+        );
+        let stored = store
+            .request(fence.request_id)
+            .await?
+            .and_then(|r| r.outcome)
+            .expect("the stored outcome");
+        assert_eq!(stored, outcome, "{case}");
+        let shape: Vec<_> = store
+            .checkpoints(run)
+            .await?
+            .iter()
+            .map(|c| (c.turn, c.phase))
+            .collect();
+        let mut expected = vec![(1, CheckpointPhase::TurnInFlight)];
+        if later {
+            expected.push((2, CheckpointPhase::Completed));
+        } else {
+            expected[0].1 = CheckpointPhase::Completed;
+        }
+        assert_eq!(shape, expected, "{case}");
+        let entries = store.transcript_range(conversation, 0, 10).await?;
+        let texts: Vec<_> = entries.iter().map(|e| e.message.text()).collect();
+        assert_eq!(texts, ["an answer at once", "done"], "{case}");
+        let committed: Vec<_> = store
+            .events_after(conversation, 0, u32::MAX)
+            .await?
+            .into_iter()
+            .filter(|e| matches!(e.step, LoggedStep::Committed { .. }))
+            .collect();
+        assert_eq!(committed.len(), 1, "{case}");
     }
     Ok(())
 }
