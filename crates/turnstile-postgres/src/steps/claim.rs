@@ -14,7 +14,8 @@
 //! tables every claim writes, and the conversation it reads: a table a
 //! statement names costs the server its executor setup and its locks on
 //! the table and each of its indexes even when no row goes there
-//! (`docs/performance.md`, "A claim that names only the tables it writes").
+//! (`docs/performance.md`, "A claim and a commit that name only the tables
+//! they write").
 //!
 //! Refusals, explained by reads after the statement wrote nothing: a taken
 //! request id is that request ([`ClaimOutcome::Existing`]; a retry whose

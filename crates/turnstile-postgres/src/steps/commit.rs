@@ -10,14 +10,15 @@
 //!
 //! That statement names only the tables every commit writes: a table a
 //! statement names costs the server its executor setup and its locks even
-//! when no row goes there (`docs/performance.md`, "A claim that names only
-//! the tables it writes"). A commit that writes more runs in a transaction
-//! with a statement before it and one after it ([`commit_in_a_transaction`]):
-//! a run with an id of its own, a turn that brings verification reports, or
-//! a request row that asks for more than the statement writes (a run kept
-//! in `runs` from before 0027, an admission event logged before 0028, or a
-//! checkpoint of the run's earlier turns to keep). The statement alone
-//! refuses to commit the last kind, which it finds only in the row.
+//! when no row goes there (`docs/performance.md`, "A claim and a commit
+//! that name only the tables they write"). A commit that writes more runs
+//! in a transaction, with the admission locked and a statement before and
+//! after that one ([`commit_in_a_transaction`]): a run with an id of its
+//! own, a turn that brings verification reports, or a request row that
+//! asks for more than the statement writes (a run kept in `runs` from
+//! before 0027, an admission event logged before 0028, or a checkpoint of
+//! the run's earlier turns to keep). Sent alone, the statement releases
+//! nothing for the last kind, which only the row tells.
 //!
 //! Refusal: a replaced owner is [`Error::Fenced`].
 
