@@ -2,9 +2,11 @@
 //! first attempt still running on the server when the run's next step
 //! starts): the second statement read the request's row before the first
 //! committed. A run kept in its request's row (migration 0027) is not
-//! written back from that stale read: the step stops as a serialization
-//! failure and the store runs it again on a fresh one, so the first step's
-//! checkpoints stay and the turn's end is logged once.
+//! written back from that stale read: a step sent as one statement stops
+//! as a serialization failure and the store runs it again on a fresh one,
+//! and a commit in a transaction reads the row only once it holds the
+//! admission's lock; either way the first step's checkpoints stay and the
+//! turn's end is logged once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use turnstile::checkpoint::CheckpointPhase;
 use turnstile::store::{Fence, LoggedStep, RunStatus};
-use turnstile::{ConversationId, Error, PostgresStore, Store};
+use turnstile::{ConversationId, Error, Message, PostgresStore, Store};
 use turnstile_conformance::support::{admit, checkpoint, commit_answer, new_conversation};
 use turnstile_testkit::postgres::durability::inspect_pool;
 use turnstile_testkit::postgres::{database_url, fresh_options};
@@ -53,6 +55,32 @@ async fn a_commit_that_waited_behind_a_turns_end_keeps_that_turns_end() {
     );
     let done = store.run(fence.run_id).await.expect("run").expect("a run");
     assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(turn_ends(&store, conversation).await, 1, "logged once");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_lone_commit_that_waited_behind_a_turns_end_is_run_again_on_a_fresh_read() {
+    // No report, at the turn the row held when it started: the commit's one
+    // statement, sent alone, whose read of the row the turn's end made stale.
+    let (store, conversation, fence) = behind_a_turns_end(|store, fence| async move {
+        let mut last = checkpoint(fence.run_id, 1, CheckpointPhase::Ready, 2);
+        last.verification_reports.clear();
+        store
+            .commit(&fence, &last, &Message::assistant("early"))
+            .await
+            .map(drop)
+    })
+    .await;
+    assert_eq!(
+        shape(&store, &fence).await,
+        [
+            (1, CheckpointPhase::Completed),
+            (2, CheckpointPhase::TurnInFlight)
+        ],
+        "run again on a fresh read, it commits below the row's turn: the turn's end and the \
+         next turn's write-ahead are kept"
+    );
     assert_eq!(turn_ends(&store, conversation).await, 1, "logged once");
     store.close().await;
 }
