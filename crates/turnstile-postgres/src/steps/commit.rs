@@ -3,8 +3,9 @@
 //! the request's messages in the transcript and moves the transcript's
 //! committed length past it, bumps the conversation version, stores the
 //! outcome for replay, completes the run (in the request's own row when it
-//! is folded there: migration 0027) and keeps its `committed` event in
-//! that row (numbered by the release). There is no moment where the answer
+//! is folded there: migration 0027) and records its `committed` event,
+//! numbered by the release (in the request's row; in the log for a request
+//! admitted before 0028). There is no moment where the answer
 //! is committed but the conversation is still held. A retry whose first
 //! attempt committed finds the outcome stored, and returns it.
 //!
