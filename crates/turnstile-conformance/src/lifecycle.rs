@@ -1,7 +1,7 @@
 //! A request from claim to commit, and what the read API shows after.
 
 use turnstile_core::store::{
-    InputHash, JournalStatus, LoggedStep, NewRequest, RequestStatus, RunStatus, Store,
+    Fence, InputHash, JournalStatus, LoggedStep, NewRequest, RequestStatus, RunStatus, Store,
 };
 use turnstile_core::{CheckpointPhase, ConversationId, Error, Message, Revision, RunId, ToolCall};
 
@@ -214,6 +214,12 @@ struct RunsSeen {
     outcome: Option<(u32, u64, u64)>,
 }
 
+/// The run's first turn begins: its write-ahead, one message so far.
+async fn begin_turn_one(store: &dyn Store, fence: &Fence) -> Result<(), Error> {
+    let first = checkpoint(fence.run_id, 1, CheckpointPhase::TurnInFlight, 1);
+    store.begin_turn(fence, &first).await
+}
+
 /// A new request to claim a new conversation at its revision, not yet
 /// claimed: its first run carries the request's id, as the engine's does,
 /// or (`own_id`) an id of its own.
@@ -350,12 +356,7 @@ pub async fn a_commit_with_or_without_reports_or_an_earlier_turn_reads_back_the_
         let conversation = new_conversation(&*store).await?;
         let fence = admit(&*store, conversation, "an answer at once").await?;
         let run = fence.run_id;
-        store
-            .begin_turn(
-                &fence,
-                &checkpoint(run, 1, CheckpointPhase::TurnInFlight, 1),
-            )
-            .await?;
+        begin_turn_one(&*store, &fence).await?;
         let turn = if later { 2 } else { 1 };
         let mut last = checkpoint(run, turn, CheckpointPhase::Completed, 2);
         if !reported {
@@ -465,12 +466,7 @@ pub async fn a_first_run_with_the_requests_id_reads_as_one_with_its_own(
             request_in_a_new_conversation(&*store, "a commit below its turn", own_id).await?;
         let fence = admitted(&*store, &claim).await?;
         let run = fence.run_id;
-        store
-            .begin_turn(
-                &fence,
-                &checkpoint(run, 1, CheckpointPhase::TurnInFlight, 1),
-            )
-            .await?;
+        begin_turn_one(&*store, &fence).await?;
         let next = checkpoint(run, 2, CheckpointPhase::TurnInFlight, 1);
         store
             .finish_turn(
