@@ -4,11 +4,12 @@
 //! Each durable step is one statement that commits on its own (one round
 //! trip): a claim, each turn write, a tool result, a commit, an abandon, an
 //! approval decision; a recovery claim, the summary writes, a stop for
-//! approval and a claim whose run has an id of its own or whose first turn
-//! carries verification reports are one short transaction (the steps are
-//! in `steps/`, under the names of SQLite's). So no connection is held
-//! across a model or tool call. Every ownership change is one guarded `UPDATE admissions … WHERE
-//! revision = $n` whose row count decides it; every write of a run's owner starts with a fenced
+//! approval, and a claim or a commit that writes more than its statement
+//! (a run with an id of its own, verification reports, rows from before
+//! migrations 0027 and 0028) are one short transaction (the steps are in
+//! `steps/`, under the names of SQLite's). So no connection is held across
+//! a model or tool call. Every ownership change is one guarded `UPDATE
+//! admissions … WHERE revision = $n` whose row count decides it; every write of a run's owner starts with a fenced
 //! update of the same row, which also holds its lock until the step
 //! commits, so a takeover waits for a step in progress and the step after it
 //! is fenced. Transient failures are retried inside the store (`retry.rs`).

@@ -25,13 +25,13 @@
 
 use sqlx::PgConnection;
 
-use super::{diagnose, fence_at, CheckpointColumns, ReportColumns};
+use super::{diagnose, fence_at, first_new_report, CheckpointColumns, ReportColumns};
 use crate::admission::load_admission;
 use crate::codec::{db, now_ms, to_i64};
 use turnstile_core::backend::{budget_json, message_columns, Wanted};
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::store::{ClaimOutcome, Fence, NewRequest, RequestRecord, RequestStatus};
-use turnstile_core::Error;
+use turnstile_core::{Error, RunId};
 
 /// The claim: the admission's compare-and-swap, only while the request id
 /// is not taken anywhere in the store, records the request, its id in
@@ -46,23 +46,26 @@ pub(crate) async fn claim(
     retry: bool,
     in_transaction: bool,
 ) -> Result<ClaimOutcome, Error> {
-    if in_transaction || !writes_beyond_its_row(claim) {
-        return claim_in(conn, claim, retry, in_transaction).await;
+    let beyond = writes_beyond_its_row(claim);
+    if in_transaction || !beyond {
+        return claim_in(conn, claim, retry, in_transaction, beyond).await;
     }
     let mut tx = sqlx::Connection::begin(&mut *conn)
         .await
         .map_err(db("begin the claim"))?;
-    let outcome = claim_in(&mut tx, claim, retry, true).await?;
+    let outcome = claim_in(&mut tx, claim, retry, true, beyond).await?;
     tx.commit().await.map_err(db("commit the claim"))?;
     Ok(outcome)
 }
 
-/// The claim on `conn`, inside a transaction when `in_transaction`.
+/// The claim on `conn`, inside a transaction when `in_transaction`; with
+/// its second statement when it `writes_beyond_its_row`.
 async fn claim_in(
     conn: &mut PgConnection,
     claim: &NewRequest,
     retry: bool,
     in_transaction: bool,
+    writes_beyond_its_row: bool,
 ) -> Result<ClaimOutcome, Error> {
     // A claim of the same id elsewhere that committed after this statement's
     // snapshot makes its `request_ids` insert fail: the second try sees it.
@@ -92,7 +95,7 @@ async fn claim_in(
         }
     };
     if let Some(revision) = claimed {
-        if writes_beyond_its_row(claim) {
+        if writes_beyond_its_row {
             run_and_reports(conn, claim, now).await?;
         }
         return Ok(ClaimOutcome::Admitted(Fence {
@@ -149,14 +152,11 @@ async fn existing(
 /// checkpoint), or verification reports with its first turn. Such a claim
 /// runs in a transaction, with a second statement for them.
 fn writes_beyond_its_row(claim: &NewRequest) -> bool {
-    claim.run_id.as_uuid() != claim.request_id.as_uuid()
-        || claim.first_turn.as_ref().is_some_and(|first| {
-            // The reports new in its own turn, as `ReportColumns` takes them.
-            first
-                .verification_reports
-                .iter()
-                .any(|r| r.turn == first.turn)
-        })
+    claim.run_id != RunId::first_of(claim.request_id)
+        || claim
+            .first_turn
+            .as_ref()
+            .is_some_and(|first| first_new_report(first).is_some())
 }
 
 /// The rows of an admitted claim that its statement leaves to this one, in

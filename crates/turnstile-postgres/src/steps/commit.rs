@@ -31,7 +31,7 @@ use turnstile_core::backend::message_columns;
 use turnstile_core::checkpoint::LoopCheckpoint;
 use turnstile_core::message::Message;
 use turnstile_core::store::{Fence, RequestStatus, StoredOutcome};
-use turnstile_core::Error;
+use turnstile_core::{Error, RunId};
 
 /// The commit: its one statement when nothing more is to be written, or
 /// the transaction of [`commit_in_a_transaction`].
@@ -59,7 +59,7 @@ pub(crate) async fn commit(
     };
     let turn = [checkpoint];
     let reports = ReportColumns::of(&turn);
-    if fence.run_id.as_uuid() == fence.request_id.as_uuid() && reports.seqs.is_empty() {
+    if fence.run_id == RunId::first_of(fence.request_id) && reports.seqs.is_empty() {
         if let Some(placed) = release_and_place(conn, fence, checkpoint, &answer, true).await? {
             return outcome(fence, checkpoint, &placed);
         }
@@ -148,7 +148,8 @@ async fn release_and_place(
 ) -> Result<Option<Placed>, Error> {
     let (role, content, meta) = &answer.columns;
     let usage = checkpoint.usage;
-    let placed = sqlx::query!(
+    sqlx::query_as!(
+        Placed,
         r#"WITH folded AS (
                -- The committing run folded into its request's row (migration
                -- 0027), with that row's checkpoint.
@@ -243,13 +244,7 @@ async fn release_and_place(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(db("commit"))?;
-    Ok(placed.map(|p| Placed {
-        version: p.version,
-        first_seq: p.first_seq,
-        pending: p.pending,
-        event_seq: p.event_seq,
-    }))
+    .map_err(db("commit"))
 }
 
 /// Whether the fence holds; if so, its admission is locked until the

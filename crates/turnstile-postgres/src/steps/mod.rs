@@ -8,9 +8,10 @@
 //! side with `turnstile-sqlite/src/steps/claim.sql` and `claim.rs`.
 //!
 //! Here each step is a Rust function of one statement that commits on its
-//! own (the recovery claim, one short transaction; a claim whose run has
-//! an id of its own or whose first turn carries reports, two statements in
-//! one, the second sent only once the first admitted it), fence first: the
+//! own (the recovery claim, one short transaction; a claim or a commit
+//! that writes more than its statement, a transaction of it and a
+//! statement or two beside it, sent only once the fence holds), fence
+//! first: the
 //! statement's first part is the guarded update or lock of the admission
 //! row, and every other part writes only rows joined to it, so a refused
 //! step writes nothing. Its refusals are told apart by what the statement
@@ -125,7 +126,7 @@ impl<'a> ReportColumns<'a> {
         let mut columns = Self::default();
         for checkpoint in checkpoints {
             let all = &checkpoint.verification_reports;
-            let Some(first_new) = all.iter().position(|r| r.turn == checkpoint.turn) else {
+            let Some(first_new) = first_new_report(checkpoint) else {
                 continue;
             };
             for (seq, report) in all.iter().enumerate().skip(first_new) {
@@ -137,6 +138,14 @@ impl<'a> ReportColumns<'a> {
         }
         columns
     }
+}
+
+/// Where a checkpoint's reports of its own turn begin, if it has any.
+pub(crate) fn first_new_report(checkpoint: &LoopCheckpoint) -> Option<usize> {
+    checkpoint
+        .verification_reports
+        .iter()
+        .position(|r| r.turn == checkpoint.turn)
 }
 
 /// Messages as the column arrays the statements expand with `UNNEST`.
